@@ -1,1 +1,38 @@
-"""twinkle_fx."""
+"""twinkle_fx: put fast kernels into PyTorch models, eagerly or under ``torch.compile``.
+
+One registry serves both paths:
+
+>>> from twinkle_fx import kernelize_model, register_layer_kernel, register_external_layer
+>>> register_layer_kernel(kernel_name="MyAwesomeMLP", repo_path="/path/to/local/repo",
+...                       package_name="my_kernels", layer_name="Qwen2MLPTrainingKernel",
+...                       device="cuda", mode="train")                    # doctest: +SKIP
+>>> register_external_layer(Qwen2MLP, "MyAwesomeMLP")                     # doctest: +SKIP
+>>> model = kernelize_model(model, mode="train", device="cuda")           # eager swap  # doctest: +SKIP
+>>> compiled = torch.compile(model, backend="twinkle")                    # graph rewrite  # doctest: +SKIP
+"""
+
+from .config import register_kernels
+from .eager import kernelize_model, kernelized, undo_kernelize
+from .errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
+from .modes import Mode
+from .registration import register_external_layer, register_function_kernel, register_layer_kernel
+from .registry import get_registry, scoped_registry
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KernelLoadError",
+    "KernelSelectionError",
+    "KernelVerificationError",
+    "Mode",
+    "TwinkleError",
+    "get_registry",
+    "kernelize_model",
+    "kernelized",
+    "register_external_layer",
+    "register_function_kernel",
+    "register_kernels",
+    "register_layer_kernel",
+    "scoped_registry",
+    "undo_kernelize",
+]

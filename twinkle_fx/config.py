@@ -1,0 +1,111 @@
+"""``register_kernels(config)``: one dict for layer kernels, layer bindings and function kernels.
+
+The whole config is validated (and every source built) before anything is registered, so a bad
+entry leaves the registry as it was. The config is never mutated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .devices import parse_device
+from .registration import _registration_mode, resolve_class
+from .registry import FunctionRegistration, LayerRegistration, get_registry
+from .sources import make_source
+
+__all__ = ["register_kernels"]
+
+_TOP_KEYS = ("layers", "external_layers", "functions")
+_LAYER_KEYS = ("layer", "repo", "repo_id", "repo_path", "package_name", "layer_name", "revision", "version",
+               "device", "mode", "trust_remote_code")
+_FUNCTION_KEYS = ("func_impl", "repo", "repo_id", "repo_path", "package_name", "kernel_func_name", "revision",
+                  "version", "device", "mode", "trust_remote_code")
+
+
+def _entries(where: str, value: Any) -> list[tuple[str, Mapping]]:
+    items = [value] if isinstance(value, Mapping) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(e, Mapping) for e in items):
+        raise ValueError(f"{where}: expected a dict of keyword arguments or a list of them, got {type(value).__name__}.")
+    return [(f"{where}[{i}]" if len(items) > 1 else where, entry) for i, entry in enumerate(items)]
+
+
+def _check_keys(where: str, entry: Mapping, allowed: tuple[str, ...]) -> None:
+    unknown = [k for k in entry if k not in allowed]
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(allowed)}.")
+
+
+def register_kernels(config: Mapping[str, Any]) -> None:
+    """Register layer kernels, layer bindings and function kernels from one config.
+
+    Each entry is the keyword arguments of :func:`register_layer_kernel` /
+    :func:`register_function_kernel` (a dict, or a list of dicts for several devices/modes).
+
+    Example:
+        >>> register_kernels({
+        ...     "layers": {"MyAwesomeMLP": [
+        ...         {"repo_path": "/path/to/local/repo", "package_name": "my_kernels",
+        ...          "layer_name": "Qwen2MLPTrainingKernel", "device": "cuda", "mode": "train"}]},
+        ...     "external_layers": {"transformers.models.qwen2.modeling_qwen2.Qwen2MLP": "MyAwesomeMLP"},
+        ...     "functions": {"my_pkg.math_ops.add": {"func_impl": fast_add, "device": "cuda"}},
+        ... })  # doctest: +SKIP
+
+    Raises:
+        ValueError / TypeError: naming the entry and the key; nothing is registered then.
+    """
+    if not isinstance(config, Mapping):
+        raise TypeError(f"register_kernels expects a dict, got {type(config).__name__}.")
+    _check_keys("config", config, _TOP_KEYS)
+
+    layers: list[LayerRegistration] = []
+    for kernel_name, value in dict(config.get("layers") or {}).items():
+        for where, entry in _entries(f"layers[{kernel_name!r}]", value):
+            _check_keys(where, entry, _LAYER_KEYS)
+            layers.append(LayerRegistration(
+                kernel_name=kernel_name,
+                device=parse_device(entry.get("device"), allow_any=True),
+                mode=_registration_mode(entry.get("mode")),
+                source=make_source(
+                    what=where, is_layer=True, impl=entry.get("layer"), repo=entry.get("repo"),
+                    repo_id=entry.get("repo_id"), repo_path=entry.get("repo_path"),
+                    package_name=entry.get("package_name"), attr=entry.get("layer_name"),
+                    revision=entry.get("revision"), version=entry.get("version"),
+                    trust_remote_code=entry.get("trust_remote_code", False), impl_arg="layer",
+                ),
+            ))
+
+    bindings = []
+    for cls, kernel_name in dict(config.get("external_layers") or {}).items():
+        if not isinstance(kernel_name, str) or not kernel_name:
+            raise ValueError(f"external_layers[{cls!r}]: the kernel name must be a non-empty string, got {kernel_name!r}.")
+        bindings.append((resolve_class(cls), kernel_name))
+
+    functions: list[FunctionRegistration] = []
+    for target, value in dict(config.get("functions") or {}).items():
+        if not isinstance(target, str) or "." not in target:
+            raise ValueError(f"functions[{target!r}]: the key must be 'module.func_name'.")
+        target_module, func_name = target.rsplit(".", 1)
+        for where, entry in _entries(f"functions[{target!r}]", value):
+            _check_keys(where, entry, _FUNCTION_KEYS)
+            functions.append(FunctionRegistration(
+                target_module=target_module,
+                func_name=func_name,
+                device=parse_device(entry.get("device"), allow_any=True),
+                mode=_registration_mode(entry.get("mode")),
+                source=make_source(
+                    what=where, is_layer=False, impl=entry.get("func_impl"), repo=entry.get("repo"),
+                    repo_id=entry.get("repo_id"), repo_path=entry.get("repo_path"),
+                    package_name=entry.get("package_name"), attr=entry.get("kernel_func_name") or func_name,
+                    revision=entry.get("revision"), version=entry.get("version"),
+                    trust_remote_code=entry.get("trust_remote_code", False), impl_arg="func_impl",
+                ),
+            ))
+
+    registry = get_registry()
+    for registration in layers:
+        registry.add_layer(registration)
+    for cls, kernel_name in bindings:
+        registry.bind_layer(cls, kernel_name)
+    for registration in functions:
+        registry.add_function(registration)

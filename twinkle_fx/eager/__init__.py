@@ -1,0 +1,16 @@
+"""The eager path: per-instance forward replacement, function patching, and their undo."""
+
+from .functions import PatchedFunctions, apply_function_kernel, restore_functions
+from .kernelize import kernelize_model, kernelized, undo_kernelize
+from .layers import KernelForward, restore_layers
+
+__all__ = [
+    "KernelForward",
+    "PatchedFunctions",
+    "apply_function_kernel",
+    "kernelize_model",
+    "kernelized",
+    "restore_functions",
+    "restore_layers",
+    "undo_kernelize",
+]

@@ -1,0 +1,14 @@
+"""Function kernels: register a replacement for ``module.func`` and apply it.
+
+Example:
+    >>> from twinkle_fx.function import register_function_kernel, apply_function_kernel
+    >>> register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
+    ...                          func_impl=fast_add, device="cpu", mode="inference")  # doctest: +SKIP
+    >>> patched = apply_function_kernel(target_module="my_pkg.math_ops", device="cpu",
+    ...                                 mode="inference", use_fallback=True, strict=False)  # doctest: +SKIP
+"""
+
+from .eager.functions import PatchedFunctions, apply_function_kernel, patched_functions, restore_functions
+from .registration import register_function_kernel
+
+__all__ = ["register_function_kernel", "apply_function_kernel", "restore_functions", "patched_functions", "PatchedFunctions"]

@@ -1,0 +1,158 @@
+"""Public registration functions: they validate their arguments and write to the active registry."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from .devices import parse_device
+from .modes import Mode, parse_mode
+from .registry import FunctionRegistration, LayerRegistration, get_registry
+from .sources import make_source
+
+__all__ = ["register_layer_kernel", "register_external_layer", "register_function_kernel", "resolve_class"]
+
+
+def _registration_mode(mode: Any) -> Mode:
+    return Mode.FALLBACK if mode is None else parse_mode(mode, allow_fallback=True)
+
+
+def register_layer_kernel(
+    *,
+    kernel_name: str,
+    layer: Any = None,
+    repo: Any = None,
+    repo_id: str | None = None,
+    repo_path: str | Path | None = None,
+    package_name: str | None = None,
+    layer_name: str | None = None,
+    revision: str | None = None,
+    version: int | str | None = None,
+    device: str | None = None,
+    mode: Any = None,
+    trust_remote_code: bool | list[str] = False,
+) -> LayerRegistration:
+    """Register a layer kernel under ``kernel_name`` for one device and mode.
+
+    Exactly one source: ``layer`` (an nn.Module class, instance or ``forward(self, ...)`` function),
+    ``repo`` (an object whose ``load()`` returns one), ``repo_path`` + ``package_name`` +
+    ``layer_name`` (a local kernel repo), or ``repo_id`` + ``layer_name`` (+ ``revision`` or
+    ``version``) on the Hugging Face Hub. Loading is lazy: nothing is imported or downloaded here.
+
+    Args:
+        kernel_name (`str`): the name layers are bound to (see :func:`register_external_layer`).
+        device (`str`, *optional*): "cuda", "cpu", "rocm", "xpu", "mps"/"metal", "npu"; `None` serves any device.
+        mode (*optional*): "train", "inference", "compile", "train+compile"; `None` serves any mode.
+        trust_remote_code (`bool | list[str]`, defaults to `False`): passed to the `kernels` loader
+            for repos outside the organisations it trusts.
+
+    Returns:
+        The :class:`LayerRegistration`. Registering the same name, device and mode again replaces it (logged).
+
+    Raises:
+        ValueError: unknown mode or device, none or several sources, both revision and version.
+
+    Example:
+        >>> register_layer_kernel(kernel_name="MyAwesomeMLP", repo_path="/path/to/local/repo",
+        ...                       package_name="my_kernels", layer_name="Qwen2MLPTrainingKernel",
+        ...                       device="cuda", mode="train")  # doctest: +SKIP
+    """
+    if not isinstance(kernel_name, str) or not kernel_name:
+        raise ValueError(f"kernel_name must be a non-empty string, got {kernel_name!r}.")
+    what = f"layer kernel {kernel_name!r}"
+    registration = LayerRegistration(
+        kernel_name=kernel_name,
+        device=parse_device(device, allow_any=True),
+        mode=_registration_mode(mode),
+        source=make_source(
+            what=what, is_layer=True, impl=layer, repo=repo, repo_id=repo_id, repo_path=repo_path,
+            package_name=package_name, attr=layer_name, revision=revision, version=version,
+            trust_remote_code=trust_remote_code, impl_arg="layer",
+        ),
+    )
+    get_registry().add_layer(registration)
+    return registration
+
+
+def resolve_class(cls: type | str) -> type:
+    """A class, or one named by a dotted path ("transformers.models.qwen2.modeling_qwen2.Qwen2MLP")."""
+    if isinstance(cls, type):
+        return cls
+    if isinstance(cls, str) and "." in cls:
+        module_name, _, attr = cls.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"Cannot resolve layer class {cls!r}: {type(e).__name__}: {e}") from e
+        if isinstance(found, type):
+            return found
+    raise TypeError(f"Expected an nn.Module class or a dotted path to one, got {cls!r}.")
+
+
+def register_external_layer(cls: type | str, kernel_name: str) -> None:
+    """Bind a layer class (one you cannot decorate, e.g. from transformers) to ``kernel_name``.
+
+    Instances of ``cls`` and of its subclasses are swapped by ``kernelize_model`` and matched by the
+    ``twinkle`` backend. Classes with a ``kernel_layer_name`` attribute (Hugging Face
+    ``@use_kernel_forward_from_hub``) are bound implicitly; an explicit binding wins.
+
+    Example:
+        >>> from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+        >>> register_external_layer(Qwen2MLP, "MyAwesomeMLP")
+    """
+    klass = resolve_class(cls)
+    if not isinstance(kernel_name, str) or not kernel_name:
+        raise ValueError(f"kernel_name for {klass.__qualname__} must be a non-empty string, got {kernel_name!r}.")
+    get_registry().bind_layer(klass, kernel_name)
+
+
+def register_function_kernel(
+    *,
+    func_name: str,
+    target_module: str,
+    func_impl: Any = None,
+    repo: Any = None,
+    repo_id: str | None = None,
+    repo_path: str | Path | None = None,
+    package_name: str | None = None,
+    kernel_func_name: str | None = None,
+    revision: str | None = None,
+    version: int | str | None = None,
+    device: str | None = None,
+    mode: Any = None,
+    trust_remote_code: bool | list[str] = False,
+) -> FunctionRegistration:
+    """Register a kernel that replaces the function ``target_module.func_name``.
+
+    Exactly one source: ``func_impl`` (a callable), ``repo`` (an object whose ``load()`` returns
+    the kernel), ``repo_path`` + ``package_name`` (a local repo) or ``repo_id`` (+ ``revision`` or
+    ``version``) on the Hub. From a repo the attribute ``kernel_func_name`` (default: ``func_name``)
+    is taken. Nothing is imported here: :func:`apply_function_kernel` checks the target exists.
+
+    Args:
+        func_name (`str`): the function's name in ``target_module``.
+        target_module (`str`): dotted module path, e.g. ``"my_pkg.math_ops"``.
+        device, mode: as in :func:`register_layer_kernel`.
+
+    Example:
+        >>> register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
+        ...                          func_impl=fast_add, device="cuda", mode="inference")  # doctest: +SKIP
+    """
+    for arg, value in (("func_name", func_name), ("target_module", target_module)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{arg} must be a non-empty string, got {value!r}.")
+    what = f"function kernel for {target_module}.{func_name}"
+    registration = FunctionRegistration(
+        target_module=target_module,
+        func_name=func_name,
+        device=parse_device(device, allow_any=True),
+        mode=_registration_mode(mode),
+        source=make_source(
+            what=what, is_layer=False, impl=func_impl, repo=repo, repo_id=repo_id, repo_path=repo_path,
+            package_name=package_name, attr=kernel_func_name or func_name, revision=revision,
+            version=version, trust_remote_code=trust_remote_code, impl_arg="func_impl",
+        ),
+    )
+    get_registry().add_function(registration)
+    return registration

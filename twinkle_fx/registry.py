@@ -1,0 +1,208 @@
+"""The one kernel registry shared by ``kernelize_model`` and the ``twinkle`` compile backend.
+
+It holds three tables:
+
+- layer kernels: kernel_name -> device -> mode -> :class:`LayerRegistration`;
+- layer bindings: nn.Module class -> kernel_name (``register_external_layer``; classes carrying a
+  ``kernel_layer_name`` attribute, as set by Hugging Face ``kernels`` decorators, bind implicitly);
+- function kernels: "module.func" -> device -> mode -> :class:`FunctionRegistration`.
+
+The active registry is per context: :func:`scoped_registry` gives a block its own copy, so tests
+and libraries never leak registrations into each other. All access is guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .modes import Mode, format_mode
+from .sources import KernelSource
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "LayerRegistration",
+    "FunctionRegistration",
+    "KernelRegistry",
+    "get_registry",
+    "scoped_registry",
+]
+
+
+@dataclass(frozen=True)
+class LayerRegistration:
+    """One layer kernel: ``kernel_name`` served on ``device`` in ``mode`` by ``source``."""
+
+    kernel_name: str
+    device: str
+    mode: Mode
+    source: KernelSource
+
+    def __str__(self) -> str:
+        return f"{self.kernel_name} [{self.device}, {format_mode(self.mode)}] from {self.source.describe()}"
+
+
+@dataclass(frozen=True)
+class FunctionRegistration:
+    """One function kernel replacing ``target_module.func_name`` on ``device`` in ``mode``."""
+
+    target_module: str
+    func_name: str
+    device: str
+    mode: Mode
+    source: KernelSource
+
+    @property
+    def target(self) -> str:
+        return f"{self.target_module}.{self.func_name}"
+
+    def __str__(self) -> str:
+        return f"{self.target} [{self.device}, {format_mode(self.mode)}] from {self.source.describe()}"
+
+
+_Table = dict[str, dict[str, dict[Mode, object]]]
+
+
+def _put(table: _Table, key: str, device: str, mode: Mode, entry: object, label: str) -> None:
+    slot = table.setdefault(key, {}).setdefault(device, {})
+    if mode in slot:
+        logger.info("twinkle_fx: %s re-registered for %s/%s; the later registration wins (%s)", label, device, format_mode(mode), entry)
+    slot[mode] = entry
+
+
+class KernelRegistry:
+    """Registrations of layer and function kernels. Usually reached through :func:`get_registry`.
+
+    Example:
+        >>> reg = KernelRegistry()
+        >>> reg.bind_layer(torch.nn.GELU, "FastGelu")  # doctest: +SKIP
+        >>> reg.kernel_name_for(torch.nn.GELU)  # doctest: +SKIP
+        'FastGelu'
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._layers: _Table = {}
+        self._bindings: dict[type, str] = {}
+        self._functions: _Table = {}
+        self.generation = 0  # bumped on every change: caches keyed on it stay valid exactly as long as the registry
+
+    # -- writing -----------------------------------------------------------------------------
+    def add_layer(self, registration: LayerRegistration) -> None:
+        with self._lock:
+            _put(self._layers, registration.kernel_name, registration.device, registration.mode, registration, f"layer kernel {registration.kernel_name!r}")
+            self.generation += 1
+
+    def bind_layer(self, cls: type, kernel_name: str) -> None:
+        with self._lock:
+            previous = self._bindings.get(cls)
+            if previous is not None and previous != kernel_name:
+                logger.info("twinkle_fx: %s was bound to %r, now to %r (later wins)", cls.__qualname__, previous, kernel_name)
+            self._bindings[cls] = kernel_name
+            self.generation += 1
+
+    def add_function(self, registration: FunctionRegistration) -> None:
+        with self._lock:
+            _put(self._functions, registration.target, registration.device, registration.mode, registration, f"function kernel for {registration.target}")
+            self.generation += 1
+        for hook in list(FUNCTION_REGISTRATION_HOOKS):
+            hook(registration)
+
+    # -- reading -----------------------------------------------------------------------------
+    def kernel_name_for(self, cls: type) -> str | None:
+        """The kernel name bound to ``cls``: an explicit binding (searched along the MRO), else the
+        ``kernel_layer_name`` class attribute set by Hugging Face ``kernels`` decorators."""
+        with self._lock:
+            for klass in cls.__mro__:
+                if klass in self._bindings:
+                    return self._bindings[klass]
+        name = getattr(cls, "kernel_layer_name", None)
+        return name if isinstance(name, str) else None
+
+    def layer_registrations(self, kernel_name: str) -> dict[str, dict[Mode, LayerRegistration]]:
+        """device -> mode -> registration for ``kernel_name`` (a copy)."""
+        with self._lock:
+            return {dev: dict(modes) for dev, modes in self._layers.get(kernel_name, {}).items()}  # type: ignore[misc]
+
+    def function_registrations(self, target: str) -> dict[str, dict[Mode, FunctionRegistration]]:
+        """device -> mode -> registration for ``"module.func"`` (a copy)."""
+        with self._lock:
+            return {dev: dict(modes) for dev, modes in self._functions.get(target, {}).items()}  # type: ignore[misc]
+
+    def function_targets(self, target_module: str | None = None) -> list[str]:
+        """Registered ``"module.func"`` targets, optionally only those in ``target_module``."""
+        with self._lock:
+            targets = list(self._functions)
+        if target_module is None:
+            return targets
+        return [t for t in targets if t.rsplit(".", 1)[0] == target_module]
+
+    def all_function_registrations(self) -> list[FunctionRegistration]:
+        with self._lock:
+            return [r for devs in self._functions.values() for modes in devs.values() for r in modes.values()]  # type: ignore[misc]
+
+    def bindings(self) -> dict[type, str]:
+        with self._lock:
+            return dict(self._bindings)
+
+    def layer_kernel_names(self) -> list[str]:
+        with self._lock:
+            return list(self._layers)
+
+    # -- scoping -----------------------------------------------------------------------------
+    def copy(self) -> "KernelRegistry":
+        """An independent registry with the same registrations (sources, and their load caches, are shared)."""
+        new = KernelRegistry()
+        with self._lock:
+            new._layers = {k: {d: dict(m) for d, m in devs.items()} for k, devs in self._layers.items()}
+            new._functions = {k: {d: dict(m) for d, m in devs.items()} for k, devs in self._functions.items()}
+            new._bindings = dict(self._bindings)
+            new.generation = self.generation
+        return new
+
+    def __repr__(self) -> str:
+        with self._lock:
+            return f"<KernelRegistry layers={list(self._layers)} bindings={len(self._bindings)} functions={list(self._functions)}>"
+
+
+# Called with each new FunctionRegistration (the compile package traces the reference function
+# here: Dynamo cannot trace from inside a backend).
+FUNCTION_REGISTRATION_HOOKS: list[Callable[[FunctionRegistration], None]] = []
+
+_GLOBAL_REGISTRY = KernelRegistry()
+_ACTIVE_REGISTRY: contextvars.ContextVar[KernelRegistry | None] = contextvars.ContextVar("twinkle_fx_registry", default=None)
+
+
+def get_registry() -> KernelRegistry:
+    """The registry in effect here: the innermost :func:`scoped_registry`, else the process-wide one."""
+    return _ACTIVE_REGISTRY.get() or _GLOBAL_REGISTRY
+
+
+@contextlib.contextmanager
+def scoped_registry(*, inherit: bool = True) -> Iterator[KernelRegistry]:
+    """Make registrations inside the block private to it; they vanish when it exits (also on error).
+
+    Args:
+        inherit (`bool`, defaults to `True`): start from a copy of the registrations in effect;
+            `False` starts empty.
+
+    Example:
+        >>> from twinkle_fx import scoped_registry, register_layer_kernel
+        >>> with scoped_registry():
+        ...     register_layer_kernel(kernel_name="Fast", layer=FastLayer, device="cpu")  # doctest: +SKIP
+        ...     kernelize_model(model, mode="inference")                                 # doctest: +SKIP
+        >>> # here "Fast" is no longer registered
+    """
+    registry = get_registry().copy() if inherit else KernelRegistry()
+    token = _ACTIVE_REGISTRY.set(registry)
+    try:
+        yield registry
+    finally:
+        _ACTIVE_REGISTRY.reset(token)
+
+

@@ -1,0 +1,198 @@
+"""Selection: which registered kernel serves a layer class or a function on a device in a mode.
+
+Both the eager path and the compile backend ask the same question and get the same answer, a
+:class:`Selection`: the chosen kernel, or the reason there is none (and why each candidate was
+rejected), so the report and the fallback log can say it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .devices import registration_keys
+from .errors import KernelLoadError
+from .modes import Mode, format_mode, mode_fallback_order
+from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
+
+__all__ = ["KernelChoice", "Selection", "select_layer_kernel", "select_function_kernel", "signature_mismatch"]
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """A loaded kernel that passed the mode / capability checks.
+
+    ``call`` is ``forward(self, *args)`` for a layer kernel, the replacement callable for a function.
+    """
+
+    registration: LayerRegistration | FunctionRegistration
+    kernel: Any
+    call: Callable[..., Any]
+    has_backward: bool
+    can_torch_compile: bool
+
+    @property
+    def name(self) -> str:
+        reg = self.registration
+        return reg.kernel_name if isinstance(reg, LayerRegistration) else reg.target
+
+    def __str__(self) -> str:
+        return str(self.registration)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The answer for one target: ``choice`` or ``reason`` (never both)."""
+
+    target: str
+    device: str
+    mode: Mode
+    choice: KernelChoice | None = None
+    reason: str | None = None
+    rejected: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.choice is not None
+
+    def __str__(self) -> str:
+        where = f"{self.target} on {self.device} ({format_mode(self.mode)})"
+        if self.choice is not None:
+            return f"{where}: {self.choice}"
+        return f"{where}: no kernel: {self.reason}"
+
+
+def capabilities(kernel: Any) -> tuple[bool, bool]:
+    """``(has_backward, can_torch_compile)`` declared by a kernel class, instance or function.
+
+    Defaults: has_backward True, can_torch_compile False (the Hugging Face kernels convention).
+    """
+    return bool(getattr(kernel, "has_backward", True)), bool(getattr(kernel, "can_torch_compile", False))
+
+
+def _layer_call(kernel: Any) -> Callable[..., Any]:
+    if isinstance(kernel, type):
+        forward = getattr(kernel, "forward", None)
+        if forward is None or forward is torch.nn.Module.forward:
+            raise KernelLoadError(f"layer kernel class {kernel.__qualname__} defines no forward().")
+        return forward
+    if isinstance(kernel, torch.nn.Module):
+        return type(kernel).forward
+    if callable(kernel):
+        return kernel
+    raise KernelLoadError(f"layer kernel {kernel!r} is neither an nn.Module class, an instance, nor a callable.")
+
+
+def _function_call(kernel: Any) -> Callable[..., Any]:
+    if isinstance(kernel, type) and issubclass(kernel, torch.nn.Module):
+        return kernel()
+    if callable(kernel):
+        return kernel
+    raise KernelLoadError(f"function kernel {kernel!r} is not callable.")
+
+
+def _select(
+    target: str,
+    registrations: dict[str, dict[Mode, Any]],
+    device: str,
+    mode: Mode,
+    make_call: Callable[[Any], Callable[..., Any]],
+    allow_uncompilable: bool,
+) -> Selection:
+    if not registrations:
+        return Selection(target, device, mode, reason="nothing is registered for it")
+    candidates = [
+        registrations[key][reg_mode]
+        for key in registration_keys(device)
+        if key in registrations
+        for reg_mode in mode_fallback_order(mode)
+        if reg_mode in registrations[key]
+    ]
+    if not candidates:
+        registered = ", ".join(
+            f"{dev}:{'/'.join(format_mode(m) for m in modes)}" for dev, modes in sorted(registrations.items())
+        )
+        if not any(key in registrations for key in registration_keys(device)):
+            reason = f"no kernel for device {device!r} (registered: {registered})"
+        else:
+            reason = f"no registration serves mode {format_mode(mode)!r} on {device!r} (registered: {registered})"
+        return Selection(target, device, mode, reason=reason)
+
+    rejected: list[str] = []
+    for registration in candidates:
+        try:
+            kernel = registration.source.load()
+            call = make_call(kernel)
+        except KernelLoadError as e:
+            rejected.append(f"{registration}: failed to load: {e}")
+            continue
+        has_backward, can_compile = capabilities(kernel)
+        if Mode.TRAINING in mode and not has_backward:
+            rejected.append(f"{registration}: inference-only kernel (has_backward=False) in training mode")
+            continue
+        if Mode.TORCH_COMPILE in mode and not can_compile and not allow_uncompilable:
+            rejected.append(f"{registration}: cannot be used under torch.compile (can_torch_compile=False)")
+            continue
+        choice = KernelChoice(registration, kernel, call, has_backward, can_compile)
+        return Selection(target, device, mode, choice=choice, rejected=tuple(rejected))
+    return Selection(target, device, mode, reason="; ".join(rejected), rejected=tuple(rejected))
+
+
+def select_layer_kernel(
+    registry: KernelRegistry,
+    cls: type,
+    device: str,
+    mode: Mode,
+    *,
+    allow_uncompilable: bool = False,
+) -> Selection | None:
+    """The kernel for instances of ``cls``, or ``None`` if ``cls`` is not bound to any kernel name.
+
+    Args:
+        allow_uncompilable: let a kernel with ``can_torch_compile=False`` through in compile mode
+            (the backend wraps such kernels opaquely and says so in its report).
+    """
+    kernel_name = registry.kernel_name_for(cls)
+    if kernel_name is None:
+        return None
+    target = f"{cls.__qualname__} -> {kernel_name}"
+    return _select(target, registry.layer_registrations(kernel_name), device, mode, _layer_call, allow_uncompilable)
+
+
+def select_function_kernel(
+    registry: KernelRegistry,
+    target: str,
+    device: str,
+    mode: Mode,
+    *,
+    allow_uncompilable: bool = False,
+) -> Selection:
+    """The kernel replacing function ``target`` ("module.func")."""
+    return _select(target, registry.function_registrations(target), device, mode, _function_call, allow_uncompilable)
+
+
+def _comparable(fn: Callable[..., Any], drop_self: bool) -> list[tuple[str, Any]]:
+    params = list(inspect.signature(fn).parameters.values())
+    if drop_self and params:
+        params = params[1:]
+    return [(p.name, p.kind) for p in params]
+
+
+def signature_mismatch(original: Callable[..., Any], kernel_forward: Callable[..., Any]) -> str | None:
+    """Why ``kernel_forward`` cannot replace ``original`` (both ``forward(self, ...)``), or None.
+
+    Parameter names and kinds must agree: callers pass arguments by name.
+    """
+    try:
+        ours = _comparable(kernel_forward, drop_self=True)
+        theirs = _comparable(original, drop_self=True)
+    except (TypeError, ValueError):
+        return None  # builtins without signatures: nothing to compare
+    if ours == theirs:
+        return None
+    fmt = lambda ps: ", ".join(name for name, _ in ps)  # noqa: E731
+    return f"forward signature ({fmt(ours)}) differs from the layer's ({fmt(theirs)})"

@@ -12,7 +12,7 @@ from types import ModuleType
 
 from .errors import KernelLoadError
 
-__all__ = ["load_hub_kernel", "load_local_hf_kernel"]
+__all__ = ["load_hub_kernel", "load_local_hf_kernel", "publish_to_hub_cache"]
 
 
 def _kernels_package(where: str):
@@ -66,3 +66,70 @@ def load_local_hf_kernel(path: Path, *, trust_remote_code: bool | list[str], whe
             f"{where}: kernels.get_local_kernel refused {path} ({type(e).__name__}: {e}); "
             "check metadata.json and the build/<variant>/ layout."
         ) from e
+
+
+def publish_to_hub_cache(
+    package_dir: str | Path,
+    repo_id: str,
+    *,
+    hf_home: str | Path,
+    commit: str = "0" * 39 + "1",
+    version: int | None = 1,
+    package_name: str | None = None,
+) -> Path:
+    """Lay out a Python kernel package as a Hugging Face Hub cache entry, for offline use.
+
+    ``kernels.get_kernel(repo_id, revision="main")`` (and ``version=version``) then loads it with
+    ``HF_HOME=hf_home HF_HUB_OFFLINE=1``, through the real resolver: the tests and examples use this
+    to exercise the Hub path without a network. Layout written::
+
+        <hf_home>/hub/kernels--<org>--<name>/refs/main            (holds <commit>)
+        <hf_home>/hub/kernels--<org>--<name>/refs/v<version>
+        <hf_home>/hub/kernels--<org>--<name>/snapshots/<commit>/build/torch-universal/<package>/...
+        .../torch-universal/metadata.json
+
+    Args:
+        package_dir: the package folder to copy (it must have an ``__init__.py``).
+        repo_id (`str`): "org/name".
+        package_name (`str`, *optional*): the package's name inside the repo; defaults to the repo name.
+
+    Returns:
+        The snapshot folder.
+
+    Example:
+        >>> publish_to_hub_cache("kernels/twinkle_triton", "kernels-community/activation",
+        ...                      hf_home="/tmp/hf")  # doctest: +SKIP
+    """
+    import json
+    import shutil
+
+    import torch
+
+    package_dir = Path(package_dir)
+    if not (package_dir / "__init__.py").is_file():
+        raise ValueError(f"{package_dir} is not a Python package (no __init__.py).")
+    org, _, name = repo_id.partition("/")
+    if not org or not name:
+        raise ValueError(f"repo_id must look like 'org/name', got {repo_id!r}.")
+    package_name = package_name or name.replace("-", "_")
+    repo_dir = Path(hf_home) / "hub" / f"kernels--{org}--{name}"
+    snapshot = repo_dir / "snapshots" / commit
+    variant = snapshot / "build" / "torch-universal"
+    target = variant / package_name
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(package_dir, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    metadata = {
+        "id": f"{package_name}_{commit[:7]}",
+        "name": package_name,
+        "version": version,
+        "license": "Apache-2.0",
+        "backend": {"type": "cuda" if torch.version.cuda else "cpu"},
+        "python-depends": [],
+    }
+    (variant / "metadata.json").write_text(json.dumps(metadata, indent=2))
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    if version is not None:
+        (repo_dir / "refs" / f"v{version}").write_text(commit)
+    return snapshot

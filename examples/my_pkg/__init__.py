@@ -1,0 +1,1 @@
+"""A user package whose functions the examples replace with kernels."""

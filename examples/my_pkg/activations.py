@@ -1,0 +1,9 @@
+"""The gated activation of Llama-style MLPs, written the plain way."""
+
+import torch
+import torch.nn.functional as F
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]

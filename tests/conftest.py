@@ -53,3 +53,9 @@ def offline_hub() -> Path:
     publish_to_hub_cache(Path(__file__).resolve().parent.parent / "kernels" / "twinkle_triton",
                          "kernels-community/activation", hf_home=HF_HOME)
     return HF_HOME
+
+
+@pytest.fixture
+def empty_offline_hub() -> Path:
+    """The session's offline cache, for repos never published to it: no network, no cache."""
+    return HF_HOME

@@ -121,7 +121,7 @@ def publish_to_hub_cache(
     shutil.copytree(package_dir, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     metadata = {
         "id": f"{package_name}_{commit[:7]}",
-        "name": package_name,
+        "name": package_name.replace("_", "-"),  # kernel names are dashed; the loader imports python_name
         "version": version,
         "license": "Apache-2.0",
         "backend": {"type": "cuda" if torch.version.cuda else "cpu"},

@@ -128,7 +128,8 @@ def _select(
             kernel = registration.source.load()
             call = make_call(kernel)
         except KernelLoadError as e:
-            rejected.append(f"{registration}: failed to load: {e}")
+            # the error already names the source; add which registration it was
+            rejected.append(f"[{registration.device}, {format_mode(registration.mode)}] failed to load: {e}")
             continue
         has_backward, can_compile = capabilities(kernel)
         if Mode.TRAINING in mode and not has_backward:

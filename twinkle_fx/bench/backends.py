@@ -1,0 +1,201 @@
+"""How each backend turns a freshly built model into the model a benchmark runs.
+
+A backend is a context manager around one run: it prepares the model on entry and undoes anything
+process-wide on exit (registrations, patched functions, Liger's module patches), so the backends of
+one run cannot leak into each other whatever their order.
+
+=================  ==========================================================================
+eager              the model as built
+inductor           ``torch.compile(model)``
+twinkle            ``torch.compile(model, backend="twinkle")`` with the built-in kernels registered
+kernelize          ``twinkle_fx.kernelize_model(model, mode="train")`` with the built-in kernels
+liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(model=model)``
+liger+inductor     the same, then ``torch.compile``
+=================  ==========================================================================
+
+A backend whose pieces are missing (liger-kernel not installed, a twinkle_fx part not written yet)
+raises :class:`BackendUnavailable` with a message saying what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, ContextManager
+
+import torch
+
+__all__ = ["Backend", "BackendUnavailable", "Prepared", "BACKENDS", "parse_backends"]
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run in this environment; the message says what is missing and how to get it."""
+
+
+@dataclass
+class Prepared:
+    """The model to run and what the backend did to it (shown in the report, e.g. swap counts)."""
+
+    model: torch.nn.Module
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    description: str
+    prepare: Callable[[torch.nn.Module, str, torch.device], ContextManager[Prepared]]
+    """``prepare(model, family, device)``: ``family`` is the transformers model type (qwen2, llama, ...)."""
+
+
+def _import_piece(module: str, what: str):
+    """Import ``module`` or raise BackendUnavailable naming the missing piece (not a bare traceback)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        missing = e.name or module
+        raise BackendUnavailable(f"{what} is not available yet (cannot import {missing!r})") from e
+
+
+@contextlib.contextmanager
+def _builtin_kernels() -> Iterator[None]:
+    """The built-in kernels registered in a private registry scope for the duration of the block."""
+    builtin = _import_piece("twinkle_fx.builtin", "twinkle_fx.builtin.use_builtin_kernels")
+    use_builtin_kernels = getattr(builtin, "use_builtin_kernels", None)
+    if use_builtin_kernels is None:
+        raise BackendUnavailable("twinkle_fx.builtin.use_builtin_kernels is not available yet")
+    from twinkle_fx import scoped_registry
+
+    with scoped_registry(), contextlib.ExitStack() as stack:
+        handle = use_builtin_kernels()
+        if hasattr(handle, "__enter__"):  # a handle that undoes itself is undone on exit too
+            stack.enter_context(handle)
+        yield
+
+
+def _swap_notes(model: torch.nn.Module) -> dict[str, Any]:
+    """How many modules got each kernel, and which functions are patched (what kernelize did)."""
+    from twinkle_fx.eager.functions import patched_functions
+    from twinkle_fx.eager.layers import swapped_forward
+
+    layers = Counter(
+        f"{type(module).__name__} -> {forward.kernel_name}"
+        for module in model.modules()
+        if (forward := swapped_forward(module)) is not None
+    )
+    return {"swapped_layers": dict(layers), "patched_functions": patched_functions()}
+
+
+@contextlib.contextmanager
+def _eager(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
+    yield Prepared(model)
+
+
+@contextlib.contextmanager
+def _inductor(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
+    yield Prepared(torch.compile(model))
+
+
+@contextlib.contextmanager
+def _twinkle(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
+    # the entry point pyproject declares for backend="twinkle"; checked first so a missing compile
+    # package reads as such instead of torch's "unknown backend"
+    _import_piece("twinkle_fx.compile.backend", 'torch.compile backend "twinkle" (twinkle_fx.compile)')
+    with _builtin_kernels():
+        # the registry scope stays open for the whole run: Dynamo compiles at the first call
+        yield Prepared(torch.compile(model, backend="twinkle"))
+
+
+@contextlib.contextmanager
+def _kernelize(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
+    from twinkle_fx import kernelize_model, undo_kernelize
+
+    with _builtin_kernels():
+        kernelize_model(model, mode="train", device=device)
+        try:
+            yield Prepared(model, _swap_notes(model))
+        finally:
+            undo_kernelize(model)  # function patches are process-wide
+
+
+@contextlib.contextmanager
+def _module_state_restored(module) -> Iterator[None]:
+    """Put back every global of ``module`` and every attribute of the classes defined in it on exit.
+
+    Liger patches transformers' modeling module in place (``modeling_qwen2.Qwen2RMSNorm =
+    LigerRMSNorm``, ``apply_rotary_pos_emb = liger_rotary_pos_emb``) and has no undo; without this
+    every backend after a Liger row would build Liger models.
+    """
+    saved_globals = dict(vars(module))
+    classes = [v for v in saved_globals.values() if isinstance(v, type) and v.__module__ == module.__name__]
+    saved_classes = {cls: dict(vars(cls)) for cls in classes}
+    try:
+        yield
+    finally:
+        for name in set(vars(module)) - set(saved_globals):
+            delattr(module, name)
+        for name, value in saved_globals.items():
+            if vars(module).get(name, _ABSENT) is not value:
+                setattr(module, name, value)
+        for cls, saved in saved_classes.items():
+            for name in set(vars(cls)) - set(saved):
+                delattr(cls, name)
+            for name, value in saved.items():
+                if vars(cls).get(name, _ABSENT) is not value and name not in ("__dict__", "__weakref__"):
+                    setattr(cls, name, value)
+
+
+_ABSENT = object()
+
+
+def _liger(compiled: bool):
+    @contextlib.contextmanager
+    def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
+        try:
+            liger_transformers = importlib.import_module("liger_kernel.transformers")
+        except ModuleNotFoundError as e:
+            raise BackendUnavailable("liger-kernel not installed (pip install liger-kernel)") from e
+        apply = getattr(liger_transformers, f"apply_liger_kernel_to_{family}", None)
+        if apply is None:
+            raise BackendUnavailable(f"liger-kernel has no apply_liger_kernel_to_{family}")
+        with _module_state_restored(importlib.import_module(type(model).__module__)):
+            apply(model=model)
+            yield Prepared(torch.compile(model) if compiled else model)
+
+    return prepare
+
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("eager", "the transformers model as built", _eager),
+        Backend("inductor", "torch.compile(model)", _inductor),
+        Backend("twinkle", 'torch.compile(model, backend="twinkle"), built-in kernels', _twinkle),
+        Backend("kernelize", 'kernelize_model(model, mode="train"), built-in kernels', _kernelize),
+        Backend("liger", "apply_liger_kernel_to_<model>(model=model)", _liger(compiled=False)),
+        Backend("liger+inductor", "Liger, then torch.compile(model)", _liger(compiled=True)),
+    )
+}
+
+
+def parse_backends(text: str, known: dict[str, Any] | None = None) -> list[str]:
+    """Split a comma-separated backend list and check each name.
+
+    Raises:
+        ValueError: an unknown name (the message lists the valid ones) or an empty list.
+
+    Example:
+        >>> parse_backends("eager, inductor")
+        ['eager', 'inductor']
+    """
+    known = BACKENDS if known is None else known
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ValueError("--backends is empty; give a comma-separated list.")
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"Unknown backend(s) {', '.join(map(repr, unknown))}; valid: {', '.join(known)}.")
+    return list(dict.fromkeys(names))

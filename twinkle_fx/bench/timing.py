@@ -1,0 +1,134 @@
+"""Timing and peak memory on the device a benchmark runs on.
+
+On CUDA, each measured call sits between two CUDA events (GPU time, no host sync inside the timed
+loop) and the peak is ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``. On
+the CPU (``--tiny``) there are no events: each call is timed with ``time.perf_counter`` and memory
+is reported as n/a (``None``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["DeviceClock", "StepTiming", "time_training_steps", "time_calls", "GIB"]
+
+GIB = float(1 << 30)
+
+
+class DeviceClock:
+    """Times calls and tracks the allocator peak on one device (CUDA events or ``perf_counter``)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def wall(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """``(fn(), seconds)`` by the host clock, device work included (for compile-heavy first calls)."""
+        self.synchronize()
+        start = time.perf_counter()
+        result = fn()
+        self.synchronize()
+        return result, time.perf_counter() - start
+
+    def each_ms(self, fn: Callable[[], Any], count: int) -> list[float]:
+        """Milliseconds of each of ``count`` back-to-back calls of ``fn``."""
+        if not self.cuda:
+            times = []
+            for _ in range(count):
+                start = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - start) * 1e3)
+            return times
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize(self.device)
+        return [start.elapsed_time(end) for start, end in events]
+
+    def allocated(self) -> int | None:
+        """Bytes currently allocated by tensors on the device; None on the CPU."""
+        return torch.cuda.memory_allocated(self.device) if self.cuda else None
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            self.synchronize()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int | None:
+        """Bytes of the allocator peak since the last :meth:`reset_peak`; None on the CPU."""
+        if not self.cuda:
+            return None
+        self.synchronize()
+        return torch.cuda.max_memory_allocated(self.device)
+
+
+@dataclass
+class StepTiming:
+    """What :func:`time_training_steps` measured; memory fields are None on the CPU."""
+
+    first_step_s: float
+    first_loss: float
+    step_ms: list[float] = field(default_factory=list)
+    peak_bytes: int | None = None  # over the timed steps
+    first_step_peak_bytes: int | None = None  # over the first (compiling) step
+    resident_bytes: int | None = None  # allocated before the first step: weights, inputs
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.step_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.step_ms)
+
+
+def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *, warmup: int,
+                        steps: int) -> StepTiming:
+    """Run ``step`` (returns the loss) once for the first-step time and loss, ``warmup`` more times
+    untimed, then ``steps`` times with one timing each.
+
+    The first step is timed by the host clock, because for compiled backends it is mostly
+    compilation on the host. The peak is reset after the warm-up so it describes the steady state;
+    the first step's own peak (compile-time autotuning buffers included) is kept apart.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1 (got {steps}).")
+    resident = clock.allocated()
+    clock.reset_peak()
+    loss, first_s = clock.wall(step)
+    timing = StepTiming(first_step_s=first_s, first_loss=float(loss), resident_bytes=resident,
+                        first_step_peak_bytes=clock.peak())
+    for _ in range(warmup):
+        step()
+    clock.reset_peak()
+    timing.step_ms = clock.each_ms(step, steps)
+    timing.peak_bytes = clock.peak()
+    return timing
+
+
+def time_calls(fn: Callable[[], Any], clock: DeviceClock, *, warmup: int, reps: int) -> tuple[float, int | None]:
+    """``(median ms, peak extra bytes)`` of ``fn``: ``warmup`` untimed calls (compilation,
+    autotuning), ``reps`` timed calls, then one more call under a fresh peak whose excess over what
+    was allocated before it is the extra memory ``fn`` needs (None on the CPU)."""
+    for _ in range(warmup):
+        fn()
+    median = statistics.median(clock.each_ms(fn, max(reps, 1)))
+    clock.synchronize()
+    before = clock.allocated()
+    clock.reset_peak()
+    fn()
+    peak = clock.peak()
+    extra = None if peak is None or before is None else max(peak - before, 0)
+    return median, extra

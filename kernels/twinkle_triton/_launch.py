@@ -1,0 +1,88 @@
+"""Launch helpers shared by the kernels: block sizes, warps, grid sizes, compute dtype, row views.
+
+Performance choices (untuned heuristics until measured on the device; see README.md):
+- row kernels (norms, cross-entropy) put a whole row in one block, BLOCK = next_power_of_2(hidden),
+  and scale num_warps with BLOCK so each thread holds a few 16-byte vectors (Liger's and Apex's
+  choice for memory-bound row reductions);
+- elementwise kernels use 1D blocks of 1024 elements with 4 warps: 8 elements a thread, one 16-byte
+  load for bf16/fp16, two for fp32, which is what reaches copy bandwidth for streaming kernels;
+- under the Triton interpreter (TRITON_INTERPRET=1, CPU) every program is a Python loop iteration
+  over numpy arrays, so the same kernels run with few, large programs there.
+"""
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# Largest row a row kernel keeps in registers (64K fp32 elements, 16 per thread at 32 warps).
+MAX_ROW_BLOCK = 65536
+
+_ELEMENTWISE_BLOCK = 1024
+_ELEMENTWISE_WARPS = 4
+# Under the interpreter, programs are slow Python iterations: a big block keeps them few.
+_INTERPRETER_ELEMENTWISE_BLOCK = 16384
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (read at launch time)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def compute_dtype(dtype: torch.dtype) -> tl.dtype:
+    """Accumulation dtype of a kernel: fp32 for 16/32-bit inputs, fp64 for fp64 (gradcheck)."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def row_block(n_cols: int, *, op: str) -> tuple[int, int]:
+    """(BLOCK, num_warps) for a kernel holding one row of ``n_cols`` elements in one block."""
+    block = triton.next_power_of_2(max(n_cols, 1))
+    if block > MAX_ROW_BLOCK:
+        raise ValueError(
+            f"{op}: the last dimension has {n_cols} elements; the Triton kernel keeps a row in one "
+            f"block of at most {MAX_ROW_BLOCK}. Use {op}_reference for wider rows."
+        )
+    if block >= 32768:
+        num_warps = 32
+    elif block >= 8192:
+        num_warps = 16
+    elif block >= 2048:
+        num_warps = 8
+    else:
+        num_warps = 4
+    return block, num_warps
+
+
+def elementwise_block() -> tuple[int, int]:
+    """(BLOCK, num_warps) for a 1D elementwise kernel."""
+    if interpreting():
+        return _INTERPRETER_ELEMENTWISE_BLOCK, 1
+    return _ELEMENTWISE_BLOCK, _ELEMENTWISE_WARPS
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessor_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def persistent_programs(n_rows: int, device: torch.device) -> int:
+    """Number of programs for a kernel that loops over rows and reduces across them (e.g. a
+    weight gradient): two per SM keeps every SM busy while the per-program partial sums stay
+    few (they are summed by torch afterwards)."""
+    if device.type == "cuda" and not interpreting():
+        return max(1, min(n_rows, 2 * _multiprocessor_count(device.index or 0)))
+    return max(1, min(n_rows, 4))
+
+
+def rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a 2D [rows, last dim] tensor whose last dim has stride 1.
+
+    Rows may have any stride (a slice of a wider tensor costs no copy); only layouts that cannot
+    be viewed that way (e.g. a transposed last dim) are copied.
+    """
+    x2 = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+    if x2.shape[-1] > 1 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return x2

@@ -1,0 +1,280 @@
+"""RMSNorm and fused residual-add + RMSNorm with transformers' semantics.
+
+``rms_norm(x, weight, eps)`` equals transformers' Qwen2/Llama/Mistral/Qwen3 RMSNorm::
+
+    h = x.float(); h = h * rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+(fp32 accumulation; the normalised row is rounded to x's dtype before the weight multiply, and the
+result dtype is torch's promotion of weight and x). ``add_rms_norm(x, residual, weight, eps)``
+returns ``(rms_norm(x + residual), x + residual)``, the decoder-layer pattern, in one pass.
+
+Forward: one program per row, the whole row in one block. Backward recomputes 1/rms from the row
+it loads anyway (saving nothing but the inputs) and accumulates the weight gradient per program
+over a strided set of rows, so only ``programs x hidden`` partial sums reach torch's final sum.
+fp64 inputs are computed in fp64 (for gradcheck); the reference, like transformers, rounds them
+through fp32.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._launch import compute_dtype, persistent_programs, row_block, rows
+from ._library import define_op
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr,
+    x_row_stride, residual_row_stride, n_cols, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * residual_row_stride + cols, mask=mask, other=0.0)
+        # Rounded to the input dtype like transformers' `residual + hidden_states`.
+        x = (x.to(COMPUTE_DTYPE) + r.to(COMPUTE_DTYPE)).to(x_ptr.dtype.element_ty)
+        tl.store(sum_ptr + row * n_cols + cols, x, mask=mask)
+    h = x.to(COMPUTE_DTYPE)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    normed = (h * rstd).to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    grad_ptr, grad_sum_ptr, x_ptr, weight_ptr, grad_x_ptr, grad_weight_partial_ptr,
+    grad_row_stride, grad_sum_row_stride, x_row_stride, n_rows, n_cols, eps,
+    HAS_GRAD_SUM: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+):
+    # int64 row indices: row * stride overflows int32 past 2**31 elements.
+    pid = tl.program_id(0).to(tl.int64)
+    n_programs = tl.num_programs(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    grad_weight = tl.zeros([BLOCK], dtype=COMPUTE_DTYPE)
+    for row in range(pid, n_rows, n_programs):
+        x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
+        h = x.to(COMPUTE_DTYPE)
+        g = tl.load(grad_ptr + row * grad_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+        x_hat = h * rstd
+        grad_weight += g * x_hat.to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
+        grad_normed = g * w
+        grad_x = rstd * (grad_normed - x_hat * (tl.sum(grad_normed * x_hat, axis=0) / n_cols))
+        if HAS_GRAD_SUM:
+            grad_x += tl.load(
+                grad_sum_ptr + row * grad_sum_row_stride + cols, mask=mask, other=0.0
+            ).to(COMPUTE_DTYPE)
+        tl.store(grad_x_ptr + row * n_cols + cols, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
+    tl.store(grad_weight_partial_ptr + pid * n_cols + cols, grad_weight, mask=mask)
+
+
+def _check(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"{op}: weight has shape {tuple(weight.shape)} but x's last dimension is {x.shape[-1]}; "
+            f"pass a 1-D weight of size {x.shape[-1]}."
+        )
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(
+            f"{op}: residual is {tuple(residual.shape)} {residual.dtype} but x is "
+            f"{tuple(x.shape)} {x.dtype}; pass a residual of x's shape and dtype."
+        )
+
+
+def _out_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
+    return torch.promote_types(weight.dtype, x.dtype)
+
+
+def _launch_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, op: str):
+    out = torch.empty(x.shape, dtype=_out_dtype(x, weight), device=x.device)
+    summed = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else None
+    x2 = rows(x)
+    if x2.shape[0] == 0:
+        return out, summed
+    residual2 = rows(residual) if residual is not None else x2
+    block, num_warps = row_block(x2.shape[1], op=op)
+    _rms_norm_fwd_kernel[(x2.shape[0],)](
+        x2, residual2, weight, out, summed if summed is not None else out,
+        x2.stride(0), residual2.stride(0), x2.shape[1], eps,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
+        num_warps=num_warps,
+    )
+    return out, summed
+
+
+def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor, eps: float, op: str):
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    x2, grad2 = rows(x), rows(grad)
+    n_rows, n_cols = x2.shape
+    if n_rows == 0:
+        return grad_x, torch.zeros_like(weight)
+    grad_sum2 = rows(grad_sum) if grad_sum is not None else grad2
+    programs = persistent_programs(n_rows, x.device)
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    partial = torch.empty((programs, n_cols), dtype=acc, device=x.device)
+    block, num_warps = row_block(n_cols, op=op)
+    _rms_norm_bwd_kernel[(programs,)](
+        grad2, grad_sum2, x2, weight, grad_x, partial,
+        grad2.stride(0), grad_sum2.stride(0), x2.stride(0), n_rows, n_cols, eps,
+        HAS_GRAD_SUM=grad_sum is not None, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
+        num_warps=num_warps,
+    )
+    return grad_x, partial.sum(0).to(weight.dtype)
+
+
+# ----------------------------------------------------------------------------- rms_norm
+
+
+def _rms_norm_impl(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return _launch_fwd(x, None, weight, eps, "rms_norm")[0]
+
+
+def _rms_norm_fake(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x.new_empty(x.shape, dtype=_out_dtype(x, weight))
+
+
+def _rms_norm_backward_impl(grad: Tensor, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return _launch_bwd(grad, None, x, weight, eps, "rms_norm")
+
+
+def _rms_norm_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
+
+
+_rms_norm_backward_op = define_op(
+    "rms_norm_backward", _rms_norm_backward_impl, fake=_rms_norm_backward_fake
+)
+
+
+def _rms_norm_setup_context(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _rms_norm_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    grad_x, grad_weight = _rms_norm_backward_op(grad, x, weight, ctx.eps)
+    return grad_x, grad_weight, None
+
+
+_rms_norm_op = define_op(
+    "rms_norm", _rms_norm_impl, fake=_rms_norm_fake,
+    backward=_rms_norm_backward, setup_context=_rms_norm_setup_context,
+)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """RMSNorm over the last dimension, exactly as transformers' ``Qwen2RMSNorm.forward``.
+
+    Args:
+        x (`torch.Tensor`): input ``[..., hidden]``, any float dtype; rows may be strided.
+        weight (`torch.Tensor`): ``[hidden]`` scale.
+        eps (`float`, defaults to 1e-6): added to the mean square.
+
+    Returns:
+        `torch.Tensor`: contiguous ``[..., hidden]`` in ``torch.promote_types(weight.dtype, x.dtype)``.
+
+    Raises:
+        ValueError: weight's shape does not match x's last dimension, or hidden > 65536.
+
+    Example:
+        ```python
+        y = rms_norm(torch.randn(2, 8, 64), torch.ones(64), eps=1e-6)
+        ```
+    """
+    _check("rms_norm", x, weight)
+    return _rms_norm_op(x, weight, float(eps))
+
+
+def rms_norm_reference(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """Plain PyTorch ``rms_norm`` (transformers' Qwen2RMSNorm.forward)."""
+    input_dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(input_dtype)
+
+
+# ----------------------------------------------------------------------------- add_rms_norm
+
+
+def _add_rms_norm_impl(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return _launch_fwd(x, residual, weight, eps, "add_rms_norm")
+
+
+def _add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape, dtype=_out_dtype(x, weight)), x.new_empty(x.shape)
+
+
+def _add_rms_norm_backward_impl(
+    grad_normed: Tensor, grad_sum: Tensor, summed: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    return _launch_bwd(grad_normed, grad_sum, summed, weight, eps, "add_rms_norm")
+
+
+def _add_rms_norm_backward_fake(
+    grad_normed: Tensor, grad_sum: Tensor, summed: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(summed, memory_format=torch.contiguous_format), torch.empty_like(weight)
+
+
+_add_rms_norm_backward_op = define_op(
+    "add_rms_norm_backward", _add_rms_norm_backward_impl, fake=_add_rms_norm_backward_fake
+)
+
+
+def _add_rms_norm_setup_context(ctx, inputs, output):
+    _, _, weight, eps = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.eps = eps
+
+
+def _add_rms_norm_backward(ctx, grad_normed, grad_sum):
+    summed, weight = ctx.saved_tensors
+    grad_summed, grad_weight = _add_rms_norm_backward_op(grad_normed, grad_sum, summed, weight, ctx.eps)
+    # d(x + residual)/dx = d(x + residual)/d(residual) = identity: both get the same gradient.
+    return grad_summed, grad_summed, grad_weight, None
+
+
+_add_rms_norm_op = define_op(
+    "add_rms_norm", _add_rms_norm_impl, fake=_add_rms_norm_fake,
+    backward=_add_rms_norm_backward, setup_context=_add_rms_norm_setup_context,
+)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """Residual add fused with RMSNorm: ``(rms_norm(x + residual, weight, eps), x + residual)``.
+
+    The sum is rounded to x's dtype before normalising, like transformers' decoder layers.
+
+    Args:
+        x (`torch.Tensor`): ``[..., hidden]``.
+        residual (`torch.Tensor`): same shape and dtype as ``x``.
+        weight (`torch.Tensor`): ``[hidden]``.
+        eps (`float`, defaults to 1e-6).
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: the normalised sum and the sum (the next residual).
+
+    Example:
+        ```python
+        normed, residual = add_rms_norm(attn_out, residual, norm.weight, norm.variance_epsilon)
+        ```
+    """
+    _check("add_rms_norm", x, weight, residual)
+    return _add_rms_norm_op(x, residual, weight, float(eps))
+
+
+def add_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """Plain PyTorch ``add_rms_norm``."""
+    summed = x + residual
+    return rms_norm_reference(summed, weight, eps), summed

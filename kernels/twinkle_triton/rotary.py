@@ -1,0 +1,247 @@
+"""Rotary position embedding with transformers' ``rotate_half`` semantics, q and k in one launch.
+
+``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` equals transformers'::
+
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+with ``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``. The full ``cos``/``sin`` rows are used
+(no assumption that their halves repeat). q is ``[B, Hq, S, D]`` (``unsqueeze_dim=1``) or
+``[B, S, Hq, D]`` (``unsqueeze_dim=2``), k likewise with its own head count (GQA); cos/sin are
+anything that broadcasts after the unsqueeze (``[B, S, D]``, ``[1, S, D]``). Inputs are read
+through their strides, so the usual ``.view(...).transpose(1, 2)`` q and k cost no copy; outputs
+keep q's and k's layout (``empty_like``), as PyTorch's elementwise ops do.
+
+One program handles one (batch, position): it loads that position's cos/sin row once and applies
+it to every q and k head. Backward is the transpose of the rotation (same kernel shape, sin's
+sign flipped between halves). cos and sin get no gradient: transformers computes them under
+``torch.no_grad()``; ``apply_rotary_pos_emb`` raises if they require grad.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._launch import compute_dtype
+from ._library import define_op
+
+
+@triton.jit
+def _rotate_heads(
+    src_ptr, dst_ptr, cos1, cos2, sin1, sin2, b, s, n_heads,
+    src_sb, src_sh, src_ss, dst_sb, dst_sh, dst_ss, half,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
+):
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    cols = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (heads < n_heads) & (cols < half)
+    src = src_ptr + b * src_sb + s * src_ss + heads * src_sh + cols
+    x1 = tl.load(src, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    x2 = tl.load(src + half, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    if TRANSPOSE:
+        # Rotation^T: grad_x1 = g1 * cos1 + g2 * sin2, grad_x2 = g2 * cos2 - g1 * sin1.
+        out1 = x1 * cos1 + x2 * sin2
+        out2 = x2 * cos2 - x1 * sin1
+    else:
+        out1 = x1 * cos1 - x2 * sin1
+        out2 = x2 * cos2 + x1 * sin2
+    dst = dst_ptr + b * dst_sb + s * dst_ss + heads * dst_sh + cols
+    tl.store(dst, out1.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + half, out2.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_embedding_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
+    seq_len, n_q_heads, n_k_heads, half,
+    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+    qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
+    cos_sb, cos_ss, sin_sb, sin_ss,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // seq_len
+    s = pid % seq_len
+    cols = tl.arange(0, BLOCK_HALF)[None, :]
+    col_mask = cols < half
+    cos_row = cos_ptr + b * cos_sb + s * cos_ss + cols
+    sin_row = sin_ptr + b * sin_sb + s * sin_ss + cols
+    cos1 = tl.load(cos_row, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
+    cos2 = tl.load(cos_row + half, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
+    sin1 = tl.load(sin_row, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
+    sin2 = tl.load(sin_row + half, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
+    _rotate_heads(q_ptr, q_out_ptr, cos1, cos2, sin1, sin2, b, s, n_q_heads,
+                  q_sb, q_sh, q_ss, qo_sb, qo_sh, qo_ss, half,
+                  BLOCK_HQ, BLOCK_HALF, COMPUTE_DTYPE, TRANSPOSE)
+    _rotate_heads(k_ptr, k_out_ptr, cos1, cos2, sin1, sin2, b, s, n_k_heads,
+                  k_sb, k_sh, k_ss, ko_sb, ko_sh, ko_ss, half,
+                  BLOCK_HK, BLOCK_HALF, COMPUTE_DTYPE, TRANSPOSE)
+
+
+def _bhsd(t: Tensor, unsqueeze_dim: int) -> Tensor:
+    """View of a 4D q/k/out in [batch, heads, seq, dim] order (no copy)."""
+    return t if unsqueeze_dim == 1 else t.transpose(1, 2)
+
+
+def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, transpose: bool):
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q4, k4, qo4, ko4 = (_bhsd(t, unsqueeze_dim) for t in (q, k, q_out, k_out))
+    batch, n_q_heads, seq_len, dim = q4.shape
+    if q.numel() == 0 and k.numel() == 0:
+        return q_out, k_out
+    # [B or 1, 1, S, D] views with stride 0 on broadcast dims; the kernel reads (batch, seq) rows.
+    cos4 = _bhsd(cos.unsqueeze(unsqueeze_dim), unsqueeze_dim).expand(batch, 1, seq_len, dim)
+    sin4 = _bhsd(sin.unsqueeze(unsqueeze_dim), unsqueeze_dim).expand(batch, 1, seq_len, dim)
+    if cos4.stride(-1) != 1:
+        cos4 = cos4.contiguous()
+    if sin4.stride(-1) != 1:
+        sin4 = sin4.contiguous()
+    # Head dim must be unit-stride for the vector loads; a transposed last dim is rare enough to copy.
+    q4 = q4 if q4.stride(-1) == 1 else q4.contiguous()
+    k4 = k4 if k4.stride(-1) == 1 else k4.contiguous()
+    half = dim // 2
+    block_hq = triton.next_power_of_2(n_q_heads)
+    block_hk = triton.next_power_of_2(k4.shape[1])
+    block_half = triton.next_power_of_2(half)
+    # Per program: (Hq + Hk) x D elements; 4 warps up to 4K elements, 8 beyond.
+    num_warps = 4 if (block_hq + block_hk) * block_half * 2 <= 4096 else 8
+    _rotary_embedding_kernel[(batch * seq_len,)](
+        q4, k4, cos4, sin4, qo4, ko4,
+        seq_len, n_q_heads, k4.shape[1], half,
+        q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1), k4.stride(2),
+        qo4.stride(0), qo4.stride(1), qo4.stride(2), ko4.stride(0), ko4.stride(1), ko4.stride(2),
+        cos4.stride(0), cos4.stride(2), sin4.stride(0), sin4.stride(2),
+        BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_HALF=block_half,
+        COMPUTE_DTYPE=compute_dtype(q.dtype), TRANSPOSE=transpose, num_warps=num_warps,
+    )
+    return q_out, k_out
+
+
+def _rotary_embedding_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
+    return _launch(q, k, cos, sin, unsqueeze_dim, transpose=False)
+
+
+def _rotary_embedding_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _rotary_embedding_backward_impl(
+    grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
+) -> tuple[Tensor, Tensor]:
+    return _launch(grad_q, grad_k, cos, sin, unsqueeze_dim, transpose=True)
+
+
+def _rotary_embedding_backward_fake(
+    grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
+) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(grad_q), torch.empty_like(grad_k)
+
+
+_rotary_embedding_backward_op = define_op(
+    "rotary_embedding_backward", _rotary_embedding_backward_impl, fake=_rotary_embedding_backward_fake
+)
+
+
+def _rotary_embedding_setup_context(ctx, inputs, output):
+    _, _, cos, sin, unsqueeze_dim = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.unsqueeze_dim = unsqueeze_dim
+
+
+def _rotary_embedding_backward(ctx, grad_q, grad_k):
+    cos, sin = ctx.saved_tensors
+    grad_q, grad_k = _rotary_embedding_backward_op(grad_q, grad_k, cos, sin, ctx.unsqueeze_dim)
+    return grad_q, grad_k, None, None, None
+
+
+_rotary_embedding_op = define_op(
+    "rotary_embedding", _rotary_embedding_impl, fake=_rotary_embedding_fake,
+    backward=_rotary_embedding_backward, setup_context=_rotary_embedding_setup_context,
+)
+
+
+def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(
+            f"apply_rotary_pos_emb: unsqueeze_dim={unsqueeze_dim!r}; use 1 for q/k laid out "
+            "[batch, heads, seq, dim] or 2 for [batch, seq, heads, dim]."
+        )
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(
+            f"apply_rotary_pos_emb: q is {tuple(q.shape)} and k is {tuple(k.shape)}; pass 4-D q and k "
+            "(the head dimension may differ). Use apply_rotary_pos_emb_reference for other ranks."
+        )
+    head_dim = 1 if unsqueeze_dim == 1 else 2
+    q_rest = q.shape[:head_dim] + q.shape[head_dim + 1:]
+    k_rest = k.shape[:head_dim] + k.shape[head_dim + 1:]
+    if q_rest != k_rest or q.dtype != k.dtype:
+        raise ValueError(
+            f"apply_rotary_pos_emb: q is {tuple(q.shape)} {q.dtype}, k is {tuple(k.shape)} {k.dtype}; "
+            f"they must agree in every dimension but the head dimension ({head_dim}) and in dtype."
+        )
+    if q.shape[-1] % 2:
+        raise ValueError(f"apply_rotary_pos_emb: head dim {q.shape[-1]} is odd; rotate_half needs an even one.")
+    for name, t in (("cos", cos), ("sin", sin)):
+        try:
+            shape = torch.broadcast_shapes(t.unsqueeze(unsqueeze_dim).shape, q.shape)
+        except (RuntimeError, IndexError) as e:
+            raise ValueError(
+                f"apply_rotary_pos_emb: {name} of shape {tuple(t.shape)} does not broadcast to q "
+                f"{tuple(q.shape)} after unsqueeze({unsqueeze_dim}); pass [batch, seq, dim]."
+            ) from e
+        if shape != q.shape:
+            raise ValueError(
+                f"apply_rotary_pos_emb: {name} of shape {tuple(t.shape)} would broadcast q "
+                f"{tuple(q.shape)} to {tuple(shape)}; pass [batch, seq, dim] (or [1, seq, dim])."
+            )
+        if t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"apply_rotary_pos_emb: {name} requires grad, but the kernel gives no gradient to "
+                f"cos/sin (transformers computes them under no_grad). Pass {name}.detach(), or use "
+                "apply_rotary_pos_emb_reference to differentiate through them."
+            )
+
+
+def apply_rotary_pos_emb(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
+) -> tuple[Tensor, Tensor]:
+    """Rotary embedding of q and k in one launch (transformers' ``apply_rotary_pos_emb``).
+
+    Args:
+        q (`torch.Tensor`): ``[B, Hq, S, D]`` (``unsqueeze_dim=1``) or ``[B, S, Hq, D]`` (``=2``),
+            any strides with a unit-stride last dim (others are copied).
+        k (`torch.Tensor`): like q with its own head count.
+        cos (`torch.Tensor`): ``[B, S, D]`` or ``[1, S, D]``; no gradient flows to it.
+        sin (`torch.Tensor`): like cos.
+        unsqueeze_dim (`int`, defaults to 1): the head dimension of q and k.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: ``(q_embed, k_embed)``, laid out like q and k.
+
+    Raises:
+        ValueError: bad ranks/shapes/dtypes, odd head dim, or cos/sin requiring grad.
+
+    Example:
+        ```python
+        q = q_proj(x).view(B, S, Hq, D).transpose(1, 2)
+        k = k_proj(x).view(B, S, Hk, D).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        ```
+    """
+    _check(q, k, cos, sin, unsqueeze_dim)
+    return _rotary_embedding_op(q, k, cos, sin, unsqueeze_dim)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb_reference(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
+) -> tuple[Tensor, Tensor]:
+    """Plain PyTorch ``apply_rotary_pos_emb`` (transformers' Qwen2 version)."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

@@ -1,0 +1,83 @@
+"""Shared helpers of the kernel tests: per-dtype tolerances and forward+backward comparisons.
+
+(A uniquely named module, not ``helpers.py``: test folders have no ``__init__.py``, so pytest puts
+each on ``sys.path`` and module names must not collide across tests/.)
+
+How results are judged: a kernel computes in fp32 and rounds once, while the PyTorch reference
+rounds intermediate results in half precision, so the two can differ by more than a fixed
+tolerance where the reference itself is off (e.g. a weight gradient summed over rows). Each result
+is therefore compared with the *truth* (the reference run on fp64 copies of the inputs) and may be
+off by the dtype's tolerance plus the reference's own error at that element: "no worse than
+PyTorch's own result in this dtype, up to one tolerance".
+"""
+
+import torch
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# (rtol, atol) per dtype.
+TOLERANCES = {
+    torch.float32: (1e-4, 1e-5),
+    torch.float64: (1e-7, 1e-9),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 2e-2),
+}
+
+
+def assert_close(actual, expected, dtype: torch.dtype, what: str) -> None:
+    """Plain comparison with the tolerances of ``dtype``."""
+    rtol, atol = TOLERANCES[dtype]
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what} ({dtype}): {m}")
+
+
+def assert_as_accurate(actual, reference, truth, dtype: torch.dtype, what: str) -> None:
+    """``actual`` is within the dtype's tolerance of ``truth``, widened by ``reference``'s error."""
+    assert actual.shape == reference.shape and actual.dtype == reference.dtype, (
+        f"{what}: got {tuple(actual.shape)} {actual.dtype}, reference {tuple(reference.shape)} {reference.dtype}"
+    )
+    rtol, atol = TOLERANCES[dtype]
+    truth = truth.double()
+    err = (actual.double() - truth).abs()
+    allowed = atol + rtol * truth.abs() + (reference.double() - truth).abs()
+    bad = ~(err <= allowed)
+    if bad.any():
+        i = int(bad.flatten().nonzero()[0])
+        raise AssertionError(
+            f"{what} ({dtype}): {int(bad.sum())}/{bad.numel()} elements off; first at flat index {i}: "
+            f"got {actual.flatten()[i].item()}, reference {reference.flatten()[i].item()}, "
+            f"truth {truth.flatten()[i].item()}, allowed error {allowed.flatten()[i].item():.3g}"
+        )
+
+
+def leaf(t, dtype=None):
+    """A leaf copy keeping ``t``'s strides (non-contiguous inputs stay non-contiguous); float
+    tensors optionally converted to ``dtype`` and made to require grad."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        return t
+    if dtype is not None:
+        t = torch.empty_strided(t.shape, t.stride(), dtype=dtype).copy_(t)
+    return t.detach().requires_grad_(True)
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def check_forward_backward(fn, reference, inputs, dtype, what: str) -> None:
+    """Compare ``fn``'s outputs and input gradients with ``reference``'s (see module docstring),
+    for one shared random output gradient."""
+    ours = [leaf(t) for t in inputs]
+    refs = [leaf(t) for t in inputs]
+    truths = [leaf(t, torch.float64) for t in inputs]
+    out, ref, truth = _as_tuple(fn(*ours)), _as_tuple(reference(*refs)), _as_tuple(reference(*truths))
+    for i, (o, r, t) in enumerate(zip(out, ref, truth)):
+        assert_as_accurate(o, r, t, dtype, f"{what} output {i}")
+    if all(r.numel() == 0 for r in ref):
+        return
+    grads_out = [torch.randn_like(r) for r in ref]
+    diff = lambda ts: [t for t in ts if isinstance(t, torch.Tensor) and t.requires_grad]  # noqa: E731
+    got = torch.autograd.grad(out, diff(ours), grads_out)
+    want = torch.autograd.grad(ref, diff(refs), grads_out)
+    exact = torch.autograd.grad(truth, diff(truths), [g.double() for g in grads_out])
+    for i, (g, w, e) in enumerate(zip(got, want, exact)):
+        assert_as_accurate(g, w, e, dtype, f"{what} grad of input {i}")

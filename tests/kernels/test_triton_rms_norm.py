@@ -1,0 +1,87 @@
+"""rms_norm and add_rms_norm against transformers' RMSNorm semantics."""
+
+import pytest
+import torch
+from kernel_test_utils import DTYPES, assert_close, check_forward_backward
+
+import twinkle_triton as tt
+
+SHAPES = [(5, 123), (1, 123), (3, 7, 123), (0, 123)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rms_norm_matches_reference(shape, dtype):
+    x = torch.randn(shape, dtype=dtype)
+    weight = torch.randn(shape[-1], dtype=dtype)
+    check_forward_backward(tt.rms_norm, tt.rms_norm_reference, (x, weight, 1e-6), dtype, "rms_norm")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_rms_norm_matches_reference(shape, dtype):
+    x, residual = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    weight = torch.randn(shape[-1], dtype=dtype)
+    check_forward_backward(tt.add_rms_norm, tt.add_rms_norm_reference, (x, residual, weight, 1e-5), dtype,
+                           "add_rms_norm")
+
+
+def test_rms_norm_fp32_weight_on_bf16_input_promotes_like_transformers():
+    x, weight = torch.randn(4, 64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.float32)
+    check_forward_backward(tt.rms_norm, tt.rms_norm_reference, (x, weight, 1e-6), torch.bfloat16, "rms_norm")
+    assert tt.rms_norm(x, weight).dtype == torch.float32
+
+
+def test_rms_norm_non_contiguous_rows_and_columns():
+    wide = torch.randn(6, 200)
+    weight = torch.randn(123)
+    check_forward_backward(tt.rms_norm, tt.rms_norm_reference, (wide[:, :123], weight, 1e-6),
+                           torch.float32, "rms_norm sliced rows")
+    transposed = torch.randn(123, 5).t()
+    check_forward_backward(tt.rms_norm, tt.rms_norm_reference, (transposed, weight, 1e-6),
+                           torch.float32, "rms_norm transposed")
+    residual = torch.randn(5, 123)
+    check_forward_backward(tt.add_rms_norm, tt.add_rms_norm_reference, (transposed, residual, weight, 1e-6),
+                           torch.float32, "add_rms_norm transposed")
+
+
+def test_gradcheck_fp64():
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: tt.rms_norm(x, w, 1e-6), (x, w))
+    assert torch.autograd.gradcheck(lambda x, r, w: tt.add_rms_norm(x, r, w, 1e-6), (x, r, w))
+
+
+def test_opcheck():
+    x, w = torch.randn(3, 5, 16), torch.randn(16, requires_grad=True)
+    torch.library.opcheck(torch.ops.twinkle.rms_norm.default, (x.requires_grad_(), w, 1e-6))
+    torch.library.opcheck(torch.ops.twinkle.add_rms_norm.default, (x, torch.randn(3, 5, 16), w, 1e-6))
+    torch.library.opcheck(torch.ops.twinkle.rms_norm_backward.default, (torch.randn(3, 5, 16), x.detach(), w.detach(), 1e-6))
+
+
+def test_compiles_with_aot_eager_forward_and_backward():
+    x = torch.randn(4, 32, requires_grad=True)
+    r = torch.randn(4, 32, requires_grad=True)
+    w = torch.randn(32, requires_grad=True)
+
+    def block(x, r, w):
+        normed, summed = tt.add_rms_norm(x, r, w, 1e-6)
+        return (tt.rms_norm(normed, w, 1e-6) * summed).sum()
+
+    def reference(x, r, w):
+        normed, summed = tt.add_rms_norm_reference(x, r, w, 1e-6)
+        return (tt.rms_norm_reference(normed, w, 1e-6) * summed).sum()
+
+    got = torch.compile(block, backend="aot_eager", fullgraph=True)(x, r, w)
+    want = reference(x, r, w)
+    assert_close(got, want, torch.float32, "loss")
+    for g, h in zip(torch.autograd.grad(got, (x, r, w)), torch.autograd.grad(want, (x, r, w))):
+        assert_close(g, h, torch.float32, "grad")
+
+
+def test_rejects_wrong_weight_with_a_useful_message():
+    with pytest.raises(ValueError, match="weight has shape"):
+        tt.rms_norm(torch.randn(2, 8), torch.randn(7))
+    with pytest.raises(ValueError, match="residual"):
+        tt.add_rms_norm(torch.randn(2, 8), torch.randn(2, 8, dtype=torch.float64), torch.randn(8))

@@ -124,6 +124,11 @@ class KernelRegistry:
         name = getattr(cls, "kernel_layer_name", None)
         return name if isinstance(name, str) else None
 
+    def is_bound(self, cls: type) -> bool:
+        """Whether ``cls`` (or a base) was bound explicitly with :func:`register_external_layer`."""
+        with self._lock:
+            return any(klass in self._bindings for klass in cls.__mro__)
+
     def layer_registrations(self, kernel_name: str) -> dict[str, dict[Mode, LayerRegistration]]:
         """device -> mode -> registration for ``kernel_name`` (a copy)."""
         with self._lock:

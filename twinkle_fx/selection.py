@@ -151,7 +151,8 @@ def select_layer_kernel(
     *,
     allow_uncompilable: bool = False,
 ) -> Selection | None:
-    """The kernel for instances of ``cls``, or ``None`` if ``cls`` is not bound to any kernel name.
+    """The kernel for instances of ``cls``, or ``None`` if ``cls`` is no target: not bound with
+    :func:`register_external_layer` and not carrying a ``kernel_layer_name`` that has registrations.
 
     Args:
         allow_uncompilable: let a kernel with ``can_torch_compile=False`` through in compile mode
@@ -160,8 +161,12 @@ def select_layer_kernel(
     kernel_name = registry.kernel_name_for(cls)
     if kernel_name is None:
         return None
+    registrations = registry.layer_registrations(kernel_name)
+    if not registrations and not registry.is_bound(cls):
+        # transformers tags many classes with kernel_layer_name; only registered names are targets
+        return None
     target = f"{cls.__qualname__} -> {kernel_name}"
-    return _select(target, registry.layer_registrations(kernel_name), device, mode, _layer_call, allow_uncompilable)
+    return _select(target, registrations, device, mode, _layer_call, allow_uncompilable)
 
 
 def select_function_kernel(

@@ -1,0 +1,80 @@
+"""register_kernels(config): strict validation before anything is registered; config never mutated."""
+
+import copy
+
+import pytest
+import torch
+from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+from my_pkg.fast_ops import fast_add
+from twinkle_fx import get_registry, kernelize_model, register_kernels
+
+from .kernels_for_tests import Gelu, TanhGeluKernel, uses_tanh
+
+
+def _config(local_repo):
+    return {
+        "layers": {
+            "FastGelu": {"layer": TanhGeluKernel, "device": "cpu"},
+            "MyAwesomeMLP": [
+                {"repo_path": str(local_repo), "package_name": "my_kernels", "layer_name": "Qwen2MLPTrainingKernel",
+                 "device": "cuda", "mode": "train"},
+                {"repo_path": str(local_repo), "package_name": "my_kernels", "layer_name": "Qwen2MLPTrainingKernel",
+                 "device": "cpu", "mode": "train"},
+            ],
+        },
+        "external_layers": {Gelu: "FastGelu", "transformers.models.qwen2.modeling_qwen2.Qwen2MLP": "MyAwesomeMLP"},
+        "functions": {"my_pkg.math_ops.add": {"func_impl": fast_add, "device": "cpu", "mode": "inference"}},
+    }
+
+
+def test_config_registers_layers_bindings_and_functions(local_repo):
+    config = _config(local_repo)
+    snapshot = copy.deepcopy(config)
+    register_kernels(config)
+    assert config == snapshot
+    registry = get_registry()
+    assert registry.kernel_name_for(Qwen2MLP) == "MyAwesomeMLP"
+    assert set(registry.layer_registrations("MyAwesomeMLP")) == {"cuda", "cpu"}
+    assert registry.function_targets() == ["my_pkg.math_ops.add"]
+    module = Gelu()
+    kernelize_model(module, mode="inference", device="cpu")
+    assert uses_tanh(module)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c.__setitem__("layer", {}), "config: unknown key 'layer'; valid keys: layers, external_layers, functions"),
+        (lambda c: c["layers"]["FastGelu"].__setitem__("repo_name", "x"), r"layers\['FastGelu'\]: unknown key 'repo_name'"),
+        (lambda c: c["layers"]["MyAwesomeMLP"][1].__setitem__("devices", "cpu"), r"layers\['MyAwesomeMLP'\]\[1\]: unknown key 'devices'"),
+        (lambda c: c["functions"]["my_pkg.math_ops.add"].__setitem__("impl", fast_add), r"functions\['my_pkg.math_ops.add'\]: unknown key 'impl'"),
+        (lambda c: c["layers"]["FastGelu"].__setitem__("mode", "speedy"), "Unknown kernel mode 'speedy'"),
+        (lambda c: c["functions"].__setitem__("add", {"func_impl": fast_add}), "must be 'module.func_name'"),
+        (lambda c: c["external_layers"].__setitem__("transformers.NoSuchClass", "X"), "Cannot resolve layer class"),
+    ],
+)
+def test_bad_config_names_key_and_entry_and_registers_nothing(local_repo, mutate, message):
+    config = _config(local_repo)
+    mutate(config)
+    snapshot = copy.deepcopy(config)
+    with pytest.raises((ValueError, TypeError), match=message):
+        register_kernels(config)
+    assert config == snapshot
+    registry = get_registry()
+    assert registry.layer_kernel_names() == [] and registry.bindings() == {} and registry.function_targets() == []
+
+
+def test_config_must_be_a_dict():
+    with pytest.raises(TypeError, match="expects a dict"):
+        register_kernels([("layers", {})])
+
+
+def test_scoped_registry_unwinds_on_exception():
+    from twinkle_fx import scoped_registry
+
+    with pytest.raises(RuntimeError):
+        with scoped_registry():
+            register_kernels({"layers": {"FastGelu": {"layer": TanhGeluKernel}}})
+            raise RuntimeError
+    assert get_registry().layer_kernel_names() == []

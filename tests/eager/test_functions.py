@@ -1,0 +1,136 @@
+"""Function kernels: register, apply, strictness, fallback, undo."""
+
+import logging
+import warnings
+
+import pytest
+import torch
+
+import my_pkg.math_ops as math_ops
+from my_pkg.fast_ops import MulRepo, fast_add
+from twinkle_fx import KernelSelectionError, kernelize_model, undo_kernelize
+from twinkle_fx.function import (
+    apply_function_kernel,
+    patched_functions,
+    register_function_kernel,
+    restore_functions,
+)
+
+ORIGINAL_ADD = math_ops.add
+ORIGINAL_MUL = math_ops.mul
+
+
+def test_apply_patches_and_returns_names_and_module_callers_see_the_kernel():
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu",
+                             mode="inference")
+    patched = apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="inference")
+    assert patched == ["my_pkg.math_ops.add"]
+    assert math_ops.add is fast_add
+    a, b = torch.randn(37), torch.randn(37)
+    torch.testing.assert_close(math_ops.scaled_sum(a, b), (a + b) * 0.5)
+    assert patched.restore() == 1
+    assert math_ops.add is ORIGINAL_ADD
+
+
+def test_handle_is_a_context_manager():
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+    with apply_function_kernel(target_module="my_pkg.math_ops", device="cpu") as patched:
+        assert math_ops.add is fast_add and patched == ["my_pkg.math_ops.add"]
+    assert math_ops.add is ORIGINAL_ADD
+
+
+def test_apply_twice_keeps_the_true_original():
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+    apply_function_kernel(target_module="my_pkg.math_ops", device="cpu")
+    apply_function_kernel(target_module="my_pkg.math_ops", device="cpu")
+    restore_functions()
+    assert math_ops.add is ORIGINAL_ADD and patched_functions() == []
+
+
+def test_repo_object_compile_registration_serves_inference():
+    register_function_kernel(func_name="mul", target_module="my_pkg.math_ops", repo=MulRepo(), device="cpu",
+                             mode="compile")
+    assert apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="inference") == ["my_pkg.math_ops.mul"]
+    assert math_ops.mul is not ORIGINAL_MUL
+
+
+def test_training_never_uses_a_function_without_backward(caplog):
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+    with caplog.at_level(logging.INFO, logger="twinkle_fx"):
+        assert apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="train") == []
+    assert math_ops.add is ORIGINAL_ADD
+    assert any("has_backward=False" in r.getMessage() for r in caplog.records)
+    with pytest.raises(KernelSelectionError, match="has_backward=False"):
+        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="train", use_fallback=False)
+
+
+def test_use_fallback_false_patches_nothing_when_one_target_fails():
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+    register_function_kernel(func_name="mul", target_module="my_pkg.math_ops", func_impl=fast_add, device="cuda")
+    with pytest.raises(KernelSelectionError, match="no kernel for device 'cpu'"):
+        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", use_fallback=False)
+    assert math_ops.add is ORIGINAL_ADD
+
+
+def test_target_module_not_importable():
+    register_function_kernel(func_name="f", target_module="my_pkg.no_such_module", func_impl=fast_add, device="cpu")
+    with pytest.raises(ValueError, match="'my_pkg.no_such_module'.*cannot be imported"):
+        apply_function_kernel(target_module="my_pkg.no_such_module", device="cpu", strict=True)
+    with pytest.warns(UserWarning, match="cannot be imported"):
+        assert apply_function_kernel(target_module="my_pkg.no_such_module", device="cpu") == []
+
+
+def test_missing_function_is_an_error_when_strict_and_never_created():
+    register_function_kernel(func_name="sub", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+    with pytest.raises(ValueError, match="has no attribute 'sub'"):
+        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", strict=True)
+    with pytest.warns(UserWarning, match="has no attribute 'sub'"):
+        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu")
+    assert not hasattr(math_ops, "sub")
+
+
+def test_strict_raises_when_nothing_was_patched():
+    with pytest.raises(ValueError, match="no function kernels are registered for my_pkg.math_ops"):
+        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", strict=True)
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cuda")
+    with pytest.raises(ValueError, match="no function was patched"):
+        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", strict=True)
+
+
+def test_kernelize_model_none_patches_functions_and_undo_restores():
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+    kernelize_model(model=None, mode="inference", device="cpu")
+    assert math_ops.add is fast_add
+    undo_kernelize()
+    assert math_ops.add is ORIGINAL_ADD
+
+
+def test_function_kernel_from_local_repo_and_hub(offline_hub, local_repo):
+    register_function_kernel(func_name="silu_and_mul", target_module="my_pkg.activations",
+                             repo_id="kernels-community/activation", revision="main")
+    import my_pkg.activations as activations
+
+    original = activations.silu_and_mul
+    x = torch.randn(3, 2 * 7)
+    expected = original(x)
+    assert apply_function_kernel(target_module="my_pkg.activations", device="cpu") == ["my_pkg.activations.silu_and_mul"]
+    assert activations.silu_and_mul is not original
+    torch.testing.assert_close(activations.silu_and_mul(x), expected)
+
+
+def test_function_registration_errors():
+    with pytest.raises(ValueError, match="exactly one of func_impl=, repo=, repo_id=, repo_path="):
+        register_function_kernel(func_name="add", target_module="my_pkg.math_ops")
+    with pytest.raises(ValueError, match="got func_impl, repo"):
+        register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, repo=MulRepo())
+    with pytest.raises(ValueError, match="either revision= or version="):
+        register_function_kernel(func_name="add", target_module="m", repo_id="a/b", revision="x", version=2)
+    with pytest.raises(ValueError, match="target_module"):
+        register_function_kernel(func_name="add", target_module="", func_impl=fast_add)
+
+
+def test_no_warnings_on_the_happy_path():
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", strict=True)

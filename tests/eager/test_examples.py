@@ -1,0 +1,48 @@
+"""Every documentation example runs as written, as a script, with the Hub served by an offline cache."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _run(script: str, hf_home: Path) -> str:
+    env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TRITON_INTERPRET="1", PYTHONUNBUFFERED="1")
+    done = subprocess.run([sys.executable, str(EXAMPLES / script)], env=env, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "MISMATCH" not in output
+    return output
+
+
+def test_eager_layers_example(offline_hub):
+    output = _run("eager_layers.py", offline_hub)
+    assert "swapped model.layers.0.mlp (Qwen2MLP) -> MyAwesomeMLP" in output
+    assert "swapped <model> (SiluAndMul) -> SiluAndMulKernel" in output and "hub kernels-community/activation" in output
+    assert "after undo, bit-identical to the original: True" in output
+
+
+def test_function_kernels_example(offline_hub):
+    output = _run("function_kernels.py", offline_hub)
+    assert "patched: ['my_pkg.math_ops.add', 'my_pkg.math_ops.mul']" in output
+    assert "patched my_pkg.activations.silu_and_mul -> hub kernels-community/activation (revision main)" in output
+    assert "silu_and_mul matches: True" in output
+    assert "restored: my_pkg.math_ops my_pkg.activations" in output
+
+
+def test_register_config_example(offline_hub):
+    output = _run("register_config.py", offline_hub)
+    assert "swapped model.norm (Qwen2RMSNorm) -> RMSNorm" in output
+    assert "swapped model.layers.0.mlp (Qwen2MLP) -> MyAwesomeMLP" in output  # a training kernel serves inference
+    assert "logits: max abs error" in output
+
+
+@pytest.mark.parametrize("script", ["make_offline_hub_cache.py"])
+def test_cache_builder_example(tmp_path, script):
+    done = subprocess.run([sys.executable, str(EXAMPLES / script), str(tmp_path / "hf")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "hf" / "hub" / "kernels--kernels-community--activation" / "refs" / "main").is_file()

@@ -1,0 +1,50 @@
+"""The built-in mapping swaps transformers' RMSNorm, MLP and rotary for twinkle_triton kernels."""
+
+import importlib
+
+import pytest
+import torch
+import transformers
+
+from twinkle_fx import kernelize_model, undo_kernelize
+from twinkle_fx.builtin import BUILTIN_MODELS, use_builtin_kernels
+from twinkle_fx.eager.layers import swapped_forward
+
+CONFIGS = {
+    "qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,
+    "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
+}
+
+
+@pytest.mark.parametrize("family", list(BUILTIN_MODELS))
+def test_builtin_kernels_match_the_model_in_training(family):
+    use_builtin_kernels(devices=("cpu",), models=(family,))
+    torch.manual_seed(0)
+    config = CONFIGS[family](hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, head_dim=16)
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    input_ids = torch.randint(0, 128, (2, 9))
+    ref = model(input_ids, labels=input_ids)
+    ref.loss.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    modeling = importlib.import_module(BUILTIN_MODELS[family][0])
+    original_rotary = modeling.apply_rotary_pos_emb
+    kernelize_model(model, mode="train", use_fallback=False)
+    assert modeling.apply_rotary_pos_emb is not original_rotary
+    # 2 norms + MLP + final norm per layer; Qwen3 also normalises q and k per head
+    assert sum(swapped_forward(m) is not None for m in model.modules()) == (6 if family == "qwen3" else 4)
+    out = model(input_ids, labels=input_ids)
+    out.loss.backward()
+    torch.testing.assert_close(out.logits, ref.logits, atol=1e-4, rtol=1e-4)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    undo_kernelize(model)
+    assert modeling.apply_rotary_pos_emb is original_rotary
+
+
+def test_unknown_family():
+    with pytest.raises(ValueError, match="built-in families: qwen2, llama, mistral, qwen3"):
+        use_builtin_kernels(models=("gpt2",))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -61,19 +62,19 @@ def _import_piece(module: str, what: str):
 
 
 @contextlib.contextmanager
-def _builtin_kernels() -> Iterator[None]:
-    """The built-in kernels registered in a private registry scope for the duration of the block."""
+def _builtin_kernels(device: torch.device) -> Iterator[list[str]]:
+    """The built-in kernels registered for ``device`` in a private registry scope for the duration
+    of the block; yields what was bound."""
     builtin = _import_piece("twinkle_fx.builtin", "twinkle_fx.builtin.use_builtin_kernels")
     use_builtin_kernels = getattr(builtin, "use_builtin_kernels", None)
     if use_builtin_kernels is None:
         raise BackendUnavailable("twinkle_fx.builtin.use_builtin_kernels is not available yet")
     from twinkle_fx import scoped_registry
 
-    with scoped_registry(), contextlib.ExitStack() as stack:
-        handle = use_builtin_kernels()
-        if hasattr(handle, "__enter__"):  # a handle that undoes itself is undone on exit too
-            stack.enter_context(handle)
-        yield
+    with scoped_registry():
+        # the built-ins register for cuda by default; on the CPU (--tiny) they run through the
+        # Triton interpreter
+        yield use_builtin_kernels(devices=(device.type,))
 
 
 def _swap_notes(model: torch.nn.Module) -> dict[str, Any]:
@@ -104,21 +105,24 @@ def _twinkle(model: torch.nn.Module, family: str, device: torch.device) -> Itera
     # the entry point pyproject declares for backend="twinkle"; checked first so a missing compile
     # package reads as such instead of torch's "unknown backend"
     _import_piece("twinkle_fx.compile.backend", 'torch.compile backend "twinkle" (twinkle_fx.compile)')
-    with _builtin_kernels():
+    with _builtin_kernels(device) as bound:
         # the registry scope stays open for the whole run: Dynamo compiles at the first call
-        yield Prepared(torch.compile(model, backend="twinkle"))
+        yield Prepared(torch.compile(model, backend="twinkle"), {"builtin_kernels": bound})
 
 
 @contextlib.contextmanager
 def _kernelize(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
     from twinkle_fx import kernelize_model, undo_kernelize
 
-    with _builtin_kernels():
+    with _builtin_kernels(device) as bound:
         kernelize_model(model, mode="train", device=device)
         try:
-            yield Prepared(model, _swap_notes(model))
+            yield Prepared(model, {"builtin_kernels": bound, **_swap_notes(model)})
         finally:
             undo_kernelize(model)  # function patches are process-wide
+
+
+_ABSENT = object()
 
 
 @contextlib.contextmanager
@@ -148,16 +152,12 @@ def _module_state_restored(module) -> Iterator[None]:
                     setattr(cls, name, value)
 
 
-_ABSENT = object()
-
-
 def _liger(compiled: bool):
     @contextlib.contextmanager
     def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
-        try:
-            liger_transformers = importlib.import_module("liger_kernel.transformers")
-        except ModuleNotFoundError as e:
-            raise BackendUnavailable("liger-kernel not installed (pip install liger-kernel)") from e
+        if importlib.util.find_spec("liger_kernel") is None:
+            raise BackendUnavailable("liger-kernel not installed (pip install liger-kernel)")
+        liger_transformers = importlib.import_module("liger_kernel.transformers")
         apply = getattr(liger_transformers, f"apply_liger_kernel_to_{family}", None)
         if apply is None:
             raise BackendUnavailable(f"liger-kernel has no apply_liger_kernel_to_{family}")

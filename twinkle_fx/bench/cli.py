@@ -1,0 +1,158 @@
+"""``twinkle-fx bench``: the command line of the benchmark harness.
+
+Examples::
+
+    twinkle-fx bench                                   # qwen2 reference workload, all backends
+    twinkle-fx bench --model llama --backends eager,inductor,twinkle --out results/
+    twinkle-fx bench --micro --out results/            # kernel microbenchmarks
+    twinkle-fx bench --tiny --backends eager,kernelize # CPU smoke test, seconds
+    twinkle-fx bench --plot results/bench-qwen2.json   # table + PNG again from a saved run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["add_parser", "run"]
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+# (full run, --tiny) defaults; an explicit flag always wins
+_MODEL_DEFAULTS = {"batch": (4, 2), "seq": (1024, 32), "dtype": ("bf16", "fp32"), "steps": (20, 2), "warmup": (3, 1)}
+_MICRO_DEFAULTS = {"dtype": ("bf16", "fp32"), "steps": (50, 2), "warmup": (5, 1)}
+_MODEL_BACKENDS = "eager,inductor,twinkle,kernelize,liger,liger+inductor"
+_MICRO_BACKENDS = "eager,inductor,twinkle,liger"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``bench`` subcommand to the ``twinkle-fx`` parser."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark backends on a training step, or the kernels (--micro)",
+        description="Benchmark a transformers training step (forward + backward with labels) under each "
+                    "backend, each on a fresh model with the same seed; or, with --micro, every twinkle_triton "
+                    "kernel against eager, Inductor and Liger with the device's copy bandwidth as roofline. "
+                    "Exit status 1 when a row failed or disagrees with eager (WRONG).",
+        epilog=__doc__.split("Examples::", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default="qwen2", help="workload: qwen2 (default, Qwen2-0.5B shape), qwen3, "
+                                                          "llama, mistral")
+    parser.add_argument("--backends", help=f"comma-separated; default {_MODEL_BACKENDS} "
+                                           f"(--micro: {_MICRO_BACKENDS})")
+    parser.add_argument("--batch", type=int, help="sequences per step (default 4; --tiny 2)")
+    parser.add_argument("--seq", type=int, help="tokens per sequence (default 1024; --tiny 32)")
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default bf16 (--tiny fp32)")
+    parser.add_argument("--steps", type=int, help="timed steps (default 20; --micro: timed calls, default 50; "
+                                                  "--tiny 2)")
+    parser.add_argument("--warmup", type=int, help="untimed steps after the first (default 3; --micro 5; --tiny 1)")
+    parser.add_argument("--micro", action="store_true", help="kernel microbenchmarks instead of the model")
+    parser.add_argument("--ops", help="--micro: comma-separated subset of the ops (default all)")
+    parser.add_argument("--out", type=Path, help="directory for the JSON result and the PNG chart")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a tiny config on the CPU through the Triton interpreter: the same code path in seconds")
+    parser.add_argument("--device", help="default cuda when available (--tiny: cpu)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
+    parser.add_argument("--loss-rtol", type=float,
+                        help="first-step loss agreement with eager, relative (default 1e-2 bf16/fp16, 1e-4 fp32)")
+    parser.add_argument("--plot", type=Path, metavar="JSON",
+                        help="print the table and write the PNG of a saved result (next to it, or in --out)")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _default(args: argparse.Namespace, name: str, table: dict) -> object:
+    value = getattr(args, name)
+    return table[name][1 if args.tiny else 0] if value is None else value
+
+
+def _use_triton_interpreter() -> None:
+    """Run Triton kernels through the interpreter (CPU). The variable is read when ``triton.jit``
+    decorates a kernel, so it must be set before twinkle_triton is imported; if something imported
+    it already, the command starts over in a fresh interpreter with the variable set."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "twinkle_triton" not in sys.modules:
+        return
+    main_spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if (main_spec is not None and main_spec.name == "twinkle_fx.__main__") or Path(sys.argv[0]).name == "twinkle-fx":
+        _progress("twinkle-fx bench: restarting with TRITON_INTERPRET=1 (twinkle_triton was imported before it was set)")
+        os.execv(sys.executable, sys.orig_argv)
+    raise RuntimeError("twinkle_triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot run "
+                       "on the CPU in this process; set TRITON_INTERPRET=1 before importing it.")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``twinkle-fx bench`` with parsed ``args``; returns the exit status."""
+    import torch
+
+    from .backends import BACKENDS, parse_backends
+    from .environment import resolve_device
+    from .report import format_table, plot, write_outputs
+    from .results import BenchResult
+
+    if args.plot is not None:
+        result = BenchResult.load(args.plot)
+        print(format_table(result))
+        png = (args.out or args.plot.parent) / (args.plot.stem + ".png")
+        png.parent.mkdir(parents=True, exist_ok=True)
+        print(f"\nwrote {png}" if plot(result, png) else "\nmatplotlib is not installed: no PNG")
+        return 0
+
+    device = resolve_device(args.device, tiny=args.tiny)
+    if device.type == "cpu":
+        _use_triton_interpreter()
+    if args.micro:
+        from .micro import MICRO_CASES, MICRO_IMPLS, MicroBenchOptions, run_micro_bench
+
+        ops = [] if not args.ops else [op.strip() for op in args.ops.split(",") if op.strip()]
+        unknown = sorted(set(ops) - {c.op for c in MICRO_CASES})
+        if unknown:
+            raise SystemExit(f"twinkle-fx bench: unknown op(s) {', '.join(unknown)}; "
+                             f"valid: {', '.join(c.op for c in MICRO_CASES)}")
+        options = MicroBenchOptions(
+            impls=_parse(parse_backends, args.backends or _MICRO_BACKENDS, dict.fromkeys(MICRO_IMPLS)),
+            dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MICRO_DEFAULTS)]),
+            reps=_default(args, "steps", _MICRO_DEFAULTS), warmup=_default(args, "warmup", _MICRO_DEFAULTS),
+            device=device, tiny=args.tiny, seed=args.seed, ops=ops,
+        )
+        result, stem = run_micro_bench(options, progress=_progress), "bench-micro"
+    else:
+        from .model_bench import ModelBenchOptions, run_model_bench
+        from .workloads import get_workload
+
+        _parse(get_workload, args.model)
+        options = ModelBenchOptions(
+            model=args.model,
+            backends=_parse(parse_backends, args.backends or _MODEL_BACKENDS, BACKENDS),
+            batch=_default(args, "batch", _MODEL_DEFAULTS), seq=_default(args, "seq", _MODEL_DEFAULTS),
+            dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
+            steps=_default(args, "steps", _MODEL_DEFAULTS), warmup=_default(args, "warmup", _MODEL_DEFAULTS),
+            device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol,
+        )
+        result, stem = run_model_bench(options, progress=_progress), f"bench-{args.model}"
+
+    print()
+    print(format_table(result))
+    if args.out is not None:
+        written = write_outputs(result, args.out, stem)
+        print("\nwrote " + ", ".join(map(str, written)))
+        if len(written) == 1:
+            print("matplotlib is not installed: no PNG (render it elsewhere with `twinkle-fx bench --plot JSON`)")
+    return 1 if any(row.status in ("failed", "wrong") for row in result.rows) else 0
+
+
+def _parse(parse, *args):
+    """Turn a ValueError of argument parsing into a one-line usage error."""
+    try:
+        return parse(*args)
+    except ValueError as e:
+        raise SystemExit(f"twinkle-fx bench: {e}") from None

@@ -1,0 +1,373 @@
+"""Kernel microbenchmarks: every op of ``twinkle_triton`` at a realistic LLM shape, forward and
+forward + backward, next to its plain-PyTorch ``<op>_reference`` (eager), ``torch.compile`` of that
+reference (Inductor) and Liger where Liger has the op.
+
+Memory-bound ops report achieved GB/s, the minimum bytes the op must read and write divided by its
+time, as a fraction of a device-to-device copy (``Tensor.copy_`` of a 1 GiB buffer) measured in the
+same process: that copy is the practical roofline of a streaming kernel on this device. The fused
+linear cross-entropy is matmul-bound and reports TFLOP/s (its three matmuls) and, above all, the
+extra memory it needs. Every implementation is checked against the reference once (outputs and
+input gradients); a disagreement marks the row WRONG.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .environment import describe_environment
+from .model_bench import free_device_memory
+from .report import annotate_micro_rows
+from .results import BenchResult, MicroRow
+from .timing import GIB, DeviceClock, time_calls
+
+__all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
+
+MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger")
+
+# Relative L2 error (|a - b| / |b| over a whole output or gradient) allowed against the reference:
+# bf16 keeps 8 bits of mantissa (rounding 2^-9 ~ 2e-3 per element); fused kernels round fewer
+# intermediates than the reference, so they differ by a few roundings, not by percents.
+MICRO_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8, torch.bfloat16: 2e-2, torch.float16: 1e-2}
+
+
+@dataclass
+class CaseInputs:
+    """The arguments of one op (the same for ``twinkle_triton.<op>`` and ``<op>_reference``).
+
+    Gradients are taken with respect to every tensor argument that requires grad.
+    """
+
+    shape: str
+    args: tuple
+    bytes_fwd: int | None = None  # minimum bytes read + written (memory-bound ops)
+    bytes_bwd: int | None = None
+    flops_fwd: int | None = None  # matmul-bound ops
+    flops_bwd: int | None = None
+    # when Liger takes the inputs in another layout: its arguments, and a map from its input
+    # gradients to the reference's
+    liger_args: tuple | None = None
+    liger_grads: Callable[[tuple], tuple] | None = None
+
+
+@dataclass(frozen=True)
+class MicroCase:
+    op: str  # twinkle_triton function name; "<op>_reference" is its eager reference
+    make: Callable[[bool, torch.device, torch.dtype], CaseInputs]  # (tiny, device, dtype)
+    liger: str | None = None  # function in liger_kernel.transformers.functional, if Liger has the op
+
+
+def _randn(*shape: int, device, dtype, grad: bool = True, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, device=device, dtype=torch.float32) * scale).to(dtype).requires_grad_(grad)
+
+
+def _silu_and_mul(tiny: bool, device, dtype) -> CaseInputs:
+    n, d = (64, 128) if tiny else (4096, 14336)  # Llama-3-8B MLP: intermediate 14336
+    x = _randn(n, 2 * d, device=device, dtype=dtype)
+    e = x.element_size()
+    # Liger's swiglu takes gate and up as two tensors (and assumes both contiguous)
+    gate, up = (t.detach().contiguous().requires_grad_() for t in x.chunk(2, dim=-1))
+    return CaseInputs(f"x {n} x 2*{d}", (x,), bytes_fwd=3 * n * d * e, bytes_bwd=5 * n * d * e,
+                      liger_args=(gate, up), liger_grads=lambda grads: (torch.cat(grads, dim=-1),))
+
+
+def _silu_mul(tiny: bool, device, dtype) -> CaseInputs:
+    n, d = (64, 128) if tiny else (4096, 14336)
+    gate, up = _randn(n, d, device=device, dtype=dtype), _randn(n, d, device=device, dtype=dtype)
+    e = gate.element_size()
+    return CaseInputs(f"gate, up {n} x {d}", (gate, up), bytes_fwd=3 * n * d * e, bytes_bwd=5 * n * d * e)
+
+
+def _rms_norm(tiny: bool, device, dtype) -> CaseInputs:
+    n, h = (64, 128) if tiny else (16384, 4096)
+    x = _randn(n, h, device=device, dtype=dtype)
+    weight = (1 + _randn(h, device=device, dtype=torch.float32, grad=False, scale=0.1)).to(dtype).requires_grad_()
+    e = x.element_size()
+    return CaseInputs(f"x {n} x {h}, eps 1e-6", (x, weight, 1e-6),
+                      bytes_fwd=2 * n * h * e + h * e, bytes_bwd=3 * n * h * e + 2 * h * e)
+
+
+def _add_rms_norm(tiny: bool, device, dtype) -> CaseInputs:
+    n, h = (64, 128) if tiny else (16384, 4096)
+    x, residual = _randn(n, h, device=device, dtype=dtype), _randn(n, h, device=device, dtype=dtype)
+    weight = (1 + _randn(h, device=device, dtype=torch.float32, grad=False, scale=0.1)).to(dtype).requires_grad_()
+    e = x.element_size()
+    # fwd reads x, residual, writes normed and sum; bwd reads both output gradients and the saved
+    # sum and writes one input gradient (x's and residual's are equal)
+    return CaseInputs(f"x, residual {n} x {h}, eps 1e-6", (x, residual, weight, 1e-6),
+                      bytes_fwd=4 * n * h * e + h * e, bytes_bwd=4 * n * h * e + 2 * h * e)
+
+
+def _rotary(tiny: bool, device, dtype) -> CaseInputs:
+    # Llama-3-8B attention at batch 4 x 1024: 32 query heads, 8 KV heads, head_dim 128; q and k laid
+    # out as transformers makes them (projection output viewed [b, s, h, d] and transposed)
+    b, s, hq, hk, d = (1, 16, 4, 2, 32) if tiny else (4, 1024, 32, 8, 128)
+    q_proj = _randn(b, s, hq, d, device=device, dtype=dtype)
+    k_proj = _randn(b, s, hk, d, device=device, dtype=dtype)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+    freqs = torch.arange(s, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1).expand(b, s, d)
+    cos, sin = emb.cos().to(dtype).contiguous(), emb.sin().to(dtype).contiguous()
+    e = q_proj.element_size()
+    moved = 2 * (q_proj.numel() + k_proj.numel()) * e + 2 * cos.numel() * e
+    return CaseInputs(f"q {b} x {hq} x {s} x {d}, k {b} x {hk} x {s} x {d} (transposed views), cos/sin {b} x {s} x {d}",
+                      (q_proj.transpose(1, 2), k_proj.transpose(1, 2), cos, sin), bytes_fwd=moved, bytes_bwd=moved)
+
+
+def _add_gelu(tiny: bool, device, dtype) -> CaseInputs:
+    n, d = (64, 256) if tiny else (4096, 16384)  # GPT-style MLP: 4 x hidden 4096
+    x, bias = _randn(n, d, device=device, dtype=dtype), _randn(d, device=device, dtype=dtype)
+    e = x.element_size()
+    return CaseInputs(f"x {n} x {d}, bias {d}", (x, bias), bytes_fwd=2 * n * d * e + d * e,
+                      bytes_bwd=3 * n * d * e + 2 * d * e)
+
+
+def _mul_add(tiny: bool, device, dtype) -> CaseInputs:
+    n, d = (64, 256) if tiny else (4096, 14336)
+    a, b, c = (_randn(n, d, device=device, dtype=dtype) for _ in range(3))
+    e = a.element_size()
+    # bwd reads the output gradient, a and b, writes da and db (dc is the output gradient itself)
+    return CaseInputs(f"a, b, c {n} x {d}", (a, b, c), bytes_fwd=4 * n * d * e, bytes_bwd=5 * n * d * e)
+
+
+def _fused_linear_cross_entropy(tiny: bool, device, dtype) -> CaseInputs:
+    # the LM head of the reference workload (Qwen2-0.5B): 4096 tokens, hidden 896, vocab 151936
+    n, h, v = (64, 32, 256) if tiny else (4096, 896, 151936)
+    x = _randn(n, h, device=device, dtype=dtype)
+    weight = _randn(v, h, device=device, dtype=dtype, scale=0.02)
+    labels = torch.randint(0, v, (n,), device=device)
+    labels[::7] = -100  # ignore_index, as padding and prompt tokens are in training
+    return CaseInputs(f"{n} tokens x {h} -> {v} vocab, every 7th label -100", (x, weight, labels),
+                      flops_fwd=2 * n * h * v, flops_bwd=4 * n * h * v)
+
+
+MICRO_CASES: tuple[MicroCase, ...] = (
+    MicroCase("silu_and_mul", _silu_and_mul, liger="liger_swiglu"),
+    MicroCase("silu_mul", _silu_mul, liger="liger_swiglu"),
+    MicroCase("rms_norm", _rms_norm, liger="liger_rms_norm"),
+    MicroCase("add_rms_norm", _add_rms_norm, liger="liger_fused_add_rms_norm"),
+    MicroCase("apply_rotary_pos_emb", _rotary, liger="liger_rope"),
+    MicroCase("add_gelu", _add_gelu),
+    MicroCase("mul_add", _mul_add),
+    MicroCase("fused_linear_cross_entropy", _fused_linear_cross_entropy, liger="liger_fused_linear_cross_entropy"),
+)
+
+PHASES = ("fwd", "fwd+bwd")
+
+
+@dataclass(frozen=True)
+class MicroBenchOptions:
+    impls: list[str]
+    dtype: torch.dtype
+    reps: int
+    warmup: int
+    device: torch.device
+    tiny: bool = False
+    seed: int = 0
+    ops: list[str] = field(default_factory=list)  # empty: all
+
+
+def _import(module: str, *, distribution: str) -> tuple[Any, str | None]:
+    """``(module, None)`` or ``(None, why not)``: not installed, or installed but failing to import."""
+    try:
+        return importlib.import_module(module), None
+    except ImportError as e:
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            return None, f"{distribution} not installed"
+        return None, f"importing {module} raised {type(e).__name__}: {e}"
+
+
+def _tensors(out: Any) -> tuple[torch.Tensor, ...]:
+    return (out,) if isinstance(out, torch.Tensor) else tuple(t for t in out if isinstance(t, torch.Tensor))
+
+
+def _grad_inputs(args: tuple) -> list[torch.Tensor]:
+    return [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+
+
+def _rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    if actual.shape != expected.shape:
+        return math.inf
+    expected = expected.detach().float()
+    diff = torch.linalg.vector_norm(actual.detach().float() - expected)
+    scale = torch.linalg.vector_norm(expected)
+    return float(diff / scale) if scale > 0 else float(diff)
+
+
+@dataclass
+class _Impl:
+    name: str
+    fn: Callable[..., Any] | None
+    args: tuple
+    to_reference_grads: Callable[[tuple], tuple] | None = None
+    error: str | None = None  # unavailable
+
+
+class _Case:
+    """One op's inputs, the reference results and the timing of each implementation."""
+
+    def __init__(self, case: MicroCase, inputs: CaseInputs, options: MicroBenchOptions, clock: DeviceClock,
+                 copy_gbps: float) -> None:
+        self.case, self.inputs, self.options, self.clock, self.copy_gbps = case, inputs, options, clock, copy_gbps
+
+    def grad_outputs(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        # a fresh set per implementation: Liger's RMSNorm writes its input gradient into this buffer
+        generator = torch.Generator(device=outputs[0].device).manual_seed(self.options.seed + 1)
+        return tuple(
+            torch.randn(o.shape, generator=generator, device=o.device, dtype=torch.float32).to(o.dtype)
+            if o.numel() > 1 else torch.ones_like(o)
+            for o in outputs
+        )
+
+    def run_once(self, impl: _Impl) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """Outputs and input gradients (in the reference's layout) of one forward + backward."""
+        outputs = _tensors(impl.fn(*impl.args))
+        grads = torch.autograd.grad(outputs, _grad_inputs(impl.args), self.grad_outputs(outputs))
+        if impl.to_reference_grads is not None:
+            grads = impl.to_reference_grads(grads)
+        return tuple(o.detach() for o in outputs), tuple(grads)
+
+    def rows(self, impl: _Impl, expected) -> list[MicroRow]:
+        op, shape = self.case.op, self.inputs.shape
+        if impl.error is not None:
+            return [MicroRow(op, phase, impl.name, shape, status="unavailable", error=impl.error) for phase in PHASES]
+        try:
+            outputs, grads = self.run_once(impl)
+            error = max((_rel_error(a, b) for a, b in zip(outputs + grads, expected[0] + expected[1])), default=0.0)
+            if len(outputs + grads) != len(expected[0] + expected[1]):
+                error = math.inf
+            del outputs, grads
+            rows = [self._timed(impl, phase, error) for phase in PHASES]
+        except Exception as e:  # noqa: BLE001 - one failing implementation is a row, the run goes on
+            return [MicroRow(op, phase, impl.name, shape, status="failed", error=f"{type(e).__name__}: {e}",
+                             traceback=traceback.format_exc()) for phase in PHASES]
+        return rows
+
+    def _timed(self, impl: _Impl, phase: str, error: float) -> MicroRow:
+        inputs, opts = self.inputs, self.options
+        if phase == "fwd":
+            def call() -> None:
+                impl.fn(*impl.args)
+
+            with torch.no_grad():
+                ms, extra = time_calls(call, self.clock, warmup=opts.warmup, reps=opts.reps)
+            moved, flops = inputs.bytes_fwd, inputs.flops_fwd
+        else:
+            wrt = _grad_inputs(impl.args)
+            grad_outputs = self.grad_outputs(_tensors(impl.fn(*impl.args)))
+
+            def call() -> None:
+                torch.autograd.grad(_tensors(impl.fn(*impl.args)), wrt, grad_outputs)
+
+            ms, extra = time_calls(call, self.clock, warmup=opts.warmup, reps=opts.reps)
+            moved = None if inputs.bytes_fwd is None else inputs.bytes_fwd + inputs.bytes_bwd
+            flops = None if inputs.flops_fwd is None else inputs.flops_fwd + inputs.flops_bwd
+        gbps = None if moved is None else moved / (ms * 1e-3) / 1e9
+        tolerance = MICRO_RTOL.get(opts.dtype, 2e-2)
+        return MicroRow(
+            self.case.op, phase, impl.name, inputs.shape,
+            status="ok" if error <= tolerance else "wrong",
+            ms=ms, bytes_moved=moved, gbps=gbps,
+            copy_fraction=None if gbps is None else gbps / self.copy_gbps,
+            flops=flops, tflops=None if flops is None else flops / (ms * 1e-3) / 1e12,
+            extra_gib=None if extra is None else extra / GIB,
+            max_rel_error=error,
+        )
+
+
+def _measure_copy(options: MicroBenchOptions, clock: DeviceClock) -> MicroRow:
+    n_bytes = (8 << 20) if options.tiny else (1 << 30)
+    src = torch.ones(n_bytes // 4, device=options.device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    ms, _ = time_calls(lambda: dst.copy_(src), clock, warmup=options.warmup, reps=max(options.reps, 10))
+    moved = 2 * n_bytes  # read + write
+    return MicroRow("copy", "-", "torch", f"{n_bytes >> 20} MiB float32 Tensor.copy_", ms=ms, bytes_moved=moved,
+                    gbps=moved / (ms * 1e-3) / 1e9, copy_fraction=1.0)
+
+
+def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOptions, twinkle_triton,
+                     twinkle_error: str | None, liger, liger_error: str | None) -> tuple[_Impl | None, list[_Impl]]:
+    """(the reference, the implementations asked for, in order); an unavailable one carries why."""
+    reference_fn = getattr(twinkle_triton, f"{case.op}_reference", None) if twinkle_triton else None
+    missing_ref = (f"twinkle_triton is not available yet ({twinkle_error})" if twinkle_triton is None
+                   else f"twinkle_triton.{case.op}_reference is not available yet")
+    reference = None if reference_fn is None else _Impl("eager", reference_fn, inputs.args)
+    impls: list[_Impl] = []
+    for name in options.impls:
+        if name in ("eager", "inductor"):
+            if reference_fn is None:
+                impls.append(_Impl(name, None, (), error=missing_ref))
+            else:
+                fn = reference_fn if name == "eager" else torch.compile(reference_fn, dynamic=False)
+                impls.append(_Impl(name, fn, inputs.args))
+        elif name == "twinkle":
+            fn = getattr(twinkle_triton, case.op, None) if twinkle_triton else None
+            error = None if fn is not None else (f"twinkle_triton.{case.op} is not available yet"
+                                                 if twinkle_triton else missing_ref)
+            impls.append(_Impl(name, fn, inputs.args, error=error))
+        elif name == "liger" and case.liger is not None:  # no row where Liger has no such op
+            if liger is None:
+                impls.append(_Impl(name, None, (), error=liger_error))
+                continue
+            fn = getattr(liger, case.liger, None)
+            impls.append(_Impl(name, fn, inputs.liger_args or inputs.args, inputs.liger_grads,
+                               error=None if fn else f"liger-kernel has no {case.liger}"))
+    return reference, impls
+
+
+def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] = print) -> BenchResult:
+    """Time every twinkle_triton op (or ``options.ops``) under each implementation in ``options.impls``.
+
+    Example:
+        >>> options = MicroBenchOptions(impls=["eager", "twinkle"], dtype=torch.float32, reps=2, warmup=1,
+        ...                             device=torch.device("cpu"), tiny=True)
+        >>> result = run_micro_bench(options)                                   # doctest: +SKIP
+    """
+    clock = DeviceClock(options.device)
+    cases = [c for c in MICRO_CASES if not options.ops or c.op in options.ops]
+    twinkle_triton, twinkle_error = _import("twinkle_triton", distribution="twinkle_triton")
+    liger, liger_error = (_import("liger_kernel.transformers.functional", distribution="liger-kernel (pip install liger-kernel)")
+                          if "liger" in options.impls else (None, None))
+
+    copy = _measure_copy(options, clock)
+    progress(f"[copy] {copy.shape}: {copy.gbps:,.0f} GB/s (the roofline below)")
+    rows: list[MicroRow] = [copy]
+    for index, case in enumerate(cases, 1):
+        torch.manual_seed(options.seed)
+        inputs = case.make(options.tiny, options.device, options.dtype)
+        progress(f"[{index}/{len(cases)}] {case.op}: {inputs.shape}")
+        reference, impls = _implementations(case, inputs, options, twinkle_triton, twinkle_error, liger, liger_error)
+        runner = _Case(case, inputs, options, clock, copy.gbps)
+        expected, missing = None, ("unavailable", f"twinkle_triton.{case.op}_reference is not available yet")
+        if reference is not None:
+            try:
+                expected = runner.run_once(reference)
+            except Exception as e:  # noqa: BLE001 - without a reference no implementation can be checked
+                missing = ("failed", f"{case.op}_reference raised {type(e).__name__}: {e}")
+        for impl in impls:
+            if expected is None and impl.error is None:
+                new_rows = [MicroRow(case.op, phase, impl.name, inputs.shape, status=missing[0], error=missing[1])
+                            for phase in PHASES]
+            else:
+                new_rows = runner.rows(impl, expected)
+            for row in new_rows:
+                progress(f"    {row}")
+            rows += new_rows
+        del inputs, runner, expected, impls, reference
+        free_device_memory(options.device)
+    annotate_micro_rows(rows)
+    return BenchResult(
+        kind="micro",
+        environment=describe_environment(options.device),
+        workload={"dtype": str(options.dtype).removeprefix("torch."), "reps": options.reps,
+                  "warmup": options.warmup, "tiny": options.tiny, "seed": options.seed,
+                  "copy_gbps": copy.gbps, "impls": list(options.impls)},
+        rows=rows,
+    )

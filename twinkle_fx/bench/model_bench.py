@@ -1,0 +1,143 @@
+"""The end-to-end benchmark: a training step (forward + backward with labels) of one workload under
+each backend, each on a fresh model with the same seed, with memory freed in between."""
+
+from __future__ import annotations
+
+import gc
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .backends import BACKENDS, BackendUnavailable
+from .environment import describe_environment
+from .report import annotate_model_rows
+from .results import BenchResult, ModelRow
+from .timing import GIB, DeviceClock, time_training_steps
+from .workloads import build_model, get_workload, make_batch
+
+__all__ = ["ModelBenchOptions", "run_model_bench"]
+
+
+@dataclass(frozen=True)
+class ModelBenchOptions:
+    model: str
+    backends: list[str]
+    batch: int
+    seq: int
+    dtype: torch.dtype
+    steps: int
+    warmup: int
+    device: torch.device
+    tiny: bool = False
+    seed: int = 0
+    loss_rtol: float | None = None  # None: by dtype (see report.LOSS_RTOL)
+
+
+def _training_step(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def step() -> torch.Tensor:
+        # gradients of the previous step are freed first, as an optimizer's zero_grad would
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=input_ids, labels=labels).loss
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
+# a missing module of the project itself is work in progress, not a failure of the backend
+_PROJECT_MODULES = ("twinkle_fx", "twinkle_triton")
+
+
+def _gib(n: int | None) -> float | None:
+    return None if n is None else n / GIB
+
+
+def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tensor, torch.Tensor],
+                 clock: DeviceClock) -> ModelRow:
+    """One backend, start to finish; every error becomes a row. Everything it allocated is
+    unreachable when it returns, so the caller's cleanup can free it."""
+    workload = get_workload(options.model)
+    try:
+        model = build_model(workload, tiny=options.tiny, dtype=options.dtype, device=options.device, seed=options.seed)
+        with BACKENDS[name].prepare(model, workload.family, options.device) as prepared:
+            timing = time_training_steps(_training_step(prepared.model, *batch), clock,
+                                         warmup=options.warmup, steps=options.steps)
+            notes = prepared.notes
+    except BackendUnavailable as e:
+        return ModelRow(name, status="unavailable", error=str(e))
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith(_PROJECT_MODULES):
+            return ModelRow(name, status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        return ModelRow(name, status="unavailable", error=f"a twinkle_fx piece is not available yet: {e}",
+                        traceback=traceback.format_exc())
+    except Exception as e:  # noqa: BLE001 - a failing backend is a result, the run goes on
+        return ModelRow(name, status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+    tokens = options.batch * options.seq
+    return ModelRow(
+        name,
+        tokens_per_s=tokens / (timing.mean_ms / 1e3),
+        ms_per_step=timing.mean_ms,
+        median_ms=timing.median_ms,
+        step_ms=timing.step_ms,
+        peak_gib=_gib(timing.peak_bytes),
+        first_step_peak_gib=_gib(timing.first_step_peak_bytes),
+        resident_gib=_gib(timing.resident_bytes),
+        first_step_s=timing.first_step_s,
+        first_loss=timing.first_loss,
+        notes=notes,
+    )
+
+
+def free_device_memory(device: torch.device) -> None:
+    """Drop compiled graphs and cached blocks so the next backend starts from an empty device."""
+    gc.collect()
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] = print) -> BenchResult:
+    """Benchmark ``options.backends`` on ``options.model``; rows come back in the order asked, each
+    compared with eager (loss) and with eager and Inductor (ratios).
+
+    Example:
+        >>> options = ModelBenchOptions(model="qwen2", backends=["eager", "kernelize"], batch=2, seq=32,
+        ...                             dtype=torch.float32, steps=2, warmup=1, device=torch.device("cpu"),
+        ...                             tiny=True)
+        >>> result = run_model_bench(options)                                   # doctest: +SKIP
+    """
+    workload = get_workload(options.model)
+    batch = make_batch(workload, tiny=options.tiny, batch=options.batch, seq=options.seq,
+                       device=options.device, seed=options.seed)
+    clock = DeviceClock(options.device)
+    rows: list[ModelRow] = []
+    total = len(options.backends)
+    for index, name in enumerate(options.backends, 1):
+        progress(f"[{index}/{total}] {name}: {BACKENDS[name].description}; fresh model, first step, "
+                 f"{options.warmup} warm-up + {options.steps} timed steps ...")
+        row = _run_backend(name, options, batch, clock)
+        free_device_memory(options.device)
+        rows.append(row)
+        progress(f"[{index}/{total}] {row}")
+    annotate_model_rows(rows, dtype=options.dtype, rtol=options.loss_rtol)
+    return BenchResult(
+        kind="model",
+        environment=describe_environment(options.device),
+        workload={
+            "model": workload.name,
+            "shape_of": workload.shape_of + (" (tiny config)" if options.tiny else ""),
+            "config": workload.summary(tiny=options.tiny),
+            "batch": options.batch,
+            "seq": options.seq,
+            "tokens_per_step": options.batch * options.seq,
+            "dtype": str(options.dtype).removeprefix("torch."),
+            "step": "forward + backward with labels",
+            "steps": options.steps,
+            "warmup": options.warmup,
+            "seed": options.seed,
+            "tiny": options.tiny,
+        },
+        rows=rows,
+    )

@@ -1,0 +1,283 @@
+"""Judging and showing results: loss agreement and ratios, the terminal table, the JSON file and the
+PNG bar chart."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .results import BenchResult, MicroRow, ModelRow
+
+__all__ = ["LOSS_RTOL", "annotate_model_rows", "annotate_micro_rows", "format_table", "write_outputs",
+           "plot"]
+
+# First-step loss agreement with eager, relative. bf16/fp16: kernels that accumulate in another
+# order (Inductor's fused reductions, a fused cross-entropy) move a ~12.0 random-init loss by a few
+# 1e-3 at most; a real bug (wrong ignore_index, a dropped residual) moves it far more. fp32 (the
+# tiny CPU run) agrees to ~1e-6.
+LOSS_RTOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+_MEASURED = ("ok", "wrong")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0 or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def _reference(rows: Sequence, key) -> object | None:
+    for row in rows:
+        if key(row) and row.status in _MEASURED:
+            return row
+    return None
+
+
+def annotate_model_rows(rows: Sequence[ModelRow], *, dtype: torch.dtype, rtol: float | None = None) -> None:
+    """Check every measured row's first-step loss against eager's (marking disagreement "wrong") and
+    fill in the ratios to eager and to Inductor; rows without the reference get none."""
+    rtol = LOSS_RTOL.get(dtype, 1e-2) if rtol is None else rtol
+    eager = _reference(rows, lambda r: r.backend == "eager")
+    inductor = _reference(rows, lambda r: r.backend == "inductor")
+    for row in rows:
+        if row.status not in _MEASURED:
+            continue
+        if eager is None:
+            row.loss_check = "not checked: no eager row in this run"
+        elif row is not eager:
+            diff = abs(row.first_loss - eager.first_loss)
+            agrees = diff <= rtol * abs(eager.first_loss)  # False for NaN
+            row.loss_check = (f"{row.first_loss:.6f} vs eager {eager.first_loss:.6f} "
+                              f"(|diff| {diff:.2e}, tolerance {rtol:g} relative)")
+            row.status = "ok" if agrees else "wrong"
+        for reference, ratios in ((eager, row.vs_eager), (inductor, row.vs_inductor)):
+            if reference is None:
+                continue
+            ratios.clear()
+            ratios["throughput"] = _ratio(row.tokens_per_s, reference.tokens_per_s)
+            ratios["memory"] = _ratio(row.peak_gib, reference.peak_gib)
+            if reference is inductor:
+                ratios["first_step"] = _ratio(row.first_step_s, reference.first_step_s)
+
+
+def annotate_micro_rows(rows: Sequence[MicroRow]) -> None:
+    """Speed-ups of every measured row over eager and Inductor of the same op and phase."""
+    for row in rows:
+        if row.status not in _MEASURED or row.impl == "copy":
+            continue
+        for impl, attr in (("eager", "vs_eager"), ("inductor", "vs_inductor")):
+            ref = _reference(rows, lambda r: (r.op, r.phase, r.impl) == (row.op, row.phase, impl))
+            setattr(row, attr, None if ref is None else _ratio(ref.ms, row.ms))
+
+
+# ---------------------------------------------------------------- terminal table
+
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def _table(header: list[str], body: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])
+
+
+def _model_table(result: BenchResult) -> str:
+    memory_na = "n/a" if result.environment.get("device_type") != "cuda" else "-"
+    header = ["backend", "tok/s", "ms/step", "peak GiB", "1st step s", "1st loss", "speed/eager", "speed/ind",
+              "mem/eager", "mem/ind", "1st/ind", "status"]
+    body = []
+    for r in result.rows:
+        e, i = r.vs_eager, r.vs_inductor
+        body.append([
+            r.backend, _fmt(r.tokens_per_s, ",.0f"), _fmt(r.ms_per_step, ".1f"), _fmt(r.peak_gib, ".2f", memory_na),
+            _fmt(r.first_step_s, ".2f"), _fmt(r.first_loss, ".5f"),
+            _fmt(e.get("throughput"), ".2f"),
+            _fmt(i.get("throughput"), ".2f"), _fmt(e.get("memory"), ".2f"), _fmt(i.get("memory"), ".2f"),
+            _fmt(i.get("first_step"), ".2f"), "WRONG" if r.status == "wrong" else r.status,
+        ])
+    notes = [f"  {r.backend}: {r.status}: {r.error}" for r in result.rows if r.status in ("failed", "unavailable")]
+    notes += [f"  {r.backend}: WRONG: {r.loss_check}" for r in result.rows if r.status == "wrong"]
+    notes += [f"  {r.backend}: {_swap_summary(r.notes)}" for r in result.rows if r.notes.get("swapped_layers") is not None]
+    w = result.workload
+    title = (f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']}, {w['dtype']}, "
+             f"{w['step']}; {w['steps']} timed steps after {w['warmup']} warm-up")
+    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(1, 11)))])
+    return text + ("\n\n" + "\n".join(notes) if notes else "")
+
+
+def _swap_summary(notes: dict) -> str:
+    layers = notes.get("swapped_layers") or {}
+    functions = notes.get("patched_functions") or []
+    by_name: dict[str, int] = {}
+    for qualified in functions:
+        by_name[qualified.rsplit(".", 1)[-1]] = by_name.get(qualified.rsplit(".", 1)[-1], 0) + 1
+    parts = [f"{count} x {what}" for what, count in layers.items()]
+    parts += [f"{name} patched in {count} module(s)" for name, count in by_name.items()]
+    return "kernelized: " + (", ".join(parts) if parts else "nothing swapped (no built-in kernel for this device/mode)")
+
+
+def _micro_table(result: BenchResult) -> str:
+    header = ["op", "phase", "impl", "ms", "GB/s", "of copy", "TFLOP/s", "extra GiB", "vs eager", "vs ind",
+              "rel err", "status"]
+    body, shapes = [], {}
+    for r in result.rows:
+        shapes.setdefault(r.op, r.shape)
+        body.append([
+            r.op, r.phase, r.impl, _fmt(r.ms, ".3f"), _fmt(r.gbps, ",.0f"),
+            _fmt(None if r.copy_fraction is None else 100 * r.copy_fraction, ".0f") + ("%" if r.copy_fraction is not None else ""),
+            _fmt(r.tflops, ".1f"), _fmt(r.extra_gib, ".3f", "n/a" if r.ms is not None else "-"),
+            _fmt(r.vs_eager, ".2f"), _fmt(r.vs_inductor, ".2f"), _fmt(r.max_rel_error, ".1e"),
+            "WRONG" if r.status == "wrong" else r.status,
+        ])
+    notes = [f"  {r.op} {r.phase} {r.impl}: {r.status}: {r.error}" for r in result.rows
+             if r.status in ("failed", "unavailable")]
+    shape_lines = [f"  {op}: {shape}" for op, shape in shapes.items()]
+    w = result.workload
+    title = f"kernel microbenchmarks, {w['dtype']}; median of {w['reps']} after {w['warmup']} warm-up calls"
+    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(3, 11))),
+                      "", "shapes:", *shape_lines])
+    return text + ("\n\n" + "\n".join(dict.fromkeys(notes)) if notes else "")
+
+
+def _environment_line(result: BenchResult) -> str:
+    env = result.environment
+    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v and k in ("torch", "triton",
+                                                                                         "transformers", "liger-kernel"))
+    interp = " (Triton interpreter)" if env.get("triton_interpret") else ""
+    return f"{env['device']}{interp}; {versions}; {env['date']}; commit {env.get('commit') or '?'}"
+
+
+def format_table(result: BenchResult) -> str:
+    """The result as a plain-text table for the terminal (and for pasting into the README)."""
+    return _model_table(result) if result.kind == "model" else _micro_table(result)
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_outputs(result: BenchResult, out_dir: Path, stem: str) -> list[Path]:
+    """``<stem>.json`` and ``<stem>.png`` in ``out_dir``; returns the files written (no PNG without
+    matplotlib, which the reply says)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{stem}.json"
+    result.save(json_path)
+    written = [json_path]
+    png_path = out_dir / f"{stem}.png"
+    if plot(result, png_path):
+        written.append(png_path)
+    return written
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return None
+    matplotlib.use("Agg")  # files only; never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+_COLORS = {"eager": "#8c8c8c", "inductor": "#4c72b0", "twinkle": "#dd8452", "kernelize": "#55a868",
+           "liger": "#8172b3", "liger+inductor": "#937860"}
+
+
+def plot(result: BenchResult, path: Path) -> bool:
+    """Write the bar chart of ``result`` to ``path``; False when matplotlib is not installed."""
+    plt = _pyplot()
+    if plt is None:
+        return False
+    fig = _plot_model(plt, result) if result.kind == "model" else _plot_micro(plt, result)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def _bars(ax, labels: list[str], values: list[float | None], colors: list[str], fmt: str, wrong: list[bool],
+          extra: list[str] | None = None) -> None:
+    heights = [0.0 if v is None else v for v in values]
+    bars = ax.bar(labels, heights, color=colors, edgecolor=["red" if w else "none" for w in wrong], linewidth=2)
+    for i, (bar, value, is_wrong) in enumerate(zip(bars, values, wrong)):
+        text = "n/a" if value is None else format(value, fmt) + (" WRONG" if is_wrong else "")
+        if extra and extra[i]:
+            text += "\n" + extra[i]
+        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.margins(y=0.15)
+    ax.tick_params(axis="x", labelrotation=20)
+
+
+def _ratio_labels(rows: Sequence[ModelRow], key: str) -> list[str]:
+    labels = []
+    for r in rows:
+        parts = [f"{ratios[key]:.2f}x {name}" for name, ratios in (("eager", r.vs_eager), ("ind.", r.vs_inductor))
+                 if ratios.get(key) is not None and r.backend not in (name, "inductor" if name == "ind." else "")]
+        labels.append("\n".join(parts))
+    return labels
+
+
+def _plot_model(plt, result: BenchResult):
+    rows = result.rows
+    labels = [r.backend if r.status in _MEASURED else f"{r.backend}\n({r.status})" for r in rows]
+    colors = [_COLORS.get(r.backend, "#c44e52") for r in rows]
+    wrong = [r.status == "wrong" for r in rows]
+    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _bars(ax_speed, labels, [r.tokens_per_s for r in rows], colors, ",.0f", wrong, _ratio_labels(rows, "throughput"))
+    ax_speed.set_ylabel("tokens / s (higher is better)")
+    ax_speed.set_title("training throughput")
+    _bars(ax_mem, labels, [r.peak_gib for r in rows], colors, ".2f", wrong, _ratio_labels(rows, "memory"))
+    ax_mem.set_ylabel("peak allocated GiB (lower is better)")
+    ax_mem.set_title("peak memory" + (" (n/a on CPU)" if result.environment.get("device_type") != "cuda" else ""))
+    w, env = result.workload, result.environment
+    fig.suptitle(f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']} {w['dtype']}, fwd+bwd - "
+                 f"{env['device']}, torch {env['versions'].get('torch')}, {env['date']}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _plot_micro(plt, result: BenchResult):
+    measured = [r for r in result.rows if r.status in _MEASURED and r.impl != "copy"]
+    groups = list(dict.fromkeys((r.op, r.phase) for r in measured if r.copy_fraction is not None))
+    impls = list(dict.fromkeys(r.impl for r in measured))
+    flce = [r for r in measured if r.tflops is not None and r.phase == "fwd+bwd"]
+    fig, axes = plt.subplots(1, 3 if flce else 1, figsize=(16 if flce else 12, 4.8),
+                             gridspec_kw={"width_ratios": [4, 1, 1]} if flce else None, squeeze=False)
+    ax = axes[0][0]
+    width = 0.8 / max(len(impls), 1)
+    for k, impl in enumerate(impls):
+        xs, ys, edges = [], [], []
+        for g, group in enumerate(groups):
+            row = next((r for r in measured if (r.op, r.phase) == group and r.impl == impl), None)
+            if row is not None:
+                xs.append(g + k * width)
+                ys.append(100 * row.copy_fraction)
+                edges.append("red" if row.status == "wrong" else "none")
+        ax.bar(xs, ys, width, label=impl, color=_COLORS.get(impl, "#c44e52"), edgecolor=edges, linewidth=2)
+    ax.axhline(100, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], [f"{op}\n{phase}" for op, phase in groups],
+                  fontsize=8)
+    ax.set_ylabel("% of device-to-device copy GB/s")
+    ax.set_title("memory-bound kernels: achieved bandwidth (higher is better)")
+    ax.legend(fontsize=8)
+    if flce:
+        labels = [r.impl for r in flce]
+        colors = [_COLORS.get(r.impl, "#c44e52") for r in flce]
+        wrong = [r.status == "wrong" for r in flce]
+        _bars(axes[0][1], labels, [r.ms for r in flce], colors, ".2f", wrong)
+        axes[0][1].set_title(f"{flce[0].op}\nfwd+bwd ms (lower is better)", fontsize=9)
+        _bars(axes[0][2], labels, [r.extra_gib for r in flce], colors, ".2f", wrong)
+        axes[0][2].set_title("extra GiB (lower is better)", fontsize=9)
+    env = result.environment
+    fig.suptitle(f"twinkle_triton kernels, {result.workload['dtype']} - {env['device']}, "
+                 f"torch {env['versions'].get('torch')}, {env['date']}", fontsize=10)
+    fig.tight_layout()
+    return fig

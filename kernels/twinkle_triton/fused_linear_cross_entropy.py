@@ -9,7 +9,8 @@ kernel computes each row's loss (online max / log-sum-exp in fp32) and, when gra
 overwrites the logits in place with d(loss)/d(logits) = (softmax - onehot) * scale; cuBLAS then
 writes ``grad_x[chunk] = grad_logits @ W`` and accumulates ``grad_W += grad_logits^T @ x[chunk]``
 (and grad_bias). Gradients are computed in forward (like Liger), so backward only multiplies them
-by the incoming gradient, in place.
+by the incoming gradient: in place in eager mode, as a plain multiply when traced by torch.compile.
+That needs no kernel, so this op, unlike the others, has no ``twinkle::..._backward`` custom op.
 
 Chunk size: extra memory is ``grad_W`` (the weight's size, needed by any implementation) plus one
 logits chunk, ``chunk_size * vocab * itemsize``. The default keeps the chunk within
@@ -161,44 +162,38 @@ def _fused_linear_cross_entropy_fake(
     return (loss, *_grad_shapes(x, weight, bias, compute_grad_x, compute_grad_weight, compute_grad_bias))
 
 
-def _fused_linear_cross_entropy_backward_impl(
-    grad_loss: Tensor, grad_x: Tensor, grad_weight: Tensor, grad_bias: Tensor
-) -> None:
-    # In place: a second grad_weight-sized tensor would double the op's memory in backward.
-    for grad in (grad_x, grad_weight, grad_bias):
-        if grad.numel():
-            grad.mul_(grad_loss.to(grad.dtype))
-
-
-def _fused_linear_cross_entropy_backward_fake(
-    grad_loss: Tensor, grad_x: Tensor, grad_weight: Tensor, grad_bias: Tensor
-) -> None:
-    return None
-
-
-_fused_linear_cross_entropy_backward_op = define_op(
-    "fused_linear_cross_entropy_backward", _fused_linear_cross_entropy_backward_impl,
-    fake=_fused_linear_cross_entropy_backward_fake, mutates_args=("grad_x", "grad_weight", "grad_bias"),
-)
-
-
 def _fused_linear_cross_entropy_setup_context(ctx, inputs, output):
-    _, grad_x, grad_weight, grad_bias = output
-    ctx.save_for_backward(grad_x, grad_weight, grad_bias)
+    gradients = output[1:]
+    # The gradient outputs are results, not functions of the inputs: no gradient flows into them,
+    # and none is materialised (a zero grad_weight-sized tensor) for them in backward.
+    ctx.mark_non_differentiable(*gradients)
+    ctx.set_materialize_grads(False)
+    # Kept as detached attributes rather than saved tensors: backward scales them in place, which
+    # the saved-tensor version check would reject on a second backward. Detached, so that no
+    # output -> grad_fn -> ctx -> output reference cycle keeps them alive.
+    ctx.gradients = tuple(g.detach() for g in gradients)
     ctx.computed = inputs[-3:]
-    ctx.backward_done = False
+    ctx.applied_scale = None
 
 
 def _fused_linear_cross_entropy_backward(ctx, grad_loss, *_grads_of_gradient_outputs):
-    if ctx.backward_done:
-        raise RuntimeError(
-            "fused_linear_cross_entropy: backward ran twice through one graph (retain_graph=True). "
-            "Its gradients are computed in forward and scaled in place once; run forward again, "
-            "or use fused_linear_cross_entropy_reference."
-        )
-    ctx.backward_done = True
-    grad_x, grad_weight, grad_bias = ctx.saved_tensors
-    _fused_linear_cross_entropy_backward_op(grad_loss, grad_x, grad_weight, grad_bias)
+    if grad_loss is None:  # the loss was not used (grads are not materialised)
+        return (None,) * 10
+    grad_x, grad_weight, grad_bias = ctx.gradients
+    if type(grad_loss) is torch.Tensor and not torch.compiler.is_compiling():
+        # Eager: scale in place; a second grad_weight-sized tensor would double the op's memory.
+        # A second backward through the same graph (retain_graph=True, gradcheck) rescales by
+        # new / previous scale; if the previous scale was exactly 0 the gradients come out nan
+        # (loud, not silently wrong).
+        factor = grad_loss if ctx.applied_scale is None else grad_loss / ctx.applied_scale
+        for grad in (grad_x, grad_weight, grad_bias):
+            grad.mul_(factor.to(grad.dtype))
+        ctx.applied_scale = grad_loss
+    else:
+        # Traced (AOTAutograd/Inductor): a graph must not mutate forward outputs (the partitioner
+        # rejects it), and a plain multiply lets Inductor fuse it and reuse the saved buffers,
+        # which AOTAutograd donates to the backward graph.
+        grad_x, grad_weight, grad_bias = (g * grad_loss.to(g.dtype) for g in (grad_x, grad_weight, grad_bias))
     computed_x, computed_weight, computed_bias = ctx.computed
     return (
         grad_x if computed_x else None,

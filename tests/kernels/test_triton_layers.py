@@ -1,0 +1,92 @@
+"""twinkle_triton.layers on real transformers modules, and loading through Hugging Face kernels."""
+
+import json
+import shutil
+import types
+from pathlib import Path
+
+import kernels
+import pytest
+import torch
+from kernel_test_utils import assert_close
+from transformers import Qwen2Config
+from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
+
+import twinkle_triton as tt
+from twinkle_triton import layers
+
+PACKAGE_DIR = Path(tt.__file__).parent
+
+
+def _forward_and_grads(module, x):
+    x = x.detach().requires_grad_()
+    out = module(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *module.parameters()])
+    return out, grads
+
+
+def _compare_swapped(module, layer_cls, x, what):
+    want, want_grads = _forward_and_grads(module, x)
+    module.forward = types.MethodType(layer_cls.forward, module)
+    got, got_grads = _forward_and_grads(module, x)
+    assert_close(got, want, torch.float32, f"{what} output")
+    for g, w in zip(got_grads, want_grads):
+        assert_close(g, w, torch.float32, f"{what} grad")
+
+
+def test_rms_norm_forward_swapped_onto_qwen2_rms_norm():
+    norm = Qwen2RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    _compare_swapped(norm, layers.RMSNorm, torch.randn(2, 3, 48), "RMSNorm")
+
+
+def test_swiglu_mlp_forward_swapped_onto_qwen2_mlp():
+    mlp = Qwen2MLP(Qwen2Config(hidden_size=16, intermediate_size=40, hidden_act="silu"))
+    _compare_swapped(mlp, layers.SwiGLUMLP, torch.randn(2, 3, 16), "SwiGLUMLP")
+
+
+def test_silu_and_mul_layer():
+    x = torch.randn(3, 10)
+    assert_close(layers.SiluAndMul()(x), tt.silu_and_mul_reference(x), torch.float32, "SiluAndMul")
+
+
+@pytest.mark.parametrize("cls", [layers.SiluAndMul, layers.RMSNorm, layers.SwiGLUMLP])
+def test_layers_follow_the_kernels_layer_contract(cls):
+    assert cls.__init__ is torch.nn.Module.__init__
+    extra = set(dir(cls)) - set(dir(torch.nn.Module))
+    assert extra == {"has_backward", "can_torch_compile"}
+    assert cls.has_backward and cls.can_torch_compile
+
+
+def test_get_local_kernel_loads_the_package_folder():
+    """metadata.json next to __init__.py: kernels loads the folder itself as the build variant."""
+    module = kernels.get_local_kernel(PACKAGE_DIR)
+    norm = Qwen2RMSNorm(32, eps=1e-6)
+    _compare_swapped(norm, module.layers.RMSNorm, torch.randn(4, 32), "RMSNorm via get_local_kernel")
+    # The second copy reuses the operators the first import defined.
+    assert module.rms_norm(torch.ones(1, 32), torch.ones(32)).shape == (1, 32)
+
+
+def test_kernelize_swaps_qwen2_rms_norm_through_a_local_layer_repository():
+    repo = kernels.LocalLayerRepository(repo_path=PACKAGE_DIR, layer_name="RMSNorm")
+    model = torch.nn.Sequential(Qwen2RMSNorm(32, eps=1e-6))
+    x = torch.randn(3, 32)
+    want = model(x)
+    with kernels.use_kernel_mapping({"RMSNorm": {"cpu": repo}}, inherit_mapping=False):
+        kernels.kernelize(model, mode=kernels.Mode.TRAINING, device="cpu")
+    assert model[0].forward.__func__.__qualname__ == "RMSNorm.forward"
+    assert_close(model(x), want, torch.float32, "kernelized RMSNorm")
+
+
+def test_hub_snapshot_layout_loads(tmp_path):
+    """A Hub snapshot holds build/torch-universal/{metadata.json, twinkle_triton/}."""
+    variant = tmp_path / "build" / "torch-universal"
+    shutil.copytree(PACKAGE_DIR, variant / "twinkle_triton", ignore=shutil.ignore_patterns("__pycache__"))
+    metadata = json.loads((PACKAGE_DIR / "metadata.json").read_text())
+    metadata["id"] = "_twinkle_triton_snapshot_test"
+    (variant / "metadata.json").write_text(json.dumps(metadata))
+    module = kernels.get_local_kernel(tmp_path)
+    assert module.__name__ == "_twinkle_triton_snapshot_test"
+    x, w = torch.randn(2, 16), torch.randn(16)
+    assert_close(module.rms_norm(x, w), tt.rms_norm_reference(x, w), torch.float32, "rms_norm via snapshot")

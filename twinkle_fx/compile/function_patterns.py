@@ -1,0 +1,146 @@
+"""Function patterns: the computation of a registered function, wherever it appears.
+
+Each registered function target has a pattern traced by Dynamo at registration time
+(:mod:`.pattern_tracing`). ``SubgraphMatcher`` finds it with literals as wildcards (Dynamo bakes
+shapes into them); every match is then bound (placeholders are the function's tensor arguments,
+float constants are read from the matched nodes) and checked against the reference function on
+the matched shapes (:mod:`.equivalence`) before the kernel replaces it. So ``apply_rotary_pos_emb``
+registered for Qwen2 also catches Llama's copy, and a rotary with another ``unsqueeze_dim`` does
+not.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
+
+from ..selection import Selection, select_function_kernel
+from .equivalence import StructuralKeys, aten_outputs, static_inputs
+from .kernel_call import FunctionKernelCall
+from .pattern_tracing import TracedPattern, pattern_for
+from .place import place_kernel
+from .regions import GraphContext, Region, external_outputs, fake_value, region_graph_module
+from .report import RegionReport
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["swap_function_patterns", "registered_patterns"]
+
+
+def registered_patterns(ctx: GraphContext) -> tuple[list[tuple[str, TracedPattern]], dict[str, str]]:
+    """Patterns of the registered targets, largest first, and why the others have none."""
+    patterns, missing = [], {}
+    for target in ctx.registry.function_targets():
+        pattern = pattern_for(target)
+        if isinstance(pattern, str):
+            missing[target] = pattern
+        else:
+            patterns.append((target, pattern))
+    patterns.sort(key=lambda tp: -sum(n.op.startswith("call") for n in tp[1].graph.nodes))
+    return patterns, missing
+
+
+def swap_function_patterns(ctx: GraphContext, reports: list[RegionReport]) -> int:
+    patterns, _ = registered_patterns(ctx)
+    swapped = 0
+    for target, pattern in patterns:
+        selection = select_function_kernel(ctx.registry, target, ctx.device, ctx.mode, allow_uncompilable=True)
+        matcher = SubgraphMatcher(pattern.graph, match_output=False, match_placeholder=False,
+                                  remove_overlapping_matches=True, ignore_literals=True)
+        renamed: dict[fx.Node, fx.Node] = {}  # outputs of earlier matches -> the call results replacing them
+        for match in matcher.match(ctx.gm.graph):
+            nodes = [n for p, n in match.nodes_map.items() if p.op not in ("placeholder", "output")]
+            if any(getattr(n, "_erased", False) for n in nodes):
+                continue  # overlapped a region another pattern already replaced
+            order = {n: i for i, n in enumerate(ctx.gm.graph.nodes)}
+            nodes.sort(key=order.__getitem__)
+            region = Region("function", target, _location(nodes), nodes)
+            report = RegionReport("function", target, region.location)
+            reports.append(report)
+            report.reason = _swap(ctx, region, pattern, match, selection, renamed, report)
+            swapped += report.reason is None
+    return swapped
+
+
+def _location(nodes: list[fx.Node]) -> str:
+    stack = nodes[-1].meta.get("nn_module_stack") or {}
+    if stack:
+        path = list(stack.values())[-1][0]
+        path = path.split("]", 1)[1].lstrip(".") if path.startswith(("L[", "G[")) else path
+        if path and not path.startswith("_"):
+            return f"{path or '<root>'} ({nodes[-1].name})"
+    return nodes[-1].name
+
+
+def _swap(
+    ctx: GraphContext,
+    region: Region,
+    pattern: TracedPattern,
+    match: InternalMatch,
+    selection: Selection,
+    renamed: dict[fx.Node, fx.Node],
+    report: RegionReport,
+) -> str | None:
+    if selection.choice is None:
+        return selection.reason
+    choice = selection.choice
+    report.kernel = str(choice)
+    args = [renamed.get(n, n) for n in match.placeholder_nodes]
+    constants = _constants(pattern, match)
+    bound = _bind(ctx, region, pattern, args, constants)
+    if isinstance(bound, str):
+        return bound
+    call = FunctionKernelCall(
+        f"func_{pattern.name.rpartition('.')[2]}", choice.call, pattern.signature,
+        pattern.placeholder_params, constants, bound, single=len(region.outputs) == 1,
+    )
+    reason = place_kernel(ctx, region, call, choice, report)
+    renamed.update(region.replaced)
+    return reason
+
+
+def _constants(pattern: TracedPattern, match: InternalMatch) -> dict[str, Any]:
+    by_name = {p.name: n for p, n in match.nodes_map.items()}
+    constants: dict[str, Any] = {}
+    for param, node_name, index in pattern.scalar_slots:
+        node = by_name.get(node_name)
+        if node is not None:
+            leaves = pytree.tree_leaves((node.args, dict(node.kwargs)))
+            if index < len(leaves) and isinstance(leaves[index], (int, float)):
+                constants.setdefault(param, leaves[index])
+    return constants
+
+
+def _bind(ctx: GraphContext, region: Region, pattern: TracedPattern, args: list[fx.Node], constants: dict[str, Any]) -> list[int] | str:
+    """Check the match computes the reference on these shapes; returns which result leaf each output is."""
+    outputs = external_outputs(region.nodes)
+    if not outputs:
+        return "nothing outside the match reads its result"
+    try:
+        statics = static_inputs([fake_value(n) for n in args])
+    except ValueError as e:
+        return f"cannot build example inputs: {e}"
+    keys = StructuralKeys()
+    names = pattern.placeholder_params
+
+    def reference(*values: Any) -> Any:
+        return pattern.reference(**dict(zip(names, values)), **constants)
+
+    try:
+        region_keys = keys.outputs(aten_outputs(region_graph_module(ctx.gm, region.nodes, args, outputs), statics))
+        ref_keys = keys.outputs(aten_outputs(reference, statics))
+    except Exception as e:
+        return f"the match could not be checked on fake tensors: {e!r}"
+    if not all(k in ref_keys for k in region_keys):
+        shown = ", ".join(f"{k}={v!r}" for k, v in constants.items())
+        return (
+            f"matches the pattern of {pattern.name} structurally but computes something else on these "
+            f"shapes/constants{' (' + shown + ')' if shown else ''}"
+        )
+    region.call_args = args
+    region.outputs = outputs
+    return [ref_keys.index(k) for k in region_keys]

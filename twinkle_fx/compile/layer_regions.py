@@ -1,0 +1,173 @@
+"""Layer regions: nodes that came from an instance of a registered nn.Module class.
+
+Dynamo tags each node with ``nn_module_stack`` (outer to inner: ``str(id(module))`` -> (source
+path, class)). The outermost entry whose class is bound to a kernel name (``register_external_layer``
+or a ``kernel_layer_name`` attribute) names the region, so a registered MLP swallows its Linear
+and activation nodes. A region is swapped when a kernel is selected (same rules as the eager
+path), its inputs bind to ``forward``'s arguments (checked by tracing the original ``forward``
+on the same fake inputs, see :mod:`.equivalence`) and the kernel passes the shape guard.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..selection import select_layer_kernel, signature_mismatch
+from .equivalence import StructuralKeys, aten_outputs, reparametrized, static_inputs
+from .kernel_call import LayerKernelCall
+from .place import place_kernel
+from .regions import GraphContext, Region, external_inputs, external_outputs, region_graph_module
+from .report import RegionReport
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["find_layer_regions", "swap_layer_regions"]
+
+_MAX_BINDINGS = 24  # 4 tensor arguments; beyond that a region is reported, not searched
+
+
+def find_layer_regions(ctx: GraphContext) -> list[tuple[Region, type, str]]:
+    """``(region, class, nn_module_stack key)`` for every call of a registered layer class."""
+    kernel_names: dict[type, str | None] = {}
+    groups: dict[str, tuple[type, str, list[fx.Node]]] = {}
+    for node in ctx.gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "get_attr"):
+            continue
+        for key, (path, cls) in (node.meta.get("nn_module_stack") or {}).items():
+            if not isinstance(cls, type):
+                continue
+            if cls not in kernel_names:
+                kernel_names[cls] = ctx.registry.kernel_name_for(cls)
+            if kernel_names[cls] is not None:
+                groups.setdefault(key, (cls, path, []))[2].append(node)
+                break
+    regions = []
+    for key, (cls, path, nodes) in groups.items():
+        target = f"{cls.__qualname__} -> {kernel_names[cls]}"
+        regions.append((Region("layer", target, _location(path, key), nodes), cls, key))
+    return regions
+
+
+def _location(source_path: str, key: str) -> str:
+    # "L['self'].model.layers.0.mlp" -> "model.layers.0.mlp"; a repeated call keeps its "@N"
+    path = source_path.split("]", 1)[1].lstrip(".") if source_path.startswith(("L[", "G[")) else source_path
+    path = path or "<root>"
+    return f"{path}@{key.split('@', 1)[1]}" if "@" in key else path
+
+
+def swap_layer_regions(ctx: GraphContext, reports: list[RegionReport]) -> int:
+    """Swap every layer region that can be; append one report per candidate; return the count."""
+    swapped = 0
+    for region, cls, key in find_layer_regions(ctx):
+        report = RegionReport("layer", region.target, region.location)
+        reports.append(report)
+        report.reason = _swap(ctx, region, cls, key, report)
+        swapped += report.reason is None
+    return swapped
+
+
+def _swap(ctx: GraphContext, region: Region, cls: type, key: str, report: RegionReport) -> str | None:
+    selection = select_layer_kernel(ctx.registry, cls, ctx.device, ctx.mode, allow_uncompilable=True)
+    if selection is None or selection.choice is None:
+        return selection.reason if selection is not None else "not bound to a kernel"
+    choice = selection.choice
+    report.kernel = str(choice)
+    mismatch = signature_mismatch(cls.forward, choice.call)
+    if mismatch is not None:
+        return mismatch
+    module = ctx.modules.find(key, cls)
+    if module is None:
+        return f"the {cls.__qualname__} instance behind this region could not be found"
+    bound = bind_layer(ctx, region, module)
+    if isinstance(bound, str):
+        return bound
+    n_args, param_names, picks = bound
+    call = LayerKernelCall(
+        f"layer_{choice.name}", module, choice.call, n_args, param_names, picks, single=len(region.outputs) == 1
+    )
+    return place_kernel(ctx, region, call, choice, report)
+
+
+def _parameter_names(module: torch.nn.Module) -> dict[int, str]:
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+    return {id(t): name for name, t in named.items()}
+
+
+def bind_layer(ctx: GraphContext, region: Region, module: torch.nn.Module) -> tuple[int, list[str], list[int]] | str:
+    """Find which region inputs are ``forward``'s arguments (in order) and which are parameters.
+
+    On success fills ``region.call_args`` / ``region.outputs`` and returns ``(number of arguments,
+    parameter names, which leaf of forward's result each output is)``; else the reason.
+    """
+    owned = _parameter_names(module)
+    args: list[fx.Node] = []
+    params: list[tuple[str, fx.Node, Any]] = []
+    examples = {id(node): value for node, value in _placeholder_values(ctx).items()}
+    for node in external_inputs(region.nodes):
+        value = examples.get(id(node))
+        if node.op == "placeholder" and isinstance(value, torch.Tensor) and id(value) in owned:
+            params.append((owned[id(value)], node, value))
+        else:
+            args.append(node)
+    outputs = external_outputs(region.nodes)
+    if not outputs:
+        return "nothing outside the region reads its result"
+
+    forward = type(module).forward
+    positional = [
+        p for p in list(inspect.signature(forward).parameters.values())[1:]
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    required = [p for p in positional if p.default is p.empty]
+    if not (len(required) <= len(args) <= len(positional)):
+        names = ", ".join(p.name for p in positional)
+        return (
+            f"the region reads {len(args)} value(s) besides its parameters but forward({names}) takes "
+            f"{len(required)} to {len(positional)}: it reads state from outside the module"
+        )
+    if len(args) > 4:
+        return f"{len(args)} tensor arguments: too many orderings to bind"
+
+    from .regions import fake_value
+
+    values = [fake_value(n) for n in args] + [v for _, _, v in params]
+    try:
+        statics = static_inputs(values)
+    except ValueError as e:
+        return f"cannot build example inputs: {e}"
+    keys = StructuralKeys()
+    region_gm = region_graph_module(ctx.gm, region.nodes, args + [n for _, n, _ in params], outputs)
+    try:
+        region_keys = keys.outputs(aten_outputs(region_gm, statics))
+    except Exception as e:  # the region itself should always replay; say so if it does not
+        return f"the region does not replay on fake tensors: {e!r}"
+    param_names = [name for name, _, _ in params]
+    failures = []
+    for order in itertools.permutations(range(len(args))):
+        def reference(*vals: Any, order: tuple[int, ...] = order) -> Any:
+            with reparametrized(module, dict(zip(param_names, vals[len(args):]))):
+                return forward(module, *[vals[i] for i in order])
+
+        try:
+            ref_keys = keys.outputs(aten_outputs(reference, statics))
+        except Exception as e:
+            failures.append(repr(e))
+            continue
+        if all(k in ref_keys for k in region_keys):
+            region.call_args = [args[i] for i in order] + [n for _, n, _ in params]
+            region.outputs = outputs
+            return len(args), param_names, [ref_keys.index(k) for k in region_keys]
+    detail = f" (forward failed on fake inputs: {failures[0]})" if failures else ""
+    return f"the region does not compute what {type(module).__qualname__}.forward computes on these inputs{detail}"
+
+
+def _placeholder_values(ctx: GraphContext) -> dict[fx.Node, Any]:
+    placeholders = [n for n in ctx.gm.graph.nodes if n.op == "placeholder"]
+    return dict(zip(placeholders, ctx.example_inputs))

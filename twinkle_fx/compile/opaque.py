@@ -1,0 +1,110 @@
+"""Opaque wrappers for kernels that cannot be traced (``can_torch_compile=False``, e.g. a Hub layer
+launching raw Triton on real pointers).
+
+The kernel call becomes a fresh ``twinkle_opaque::<name>_<n>`` custom op over the region's tensor
+inputs. Its fake implementation replays the *reference region* on the fake inputs, so AOTAutograd
+and Inductor get exact output metadata without running the kernel; the real implementation checks
+the kernel against that metadata once per input shape. In training its backward is a second custom
+op that re-runs the kernel under autograd and differentiates it (one extra kernel forward per step:
+the price of a kernel the compiler cannot see into).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .kernel_call import KernelCall
+
+__all__ = ["opaque_call", "OpaqueCall"]
+
+_COUNTER = itertools.count()
+_LOCK = threading.Lock()
+
+
+class OpaqueCall(KernelCall):
+    """Calls the opaque op with the region's tensors and returns what the region returned."""
+
+    def __init__(self, name: str, op: Any, n_outputs: int) -> None:
+        super().__init__(name, range(n_outputs), n_outputs == 1)
+        self.op = op
+
+    def __call__(self, *values: Any) -> Any:
+        return self._pick(self.op(list(values)))
+
+
+def _as_outputs(result: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    leaves = list(result) if isinstance(result, (tuple, list)) else [result]
+    # a custom op's outputs may not alias its inputs
+    return [t.clone() if any(t is i for i in inputs) else t for t in leaves]
+
+
+def opaque_call(call: KernelCall, reference: fx.GraphModule, *, training: bool) -> OpaqueCall | str:
+    """Wrap ``call`` (the kernel) with ``reference`` (the original region) as its fake; or why not."""
+    for node in reference.graph.nodes:
+        if node.op == "placeholder":
+            value = node.meta.get("example_value", node.meta.get("val"))
+            if not isinstance(value, torch.Tensor):
+                return f"input {node.name} is a {type(value).__name__}; an opaque op takes tensors only"
+    n_outputs = len(next(n for n in reference.graph.nodes if n.op == "output").args[0])
+    with _LOCK:
+        name = f"{call.__name__}_{next(_COUNTER)}"
+    checked: set[tuple] = set()
+
+    def expected(inputs: list[torch.Tensor]) -> list[tuple[torch.Size, torch.dtype]]:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            outs = reference(*[mode.from_tensor(t) for t in inputs])
+        return [(t.shape, t.dtype) for t in outs]
+
+    def impl(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        result = _as_outputs(call(*inputs), inputs)
+        signature = tuple((t.shape, t.dtype) for t in inputs)
+        if signature not in checked:  # the shape guard, once per input shape
+            got, want = [(t.shape, t.dtype) for t in result], expected(inputs)
+            if got != want:
+                raise RuntimeError(f"twinkle: opaque kernel {call.__name__} returned {got}; the region it replaces returns {want}")
+            checked.add(signature)
+        return result
+
+    def fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [t.clone() for t in _as_outputs(reference(*inputs), inputs)]
+
+    op = torch.library.custom_op(f"twinkle_opaque::{name}", impl, mutates_args=())
+    op.register_fake(fake)
+    if training:
+        _register_recompute_backward(op, name, call)
+    return OpaqueCall(f"opaque_{name}", op, n_outputs)
+
+
+def _register_recompute_backward(op: Any, name: str, call: KernelCall) -> None:
+    def backward_impl(inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+        with torch.enable_grad():
+            outs = _as_outputs(call(*leaves), leaves)
+        wanted = [t for t in leaves if t.requires_grad]
+        found = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
+        result = []
+        for t in leaves:
+            g = next(found) if t.requires_grad else None
+            result.append(torch.zeros_like(t) if g is None else g)
+        return result
+
+    def backward_fake(inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.empty_like(t) for t in inputs]
+
+    backward_op = torch.library.custom_op(f"twinkle_opaque::{name}_backward", backward_impl, mutates_args=())
+    backward_op.register_fake(backward_fake)
+
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        ctx.save_for_backward(*inputs[0])
+
+    def backward(ctx: Any, grads: list[torch.Tensor]) -> tuple:
+        # custom ops materialise the gradients of unused outputs as zeros: no None here
+        return (backward_op(list(ctx.saved_tensors), list(grads)),)
+
+    op.register_autograd(backward, setup_context=setup_context)

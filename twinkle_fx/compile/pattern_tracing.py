@@ -1,0 +1,171 @@
+"""Trace a registered function with Dynamo at registration time, giving a pattern in Dynamo's own
+spelling (``x.pow(2)``, ``F.silu(x)``) that :mod:`.function_patterns` can match in any graph.
+
+Dynamo cannot run inside a backend, hence registration time. The function is called on small
+example tensors built from its signature (every parameter without a default is a tensor; all
+tensors get the same square shape, tried at rank 4, 3, 2); a float parameter is passed a
+sentinel value so the pattern records where the constant sits and a match reads the model's own
+value (an ``eps``) from the graph. Shape literals get baked in by Dynamo, so matches ignore
+literals and :mod:`.equivalence` checks each one on the real shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import threading
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TracedPattern", "trace_function", "trace_registered_function", "pattern_for", "resolve_reference"]
+
+_SENTINEL = 0.123456789  # a float no model uses as a constant
+_SIZE = 8
+
+
+@dataclass(frozen=True)
+class TracedPattern:
+    """A reference function as Dynamo writes it."""
+
+    name: str
+    reference: Callable[..., Any]
+    signature: inspect.Signature
+    graph: fx.Graph
+    placeholder_params: tuple[str, ...]  # the function parameter each placeholder stands for
+    scalar_slots: tuple[tuple[str, str, int], ...]  # (parameter, pattern node name, flat argument index)
+
+    def __str__(self) -> str:
+        return f"pattern {self.name}({', '.join(self.signature.parameters)})"
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    if isinstance(fn, torch.nn.Module):
+        return inspect.signature(fn.forward)
+    return inspect.signature(fn)
+
+
+def _example_arguments(signature: inspect.Signature, rank: int) -> tuple[dict[str, Any], list[str]]:
+    """Keyword arguments for one trace and the float parameters given the sentinel."""
+    kwargs: dict[str, Any] = {}
+    scalars = []
+    for p in signature.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.default is p.empty:
+            if p.annotation in (float, "float"):
+                kwargs[p.name] = _SENTINEL
+                scalars.append(p.name)
+            elif p.annotation in (int, bool, "int", "bool"):
+                raise ValueError(f"parameter {p.name!r} ({p.annotation}) has no default to trace with")
+            else:
+                kwargs[p.name] = torch.randn((_SIZE,) * rank)
+        elif isinstance(p.default, float) and not isinstance(p.default, bool):
+            kwargs[p.name] = _SENTINEL
+            scalars.append(p.name)
+    return kwargs, scalars
+
+
+def _dynamo_graph(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, list[Any]]:
+    captured: list[tuple[fx.GraphModule, list[Any]]] = []
+
+    def capture(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        captured.append((gm, list(example_inputs)))
+        return gm.forward
+
+    # A fresh code object per trace: Dynamo caches on code objects, and the reference function's
+    # own code must not collect cache entries from this side trip.
+    def root(**kw: Any) -> Any:
+        return fn(**kw)
+
+    fresh = types.FunctionType(
+        root.__code__.replace(co_name=f"_twinkle_pattern_{getattr(fn, '__name__', 'fn')}"),
+        {"fn": fn, "__builtins__": __builtins__}, None, None, root.__closure__,
+    )
+    torch.compile(fresh, backend=capture, fullgraph=True, dynamic=False)(**kwargs)
+    if len(captured) != 1:
+        raise RuntimeError(f"expected one graph, Dynamo produced {len(captured)}")
+    return captured[0]
+
+
+def trace_function(name: str, fn: Callable[..., Any]) -> TracedPattern:
+    """Trace ``fn`` into a pattern. Raises with the reason when no rank of example inputs works."""
+    signature = _signature(fn)
+    errors = []
+    for rank in (4, 3, 2):
+        try:
+            kwargs, scalars = _example_arguments(signature, rank)
+            gm, example_inputs = _dynamo_graph(fn, kwargs)
+        except Exception as e:  # the next rank may fit; all failing is reported below
+            errors.append(f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        by_identity = {id(v): k for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        params = tuple(by_identity.get(id(v), "?") for v in example_inputs)
+        if "?" in params or len(params) != len(placeholders):
+            errors.append(f"rank {rank}: a graph input is not one of the function's tensor arguments")
+            continue
+        slots = []
+        for node in gm.graph.nodes:
+            for i, leaf in enumerate(pytree.tree_leaves((node.args, dict(node.kwargs)))):
+                if isinstance(leaf, float) and leaf == _SENTINEL:
+                    slots.append((node.name, i))
+        if len(scalars) > 1 and slots:
+            slots = []  # several float parameters share the sentinel: which is which is unknown
+        scalar_slots = tuple((scalars[0], node, i) for node, i in slots) if scalars else ()
+        return TracedPattern(name, fn, signature, gm.graph, params, scalar_slots)
+    raise RuntimeError("; ".join(errors))
+
+
+_LOCK = threading.Lock()
+# target -> (reference object, pattern or failure). Derived from code, not from registrations:
+# a scoped registry leaving does not make a traced pattern wrong.
+_PATTERNS: dict[str, tuple[Any, TracedPattern | str]] = {}
+
+
+def resolve_reference(target: str) -> Any:
+    module_name, _, func_name = target.rpartition(".")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def trace_registered_function(target: str) -> TracedPattern | str:
+    """Trace the function a registration targets (once per function object); the failure reason otherwise."""
+    try:
+        reference = resolve_reference(target)
+    except Exception as e:
+        result: TracedPattern | str = f"{target} could not be imported at registration time ({type(e).__name__}: {e})"
+        logger.info("twinkle_fx: no pattern for %s: %s", target, result)
+        return result
+    with _LOCK:
+        cached = _PATTERNS.get(target)
+        if cached is not None and cached[0] is reference:
+            return cached[1]
+    start = time.perf_counter()
+    try:
+        result = trace_function(target, reference)
+    except Exception as e:
+        result = f"Dynamo could not trace {target} on example inputs ({e})"
+        logger.info("twinkle_fx: no pattern for %s: %s", target, result)
+    else:
+        logger.info("twinkle_fx: traced the pattern of %s in %.1f ms", target, (time.perf_counter() - start) * 1e3)
+    with _LOCK:
+        _PATTERNS[target] = (reference, result)
+    return result
+
+
+def pattern_for(target: str) -> TracedPattern | str:
+    """The traced pattern of a registered target, or why there is none (never traces)."""
+    with _LOCK:
+        cached = _PATTERNS.get(target)
+    if cached is None:
+        return f"{target} was registered before twinkle_fx.compile was imported, so its pattern was never traced"
+    return cached[1]

@@ -1,0 +1,143 @@
+"""A region: the nodes of one graph that came from one call of a registered layer or function.
+
+Passes find regions, bind them (which nodes are the kernel's arguments, which nodes it must
+produce) and hand them to :mod:`.rewrite`. The graph-level facts every pass needs (device, mode,
+which placeholder holds which parameter) live in :class:`GraphContext`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import gc
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..modes import Mode
+from ..registry import KernelRegistry
+from ..selection import KernelChoice
+
+__all__ = ["Region", "GraphContext", "ModuleIndex", "external_inputs", "external_outputs", "region_graph_module"]
+
+
+class ModuleIndex:
+    """Finds the module instance behind an ``nn_module_stack`` key (``str(id(module))``, maybe ``@N``).
+
+    Dynamo records only the id and the class. The instance is alive while its graph compiles (the
+    frame being compiled reaches it), and an instance of a Python class references its class, so
+    ``gc.get_referrers(cls)`` finds it without reaching into Dynamo's internals. Roots given up
+    front (``explain(model)``) are indexed first and spare that scan.
+    """
+
+    def __init__(self, roots: tuple[torch.nn.Module, ...] = ()) -> None:
+        self._by_id: dict[int, torch.nn.Module] = {id(m): m for root in roots for m in root.modules()}
+        self._scanned: set[type] = set()
+
+    def find(self, key: str, cls: type) -> torch.nn.Module | None:
+        try:
+            wanted = int(key.split("@", 1)[0])
+        except ValueError:
+            return None
+        module = self._by_id.get(wanted)
+        if module is None and cls not in self._scanned:
+            self._scanned.add(cls)
+            for obj in gc.get_referrers(cls):
+                if type(obj) is cls:
+                    self._by_id.setdefault(id(obj), obj)
+            module = self._by_id.get(wanted)
+        return module if module is not None and type(module) is cls else None
+
+
+@dataclass
+class GraphContext:
+    """One graph under rewrite and the facts the passes share."""
+
+    gm: fx.GraphModule
+    example_inputs: list[Any]
+    registry: KernelRegistry
+    device: str
+    mode: Mode
+    modules: ModuleIndex
+    graph_break: Any = None  # Dynamo's GraphCompileReason when this graph ended at a graph break
+
+    def __post_init__(self) -> None:
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        self.placeholder_of_tensor: dict[int, fx.Node] = {
+            id(value): node
+            for node, value in zip(placeholders, self.example_inputs)
+            if isinstance(value, torch.Tensor)
+        }
+
+
+@dataclass
+class Region:
+    """Nodes from one call of a registered target, and how a kernel call replaces them."""
+
+    kind: str  # "layer" or "function"
+    target: str  # "Qwen2RMSNorm -> RMSNorm", "my_pkg.math_ops.add"
+    location: str  # the module path, or the graph position, for the report
+    nodes: list[fx.Node]
+    call_args: list[fx.Node] = field(default_factory=list)  # arguments of the replacement call, in order
+    outputs: list[fx.Node] = field(default_factory=list)  # nodes the call replaces, in the order it returns them
+    choice: KernelChoice | None = None
+    replaced: dict[fx.Node, fx.Node] = field(default_factory=dict)  # output -> the node now standing for it
+
+    def describe(self) -> str:
+        return f"{self.target} at {self.location}"
+
+
+def external_inputs(nodes: list[fx.Node]) -> list[fx.Node]:
+    """Nodes outside ``nodes`` that they read, in order of first use."""
+    inside = set(nodes)
+    seen: dict[fx.Node, None] = {}
+    for node in nodes:
+        for arg in node.all_input_nodes:
+            if arg not in inside:
+                seen.setdefault(arg, None)
+    return list(seen)
+
+
+def external_outputs(nodes: list[fx.Node]) -> list[fx.Node]:
+    """Nodes of ``nodes`` read by a node outside them, in graph order."""
+    inside = set(nodes)
+    return [n for n in nodes if any(user not in inside for user in n.users)]
+
+
+def region_graph_module(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.GraphModule:
+    """The region as a standalone GraphModule: ``(*inputs) -> tuple(outputs)``."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, node in enumerate(inputs):
+        env[node] = graph.placeholder(f"input_{i}")
+        env[node].meta = dict(node.meta)
+    for node in nodes:
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(tuple(env[n] for n in outputs))
+    return fx.GraphModule(gm, graph)
+
+
+def fake_value(node: fx.Node) -> Any:
+    """Dynamo's example value of ``node`` (a FakeTensor, SymInt, or Python value)."""
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+_ROOTS: contextvars.ContextVar[tuple[torch.nn.Module, ...]] = contextvars.ContextVar("twinkle_fx_module_roots", default=())
+
+
+def module_roots() -> tuple[torch.nn.Module, ...]:
+    """Models known to be compiled in this context (set by :func:`twinkle_fx.explain`)."""
+    return _ROOTS.get()
+
+
+@contextlib.contextmanager
+def known_modules(*roots: torch.nn.Module) -> Iterator[None]:
+    """Tell the backend which models it compiles, sparing the instance lookup a gc scan."""
+    token = _ROOTS.set(_ROOTS.get() + roots)
+    try:
+        yield
+    finally:
+        _ROOTS.reset(token)

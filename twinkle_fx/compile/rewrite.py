@@ -1,0 +1,69 @@
+"""Replace a bound region by one call node, keeping everything else the graph needs.
+
+The call goes right after the region's last node (its inputs are all defined by then); each
+output the rest of the graph reads is re-pointed at the call's result; region nodes nothing reads
+any more are erased, except nodes with side effects, which stay with whatever they depend on.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch.fx as fx
+
+from .regions import Region, fake_value
+
+__all__ = ["replace_region", "has_side_effects"]
+
+
+def has_side_effects(node: fx.Node) -> bool:
+    """Impure for FX, or an in-place method (``x.add_``) or ``setitem``, which FX does not flag."""
+    if node.op == "call_method" and isinstance(node.target, str):
+        if node.target.endswith("_") and not node.target.startswith("__"):
+            return True
+    if node.op == "call_function" and node.target is operator.setitem:
+        return True
+    try:
+        return node.is_impure(impure_random=False)
+    except TypeError:  # torch < 2.12 has no impure_random
+        return node.is_impure()
+
+
+def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> str | None:
+    """Insert ``call(*region.call_args)`` and route ``region.outputs`` to it; a reason if impossible."""
+    graph = gm.graph
+    inside = set(region.nodes)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    last = max(region.nodes, key=order.__getitem__)
+    for out in region.outputs:
+        for user in out.users:
+            if user not in inside and order[user] < order[last]:
+                return f"its output {out.name} is read by {user.name} before the region ends (interleaved computation)"
+
+    with graph.inserting_after(last):
+        call_node = graph.call_function(call, tuple(region.call_args))
+    values = [fake_value(n) for n in region.outputs]
+    call_node.meta.update(
+        {k: v for k, v in region.outputs[-1].meta.items() if k in ("nn_module_stack", "stack_trace", "source_fn_stack")}
+    )
+    call_node.meta["twinkle_region"] = region.describe()
+    if len(region.outputs) == 1:
+        call_node.meta["example_value"] = values[0]
+        results = [call_node]
+    else:
+        call_node.meta["example_value"] = tuple(values)
+        results = []
+        anchor = call_node
+        for i, value in enumerate(values):
+            with graph.inserting_after(anchor):
+                anchor = graph.call_function(operator.getitem, (call_node, i))
+            anchor.meta["example_value"] = value
+            results.append(anchor)
+    for out, result in zip(region.outputs, results):
+        out.replace_all_uses_with(result, delete_user_cb=lambda user: user not in inside)
+        region.replaced[out] = result
+    for node in sorted(region.nodes, key=order.__getitem__, reverse=True):
+        if not node.users and not has_side_effects(node):
+            graph.erase_node(node)
+    return None

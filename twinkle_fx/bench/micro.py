@@ -174,13 +174,13 @@ class MicroBenchOptions:
     ops: list[str] = field(default_factory=list)  # empty: all
 
 
-def _import(module: str, *, distribution: str) -> tuple[Any, str | None]:
+def _import(module: str, *, not_installed: str) -> tuple[Any, str | None]:
     """``(module, None)`` or ``(None, why not)``: not installed, or installed but failing to import."""
     try:
         return importlib.import_module(module), None
     except ImportError as e:
         if importlib.util.find_spec(module.split(".")[0]) is None:
-            return None, f"{distribution} not installed"
+            return None, not_installed
         return None, f"importing {module} raised {type(e).__name__}: {e}"
 
 
@@ -332,8 +332,9 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
     """
     clock = DeviceClock(options.device)
     cases = [c for c in MICRO_CASES if not options.ops or c.op in options.ops]
-    twinkle_triton, twinkle_error = _import("twinkle_triton", distribution="twinkle_triton")
-    liger, liger_error = (_import("liger_kernel.transformers.functional", distribution="liger-kernel (pip install liger-kernel)")
+    twinkle_triton, twinkle_error = _import("twinkle_triton", not_installed="twinkle_triton is not installed")
+    liger, liger_error = (_import("liger_kernel.transformers.functional",
+                                                  not_installed="liger-kernel not installed (pip install liger-kernel)")
                           if "liger" in options.impls else (None, None))
 
     copy = _measure_copy(options, clock)

@@ -66,7 +66,7 @@ def annotate_model_rows(rows: Sequence[ModelRow], *, dtype: torch.dtype, rtol: f
 def annotate_micro_rows(rows: Sequence[MicroRow]) -> None:
     """Speed-ups of every measured row over eager and Inductor of the same op and phase."""
     for row in rows:
-        if row.status not in _MEASURED or row.impl == "copy":
+        if row.status not in _MEASURED or row.op == "copy":
             continue
         for impl, attr in (("eager", "vs_eager"), ("inductor", "vs_inductor")):
             ref = _reference(rows, lambda r: (r.op, r.phase, r.impl) == (row.op, row.phase, impl))
@@ -137,14 +137,17 @@ def _micro_table(result: BenchResult) -> str:
             _fmt(r.vs_eager, ".2f"), _fmt(r.vs_inductor, ".2f"), _fmt(r.max_rel_error, ".1e"),
             "WRONG" if r.status == "wrong" else r.status,
         ])
-    notes = [f"  {r.op} {r.phase} {r.impl}: {r.status}: {r.error}" for r in result.rows
-             if r.status in ("failed", "unavailable")]
+    problems: dict[tuple[str, str, str], list[str]] = {}  # one line per (impl, status, error)
+    for r in result.rows:
+        if r.status in ("failed", "unavailable"):
+            problems.setdefault((r.impl, r.status, r.error or ""), []).append(f"{r.op} {r.phase}")
+    notes = [f"  {impl} ({', '.join(where)}): {status}: {error}" for (impl, status, error), where in problems.items()]
     shape_lines = [f"  {op}: {shape}" for op, shape in shapes.items()]
     w = result.workload
     title = f"kernel microbenchmarks, {w['dtype']}; median of {w['reps']} after {w['warmup']} warm-up calls"
     text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(3, 11))),
                       "", "shapes:", *shape_lines])
-    return text + ("\n\n" + "\n".join(dict.fromkeys(notes)) if notes else "")
+    return text + ("\n\n" + "\n".join(notes) if notes else "")
 
 
 def _environment_line(result: BenchResult) -> str:
@@ -245,11 +248,12 @@ def _plot_model(plt, result: BenchResult):
 
 
 def _plot_micro(plt, result: BenchResult):
-    measured = [r for r in result.rows if r.status in _MEASURED and r.impl != "copy"]
+    measured = [r for r in result.rows if r.status in _MEASURED and r.op != "copy"]
     groups = list(dict.fromkeys((r.op, r.phase) for r in measured if r.copy_fraction is not None))
     impls = list(dict.fromkeys(r.impl for r in measured))
     flce = [r for r in measured if r.tflops is not None and r.phase == "fwd+bwd"]
-    fig, axes = plt.subplots(1, 3 if flce else 1, figsize=(16 if flce else 12, 4.8),
+    width_in = max(8.0, 0.9 * len(groups)) + (6 if flce else 0)
+    fig, axes = plt.subplots(1, 3 if flce else 1, figsize=(width_in, 5.5),
                              gridspec_kw={"width_ratios": [4, 1, 1]} if flce else None, squeeze=False)
     ax = axes[0][0]
     width = 0.8 / max(len(impls), 1)
@@ -263,8 +267,8 @@ def _plot_micro(plt, result: BenchResult):
                 edges.append("red" if row.status == "wrong" else "none")
         ax.bar(xs, ys, width, label=impl, color=_COLORS.get(impl, "#c44e52"), edgecolor=edges, linewidth=2)
     ax.axhline(100, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], [f"{op}\n{phase}" for op, phase in groups],
-                  fontsize=8)
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], [f"{op} {phase}" for op, phase in groups],
+                  fontsize=8, rotation=35, ha="right")
     ax.set_ylabel("% of device-to-device copy GB/s")
     ax.set_title("memory-bound kernels: achieved bandwidth (higher is better)")
     ax.legend(fontsize=8)

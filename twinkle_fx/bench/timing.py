@@ -120,15 +120,14 @@ def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *,
 
 def time_calls(fn: Callable[[], Any], clock: DeviceClock, *, warmup: int, reps: int) -> tuple[float, int | None]:
     """``(median ms, peak extra bytes)`` of ``fn``: ``warmup`` untimed calls (compilation,
-    autotuning), ``reps`` timed calls, then one more call under a fresh peak whose excess over what
-    was allocated before it is the extra memory ``fn`` needs (None on the CPU)."""
+    autotuning), ``reps`` timed calls, then on CUDA one more call under a fresh peak whose excess
+    over what was allocated before it is the extra memory ``fn`` needs (None on the CPU)."""
     for _ in range(warmup):
         fn()
     median = statistics.median(clock.each_ms(fn, max(reps, 1)))
-    clock.synchronize()
+    if not clock.cuda:
+        return median, None
     before = clock.allocated()
     clock.reset_peak()
     fn()
-    peak = clock.peak()
-    extra = None if peak is None or before is None else max(peak - before, 0)
-    return median, extra
+    return median, max(clock.peak() - before, 0)

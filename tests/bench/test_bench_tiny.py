@@ -1,0 +1,161 @@
+"""The benchmark harness end to end on the CPU: ``twinkle-fx bench --tiny`` (the same code path as a
+GPU run, with a tiny config and the Triton interpreter), plus the judging logic on hand-made rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from twinkle_fx.bench import BACKENDS, BenchResult, ModelBenchOptions, ModelRow, run_model_bench
+from twinkle_fx.bench.backends import Backend, BackendUnavailable, _module_state_restored, parse_backends
+from twinkle_fx.bench.micro import MICRO_CASES
+from twinkle_fx.bench.report import annotate_model_rows, format_table
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _bench(*args: str, out: Path) -> subprocess.CompletedProcess:
+    """``python -m twinkle_fx bench ARGS --out OUT`` on this checkout (not whatever is installed)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "twinkle_fx", "bench", *args, "--out", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def _png(path: Path) -> None:
+    assert path.is_file() and path.read_bytes()[:8] == PNG_MAGIC, f"{path} is not a PNG"
+
+
+def test_tiny_model_bench_eager_and_kernelize(tmp_path):
+    proc = _bench("--tiny", "--backends", "eager,kernelize", "--warmup", "0", out=tmp_path)
+    result = json.loads((tmp_path / "bench-qwen2.json").read_text())
+    _png(tmp_path / "bench-qwen2.png")
+
+    assert result["kind"] == "model" and result["workload"]["tiny"]
+    assert result["environment"]["triton_interpret"] is True
+    eager, kernelize = result["rows"]
+    assert [eager["backend"], kernelize["backend"]] == ["eager", "kernelize"]
+    assert eager["status"] == kernelize["status"] == "ok", kernelize["error"]
+    # the built-in kernels really ran (through the interpreter), and the loss agrees with eager
+    assert kernelize["notes"]["swapped_layers"] == {"Qwen2MLP -> SwiGLUMLP": 2, "Qwen2RMSNorm -> RMSNorm": 5}
+    assert kernelize["first_loss"] == pytest.approx(eager["first_loss"], rel=1e-4)
+    for row in (eager, kernelize):
+        assert len(row["step_ms"]) == 2 and row["tokens_per_s"] > 0 and row["first_step_s"] > 0
+        assert row["peak_gib"] is None  # no allocator statistics on the CPU
+    assert kernelize["vs_eager"]["throughput"] == pytest.approx(kernelize["tokens_per_s"] / eager["tokens_per_s"])
+    # the terminal got progress lines (stderr) and the table (stdout)
+    assert "[2/2] kernelize" in proc.stderr
+    assert "kernelize" in proc.stdout and "speed/eager" in proc.stdout
+
+
+def test_tiny_micro_bench_every_kernel_against_its_reference(tmp_path):
+    _bench("--micro", "--tiny", "--backends", "eager,twinkle,liger", "--warmup", "0", "--steps", "1", out=tmp_path)
+    result = json.loads((tmp_path / "bench-micro.json").read_text())
+    _png(tmp_path / "bench-micro.png")
+
+    rows = {(r["op"], r["phase"], r["impl"]): r for r in result["rows"]}
+    copy = rows["copy", "-", "torch"]
+    assert copy["gbps"] > 0 and result["workload"]["copy_gbps"] == copy["gbps"]
+    for case in MICRO_CASES:
+        for phase in ("fwd", "fwd+bwd"):
+            eager, twinkle = rows[case.op, phase, "eager"], rows[case.op, phase, "twinkle"]
+            assert eager["status"] == "ok", eager["error"]
+            assert twinkle["status"] == "ok", (twinkle["error"], twinkle["max_rel_error"])
+            assert twinkle["max_rel_error"] <= 1e-4 and twinkle["ms"] > 0
+            assert twinkle["vs_eager"] == pytest.approx(eager["ms"] / twinkle["ms"])
+            if case.op == "fused_linear_cross_entropy":
+                assert twinkle["tflops"] > 0 and twinkle["gbps"] is None
+            else:
+                assert twinkle["copy_fraction"] == pytest.approx(twinkle["gbps"] / copy["gbps"])
+        liger = [r for (op, _, impl), r in rows.items() if op == case.op and impl == "liger"]
+        # a Liger row only where Liger has the op; here liger-kernel is not installed
+        assert len(liger) == (2 if case.liger else 0)
+        assert all(r["status"] == "unavailable" and "not installed" in r["error"] for r in liger)
+
+
+def _row(backend: str, loss: float, tokens_per_s: float = 100.0, peak: float | None = 1.0) -> ModelRow:
+    return ModelRow(backend, tokens_per_s=tokens_per_s, ms_per_step=1.0, first_step_s=1.0, first_loss=loss,
+                    peak_gib=peak)
+
+
+def test_loss_disagreeing_with_eager_is_marked_wrong_and_ratios_use_eager_and_inductor():
+    rows = [_row("eager", 11.93), _row("inductor", 11.931, 200.0, 0.5), _row("twinkle", 11.5, 300.0, 0.25)]
+    annotate_model_rows(rows, dtype=torch.bfloat16)
+    assert [r.status for r in rows] == ["ok", "ok", "wrong"]
+    assert rows[2].vs_eager == {"throughput": 3.0, "memory": 0.25}
+    assert rows[2].vs_inductor == {"throughput": 1.5, "memory": 0.5, "first_step": 1.0}
+    nan_row = [_row("eager", 11.93), _row("kernelize", float("nan"))]
+    annotate_model_rows(nan_row, dtype=torch.bfloat16)
+    assert nan_row[1].status == "wrong"
+
+
+def test_a_raising_backend_is_a_failed_row_and_the_run_goes_on(monkeypatch):
+    def broken(model, family, device):
+        raise RuntimeError("kernel exploded")
+
+    def missing(model, family, device):
+        raise BackendUnavailable("some-package not installed")
+
+    monkeypatch.setitem(BACKENDS, "broken", Backend("broken", "raises", broken))
+    monkeypatch.setitem(BACKENDS, "missing", Backend("missing", "unavailable", missing))
+    options = ModelBenchOptions(model="llama", backends=["broken", "missing", "eager"], batch=1, seq=8,
+                                dtype=torch.float32, steps=1, warmup=0, device=torch.device("cpu"), tiny=True)
+    lines: list[str] = []
+    result = run_model_bench(options, progress=lines.append)
+    broken_row, missing_row, eager_row = result.rows
+    assert (broken_row.status, broken_row.error) == ("failed", "RuntimeError: kernel exploded")
+    assert "kernel exploded" in broken_row.traceback
+    assert (missing_row.status, missing_row.error) == ("unavailable", "some-package not installed")
+    assert eager_row.status == "ok" and eager_row.first_loss > 0
+    assert any(line.startswith("[1/3] broken: failed") for line in lines)
+    table = format_table(result)
+    assert "broken: failed: RuntimeError: kernel exploded" in table
+
+
+def test_saved_result_is_rendered_again(tmp_path):
+    rows = [_row("eager", 11.93), _row("inductor", 11.93, 150.0, 0.6)]
+    annotate_model_rows(rows, dtype=torch.bfloat16)
+    workload = {"model": "qwen2", "shape_of": "Qwen2-0.5B", "batch": 4, "seq": 1024, "dtype": "bfloat16",
+                "step": "forward + backward with labels", "steps": 20, "warmup": 3}
+    environment = {"device": "NVIDIA H200 (140 GiB)", "device_type": "cuda", "date": "2026-01-01 00:00 UTC",
+                   "versions": {"torch": "2.11.0"}, "commit": "abc1234"}
+    saved = tmp_path / "run.json"
+    BenchResult("model", environment, workload, rows).save(saved)
+    loaded = BenchResult.load(saved)
+    assert loaded.rows == rows
+
+    from twinkle_fx.__main__ import main
+
+    assert main(["bench", "--plot", str(saved), "--out", str(tmp_path / "png")]) == 0
+    _png(tmp_path / "png" / "run.png")
+
+
+def test_liger_style_module_patches_are_undone():
+    from transformers.models.qwen2 import modeling_qwen2
+
+    original_norm, original_rope = modeling_qwen2.Qwen2RMSNorm, modeling_qwen2.apply_rotary_pos_emb
+    original_forward = modeling_qwen2.Qwen2ForCausalLM.forward
+    with _module_state_restored(modeling_qwen2):
+        modeling_qwen2.Qwen2RMSNorm = object
+        modeling_qwen2.apply_rotary_pos_emb = len
+        modeling_qwen2.Qwen2ForCausalLM.forward = len
+        modeling_qwen2.added_by_patch = True
+    assert modeling_qwen2.Qwen2RMSNorm is original_norm
+    assert modeling_qwen2.apply_rotary_pos_emb is original_rope
+    assert modeling_qwen2.Qwen2ForCausalLM.forward is original_forward
+    assert not hasattr(modeling_qwen2, "added_by_patch")
+
+
+def test_backend_names_are_checked():
+    assert parse_backends("eager, liger+inductor,eager") == ["eager", "liger+inductor"]
+    with pytest.raises(ValueError, match="Unknown backend.*'fast'.*valid: eager, inductor"):
+        parse_backends("eager,fast")

@@ -17,6 +17,8 @@ from .errors import KernelLoadError, KernelSelectionError, KernelVerificationErr
 from .modes import Mode
 from .registration import register_external_layer, register_function_kernel, register_layer_kernel
 from .registry import get_registry, scoped_registry
+from . import compile as _compile  # noqa: E402,F401  the "twinkle" backend name and the pattern-tracing hook
+from .explain import explain
 
 __version__ = "0.1.0"
 
@@ -26,6 +28,7 @@ __all__ = [
     "KernelVerificationError",
     "Mode",
     "TwinkleError",
+    "explain",
     "get_registry",
     "kernelize_model",
     "kernelized",

@@ -89,14 +89,18 @@ def _swap(
         return selection.reason
     choice = selection.choice
     report.kernel = str(choice)
-    args = [renamed.get(n, n) for n in match.placeholder_nodes]
+    # arguments in the function's own order, so the call reads like the source
+    position = {name: i for i, name in enumerate(pattern.signature.parameters)}
+    named = sorted(zip(pattern.placeholder_params, match.placeholder_nodes), key=lambda pair: position[pair[0]])
+    names = [name for name, _ in named]
+    args = [renamed.get(n, n) for _, n in named]
     constants = _constants(pattern, match)
-    bound = _bind(ctx, region, pattern, args, constants)
+    bound = _bind(ctx, region, pattern, names, args, constants)
     if isinstance(bound, str):
         return bound
     call = FunctionKernelCall(
         f"func_{pattern.name.rpartition('.')[2]}", choice.call, pattern.signature,
-        pattern.placeholder_params, constants, bound, single=len(region.outputs) == 1,
+        names, constants, bound, single=len(region.outputs) == 1,
     )
     reason = place_kernel(ctx, region, call, choice, report)
     renamed.update(region.replaced)
@@ -115,7 +119,9 @@ def _constants(pattern: TracedPattern, match: InternalMatch) -> dict[str, Any]:
     return constants
 
 
-def _bind(ctx: GraphContext, region: Region, pattern: TracedPattern, args: list[fx.Node], constants: dict[str, Any]) -> list[int] | str:
+def _bind(
+    ctx: GraphContext, region: Region, pattern: TracedPattern, names: list[str], args: list[fx.Node], constants: dict[str, Any]
+) -> list[int] | str:
     """Check the match computes the reference on these shapes; returns which result leaf each output is."""
     outputs = external_outputs(region.nodes)
     if not outputs:
@@ -125,7 +131,6 @@ def _bind(ctx: GraphContext, region: Region, pattern: TracedPattern, args: list[
     except ValueError as e:
         return f"cannot build example inputs: {e}"
     keys = StructuralKeys()
-    names = pattern.placeholder_params
 
     def reference(*values: Any) -> Any:
         return pattern.reference(**dict(zip(names, values)), **constants)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..selection import select_layer_kernel, signature_mismatch
+from ..selection import Selection, select_layer_kernel, signature_mismatch
 from .equivalence import StructuralKeys, aten_outputs, reparametrized, static_inputs
 from .kernel_call import LayerKernelCall
 from .place import place_kernel
@@ -32,25 +32,29 @@ __all__ = ["find_layer_regions", "swap_layer_regions"]
 _MAX_BINDINGS = 24  # 4 tensor arguments; beyond that a region is reported, not searched
 
 
-def find_layer_regions(ctx: GraphContext) -> list[tuple[Region, type, str]]:
-    """``(region, class, nn_module_stack key)`` for every call of a registered layer class."""
-    kernel_names: dict[type, str | None] = {}
-    groups: dict[str, tuple[type, str, list[fx.Node]]] = {}
+def find_layer_regions(ctx: GraphContext) -> list[tuple[Region, type, str, Selection]]:
+    """``(region, class, nn_module_stack key, selection)`` for every call of a target layer class.
+
+    A class is a target when :func:`select_layer_kernel` says so (bound explicitly, or carrying a
+    ``kernel_layer_name`` that has registrations), the same rule as the eager path.
+    """
+    selections: dict[type, Selection | None] = {}
+    groups: dict[str, tuple[type, str, Selection, list[fx.Node]]] = {}
     for node in ctx.gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "get_attr"):
             continue
         for key, (path, cls) in (node.meta.get("nn_module_stack") or {}).items():
             if not isinstance(cls, type):
                 continue
-            if cls not in kernel_names:
-                kernel_names[cls] = ctx.registry.kernel_name_for(cls)
-            if kernel_names[cls] is not None:
-                groups.setdefault(key, (cls, path, []))[2].append(node)
+            if cls not in selections:
+                selections[cls] = select_layer_kernel(ctx.registry, cls, ctx.device, ctx.mode, allow_uncompilable=True)
+            selection = selections[cls]
+            if selection is not None:
+                groups.setdefault(key, (cls, path, selection, []))[3].append(node)
                 break
     regions = []
-    for key, (cls, path, nodes) in groups.items():
-        target = f"{cls.__qualname__} -> {kernel_names[cls]}"
-        regions.append((Region("layer", target, _location(path, key), nodes), cls, key))
+    for key, (cls, path, selection, nodes) in groups.items():
+        regions.append((Region("layer", selection.target, _location(path, key), nodes), cls, key, selection))
     return regions
 
 
@@ -64,18 +68,17 @@ def _location(source_path: str, key: str) -> str:
 def swap_layer_regions(ctx: GraphContext, reports: list[RegionReport]) -> int:
     """Swap every layer region that can be; append one report per candidate; return the count."""
     swapped = 0
-    for region, cls, key in find_layer_regions(ctx):
+    for region, cls, key, selection in find_layer_regions(ctx):
         report = RegionReport("layer", region.target, region.location)
         reports.append(report)
-        report.reason = _swap(ctx, region, cls, key, report)
+        report.reason = _swap(ctx, region, cls, key, selection, report)
         swapped += report.reason is None
     return swapped
 
 
-def _swap(ctx: GraphContext, region: Region, cls: type, key: str, report: RegionReport) -> str | None:
-    selection = select_layer_kernel(ctx.registry, cls, ctx.device, ctx.mode, allow_uncompilable=True)
-    if selection is None or selection.choice is None:
-        return selection.reason if selection is not None else "not bound to a kernel"
+def _swap(ctx: GraphContext, region: Region, cls: type, key: str, selection: Selection, report: RegionReport) -> str | None:
+    if selection.choice is None:
+        return selection.reason
     choice = selection.choice
     report.kernel = str(choice)
     mismatch = signature_mismatch(cls.forward, choice.call)

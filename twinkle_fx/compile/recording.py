@@ -33,4 +33,7 @@ def active_recorders() -> tuple[RecordedGraphs, ...]:
 
 
 def readable(gm: fx.GraphModule) -> str:
-    return gm.print_readable(print_output=False)
+    """The graph as PyTorch's expect tests show it (``print_readable``, normalised)."""
+    from ..testing import normalize_gm
+
+    return normalize_gm(gm.print_readable(print_output=False))

@@ -62,9 +62,9 @@ def _import_piece(module: str, what: str):
 
 
 @contextlib.contextmanager
-def _builtin_kernels(device: torch.device) -> Iterator[list[str]]:
-    """The built-in kernels registered for ``device`` in a private registry scope for the duration
-    of the block; yields what was bound."""
+def _builtin_kernels(family: str, device: torch.device) -> Iterator[list[str]]:
+    """The built-in kernels of model ``family`` registered for ``device`` in a private registry
+    scope for the duration of the block; yields what was bound."""
     builtin = _import_piece("twinkle_fx.builtin", "twinkle_fx.builtin.use_builtin_kernels")
     use_builtin_kernels = getattr(builtin, "use_builtin_kernels", None)
     if use_builtin_kernels is None:
@@ -74,7 +74,7 @@ def _builtin_kernels(device: torch.device) -> Iterator[list[str]]:
     with scoped_registry():
         # the built-ins register for cuda by default; on the CPU (--tiny) they run through the
         # Triton interpreter
-        yield use_builtin_kernels(devices=(device.type,))
+        yield use_builtin_kernels(devices=(device.type,), models=(family,))
 
 
 def _swap_notes(model: torch.nn.Module) -> dict[str, Any]:
@@ -88,6 +88,16 @@ def _swap_notes(model: torch.nn.Module) -> dict[str, Any]:
         if (forward := swapped_forward(module)) is not None
     )
     return {"swapped_layers": dict(layers), "patched_functions": patched_functions()}
+
+
+def _compile_notes(report) -> dict[str, Any]:
+    """What the twinkle backend swapped in the graphs it compiled, and what it kept and why."""
+    return {
+        "graphs": report.graph_count,
+        "graph_breaks": report.graph_breaks,
+        "swapped_regions": dict(Counter(f"{r.kind} {r.target} -> {r.kernel}" for r in report.swapped)),
+        "kept_regions": dict(Counter(f"{r.kind} {r.target}: {r.reason}" for r in report.not_swapped)),
+    }
 
 
 @contextlib.contextmanager
@@ -105,16 +115,22 @@ def _twinkle(model: torch.nn.Module, family: str, device: torch.device) -> Itera
     # the entry point pyproject declares for backend="twinkle"; checked first so a missing compile
     # package reads as such instead of torch's "unknown backend"
     _import_piece("twinkle_fx.compile.backend", 'torch.compile backend "twinkle" (twinkle_fx.compile)')
-    with _builtin_kernels(device) as bound:
-        # the registry scope stays open for the whole run: Dynamo compiles at the first call
-        yield Prepared(torch.compile(model, backend="twinkle"), {"builtin_kernels": bound})
+    from twinkle_fx.compile import collect_reports
+
+    # the registry scope stays open for the whole run: Dynamo compiles at the first call
+    with _builtin_kernels(family, device) as bound, collect_reports() as report:
+        prepared = Prepared(torch.compile(model, backend="twinkle"), {"builtin_kernels": bound})
+        try:
+            yield prepared
+        finally:
+            prepared.notes.update(_compile_notes(report))
 
 
 @contextlib.contextmanager
 def _kernelize(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
     from twinkle_fx import kernelize_model, undo_kernelize
 
-    with _builtin_kernels(device) as bound:
+    with _builtin_kernels(family, device) as bound:
         kernelize_model(model, mode="train", device=device)
         try:
             yield Prepared(model, {"builtin_kernels": bound, **_swap_notes(model)})

@@ -110,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, tiny=args.tiny)
     if device.type == "cpu":
         _use_triton_interpreter()
+    if args.tiny:
+        # tiny ops gain nothing from intra-op threads, and on a busy 2-core machine their OpenMP
+        # barriers made an eager step 300x slower (2 ms -> 700 ms) while another process compiled
+        torch.set_num_threads(1)
     if args.micro:
         from .micro import MICRO_CASES, MICRO_IMPLS, MicroBenchOptions, run_micro_bench
 

@@ -64,7 +64,7 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
         with BACKENDS[name].prepare(model, workload.family, options.device) as prepared:
             timing = time_training_steps(_training_step(prepared.model, *batch), clock,
                                          warmup=options.warmup, steps=options.steps)
-            notes = prepared.notes
+        notes = prepared.notes  # complete only once the backend has exited (e.g. compile reports)
     except BackendUnavailable as e:
         return ModelRow(name, status="unavailable", error=str(e))
     except ModuleNotFoundError as e:

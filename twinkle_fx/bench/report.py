@@ -106,6 +106,7 @@ def _model_table(result: BenchResult) -> str:
     notes = [f"  {r.backend}: {r.status}: {r.error}" for r in result.rows if r.status in ("failed", "unavailable")]
     notes += [f"  {r.backend}: WRONG: {r.loss_check}" for r in result.rows if r.status == "wrong"]
     notes += [f"  {r.backend}: {_swap_summary(r.notes)}" for r in result.rows if r.notes.get("swapped_layers") is not None]
+    notes += [f"  {r.backend}: {_compile_summary(r.notes)}" for r in result.rows if r.notes.get("graphs") is not None]
     w = result.workload
     title = (f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']}, {w['dtype']}, "
              f"{w['step']}; {w['steps']} timed steps after {w['warmup']} warm-up")
@@ -122,6 +123,14 @@ def _swap_summary(notes: dict) -> str:
     parts = [f"{count} x {what}" for what, count in layers.items()]
     parts += [f"{name} patched in {count} module(s)" for name, count in by_name.items()]
     return "kernelized: " + (", ".join(parts) if parts else "nothing swapped (no built-in kernel for this device/mode)")
+
+
+def _compile_summary(notes: dict) -> str:
+    swapped = ", ".join(f"{count} x {what}" for what, count in notes.get("swapped_regions", {}).items())
+    kept = "; ".join(f"{count} x {what}" for what, count in notes.get("kept_regions", {}).items())
+    text = (f"compiled {notes['graphs']} graph(s), {notes['graph_breaks']} graph break(s); "
+            f"swapped: {swapped or 'nothing'}")
+    return text + (f"; kept: {kept}" if kept else "")
 
 
 def _micro_table(result: BenchResult) -> str:

@@ -19,6 +19,7 @@ import torch
 __all__ = ["DeviceClock", "StepTiming", "time_training_steps", "time_calls", "GIB"]
 
 GIB = float(1 << 30)
+_CACHE_FLUSH_BYTES = 256 << 20
 
 
 class DeviceClock:
@@ -40,8 +41,13 @@ class DeviceClock:
         self.synchronize()
         return result, time.perf_counter() - start
 
-    def each_ms(self, fn: Callable[[], Any], count: int) -> list[float]:
-        """Milliseconds of each of ``count`` back-to-back calls of ``fn``."""
+    def each_ms(self, fn: Callable[[], Any], count: int, *, flush_cache: bool = False) -> list[float]:
+        """Milliseconds of each of ``count`` back-to-back calls of ``fn``.
+
+        ``flush_cache`` (CUDA): overwrite a 256 MiB buffer before each call, outside the timed
+        interval, so no call finds its inputs in L2 left by the previous one (H100/H200 L2 is 50
+        MiB, the size of some microbenchmark inputs); the same as ``triton.testing.do_bench``.
+        """
         if not self.cuda:
             times = []
             for _ in range(count):
@@ -50,7 +56,10 @@ class DeviceClock:
                 times.append((time.perf_counter() - start) * 1e3)
             return times
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+        flush = torch.empty(_CACHE_FLUSH_BYTES, dtype=torch.uint8, device=self.device) if flush_cache else None
         for start, end in events:
+            if flush is not None:
+                flush.zero_()
             start.record()
             fn()
             end.record()
@@ -120,11 +129,12 @@ def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *,
 
 def time_calls(fn: Callable[[], Any], clock: DeviceClock, *, warmup: int, reps: int) -> tuple[float, int | None]:
     """``(median ms, peak extra bytes)`` of ``fn``: ``warmup`` untimed calls (compilation,
-    autotuning), ``reps`` timed calls, then on CUDA one more call under a fresh peak whose excess
-    over what was allocated before it is the extra memory ``fn`` needs (None on the CPU)."""
+    autotuning), ``reps`` timed calls each starting with a cold L2, then on CUDA one more call under
+    a fresh peak whose excess over what was allocated before it is the extra memory ``fn`` needs
+    (None on the CPU)."""
     for _ in range(warmup):
         fn()
-    median = statistics.median(clock.each_ms(fn, max(reps, 1)))
+    median = statistics.median(clock.each_ms(fn, max(reps, 1), flush_cache=True))
     if not clock.cuda:
         return median, None
     before = clock.allocated()

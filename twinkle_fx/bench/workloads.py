@@ -31,12 +31,11 @@ __all__ = ["Workload", "WORKLOADS", "TINY_CONFIG", "get_workload", "build_model"
 
 @dataclass(frozen=True)
 class Workload:
-    """A named model config: ``family`` picks transformers' ``<Family>Config`` / ``<Family>ForCausalLM``."""
+    """A named model config: ``family`` is the transformers model type, ``config_class`` its config."""
 
     name: str
     family: str  # transformers model-type module name: qwen2, qwen3, llama, mistral
     config_class: str
-    model_class: str
     config: dict[str, Any] = field(default_factory=dict)
     shape_of: str = ""
 
@@ -66,25 +65,25 @@ WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
         Workload(
-            "qwen2", "qwen2", "Qwen2Config", "Qwen2ForCausalLM",
+            "qwen2", "qwen2", "Qwen2Config",
             dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
             "Qwen2-0.5B",
         ),
         Workload(
-            "qwen3", "qwen3", "Qwen3Config", "Qwen3ForCausalLM",
+            "qwen3", "qwen3", "Qwen3Config",
             dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                  num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
             "Qwen3-0.6B",
         ),
         Workload(
-            "llama", "llama", "LlamaConfig", "LlamaForCausalLM",
+            "llama", "llama", "LlamaConfig",
             dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
                  num_key_value_heads=5, vocab_size=49152, tie_word_embeddings=True),
             "SmolLM2-360M (Llama architecture)",
         ),
         Workload(
-            "mistral", "mistral", "MistralConfig", "MistralForCausalLM",
+            "mistral", "mistral", "MistralConfig",
             dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, vocab_size=32768, tie_word_embeddings=False, sliding_window=None),
             "Qwen2-0.5B dims with Mistral v0.3 vocab",
@@ -120,13 +119,17 @@ def build_model(workload: Workload, *, tiny: bool, dtype: torch.dtype, device: t
 
     The same ``seed``, device and dtype give the same weights bit for bit, so every backend of one
     run starts from the same model. Parameters are created on ``device`` directly (a 0.5B model
-    initialised on the CPU costs seconds per backend).
+    initialised on the CPU costs seconds per backend) and in ``dtype`` the way ``from_pretrained(...,
+    dtype=...)`` makes them: the rotary ``inv_freq`` buffer stays fp32, as it would in real training
+    (``model.to(bf16)`` would round it).
     """
+    from transformers import AutoModelForCausalLM
+
     config = _transformers_class(workload, workload.config_class)(**workload.config_kwargs(tiny=tiny))
     torch.manual_seed(seed)
     with torch.device(device):
-        model = _transformers_class(workload, workload.model_class)(config)
-    return model.to(dtype=dtype).train()
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.train()
 
 
 def make_batch(workload: Workload, *, tiny: bool, batch: int, seq: int, device: torch.device,

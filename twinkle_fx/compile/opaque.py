@@ -11,8 +11,10 @@ the price of a kernel the compiler cannot see into).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -81,13 +83,33 @@ def opaque_call(call: KernelCall, reference: fx.GraphModule, *, training: bool) 
     return OpaqueCall(f"opaque_{name}", op, n_outputs)
 
 
+@contextlib.contextmanager
+def _autograd_inside_custom_op() -> Iterator[None]:
+    """Re-enable autograd for the block inside a custom op's implementation.
+
+    The dispatcher runs an op's implementation with the autograd keys excluded (below autograd),
+    so ``torch.enable_grad()`` alone records nothing there.
+    """
+    keys = [torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.AutogradOther,
+            torch._C.DispatchKey.AutogradNestedTensor]
+    saved = [(k, torch._C._dispatch_tls_is_dispatch_key_excluded(k)) for k in keys]
+    for key in keys:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        for key, excluded in saved:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
+
+
 def _register_recompute_backward(op: Any, name: str, call: KernelCall) -> None:
     def backward_impl(inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> list[torch.Tensor]:
         leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
-        with torch.enable_grad():
+        with _autograd_inside_custom_op():
             outs = _as_outputs(call(*leaves), leaves)
-        wanted = [t for t in leaves if t.requires_grad]
-        found = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
+            wanted = [t for t in leaves if t.requires_grad]
+            found = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
         result = []
         for t in leaves:
             g = next(found) if t.requires_grad else None

@@ -125,7 +125,7 @@ def _add_gelu(tiny: bool, device, dtype) -> CaseInputs:
     n, d = (64, 256) if tiny else (4096, 16384)  # GPT-style MLP: 4 x hidden 4096
     x, bias = _randn(n, d, device=device, dtype=dtype), _randn(d, device=device, dtype=dtype)
     e = x.element_size()
-    return CaseInputs(f"x {n} x {d}, bias {d}", (x, bias), bytes_fwd=2 * n * d * e + d * e,
+    return CaseInputs(f"x {n} x {d}, bias {d}, erf form (approximate='none')", (x, bias), bytes_fwd=2 * n * d * e + d * e,
                       bytes_bwd=3 * n * d * e + 2 * d * e)
 
 

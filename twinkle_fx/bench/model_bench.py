@@ -55,15 +55,18 @@ def _gib(n: int | None) -> float | None:
 
 
 def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tensor, torch.Tensor],
-                 clock: DeviceClock) -> ModelRow:
+                 clock: DeviceClock, progress: Callable[[str], None]) -> ModelRow:
     """One backend, start to finish; every error becomes a row. Everything it allocated is
     unreachable when it returns, so the caller's cleanup can free it."""
     workload = get_workload(options.model)
     try:
         model = build_model(workload, tiny=options.tiny, dtype=options.dtype, device=options.device, seed=options.seed)
         with BACKENDS[name].prepare(model, workload.family, options.device) as prepared:
-            timing = time_training_steps(_training_step(prepared.model, *batch), clock,
-                                         warmup=options.warmup, steps=options.steps)
+            timing = time_training_steps(
+                _training_step(prepared.model, *batch), clock, warmup=options.warmup, steps=options.steps,
+                on_first_step=lambda t: progress(f"    first step {t.first_step_s:.2f} s, loss {t.first_loss:.5f}; "
+                                                 f"timing ..."),
+            )
         notes = prepared.notes  # complete only once the backend has exited (e.g. compile reports)
     except BackendUnavailable as e:
         return ModelRow(name, status="unavailable", error=str(e))
@@ -117,7 +120,7 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
     for index, name in enumerate(options.backends, 1):
         progress(f"[{index}/{total}] {name}: {BACKENDS[name].description}; fresh model, first step, "
                  f"{options.warmup} warm-up + {options.steps} timed steps ...")
-        row = _run_backend(name, options, batch, clock)
+        row = _run_backend(name, options, batch, clock, progress)
         free_device_memory(options.device)
         rows.append(row)
         progress(f"[{index}/{total}] {row}")

@@ -103,14 +103,15 @@ class StepTiming:
         return statistics.median(self.step_ms)
 
 
-def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *, warmup: int,
-                        steps: int) -> StepTiming:
+def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *, warmup: int, steps: int,
+                        on_first_step: Callable[[StepTiming], None] | None = None) -> StepTiming:
     """Run ``step`` (returns the loss) once for the first-step time and loss, ``warmup`` more times
     untimed, then ``steps`` times with one timing each.
 
     The first step is timed by the host clock, because for compiled backends it is mostly
     compilation on the host. The peak is reset after the warm-up so it describes the steady state;
     the first step's own peak (compile-time autotuning buffers included) is kept apart.
+    ``on_first_step`` sees the timing right after the first step (for progress lines).
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (got {steps}).")
@@ -119,6 +120,8 @@ def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *,
     loss, first_s = clock.wall(step)
     timing = StepTiming(first_step_s=first_s, first_loss=float(loss), resident_bytes=resident,
                         first_step_peak_bytes=clock.peak())
+    if on_first_step is not None:
+        on_first_step(timing)
     for _ in range(warmup):
         step()
     clock.reset_peak()

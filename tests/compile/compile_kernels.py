@@ -75,3 +75,26 @@ class GatedMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.act(self.up(x)))
+
+
+@torch.library.custom_op("twinkle_test::scaled_rms", mutates_args=())
+def scaled_rms_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+@scaled_rms_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+EPS_SEEN: list[float] = []
+
+
+def fast_scaled_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """A function kernel (inference only: no autograd registered on its op)."""
+    EPS_SEEN.append(eps)
+    return torch.ops.twinkle_test.scaled_rms(x, weight, eps)
+
+
+fast_scaled_rms.can_torch_compile = True
+fast_scaled_rms.has_backward = False

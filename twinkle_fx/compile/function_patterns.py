@@ -59,6 +59,7 @@ def swap_function_patterns(ctx: GraphContext, reports: list[RegionReport]) -> in
             order = {n: i for i, n in enumerate(ctx.gm.graph.nodes)}
             nodes.sort(key=order.__getitem__)
             region = Region("function", target, _location(nodes), nodes)
+            ctx.matched.update(nodes)
             report = RegionReport("function", target, region.location)
             reports.append(report)
             report.reason = _swap(ctx, region, pattern, match, selection, renamed, report)

@@ -47,6 +47,8 @@ def report_function_regions(ctx: GraphContext, reports: list[RegionReport]) -> i
     found = 0
     for target in ctx.registry.function_targets():
         for (callers, _), nodes in function_call_regions(ctx, target).items():
+            if any(n in ctx.matched for n in nodes):
+                continue  # the pattern pass matched this call and reported it
             found += 1
             where = f"{callers[-1][0]}:{callers[-1][1]} in {callers[-1][2]}" if callers else nodes[0].name
             reason = missing.get(target) or (

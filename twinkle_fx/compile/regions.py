@@ -63,6 +63,7 @@ class GraphContext:
     mode: Mode
     modules: ModuleIndex
     graph_break: Any = None  # Dynamo's GraphCompileReason when this graph ended at a graph break
+    matched: set[fx.Node] = field(default_factory=set)  # nodes of pattern matches already reported
 
     def __post_init__(self) -> None:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]

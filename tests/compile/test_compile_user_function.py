@@ -1,0 +1,78 @@
+"""A function registered in a user package: caught where it is called and where the same
+computation is written inline, with each call's own eps read from the graph."""
+
+import expecttest
+import torch
+from compile_kernels import EPS_SEEN, fast_scaled_rms
+from user_ops.blocks import TwoNorms
+
+import twinkle_fx
+from twinkle_fx.function import register_function_kernel
+from twinkle_fx.testing import record_graphs
+
+
+def _register(**kwargs):
+    register_function_kernel(func_name="scaled_rms", target_module="user_ops.norms", func_impl=fast_scaled_rms,
+                             device="cpu", **kwargs)
+
+
+class TestUserFunction(expecttest.TestCase):
+    def test_both_sites_swapped_with_their_own_eps(self):
+        _register(mode="compile")
+        torch.manual_seed(0)
+        model = TwoNorms().eval()
+        x = torch.randn(2, 3, 8)
+        EPS_SEEN.clear()
+        with torch.no_grad(), record_graphs() as graphs:
+            got = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(x)
+            want = model(x)
+        torch.testing.assert_close(got, want)
+        self.assertEqual(sorted(set(EPS_SEEN)), [1e-5, 1e-3])
+        self.assertExpectedInline(graphs.diff(context=0), """\
+@@ -9,2 +9 @@
+-        pow_1: "f32[2, 3, 8]" = l_x_.pow(2)
+-        variance: "f32[2, 3, 1]" = pow_1.mean(-1, keepdim = True);  pow_1 = None
++        func_scaled_rms: "f32[2, 3, 8]" = twinkle_func_scaled_rms(l_x_, l_self_parameters_w1_);  l_x_ = l_self_parameters_w1_ = None
+@@ -12,4 +11 @@
+-        add: "f32[2, 3, 1]" = variance + 1e-05;  variance = None
+-        rsqrt: "f32[2, 3, 1]" = torch.rsqrt(add);  add = None
+-        mul: "f32[2, 3, 8]" = l_x_ * rsqrt;  l_x_ = rsqrt = None
+-        h: "f32[2, 3, 8]" = l_self_parameters_w1_ * mul;  l_self_parameters_w1_ = mul = None
++        h_1: "f32[2, 3, 8]" = torch._C._nn.linear(func_scaled_rms, l_self_modules_proj_parameters_weight_, l_self_modules_proj_parameters_bias_);  func_scaled_rms = l_self_modules_proj_parameters_weight_ = l_self_modules_proj_parameters_bias_ = None
+@@ -17,10 +13,2 @@
+-        h_1: "f32[2, 3, 8]" = torch._C._nn.linear(h, l_self_modules_proj_parameters_weight_, l_self_modules_proj_parameters_bias_);  h = l_self_modules_proj_parameters_weight_ = l_self_modules_proj_parameters_bias_ = None
+-
+-        pow_2: "f32[2, 3, 8]" = h_1.pow(2)
+-        variance_1: "f32[2, 3, 1]" = pow_2.mean(-1, keepdim = True);  pow_2 = None
+-
+-        add_1: "f32[2, 3, 1]" = variance_1 + 0.001;  variance_1 = None
+-        rsqrt_1: "f32[2, 3, 1]" = torch.rsqrt(add_1);  add_1 = None
+-        mul_2: "f32[2, 3, 8]" = h_1 * rsqrt_1;  h_1 = rsqrt_1 = None
+-        mul_3: "f32[2, 3, 8]" = l_self_parameters_w2_ * mul_2;  l_self_parameters_w2_ = mul_2 = None
+-        return (mul_3,)
++        func_scaled_rms_1: "f32[2, 3, 8]" = twinkle_func_scaled_rms_1(h_1, l_self_parameters_w2_);  h_1 = l_self_parameters_w2_ = None
++        return (func_scaled_rms_1,)
+""")
+        self.assertExpectedInline(graphs.forward[0], """\
+class <lambda>(torch.nn.Module):
+    def forward(self, arg0_1: "f32[8]", arg1_1: "f32[2, 3, 8]", arg2_1: "f32[8, 8]", arg3_1: "f32[8]", arg4_1: "f32[8]"):
+
+        scaled_rms: "f32[2, 3, 8]" = torch.ops.twinkle_test.scaled_rms.default(arg1_1, arg0_1, 1e-05);  arg1_1 = arg0_1 = None
+
+        view: "f32[6, 8]" = torch.ops.aten.view.default(scaled_rms, [6, 8]);  scaled_rms = None
+        t: "f32[8, 8]" = torch.ops.aten.t.default(arg2_1);  arg2_1 = None
+        addmm: "f32[6, 8]" = torch.ops.aten.addmm.default(arg3_1, view, t);  arg3_1 = view = t = None
+        view_1: "f32[2, 3, 8]" = torch.ops.aten.view.default(addmm, [2, 3, 8]);  addmm = None
+
+        scaled_rms_1: "f32[2, 3, 8]" = torch.ops.twinkle_test.scaled_rms.default(view_1, arg4_1, 0.001);  view_1 = arg4_1 = None
+        return (scaled_rms_1,)
+""")
+
+    def test_inference_only_kernel_is_not_used_for_training(self):
+        _register(mode="train+compile")
+        model = TwoNorms()
+        report = twinkle_fx.explain(model, torch.randn(2, 8))
+        self.assertEqual(len(report.swapped), 0)
+        reasons = {r.reason for r in report.not_swapped}
+        self.assertEqual(len(reasons), 1)
+        self.assertIn("has_backward=False", reasons.pop())

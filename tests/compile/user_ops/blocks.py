@@ -1,0 +1,21 @@
+"""Models calling the registered function directly, and a copy of it written inline."""
+
+import torch
+
+from . import norms
+
+
+class TwoNorms(torch.nn.Module):
+    """Calls ``norms.scaled_rms`` with two different eps, then the same math written inline."""
+
+    def __init__(self, hidden: int = 8) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.rand(hidden) + 0.5)
+        self.w2 = torch.nn.Parameter(torch.rand(hidden) + 0.5)
+        self.proj = torch.nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = norms.scaled_rms(x, self.w1, eps=1e-5)
+        h = self.proj(h)
+        variance = h.pow(2).mean(-1, keepdim=True)  # the same computation, not a call
+        return self.w2 * (h * torch.rsqrt(variance + 1e-3))

@@ -1,0 +1,9 @@
+"""Plain PyTorch functions, called from user models."""
+
+import torch
+
+
+def scaled_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMS-normalise the last dimension of ``x`` and scale by ``weight``."""
+    variance = x.pow(2).mean(-1, keepdim=True)
+    return weight * (x * torch.rsqrt(variance + eps))

@@ -1,0 +1,104 @@
+"""Tiny Qwen2 and Llama: what the backend swaps (graph diff, kernels in the AOT graphs, report) and
+that logits and every parameter gradient match eager."""
+
+import expecttest
+import torch
+from tiny_models import register_qwen2_kernels, tiny, twinkle_lines
+
+import twinkle_fx
+from twinkle_fx.testing import record_graphs
+
+
+def _train_step(model, input_ids, compiled=None):
+    out = (model if compiled is None else compiled)(input_ids, labels=input_ids)
+    grads = torch.autograd.grad(out.loss, [p for p in model.parameters()])
+    return out.logits.detach(), dict(zip([n for n, _ in model.named_parameters()], grads))
+
+
+def _assert_matches_eager(test, model, compiler):
+    input_ids = torch.randint(0, 128, (2, 12))
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": compiler})
+    logits, grads = _train_step(model, input_ids, compiled)
+    want_logits, want_grads = _train_step(model, input_ids)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
+    test.assertEqual(grads.keys(), want_grads.keys())
+    for name in grads:
+        torch.testing.assert_close(grads[name], want_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+class TestQwen2(expecttest.TestCase):
+    def test_graph_diff_and_aot_kernels(self):
+        register_qwen2_kernels()
+        model = tiny("qwen2", layers=1)
+        input_ids = torch.randint(0, 128, (2, 8))
+        with record_graphs() as graphs:
+            out = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(input_ids, labels=input_ids)
+            out.loss.backward()
+        self.assertExpectedInline(twinkle_lines(graphs.after[0]), """\
+layer_rmsnorm: "f32[2, 8, 64]" = twinkle_layer_RMSNorm(inputs_embeds, l_self_modules_model_modules_layers_modules_0_modules_input_layernorm_parameters_weight_)
+func_apply_rotary_pos_emb = twinkle_func_apply_rotary_pos_emb(query_states, key_states, cos_2, sin_2)
+layer_rmsnorm_1: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_1(hidden_states_3, l_self_modules_model_modules_layers_modules_0_modules_post_attention_layernorm_parameters_weight_)
+layer_swi_glumlp: "f32[2, 8, 64]" = twinkle_layer_SwiGLUMLP(layer_rmsnorm_1, l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_gate_proj_parameters_weight_, l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_up_proj_parameters_weight_, l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_down_proj_parameters_weight_)
+layer_rmsnorm_2: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_2(hidden_states_7, l_self_modules_model_modules_norm_parameters_weight_)
+""")
+        self.assertExpectedInline(twinkle_lines(graphs.forward[0]), """\
+rms_norm: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(embedding, primals_4, 1e-06)
+rotary_embedding = torch.ops.twinkle.rotary_embedding.default(transpose, transpose_1, mul_1, mul_2, 1)
+rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(add_1, primals_12, 1e-06)
+silu_mul: "f32[2, 8, 128]" = torch.ops.twinkle.silu_mul.default(_unsafe_view_1, _unsafe_view_2)
+rms_norm_2: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(add_2, primals_16, 1e-06)
+""")
+        self.assertExpectedInline(twinkle_lines(graphs.backward[0]), """\
+rms_norm_backward = torch.ops.twinkle.rms_norm_backward.default(view_19, add_2, primals_16, 1e-06)
+silu_mul_backward = torch.ops.twinkle.silu_mul_backward.default(view_21, _unsafe_view_1, _unsafe_view_2)
+rms_norm_backward_1 = torch.ops.twinkle.rms_norm_backward.default(add_4, add_1, primals_12, 1e-06)
+rotary_embedding_backward = torch.ops.twinkle.rotary_embedding_backward.default(getitem_12, slice_3, mul_1, mul_2, 1)
+rms_norm_backward_2 = torch.ops.twinkle.rms_norm_backward.default(add_9, embedding, primals_4, 1e-06)
+""")
+
+    def test_report_lists_the_swaps(self):
+        register_qwen2_kernels()
+        report = twinkle_fx.explain(tiny("qwen2"), torch.randint(0, 128, (2, 8)))
+        region_lines = report.summary().splitlines()[2:]  # after the totals and the graph header
+        self.assertExpectedInline("\n".join(region_lines), """\
+  swapped 5 x layer Qwen2RMSNorm -> RMSNorm: RMSNorm [cpu, any] from impl RMSNorm (custom op call)  [model.layers.0.input_layernorm, model.layers.0.post_attention_layernorm, model.layers.1.input_layernorm, ... (5 in all)]
+  swapped 2 x layer Qwen2MLP -> SwiGLUMLP: SwiGLUMLP [cpu, any] from impl SwiGLUMLP (custom op call)  [model.layers.0.mlp, model.layers.1.mlp]
+  swapped 2 x function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb: transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb [cpu, any] from impl rotary (custom op call)  [apply_rotary_pos_emb (k_embed), apply_rotary_pos_emb (k_embed_1)]""")
+        self.assertEqual(report.graph_count, 1)
+        self.assertEqual(report.not_swapped, [])
+
+    def test_training_numerics_aot_eager(self):
+        register_qwen2_kernels()
+        _assert_matches_eager(self, tiny("qwen2"), "aot_eager")
+
+    def test_training_numerics_inductor(self):
+        register_qwen2_kernels()
+        _assert_matches_eager(self, tiny("qwen2"), "inductor")
+
+
+class TestLlama(expecttest.TestCase):
+    """Llama's modeling file has its own copy of apply_rotary_pos_emb: only Qwen2's is registered."""
+
+    def test_rotary_caught_by_the_qwen2_pattern(self):
+        register_qwen2_kernels()
+        model = tiny("llama", layers=1)
+        input_ids = torch.randint(0, 128, (2, 8))
+        with record_graphs() as graphs:
+            out = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(input_ids, labels=input_ids)
+            out.loss.backward()
+        self.assertExpectedInline(twinkle_lines(graphs.after[0]), """\
+layer_rmsnorm: "f32[2, 8, 64]" = twinkle_layer_RMSNorm(inputs_embeds, l_self_modules_model_modules_layers_modules_0_modules_input_layernorm_parameters_weight_)
+func_apply_rotary_pos_emb = twinkle_func_apply_rotary_pos_emb(query_states, key_states, cos_2, sin_2)
+layer_rmsnorm_1: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_1(hidden_states_3, l_self_modules_model_modules_layers_modules_0_modules_post_attention_layernorm_parameters_weight_)
+layer_rmsnorm_2: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_2(hidden_states_7, l_self_modules_model_modules_norm_parameters_weight_)
+""")
+        self.assertExpectedInline(twinkle_lines(graphs.forward[0]), """\
+rms_norm: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(embedding, primals_4, 1e-06)
+rotary_embedding = torch.ops.twinkle.rotary_embedding.default(transpose, transpose_1, mul_1, mul_2, 1)
+rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(add_1, primals_9, 1e-06)
+rms_norm_2: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(add_2, primals_13, 1e-06)
+""")
+
+    def test_training_numerics_aot_eager(self):
+        register_qwen2_kernels()
+        _assert_matches_eager(self, tiny("llama"), "aot_eager")

@@ -1,0 +1,44 @@
+"""Tiny transformers models and the twinkle_triton kernels registered for them (CPU, interpreted)."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+import twinkle_triton
+from twinkle_fx import register_external_layer, register_layer_kernel
+from twinkle_fx.function import register_function_kernel
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=128, max_position_embeddings=64)
+
+
+def tiny(family: str, *, layers: int = 2, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = transformers.AutoConfig.for_model(family, **{**TINY, "num_hidden_layers": layers})
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def rotary(q, k, cos, sin, unsqueeze_dim=1):
+    """twinkle_triton's rotary, declared compile-safe (its op has fake and autograd)."""
+    return twinkle_triton.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+
+
+rotary.can_torch_compile = True
+rotary.has_backward = True
+
+
+def register_qwen2_kernels(device: str = "cpu") -> None:
+    """RMSNorm (bound implicitly through kernel_layer_name), Qwen2MLP and Qwen2's rotary function."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    register_layer_kernel(kernel_name="RMSNorm", layer=twinkle_triton.layers.RMSNorm, device=device)
+    register_layer_kernel(kernel_name="SwiGLUMLP", layer=twinkle_triton.layers.SwiGLUMLP, device=device)
+    register_external_layer(Qwen2MLP, "SwiGLUMLP")
+    register_function_kernel(func_name="apply_rotary_pos_emb", target_module="transformers.models.qwen2.modeling_qwen2",
+                             func_impl=rotary, device=device)
+
+
+def twinkle_lines(graph_code: str) -> str:
+    """The lines of a graph that call twinkle kernels, without the variable bookkeeping."""
+    return "\n".join(line.strip().split(";")[0] for line in graph_code.splitlines() if "twinkle" in line) + "\n"

@@ -26,16 +26,23 @@ BUILTIN_MODELS = {
 
 
 def use_builtin_kernels(
-    *, devices: Sequence[str] = ("cuda",), models: Sequence[str] = tuple(BUILTIN_MODELS)
+    *,
+    devices: Sequence[str] = ("cuda",),
+    models: Sequence[str] = tuple(BUILTIN_MODELS),
+    fused_loss: bool = True,
 ) -> list[str]:
-    """Bind the RMSNorm, MLP and rotary embedding of ``models`` to the twinkle_triton kernels.
+    """Bind the RMSNorm, MLP, rotary embedding and LM-head loss of ``models`` to twinkle_triton kernels.
 
     Registers kernel names ``"RMSNorm"`` (twinkle_triton.layers.RMSNorm) and ``"SwiGLUMLP"``
     (twinkle_triton.layers.SwiGLUMLP) for every device in ``devices``, binds the models' classes to
     them, and registers ``twinkle_triton.apply_rotary_pos_emb`` for each modeling module's
-    ``apply_rotary_pos_emb``. All serve every mode (they have backward and compile).
+    ``apply_rotary_pos_emb``. With ``fused_loss``, ``*ForCausalLM`` is bound to
+    ``"CausalLMFusedLoss"``: in training with labels the loss comes from the fused linear
+    cross-entropy and ``outputs.logits`` is None (the logits are never materialised); otherwise
+    outputs are unchanged. All serve every mode (they have backward and compile).
 
     Args:
+        fused_loss (`bool`, defaults to `True`): also bind the causal-LM head + loss.
         devices (defaults to `("cuda",)`): where the kernels apply; add "cpu" to run them through the
             Triton interpreter (slow: for tests).
         models (defaults to all of qwen2, llama, mistral, qwen3): model families to bind.
@@ -61,6 +68,8 @@ def use_builtin_kernels(
     for device in devices:
         register_layer_kernel(kernel_name="RMSNorm", layer=layers.RMSNorm, device=device)
         register_layer_kernel(kernel_name="SwiGLUMLP", layer=layers.SwiGLUMLP, device=device)
+        if fused_loss:
+            register_layer_kernel(kernel_name="CausalLMFusedLoss", layer=layers.CausalLMFusedLoss, device=device)
     bound = []
     for family in models:
         module_name, prefix = BUILTIN_MODELS[family]
@@ -68,6 +77,9 @@ def use_builtin_kernels(
         register_external_layer(getattr(modeling, f"{prefix}RMSNorm"), "RMSNorm")
         register_external_layer(getattr(modeling, f"{prefix}MLP"), "SwiGLUMLP")
         bound += [f"{prefix}RMSNorm -> RMSNorm", f"{prefix}MLP -> SwiGLUMLP"]
+        if fused_loss:
+            register_external_layer(getattr(modeling, f"{prefix}ForCausalLM"), "CausalLMFusedLoss")
+            bound.append(f"{prefix}ForCausalLM -> CausalLMFusedLoss")
         for device in devices:
             register_function_kernel(func_name="apply_rotary_pos_emb", target_module=module_name,
                                      func_impl=twinkle_triton.apply_rotary_pos_emb, device=device)

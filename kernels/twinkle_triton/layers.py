@@ -8,6 +8,7 @@ classes have no ``__init__`` and no members beyond ``has_backward`` / ``can_torc
 import torch
 from torch import nn
 
+from .causal_lm import CausalLMFusedLoss  # noqa: F401  (a layer too: the causal-LM head with fused loss)
 from .rms_norm import rms_norm
 from .silu_and_mul import silu_and_mul, silu_mul
 

@@ -1,0 +1,76 @@
+"""The causal-LM head with the fused linear cross-entropy: the loss without the logits.
+
+``CausalLMFusedLoss`` replaces the ``forward`` of transformers' ``*ForCausalLM`` (Qwen2, Llama,
+Mistral, Qwen3: same signature). While training with labels it computes the loss with
+:func:`fused_linear_cross_entropy` straight from the last hidden states, so the
+(tokens × vocab) logits and their fp32 copy are never materialised; ``outputs.logits`` is then
+``None`` (as with Liger's fused loss). Without labels, or in eval mode, it returns the logits
+exactly like the original.
+"""
+
+import torch
+from torch import nn
+
+from .fused_linear_cross_entropy import fused_linear_cross_entropy
+
+IGNORE_INDEX = -100
+
+
+def causal_lm_loss(hidden_states, lm_head, labels, *, num_items_in_batch=None, shift_labels=None):
+    """transformers' ``ForCausalLMLoss`` (shift, ignore -100, mean or sum / num_items_in_batch),
+    fused with the LM head projection."""
+    if shift_labels is None:
+        shift_labels = nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+    target = shift_labels.reshape(-1).to(hidden.device)
+    if num_items_in_batch is None:
+        return fused_linear_cross_entropy(hidden, lm_head.weight, target, lm_head.bias, ignore_index=IGNORE_INDEX)
+    loss = fused_linear_cross_entropy(hidden, lm_head.weight, target, lm_head.bias, ignore_index=IGNORE_INDEX,
+                                      reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+class CausalLMFusedLoss(nn.Module):
+    """``*ForCausalLM.forward`` computing the training loss with the fused linear cross-entropy.
+
+    Uses the replaced module's ``model``, ``lm_head`` and ``training``.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        shift_labels = kwargs.pop("shift_labels", None)
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             **kwargs)
+        hidden_states = outputs.last_hidden_state
+        fused = self.training and (labels is not None or shift_labels is not None)
+        logits = loss = None
+        if fused:
+            loss = causal_lm_loss(hidden_states, self.lm_head, labels, num_items_in_batch=num_items_in_batch,
+                                  shift_labels=shift_labels)
+        else:
+            slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = self.lm_head(hidden_states[:, slice_indices, :])
+            if labels is not None or shift_labels is not None:
+                loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
+                                          num_items_in_batch=num_items_in_batch, shift_labels=shift_labels, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)

@@ -1,0 +1,179 @@
+"""Backend behaviour: options, mode, recompiles with dynamic shapes, train/eval, graph breaks,
+models with nothing registered, opaque kernels, shape guards and verify."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from compile_kernels import GatedMLP, SiluAndMul, SiluAndMulKernel, silu_and_mul_reference
+
+import twinkle_fx
+from twinkle_fx import register_external_layer, register_layer_kernel
+from twinkle_fx.compile import collect_reports
+from twinkle_fx.testing import record_graphs
+
+
+def _register(kernel=SiluAndMulKernel, **kwargs):
+    register_layer_kernel(kernel_name="SiluAndMul", layer=kernel, device="cpu", **kwargs)
+    register_external_layer(SiluAndMul, "SiluAndMul")
+
+
+def test_backend_name_resolves_to_the_twinkle_backend():
+    from twinkle_fx.compile.backend import twinkle_backend
+
+    assert torch._dynamo.lookup_backend("twinkle") is twinkle_backend
+
+
+def test_unknown_option_is_an_error_naming_it():
+    # raised when the backend first runs; Dynamo wraps it, keeping the ValueError as the cause
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="'compilr'.*valid options: compiler, mode, verify, report") as e:
+        torch.compile(GatedMLP(), backend="twinkle", options={"compilr": "eager"})(torch.randn(2, 8))
+    assert isinstance(e.value.inner_exception, ValueError)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="valid compilers: inductor, aot_eager, eager"):
+        torch.compile(GatedMLP(), backend="twinkle", options={"compiler": "tvm"})(torch.randn(2, 8))
+
+
+def test_mode_defaults_to_training_with_grad_else_inference_and_an_option_overrides():
+    model, x = GatedMLP(), torch.randn(2, 8)
+    with collect_reports() as report:
+        torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x)
+        with torch.no_grad():
+            torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x)
+        torch._dynamo.reset()
+        torch.compile(model, backend="twinkle", options={"compiler": "eager", "mode": "inference"})(x)
+    assert [g.mode for g in report.graphs] == ["train+compile", "inference+compile", "inference+compile"]
+
+
+def test_dynamic_shapes_recompile_keeps_the_rewrite():
+    _register()
+    model = GatedMLP()
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
+    with record_graphs() as graphs, collect_reports() as report:
+        for seq in (5, 7):
+            x = torch.randn(2, seq, 8)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert report.graph_count == 2
+    assert "s" in graphs.after[1].split("def forward", 1)[1].split(")", 1)[0]  # SymInt inputs: a dynamic graph
+    assert all(len(g.regions) == 1 and g.regions[0].swapped for g in report.graphs)
+    assert "twinkle_test.silu_and_mul" in graphs.forward[1]
+
+
+class TrainOnly(SiluAndMulKernel):
+    pass
+
+
+class InferenceOnly(SiluAndMulKernel):
+    has_backward = False
+
+
+def test_train_eval_switch_selects_per_mode():
+    _register(TrainOnly, mode="train+compile")
+    register_layer_kernel(kernel_name="SiluAndMul", layer=InferenceOnly, device="cpu", mode="compile")
+    model = GatedMLP()
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
+    with collect_reports() as report:
+        compiled(torch.randn(3, 8)).sum().backward()
+        model.eval()
+        with torch.no_grad():
+            compiled(torch.randn(3, 8))
+    kernels = [(g.mode, g.regions[0].kernel.split(" from ")[1]) for g in report.graphs]
+    assert kernels == [("train+compile", "impl TrainOnly"), ("inference+compile", "impl InferenceOnly")]
+
+
+class BreakingSiluAndMul(torch.nn.Module):
+    def forward(self, x):
+        d = x.shape[-1] // 2
+        gate = F.silu(x[..., :d])
+        torch._dynamo.graph_break()
+        return gate * x[..., d:]
+
+
+def test_graph_break_inside_a_registered_layer_is_reported_not_swapped():
+    register_layer_kernel(kernel_name="SiluAndMul", layer=SiluAndMulKernel, device="cpu")
+    register_external_layer(BreakingSiluAndMul, "SiluAndMul")
+    model = GatedMLP()
+    model.act = BreakingSiluAndMul()
+    x = torch.randn(3, 8)
+    with collect_reports() as report:
+        out = torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x)
+    torch.testing.assert_close(out, model(x))
+    assert report.graph_breaks >= 1 and report.swapped == []
+    (split,) = {(r.target, r.reason.split(":")[0]) for r in report.not_swapped}
+    assert split == ("BreakingSiluAndMul -> SiluAndMul", "graph break split the region")
+
+
+def test_model_without_registered_targets_is_unchanged():
+    _register()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    with record_graphs() as graphs, collect_reports() as report:
+        torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(torch.randn(2, 8))
+    assert graphs.before == graphs.after
+    assert report.regions == [] and "(graph unchanged)" in str(report)
+
+
+class _NumpySiluAndMul(torch.autograd.Function):
+    """Forward through numpy: needs real data, like a raw Triton launch on data pointers."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.from_numpy(silu_and_mul_reference(x.detach()).numpy().copy())
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_()
+            return torch.autograd.grad(silu_and_mul_reference(leaf), leaf, grad)[0]
+
+
+class UntraceableKernel(torch.nn.Module):
+    has_backward = True
+    can_torch_compile = False
+
+    def forward(self, x):
+        return _NumpySiluAndMul.apply(x)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_untraceable_kernel_is_wrapped_opaquely(train):
+    _register(UntraceableKernel)
+    model = GatedMLP().train(train)
+    x = torch.randn(3, 8)
+    with collect_reports() as report, torch.set_grad_enabled(train):
+        out = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(x)
+    (region,) = report.regions
+    assert region.swapped and region.how == "opaque custom op, can_torch_compile=False"
+    torch.testing.assert_close(out, model(x))
+    if train:
+        grads = torch.autograd.grad(out.sum(), list(model.parameters()))
+        want = torch.autograd.grad(model(x).sum(), list(model.parameters()))
+        for g, w in zip(grads, want):
+            torch.testing.assert_close(g, w)
+
+
+class WrongShapeKernel(SiluAndMulKernel):
+    def forward(self, x):
+        return x * 2
+
+
+def test_shape_guard_keeps_the_region():
+    _register(WrongShapeKernel)
+    report = twinkle_fx.explain(GatedMLP(), torch.randn(3, 8))
+    (region,) = report.regions
+    assert not region.swapped
+    assert region.reason == "shape guard: the kernel returns float32[3, 32] where the region produces float32[3, 16]"
+
+
+class WrongValueKernel(SiluAndMulKernel):
+    def forward(self, x):
+        return torch.ops.twinkle_test.silu_and_mul(x) + 1
+
+
+def test_verify_falls_back_to_the_original_graph_on_a_wrong_kernel():
+    _register(WrongValueKernel)
+    model, x = GatedMLP(), torch.randn(3, 8)
+    with collect_reports() as report:
+        out = torch.compile(model, backend="twinkle", options={"compiler": "eager", "verify": True})(x)
+    torch.testing.assert_close(out, model(x))
+    (region,) = report.regions
+    assert region.reason.startswith("verify failed for the rewritten graph: output 0: max abs difference")

@@ -6,6 +6,7 @@ import torch
 from tiny_models import register_qwen2_kernels, tiny, twinkle_lines
 
 import twinkle_fx
+from twinkle_fx.function import register_function_kernel
 from twinkle_fx.testing import record_graphs
 
 
@@ -102,3 +103,31 @@ rms_norm_2: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(add_2, primals_
     def test_training_numerics_aot_eager(self):
         register_qwen2_kernels()
         _assert_matches_eager(self, tiny("llama"), "aot_eager")
+
+
+class TestBuiltinPatterns(expecttest.TestCase):
+    def test_silu_mul_found_in_an_unregistered_mlp(self):
+        import twinkle_triton
+
+        def silu_mul(gate, up):
+            return twinkle_triton.silu_mul(gate, up)
+
+        silu_mul.can_torch_compile = True
+        register_function_kernel(func_name="silu_mul", target_module="twinkle_fx.compile.builtin_patterns",
+                                 func_impl=silu_mul, device="cpu")
+        model = tiny("llama", layers=1)  # LlamaMLP is bound to nothing
+        input_ids = torch.randint(0, 128, (2, 8))
+        with record_graphs() as graphs:
+            torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(input_ids)
+        self.assertExpectedInline(graphs.diff(context=0), """\
+@@ -132,3 +131,0 @@
+-
+-        silu: "f32[2, 8, 128]" = torch.nn.functional.silu(linear_4);  linear_4 = None
+-
+@@ -136,2 +133,2 @@
+-        mul_11: "f32[2, 8, 128]" = silu * linear_5;  silu = linear_5 = None
+-        down_proj: "f32[2, 8, 64]" = torch._C._nn.linear(mul_11, l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_down_proj_parameters_weight_, None);  mul_11 = l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_down_proj_parameters_weight_ = None
++        func_silu_mul: "f32[2, 8, 128]" = twinkle_func_silu_mul(linear_4, linear_5);  linear_4 = linear_5 = None
++        down_proj: "f32[2, 8, 64]" = torch._C._nn.linear(func_silu_mul, l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_down_proj_parameters_weight_, None);  func_silu_mul = l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_down_proj_parameters_weight_ = None
+""")
+        _assert_matches_eager(self, model, "aot_eager")

@@ -76,3 +76,24 @@ class <lambda>(torch.nn.Module):
         reasons = {r.reason for r in report.not_swapped}
         self.assertEqual(len(reasons), 1)
         self.assertIn("has_backward=False", reasons.pop())
+
+
+def _rolled_kernel(x, shift=1):
+    return torch.roll(x, shift, -1).mul(2)
+
+
+_rolled_kernel.can_torch_compile = True
+
+
+class TestConstantGuard(expecttest.TestCase):
+    def test_a_call_with_another_int_constant_is_kept_and_reported(self):
+        register_function_kernel(func_name="rolled", target_module="user_ops.norms", func_impl=_rolled_kernel,
+                                 device="cpu")
+        from user_ops.blocks import Rolls
+
+        with torch.no_grad():
+            report = twinkle_fx.explain(Rolls(), torch.randn(2, 8))
+        lines = "\n".join(sorted(f"{r.swapped} {r.reason}" for r in report.regions))
+        self.assertExpectedInline(lines, """\
+False matches the pattern of user_ops.norms.rolled structurally but computes something else on these shapes/constants
+True None""")

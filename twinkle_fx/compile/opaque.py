@@ -41,9 +41,13 @@ class OpaqueCall(KernelCall):
 
 
 def _as_outputs(result: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The result as a list of contiguous tensors that alias no input (what a custom op must return).
+
+    Contiguous because the fake has to promise the real layout, and the kernel's own layout is
+    unknown until it runs.
+    """
     leaves = list(result) if isinstance(result, (tuple, list)) else [result]
-    # a custom op's outputs may not alias its inputs
-    return [t.clone() if any(t is i for i in inputs) else t for t in leaves]
+    return [t.clone(memory_format=torch.contiguous_format) if any(t is i for i in inputs) else t.contiguous() for t in leaves]
 
 
 def opaque_call(call: KernelCall, reference: fx.GraphModule, *, training: bool) -> OpaqueCall | str:
@@ -74,7 +78,7 @@ def opaque_call(call: KernelCall, reference: fx.GraphModule, *, training: bool) 
         return result
 
     def fake(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [t.clone() for t in _as_outputs(reference(*inputs), inputs)]
+        return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in _as_outputs(reference(*inputs), inputs)]
 
     op = torch.library.custom_op(f"twinkle_opaque::{name}", impl, mutates_args=())
     op.register_fake(fake)
@@ -104,29 +108,32 @@ def _autograd_inside_custom_op() -> Iterator[None]:
 
 
 def _register_recompute_backward(op: Any, name: str, call: KernelCall) -> None:
-    def backward_impl(inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+    def backward_impl(inputs: list[torch.Tensor], grads: list[torch.Tensor], needs_grad: list[bool]) -> list[torch.Tensor]:
+        # only the inputs that required grad in the forward (a kernel may refuse grad on others,
+        # e.g. rotary on cos/sin)
+        leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, needs_grad)]
         with _autograd_inside_custom_op():
             outs = _as_outputs(call(*leaves), leaves)
             wanted = [t for t in leaves if t.requires_grad]
-            found = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True))
+            found = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True)) if wanted else iter(())
         result = []
         for t in leaves:
             g = next(found) if t.requires_grad else None
-            result.append(torch.zeros_like(t) if g is None else g)
+            result.append(torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None else g.contiguous())
         return result
 
-    def backward_fake(inputs: list[torch.Tensor], grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.empty_like(t) for t in inputs]
+    def backward_fake(inputs: list[torch.Tensor], grads: list[torch.Tensor], needs_grad: list[bool]) -> list[torch.Tensor]:
+        return [torch.empty_like(t, memory_format=torch.contiguous_format) for t in inputs]
 
     backward_op = torch.library.custom_op(f"twinkle_opaque::{name}_backward", backward_impl, mutates_args=())
     backward_op.register_fake(backward_fake)
 
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         ctx.save_for_backward(*inputs[0])
+        ctx.needs_grad = [t.requires_grad and t.is_floating_point() for t in inputs[0]]
 
     def backward(ctx: Any, grads: list[torch.Tensor]) -> tuple:
         # custom ops materialise the gradients of unused outputs as zeros: no None here
-        return (backward_op(list(ctx.saved_tensors), list(grads)),)
+        return (backward_op(list(ctx.saved_tensors), list(grads), ctx.needs_grad),)
 
     op.register_autograd(backward, setup_context=setup_context)

@@ -19,3 +19,10 @@ class TwoNorms(torch.nn.Module):
         h = self.proj(h)
         variance = h.pow(2).mean(-1, keepdim=True)  # the same computation, not a call
         return self.w2 * (h * torch.rsqrt(variance + 1e-3))
+
+
+class Rolls(torch.nn.Module):
+    """Calls ``norms.rolled`` with the default shift and with another one."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return norms.rolled(x) + norms.rolled(x, 3)

@@ -7,3 +7,8 @@ def scaled_rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torc
     """RMS-normalise the last dimension of ``x`` and scale by ``weight``."""
     variance = x.pow(2).mean(-1, keepdim=True)
     return weight * (x * torch.rsqrt(variance + eps))
+
+
+def rolled(x: torch.Tensor, shift: int = 1) -> torch.Tensor:
+    """Roll the last dimension by ``shift`` and double."""
+    return torch.roll(x, shift, -1) * 2

@@ -67,12 +67,12 @@ def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def persistent_programs(n_rows: int, device: torch.device) -> int:
+def persistent_programs(n_rows: int, device: torch.device, *, per_sm: int = 2) -> int:
     """Number of programs for a kernel that loops over rows and reduces across them (e.g. a
-    weight gradient): two per SM keeps every SM busy while the per-program partial sums stay
+    weight gradient): a few per SM keeps every SM busy while the per-program partial sums stay
     few (they are summed by torch afterwards)."""
     if device.type == "cuda" and not interpreting():
-        return max(1, min(n_rows, 2 * _multiprocessor_count(device.index or 0)))
+        return max(1, min(n_rows, per_sm * _multiprocessor_count(device.index or 0)))
     return max(1, min(n_rows, 4))
 
 

@@ -21,8 +21,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, persistent_programs, row_block, rows
+from ._launch import compute_dtype, interpreting, persistent_programs, row_block, rows
 from ._library import define_op
+
+# Backward tiling (tuned on an H200, see README.md): rows per loop step so a tile holds about
+# BWD_TILE_ELEMENTS elements (at most BWD_MAX_ROWS rows), programs per SM, warps (0: row_block's).
+BWD_TILE_ELEMENTS = 8192
+BWD_MAX_ROWS = 8
+BWD_PROGRAMS_PER_SM = 2
+BWD_WARPS = 0
 
 
 @triton.jit
@@ -51,30 +58,36 @@ def _rms_norm_fwd_kernel(
 def _rms_norm_bwd_kernel(
     grad_ptr, grad_sum_ptr, x_ptr, weight_ptr, grad_x_ptr, grad_weight_partial_ptr,
     grad_row_stride, grad_sum_row_stride, x_row_stride, n_rows, n_cols, eps,
-    HAS_GRAD_SUM: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    HAS_GRAD_SUM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
+    # Persistent: each program walks tiles of ROWS rows (strided by the grid) and keeps its share
+    # of the weight gradient in registers. Every load of a tile is issued before the first
+    # reduction, so a program has 2-3 rows' worth of bytes in flight, not one.
     # int64 row indices: row * stride overflows int32 past 2**31 elements.
     pid = tl.program_id(0).to(tl.int64)
     n_programs = tl.num_programs(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    cols = tl.arange(0, BLOCK)[None, :]
+    col_mask = cols < n_cols
+    w = tl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
     grad_weight = tl.zeros([BLOCK], dtype=COMPUTE_DTYPE)
-    for row in range(pid, n_rows, n_programs):
+    for start in range(pid * ROWS, n_rows, n_programs * ROWS):
+        row = start + tl.arange(0, ROWS)[:, None]
+        mask = (row < n_rows) & col_mask
         x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
-        h = x.to(COMPUTE_DTYPE)
         g = tl.load(grad_ptr + row * grad_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-        rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
-        x_hat = h * rstd
-        grad_weight += g * x_hat.to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
-        grad_normed = g * w
-        grad_x = rstd * (grad_normed - x_hat * (tl.sum(grad_normed * x_hat, axis=0) / n_cols))
         if HAS_GRAD_SUM:
-            grad_x += tl.load(
-                grad_sum_ptr + row * grad_sum_row_stride + cols, mask=mask, other=0.0
-            ).to(COMPUTE_DTYPE)
+            grad_sum = tl.load(grad_sum_ptr + row * grad_sum_row_stride + cols, mask=mask, other=0.0)
+        h = x.to(COMPUTE_DTYPE)
+        rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=1, keep_dims=True) / n_cols + eps)
+        x_hat = h * rstd
+        grad_weight += tl.sum(g * x_hat.to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE), axis=0)
+        grad_normed = g * w
+        grad_x = rstd * (grad_normed - x_hat * (tl.sum(grad_normed * x_hat, axis=1, keep_dims=True) / n_cols))
+        if HAS_GRAD_SUM:
+            grad_x += grad_sum.to(COMPUTE_DTYPE)
         tl.store(grad_x_ptr + row * n_cols + cols, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-    tl.store(grad_weight_partial_ptr + pid * n_cols + cols, grad_weight, mask=mask)
+    tl.store(grad_weight_partial_ptr + pid * n_cols + tl.arange(0, BLOCK), grad_weight,
+             mask=tl.arange(0, BLOCK) < n_cols)
 
 
 def _check(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:
@@ -118,14 +131,17 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
     if n_rows == 0:
         return grad_x, torch.zeros_like(weight)
     grad_sum2 = rows(grad_sum) if grad_sum is not None else grad2
-    programs = persistent_programs(n_rows, x.device)
+    block, num_warps = row_block(n_cols, op=op)
+    rows_per_tile = 1 if interpreting() else max(1, min(BWD_MAX_ROWS, BWD_TILE_ELEMENTS // block))
+    if BWD_WARPS:
+        num_warps = BWD_WARPS
+    programs = persistent_programs(triton.cdiv(n_rows, rows_per_tile), x.device, per_sm=BWD_PROGRAMS_PER_SM)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     partial = torch.empty((programs, n_cols), dtype=acc, device=x.device)
-    block, num_warps = row_block(n_cols, op=op)
     _rms_norm_bwd_kernel[(programs,)](
         grad2, grad_sum2, x2, weight, grad_x, partial,
         grad2.stride(0), grad_sum2.stride(0), x2.stride(0), n_rows, n_cols, eps,
-        HAS_GRAD_SUM=grad_sum is not None, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
+        HAS_GRAD_SUM=grad_sum is not None, ROWS=rows_per_tile, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
         num_warps=num_warps,
     )
     return grad_x, partial.sum(0).to(weight.dtype)

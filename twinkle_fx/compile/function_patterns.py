@@ -12,7 +12,10 @@ not.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
+
+import torch
 
 import torch.fx as fx
 import torch.utils._pytree as pytree
@@ -23,7 +26,7 @@ from .equivalence import StructuralKeys, aten_outputs, static_inputs
 from .kernel_call import FunctionKernelCall
 from .pattern_tracing import TracedPattern, pattern_for
 from .place import place_kernel
-from .regions import GraphContext, Region, external_outputs, fake_value, region_graph_module
+from .regions import GraphContext, Region, external_outputs, fake_value, region_graph_module, region_signature
 from .report import RegionReport
 
 logger = logging.getLogger(__name__)
@@ -31,24 +34,52 @@ logger = logging.getLogger(__name__)
 __all__ = ["swap_function_patterns", "registered_patterns"]
 
 
-def registered_patterns(ctx: GraphContext) -> tuple[list[tuple[str, TracedPattern]], dict[str, str]]:
-    """Patterns of the registered targets, largest first, and why the others have none."""
-    patterns, missing = [], {}
+def registered_patterns(ctx: GraphContext) -> tuple[list[tuple[list[str], TracedPattern]], dict[str, str]]:
+    """Patterns of the registered targets, largest first, and why the others have none.
+
+    Targets whose patterns are the same graph (each transformers modeling file has its own copy of
+    ``apply_rotary_pos_emb``) share one entry: the graph is searched once for all of them.
+    """
+    groups: dict[str, tuple[list[str], TracedPattern]] = {}
+    missing = {}
     for target in ctx.registry.function_targets():
         pattern = pattern_for(target)
         if isinstance(pattern, str):
             missing[target] = pattern
         else:
-            patterns.append((target, pattern))
-    patterns.sort(key=lambda tp: -sum(n.op.startswith("call") for n in tp[1].graph.nodes))
+            groups.setdefault(_pattern_code(pattern), ([], pattern))[0].append(target)
+    patterns = sorted(groups.values(), key=lambda tp: -sum(n.op.startswith("call") for n in tp[1].graph.nodes))
     return patterns, missing
+
+
+_CODES: dict[int, tuple[TracedPattern, str]] = {}
+
+
+def _pattern_code(pattern: TracedPattern) -> str:
+    cached = _CODES.get(id(pattern))
+    if cached is None or cached[0] is not pattern:
+        code = fx.GraphModule(torch.nn.Module(), pattern.graph).code
+        cached = _CODES[id(pattern)] = (pattern, f"{pattern.placeholder_params}{pattern.scalar_slots}{code}")
+    return cached[1]
+
+
+def _target_of(targets: list[str], selections: dict[str, Selection], nodes: list[fx.Node]) -> str:
+    """The target whose own file the matched code came from, else the first one with a kernel."""
+    trace = nodes[-1].meta.get("stack_trace") or ""
+    for target in targets:
+        module = sys.modules.get(target.rpartition(".")[0])
+        if getattr(module, "__file__", None) and f'"{module.__file__}"' in trace and selections[target].ok:
+            return target
+    return next((t for t in targets if selections[t].ok), targets[0])
 
 
 def swap_function_patterns(ctx: GraphContext, reports: list[RegionReport]) -> int:
     patterns, _ = registered_patterns(ctx)
     swapped = 0
-    for target, pattern in patterns:
-        selection = select_function_kernel(ctx.registry, target, ctx.device, ctx.mode, allow_uncompilable=True)
+    for targets, pattern in patterns:
+        selections = {
+            t: select_function_kernel(ctx.registry, t, ctx.device, ctx.mode, allow_uncompilable=True) for t in targets
+        }
         matcher = SubgraphMatcher(pattern.graph, match_output=False, match_placeholder=False,
                                   remove_overlapping_matches=True, ignore_literals=True)
         renamed: dict[fx.Node, fx.Node] = {}  # outputs of earlier matches -> the call results replacing them
@@ -58,11 +89,12 @@ def swap_function_patterns(ctx: GraphContext, reports: list[RegionReport]) -> in
                 continue  # overlapped a region another pattern already replaced
             order = {n: i for i, n in enumerate(ctx.gm.graph.nodes)}
             nodes.sort(key=order.__getitem__)
+            target = _target_of(targets, selections, nodes)
             region = Region("function", target, _location(nodes), nodes)
             ctx.matched.update(nodes)
             report = RegionReport("function", target, region.location)
             reports.append(report)
-            report.reason = _swap(ctx, region, pattern, match, selection, renamed, report)
+            report.reason = _swap(ctx, region, pattern, match, selections[target], renamed, report)
             swapped += report.reason is None
     return swapped
 
@@ -127,6 +159,20 @@ def _bind(
     outputs = external_outputs(region.nodes)
     if not outputs:
         return "nothing outside the match reads its result"
+    key = (pattern.name, tuple(names), tuple(sorted(constants.items())), region_signature(region.nodes, args, outputs))
+    if key not in ctx.bindings:
+        ctx.bindings[key] = _check(ctx, region, pattern, names, args, constants, outputs)
+    found = ctx.bindings[key]
+    if isinstance(found, list):
+        region.call_args = args
+        region.outputs = outputs
+    return found
+
+
+def _check(
+    ctx: GraphContext, region: Region, pattern: TracedPattern, names: list[str], args: list[fx.Node],
+    constants: dict[str, Any], outputs: list[fx.Node],
+) -> list[int] | str:
     try:
         statics = static_inputs([fake_value(n) for n in args])
     except ValueError as e:
@@ -147,6 +193,4 @@ def _bind(
             f"matches the pattern of {pattern.name} structurally but computes something else on these "
             f"shapes/constants{' (' + shown + ')' if shown else ''}"
         )
-    region.call_args = args
-    region.outputs = outputs
     return [ref_keys.index(k) for k in region_keys]

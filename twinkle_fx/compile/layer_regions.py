@@ -22,7 +22,7 @@ from ..selection import Selection, select_layer_kernel, signature_mismatch
 from .equivalence import StructuralKeys, aten_outputs, reparametrized, static_inputs
 from .kernel_call import LayerKernelCall
 from .place import place_kernel
-from .regions import GraphContext, Region, external_inputs, external_outputs, region_graph_module
+from .regions import GraphContext, Region, external_inputs, external_outputs, fake_value, region_graph_module, region_signature
 from .report import RegionReport
 
 logger = logging.getLogger(__name__)
@@ -107,22 +107,42 @@ def bind_layer(ctx: GraphContext, region: Region, module: torch.nn.Module) -> tu
     """Find which region inputs are ``forward``'s arguments (in order) and which are parameters.
 
     On success fills ``region.call_args`` / ``region.outputs`` and returns ``(number of arguments,
-    parameter names, which leaf of forward's result each output is)``; else the reason.
+    parameter names, which leaf of forward's result each output is)``; else the reason. Regions
+    with the same structure and input metadata (the 24 identical layers of a model) share one
+    answer, so only the first is traced.
     """
     owned = _parameter_names(module)
     args: list[fx.Node] = []
-    params: list[tuple[str, fx.Node, Any]] = []
-    examples = {id(node): value for node, value in _placeholder_values(ctx).items()}
+    params: list[tuple[str, fx.Node]] = []
     for node in external_inputs(region.nodes):
-        value = examples.get(id(node))
+        value = ctx.placeholder_values.get(node)
         if node.op == "placeholder" and isinstance(value, torch.Tensor) and id(value) in owned:
-            params.append((owned[id(value)], node, value))
+            params.append((owned[id(value)], node))
         else:
             args.append(node)
     outputs = external_outputs(region.nodes)
     if not outputs:
         return "nothing outside the region reads its result"
+    param_names = [name for name, _ in params]
+    inputs = args + [n for _, n in params]
+    key = (type(module), tuple(param_names), region_signature(region.nodes, inputs, outputs))
+    if key not in ctx.bindings:
+        ctx.bindings[key] = _search_binding(ctx, region, module, args, params, outputs)
+    found = ctx.bindings[key]
+    if isinstance(found, str):
+        return found
+    order, picks = found
+    region.call_args = [args[i] for i in order] + [n for _, n in params]
+    region.outputs = outputs
+    return len(args), param_names, picks
 
+
+def _search_binding(
+    ctx: GraphContext, region: Region, module: torch.nn.Module, args: list[fx.Node],
+    params: list[tuple[str, fx.Node]], outputs: list[fx.Node],
+) -> tuple[tuple[int, ...], list[int]] | str:
+    """Try each order of ``args`` as forward's positional arguments; the one whose ATen trace
+    produces the region's outputs wins. Returns ``(order, picks)`` or the reason."""
     forward = type(module).forward
     positional = [
         p for p in list(inspect.signature(forward).parameters.values())[1:]
@@ -137,21 +157,18 @@ def bind_layer(ctx: GraphContext, region: Region, module: torch.nn.Module) -> tu
         )
     if len(args) > 4:
         return f"{len(args)} tensor arguments: too many orderings to bind"
-
-    from .regions import fake_value
-
-    values = [fake_value(n) for n in args] + [v for _, _, v in params]
+    values = [fake_value(n) for n in args] + [ctx.placeholder_values[n] for _, n in params]
     try:
         statics = static_inputs(values)
     except ValueError as e:
         return f"cannot build example inputs: {e}"
     keys = StructuralKeys()
-    region_gm = region_graph_module(ctx.gm, region.nodes, args + [n for _, n, _ in params], outputs)
+    param_names = [name for name, _ in params]
+    region_gm = region_graph_module(ctx.gm, region.nodes, args + [n for _, n in params], outputs)
     try:
         region_keys = keys.outputs(aten_outputs(region_gm, statics))
     except Exception as e:  # the region itself should always replay; say so if it does not
         return f"the region does not replay on fake tensors: {e!r}"
-    param_names = [name for name, _, _ in params]
     failures = []
     for order in itertools.permutations(range(len(args))):
         def reference(*vals: Any, order: tuple[int, ...] = order) -> Any:
@@ -160,17 +177,10 @@ def bind_layer(ctx: GraphContext, region: Region, module: torch.nn.Module) -> tu
 
         try:
             ref_keys = keys.outputs(aten_outputs(reference, statics))
-        except Exception as e:
+        except Exception as e:  # this order does not fit forward; the next may
             failures.append(repr(e))
             continue
         if all(k in ref_keys for k in region_keys):
-            region.call_args = [args[i] for i in order] + [n for _, n, _ in params]
-            region.outputs = outputs
-            return len(args), param_names, [ref_keys.index(k) for k in region_keys]
+            return order, [ref_keys.index(k) for k in region_keys]
     detail = f" (forward failed on fake inputs: {failures[0]})" if failures else ""
     return f"the region does not compute what {type(module).__qualname__}.forward computes on these inputs{detail}"
-
-
-def _placeholder_values(ctx: GraphContext) -> dict[fx.Node, Any]:
-    placeholders = [n for n in ctx.gm.graph.nodes if n.op == "placeholder"]
-    return dict(zip(placeholders, ctx.example_inputs))

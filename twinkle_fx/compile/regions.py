@@ -65,13 +65,11 @@ class GraphContext:
     graph_break: Any = None  # Dynamo's GraphCompileReason when this graph ended at a graph break
     matched: set[fx.Node] = field(default_factory=set)  # nodes of pattern matches already reported
 
+    bindings: dict[tuple, Any] = field(default_factory=dict)  # region signature -> binding (or why none)
+
     def __post_init__(self) -> None:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        self.placeholder_of_tensor: dict[int, fx.Node] = {
-            id(value): node
-            for node, value in zip(placeholders, self.example_inputs)
-            if isinstance(value, torch.Tensor)
-        }
+        self.placeholder_values: dict[fx.Node, Any] = dict(zip(placeholders, self.example_inputs))
 
 
 @dataclass
@@ -142,3 +140,31 @@ def known_modules(*roots: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         _ROOTS.reset(token)
+
+
+def _meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        hint = lambda s: s.node.hint if isinstance(s, torch.SymInt) else s  # noqa: E731
+        return ("tensor", tuple(map(hint, value.shape)), tuple(map(hint, value.stride())), value.dtype, value.device.type)
+    return (type(value).__name__, repr(value) if isinstance(value, (int, float, bool, str)) else None)
+
+
+def region_signature(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node]) -> tuple:
+    """A hashable summary of a region: its ops and literals, how they connect, and the metadata of
+    its inputs. Equal signatures bind the same way (a cache key, not a proof of equivalence)."""
+    ids: dict[fx.Node, Any] = {n: ("input", i, _meta(fake_value(n))) for i, n in enumerate(inputs)}
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            return ids.get(a, ("outside", a.name))
+        if isinstance(a, (list, tuple)):
+            return (type(a).__name__, tuple(arg(x) for x in a))
+        if isinstance(a, dict):
+            return ("dict", tuple((k, arg(v)) for k, v in sorted(a.items())))
+        return repr(a)
+
+    body = []
+    for i, node in enumerate(nodes):
+        body.append((node.op, str(node.target), arg(node.args), arg(dict(node.kwargs))))
+        ids[node] = ("node", i)
+    return tuple(body), tuple(ids[n] for n in outputs)

@@ -16,9 +16,13 @@ BACKEND_NAME = "twinkle"
 
 
 def _trace_on_registration(registration: FunctionRegistration) -> None:
-    from .pattern_tracing import trace_registered_function
+    _trace(registration.target)
 
-    trace_registered_function(registration.target)
+
+def _trace(target: str) -> None:
+    from .pattern_tracing import trace_registered_function  # imports torch._dynamo: only when needed
+
+    trace_registered_function(target)
 
 
 def _register_backend_name() -> None:
@@ -39,11 +43,5 @@ def install() -> None:
     if _trace_on_registration not in FUNCTION_REGISTRATION_HOOKS:
         FUNCTION_REGISTRATION_HOOKS.append(_trace_on_registration)
         for target in get_registry().function_targets():
-            _trace_on_registration_target(target)
+            _trace(target)
     _register_backend_name()
-
-
-def _trace_on_registration_target(target: str) -> None:
-    from .pattern_tracing import trace_registered_function
-
-    trace_registered_function(target)

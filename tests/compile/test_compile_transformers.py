@@ -3,24 +3,24 @@ that logits and every parameter gradient match eager."""
 
 import expecttest
 import torch
-from tiny_models import register_qwen2_kernels, tiny, twinkle_lines
+from tiny_models import DEVICE, input_ids, register_qwen2_kernels, tiny, twinkle_lines
 
 import twinkle_fx
 from twinkle_fx.function import register_function_kernel
 from twinkle_fx.testing import record_graphs
 
 
-def _train_step(model, input_ids, compiled=None):
-    out = (model if compiled is None else compiled)(input_ids, labels=input_ids)
+def _train_step(model, ids, compiled=None):
+    out = (model if compiled is None else compiled)(ids, labels=ids)
     grads = torch.autograd.grad(out.loss, [p for p in model.parameters()])
     return out.logits.detach(), dict(zip([n for n, _ in model.named_parameters()], grads))
 
 
 def _assert_matches_eager(test, model, compiler):
-    input_ids = torch.randint(0, 128, (2, 12))
+    ids = input_ids(2, 12)
     compiled = torch.compile(model, backend="twinkle", options={"compiler": compiler})
-    logits, grads = _train_step(model, input_ids, compiled)
-    want_logits, want_grads = _train_step(model, input_ids)
+    logits, grads = _train_step(model, ids, compiled)
+    want_logits, want_grads = _train_step(model, ids)
     torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
     test.assertEqual(grads.keys(), want_grads.keys())
     for name in grads:
@@ -31,9 +31,9 @@ class TestQwen2(expecttest.TestCase):
     def test_graph_diff_and_aot_kernels(self):
         register_qwen2_kernels()
         model = tiny("qwen2", layers=1)
-        input_ids = torch.randint(0, 128, (2, 8))
+        ids = input_ids()
         with record_graphs() as graphs:
-            out = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(input_ids, labels=input_ids)
+            out = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(ids, labels=ids)
             out.loss.backward()
         self.assertExpectedInline(twinkle_lines(graphs.after[0]), """\
 layer_rmsnorm: "f32[2, 8, 64]" = twinkle_layer_RMSNorm(inputs_embeds, l_self_modules_model_modules_layers_modules_0_modules_input_layernorm_parameters_weight_)
@@ -59,12 +59,12 @@ rms_norm_backward_2 = torch.ops.twinkle.rms_norm_backward.default(add_9, embeddi
 
     def test_report_lists_the_swaps(self):
         register_qwen2_kernels()
-        report = twinkle_fx.explain(tiny("qwen2"), torch.randint(0, 128, (2, 8)))
-        region_lines = report.summary().splitlines()[2:]  # after the totals and the graph header
+        report = twinkle_fx.explain(tiny("qwen2"), input_ids())
+        region_lines = report.summary().replace(f"[{DEVICE}, ", "[<device>, ").splitlines()[2:]  # after the headers
         self.assertExpectedInline("\n".join(region_lines), """\
-  swapped 5 x layer Qwen2RMSNorm -> RMSNorm: RMSNorm [cpu, any] from impl RMSNorm (custom op call)  [model.layers.0.input_layernorm, model.layers.0.post_attention_layernorm, model.layers.1.input_layernorm, ... (5 in all)]
-  swapped 2 x layer Qwen2MLP -> SwiGLUMLP: SwiGLUMLP [cpu, any] from impl SwiGLUMLP (custom op call)  [model.layers.0.mlp, model.layers.1.mlp]
-  swapped 2 x function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb: transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb [cpu, any] from impl rotary (custom op call)  [apply_rotary_pos_emb (k_embed), apply_rotary_pos_emb (k_embed_1)]""")
+  swapped 5 x layer Qwen2RMSNorm -> RMSNorm: RMSNorm [<device>, any] from impl RMSNorm (custom op call)  [model.layers.0.input_layernorm, model.layers.0.post_attention_layernorm, model.layers.1.input_layernorm, ... (5 in all)]
+  swapped 2 x layer Qwen2MLP -> SwiGLUMLP: SwiGLUMLP [<device>, any] from impl SwiGLUMLP (custom op call)  [model.layers.0.mlp, model.layers.1.mlp]
+  swapped 2 x function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb: transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb [<device>, any] from impl rotary (custom op call)  [apply_rotary_pos_emb (k_embed), apply_rotary_pos_emb (k_embed_1)]""")
         self.assertEqual(report.graph_count, 1)
         self.assertEqual(report.not_swapped, [])
 
@@ -83,9 +83,9 @@ class TestLlama(expecttest.TestCase):
     def test_rotary_caught_by_the_qwen2_pattern(self):
         register_qwen2_kernels()
         model = tiny("llama", layers=1)
-        input_ids = torch.randint(0, 128, (2, 8))
+        ids = input_ids()
         with record_graphs() as graphs:
-            out = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(input_ids, labels=input_ids)
+            out = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(ids, labels=ids)
             out.loss.backward()
         self.assertExpectedInline(twinkle_lines(graphs.after[0]), """\
 layer_rmsnorm: "f32[2, 8, 64]" = twinkle_layer_RMSNorm(inputs_embeds, l_self_modules_model_modules_layers_modules_0_modules_input_layernorm_parameters_weight_)
@@ -114,11 +114,11 @@ class TestBuiltinPatterns(expecttest.TestCase):
 
         silu_mul.can_torch_compile = True
         register_function_kernel(func_name="silu_mul", target_module="twinkle_fx.compile.builtin_patterns",
-                                 func_impl=silu_mul, device="cpu")
+                                 func_impl=silu_mul, device=DEVICE)
         model = tiny("llama", layers=1)  # LlamaMLP is bound to nothing
-        input_ids = torch.randint(0, 128, (2, 8))
+        ids = input_ids()
         with record_graphs() as graphs:
-            torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(input_ids)
+            torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(ids)
         self.assertExpectedInline(graphs.diff(context=0), """\
 @@ -132,3 +131,0 @@
 -

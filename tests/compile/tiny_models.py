@@ -9,6 +9,10 @@ import twinkle_triton
 from twinkle_fx import register_external_layer, register_layer_kernel
 from twinkle_fx.function import register_function_kernel
 
+# The tiny-model tests run on the GPU when there is one (the Triton kernels natively), else on CPU
+# through the Triton interpreter.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=128, max_position_embeddings=64)
 
@@ -16,7 +20,7 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 def tiny(family: str, *, layers: int = 2, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = transformers.AutoConfig.for_model(family, **{**TINY, "num_hidden_layers": layers})
-    return transformers.AutoModelForCausalLM.from_config(config)
+    return transformers.AutoModelForCausalLM.from_config(config).to(DEVICE)
 
 
 def rotary(q, k, cos, sin, unsqueeze_dim=1):
@@ -28,7 +32,7 @@ rotary.can_torch_compile = True
 rotary.has_backward = True
 
 
-def register_qwen2_kernels(device: str = "cpu") -> None:
+def register_qwen2_kernels(device: str = DEVICE) -> None:
     """RMSNorm (bound implicitly through kernel_layer_name), Qwen2MLP and Qwen2's rotary function."""
     from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
@@ -42,3 +46,7 @@ def register_qwen2_kernels(device: str = "cpu") -> None:
 def twinkle_lines(graph_code: str) -> str:
     """The lines of a graph that call twinkle kernels, without the variable bookkeeping."""
     return "\n".join(line.strip().split(";")[0] for line in graph_code.splitlines() if "twinkle" in line) + "\n"
+
+
+def input_ids(batch: int = 2, seq: int = 8) -> torch.Tensor:
+    return torch.randint(0, TINY["vocab_size"], (batch, seq), device=DEVICE)

@@ -31,7 +31,12 @@ def _registered_classes(ctx: GraphContext) -> list[tuple[type, str]]:
         todo.extend(cls.__subclasses__())
         if isinstance(cls.__dict__.get("kernel_layer_name"), str):
             classes.setdefault(cls, cls.__dict__["kernel_layer_name"])
-    return [(cls, ctx.registry.kernel_name_for(cls) or name) for cls, name in classes.items()]
+    bound = ctx.registry.bindings()
+    return [
+        (cls, ctx.registry.kernel_name_for(cls) or name)
+        for cls, name in classes.items()
+        if cls in bound or ctx.registry.layer_registrations(ctx.registry.kernel_name_for(cls) or name)
+    ]
 
 
 def _containing_target(ctx: GraphContext, frame: Any) -> tuple[str, str] | None:

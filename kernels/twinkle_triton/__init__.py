@@ -33,3 +33,12 @@ __all__ = [
     "silu_mul",
     "silu_mul_reference",
 ]
+
+# What loaders check before using a function kernel (the Hugging Face kernels convention, read by
+# twinkle_fx): each has a backward, and each is a custom op with a fake implementation, so
+# torch.compile traces it without breaking the graph.
+for _kernel in (add_gelu, add_rms_norm, apply_rotary_pos_emb, fused_linear_cross_entropy, mul_add, rms_norm,
+                silu_and_mul, silu_mul):
+    _kernel.has_backward = True
+    _kernel.can_torch_compile = True
+del _kernel

@@ -46,7 +46,8 @@ def test_tiny_model_bench_eager_and_kernelize(tmp_path):
     assert [eager["backend"], kernelize["backend"]] == ["eager", "kernelize"]
     assert eager["status"] == kernelize["status"] == "ok", kernelize["error"]
     # the built-in kernels really ran (through the interpreter), and the loss agrees with eager
-    assert kernelize["notes"]["swapped_layers"] == {"Qwen2MLP -> SwiGLUMLP": 2, "Qwen2RMSNorm -> RMSNorm": 5}
+    assert kernelize["notes"]["swapped_layers"] == {
+        "Qwen2MLP -> SwiGLUMLP": 2, "Qwen2RMSNorm -> RMSNorm": 5, "Qwen2ForCausalLM -> CausalLMFusedLoss": 1}
     assert kernelize["notes"]["patched_functions"] == ["transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"]
     assert kernelize["first_loss"] == pytest.approx(eager["first_loss"], rel=1e-4)
     for row in (eager, kernelize):

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..eager.layers import swapped_forward
 from ..selection import Selection, select_layer_kernel, signature_mismatch
 from .equivalence import StructuralKeys, aten_outputs, reparametrized, static_inputs
 from .kernel_call import LayerKernelCall
@@ -87,6 +88,9 @@ def _swap(ctx: GraphContext, region: Region, cls: type, key: str, selection: Sel
     module = ctx.modules.find(key, cls)
     if module is None:
         return f"the {cls.__qualname__} instance behind this region could not be found"
+    eager = swapped_forward(module)
+    if eager is not None:
+        return f"already kernelized eagerly (kernelize_model installed {eager.kernel_name}); the graph holds that kernel"
     bound = bind_layer(ctx, region, module)
     if isinstance(bound, str):
         return bound

@@ -1,0 +1,34 @@
+"""kernelize_model first, then backend="twinkle": the fused-loss head comes from the eager swap
+(the compiled root module is not a graph region), the layers it already swapped are left alone."""
+
+import torch
+
+from twinkle_fx import explain, kernelize_model
+from twinkle_fx.builtin import use_builtin_kernels
+
+from tiny_models import DEVICE, tiny
+
+
+def test_kernelized_model_compiles_with_twinkle_and_matches():
+    use_builtin_kernels(devices=(DEVICE,), models=("qwen2",))
+    model = tiny("qwen2")
+    input_ids = torch.randint(0, 128, (2, 12), device=DEVICE)
+    reference = model(input_ids, labels=input_ids)
+    reference.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    kernelize_model(model, mode="train+compile", use_fallback=False)
+    report = explain(model, input_ids, labels=input_ids)
+    text = str(report)
+    assert "already kernelized eagerly (kernelize_model installed RMSNorm)" in text
+    assert "already kernelized eagerly (kernelize_model installed SwiGLUMLP)" in text
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
+    out = compiled(input_ids, labels=input_ids)
+    out.loss.backward()
+    assert out.logits is None  # the fused linear cross-entropy never built them
+    torch.testing.assert_close(out.loss, reference.loss, atol=1e-5, rtol=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")

@@ -8,6 +8,7 @@ one run cannot leak into each other whatever their order.
 eager              the model as built
 inductor           ``torch.compile(model)``
 twinkle            ``torch.compile(model, backend="twinkle")`` with the built-in kernels registered
+kernelize+twinkle  ``kernelize_model(model, mode="train+compile")`` (fused-loss head), then twinkle
 kernelize          ``twinkle_fx.kernelize_model(model, mode="train")`` with the built-in kernels
 liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(model=model)``
 liger+inductor     the same, then ``torch.compile``
@@ -110,20 +111,30 @@ def _inductor(model: torch.nn.Module, family: str, device: torch.device) -> Iter
     yield Prepared(torch.compile(model))
 
 
-@contextlib.contextmanager
-def _twinkle(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
-    # the entry point pyproject declares for backend="twinkle"; checked first so a missing compile
-    # package reads as such instead of torch's "unknown backend"
-    _import_piece("twinkle_fx.compile.backend", 'torch.compile backend "twinkle" (twinkle_fx.compile)')
-    from twinkle_fx.compile import collect_reports
+def _twinkle(kernelize_first: bool):
+    @contextlib.contextmanager
+    def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
+        # the entry point pyproject declares for backend="twinkle"; checked first so a missing compile
+        # package reads as such instead of torch's "unknown backend"
+        _import_piece("twinkle_fx.compile.backend", 'torch.compile backend "twinkle" (twinkle_fx.compile)')
+        from twinkle_fx import kernelize_model, undo_kernelize
+        from twinkle_fx.compile import collect_reports
 
-    # the registry scope stays open for the whole run: Dynamo compiles at the first call
-    with _builtin_kernels(family, device) as bound, collect_reports() as report:
-        prepared = Prepared(torch.compile(model, backend="twinkle"), {"builtin_kernels": bound})
-        try:
-            yield prepared
-        finally:
-            prepared.notes.update(_compile_notes(report))
+        # the registry scope stays open for the whole run: Dynamo compiles at the first call
+        with _builtin_kernels(family, device) as bound, collect_reports() as report:
+            if kernelize_first:
+                # the compiled root module is no graph region: its fused-loss head comes from the eager swap
+                kernelize_model(model, mode="train+compile", device=device)
+            prepared = Prepared(torch.compile(model, backend="twinkle"), {"builtin_kernels": bound})
+            try:
+                yield prepared
+            finally:
+                prepared.notes.update(_compile_notes(report))
+                if kernelize_first:
+                    prepared.notes.update(_swap_notes(model))
+                    undo_kernelize(model)
+
+    return prepare
 
 
 @contextlib.contextmanager
@@ -189,7 +200,9 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("eager", "the transformers model as built", _eager),
         Backend("inductor", "torch.compile(model)", _inductor),
-        Backend("twinkle", 'torch.compile(model, backend="twinkle"), built-in kernels', _twinkle),
+        Backend("twinkle", 'torch.compile(model, backend="twinkle"), built-in kernels', _twinkle(False)),
+        Backend("kernelize+twinkle", 'kernelize_model(model, mode="train+compile"), then backend="twinkle"',
+                _twinkle(True)),
         Backend("kernelize", 'kernelize_model(model, mode="train"), built-in kernels', _kernelize),
         Backend("liger", "apply_liger_kernel_to_<model>(model=model)", _liger(compiled=False)),
         Backend("liger+inductor", "Liger, then torch.compile(model)", _liger(compiled=True)),

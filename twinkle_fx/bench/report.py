@@ -199,7 +199,8 @@ def _pyplot():
     return plt
 
 
-_COLORS = {"eager": "#8c8c8c", "inductor": "#4c72b0", "twinkle": "#dd8452", "kernelize": "#55a868",
+_COLORS = {"eager": "#8c8c8c", "inductor": "#4c72b0", "twinkle": "#dd8452", "kernelize+twinkle": "#c44e52",
+           "kernelize": "#55a868",
            "liger": "#8172b3", "liger+inductor": "#937860"}
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..modes import Mode
 from ..registry import KernelRegistry
@@ -69,7 +70,24 @@ class GraphContext:
 
     def __post_init__(self) -> None:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        self.placeholder_values: dict[fx.Node, Any] = dict(zip(placeholders, self.example_inputs))
+        self.placeholder_values: dict[fx.Node, Any] = {
+            n: _real_input(n, value) for n, value in zip(placeholders, self.example_inputs)
+        }
+
+
+def _real_input(placeholder: fx.Node, value: Any) -> Any:
+    """The real tensor behind a graph input that the backend was handed as a FakeTensor.
+
+    DDPOptimizer (``torch.compile`` of a DDP model with several buckets) compiles each bucket's
+    subgraph on fake copies of its inputs; the layer binder recognises parameters by identity, so
+    without this every layer region of a split graph reads as "state from outside the module".
+    The placeholder keeps Dynamo's record of what it holds (``grapharg``), parameters included.
+    """
+    if isinstance(value, FakeTensor):
+        real = getattr(placeholder.meta.get("grapharg"), "example", None)
+        if isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor):
+            return real
+    return value
 
 
 @dataclass

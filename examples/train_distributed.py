@@ -8,7 +8,9 @@ what twinkle_fx swapped on each rank.
 
 Backends: ``eager``; ``inductor`` (plain ``torch.compile``); ``twinkle`` (``torch.compile(model,
 backend="twinkle")`` with the built-in kernels; ``--compiler`` picks its inner compiler);
-``kernelize`` (``kernelize_model`` with the built-in kernels, eager). The compiled backends compile
+``kernelize`` (``kernelize_model`` with the built-in kernels, eager); ``kernelize+twinkle`` (both: the
+fused-loss head only comes from the eager swap, the compiled root module being no graph region).
+The compiled backends compile
 the DDP- or FSDP2-wrapped model, so DDP's graph splitting at bucket boundaries (Dynamo's
 DDPOptimizer) is part of what runs.
 
@@ -73,8 +75,8 @@ class RankSwaps:
     def __str__(self) -> str:
         head = f"rank {self.rank}: {self.total} swap(s)"
         if self.graphs:
-            head += (f" in {self.graphs_with_swaps} of {self.graphs} graph(s) ({self.graph_breaks} ended at a"
-                     " graph break)")
+            head += (f"; {self.graphs} compiled graph(s), {self.graphs_with_swaps} with backend swaps,"
+                     f" {self.graph_breaks} ended at a graph break")
         lines = [head, *(f"  {n} x {what}" for what, n in sorted(self.swapped.items()))]
         lines += [f"  kept {n} x {what}" for what, n in sorted(self.kept.items())]
         return "\n".join(lines)
@@ -102,7 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny")
     parser.add_argument("--parallel", choices=("ddp", "fsdp2"), default="ddp")
-    parser.add_argument("--backend", choices=("eager", "inductor", "twinkle", "kernelize"), default="twinkle")
+    parser.add_argument("--backend", choices=("eager", "inductor", "twinkle", "kernelize", "kernelize+twinkle"),
+                        default="twinkle")
     parser.add_argument("--compiler", choices=("inductor", "aot_eager", "eager"), default="inductor",
                         help="inner compiler of --backend twinkle (default inductor)")
     parser.add_argument("--steps", type=int, default=10)
@@ -179,11 +182,11 @@ def kernel_swaps_eager(rank: int, model: torch.nn.Module) -> RankSwaps:
     from twinkle_fx.eager.layers import swapped_forward
 
     swapped = Counter(
-        f"layer {type(module).__name__} -> {forward.kernel_name}"
+        f"kernelized {type(module).__name__} -> {forward.kernel_name}"
         for module in model.modules()
         if (forward := swapped_forward(module)) is not None
     )
-    swapped.update(f"function {name}" for name in patched_functions())
+    swapped.update(f"patched {name}" for name in patched_functions())
     return RankSwaps(rank, swapped=dict(swapped))
 
 
@@ -205,49 +208,53 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     import twinkle_fx
     from twinkle_fx.builtin import use_builtin_kernels
     from twinkle_fx.compile import collect_reports
-    from twinkle_fx.compile.regions import known_modules
 
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
     torch._dynamo.reset()
-    torch._dynamo.config.optimize_ddp = args.optimize_ddp
-    with twinkle_fx.scoped_registry(), collect_reports() as report:
-        if args.backend in ("twinkle", "kernelize"):
+    with (torch._dynamo.config.patch(optimize_ddp=args.optimize_ddp), twinkle_fx.scoped_registry(),
+          collect_reports() as report):
+        kernelize = args.backend.startswith("kernelize")
+        if args.backend != "eager" and args.backend != "inductor":
             use_builtin_kernels(devices=(device.type,), models=("qwen2",))
         model = build_model(args.size, dtype, device, args.seed)
-        if args.backend == "kernelize":
-            twinkle_fx.kernelize_model(model, mode="train", device=device.type)
+        if kernelize:
+            # kernelize+twinkle: the compiled root module is no graph region, so the fused-loss head
+            # (CausalLMFusedLoss on *ForCausalLM) only comes from the eager swap
+            mode = "train+compile" if args.backend.endswith("twinkle") else "train"
+            twinkle_fx.kernelize_model(model, mode=mode, device=device.type)
         wrapped = wrap(model, args.parallel, device, args.bucket_cap_mb)
         if args.backend == "inductor":
             wrapped = torch.compile(wrapped)
-        elif args.backend == "twinkle":
+        elif args.backend.endswith("twinkle"):
             wrapped = torch.compile(wrapped, backend="twinkle", options={"compiler": args.compiler})
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         losses, tokens_per_s = [], []
         try:
-            with known_modules(model):
-                for step in range(args.steps):
-                    batch = global_batch(step, args.batch * world, args.seq, model.config.vocab_size, args.seed)
-                    input_ids = batch[rank * args.batch:(rank + 1) * args.batch].to(device)
-                    _sync(device)
-                    start = time.perf_counter()
-                    loss = wrapped(input_ids=input_ids, labels=input_ids).loss
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    mean_loss = loss.detach().float()
-                    dist.all_reduce(mean_loss)  # SUM: gloo has no AVG
-                    _sync(device)
-                    elapsed = time.perf_counter() - start
-                    losses.append(mean_loss.item() / world)
-                    tokens_per_s.append(args.batch * world * args.seq / elapsed)
-                    if rank == 0:
-                        print(f"step {step:3d}  loss {losses[-1]:.6f}  {tokens_per_s[-1]:,.0f} tokens/s  "
-                              f"({elapsed * 1e3:.1f} ms)", flush=True)
-            if args.report and rank == 0 and args.backend == "twinkle":
+            for step in range(args.steps):
+                batch = global_batch(step, args.batch * world, args.seq, model.config.vocab_size, args.seed)
+                input_ids = batch[rank * args.batch:(rank + 1) * args.batch].to(device)
+                _sync(device)
+                start = time.perf_counter()
+                loss = wrapped(input_ids=input_ids, labels=input_ids).loss
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                mean_loss = loss.detach().float()
+                dist.all_reduce(mean_loss)  # SUM: gloo has no AVG
+                _sync(device)
+                elapsed = time.perf_counter() - start
+                losses.append(mean_loss.item() / world)
+                tokens_per_s.append(args.batch * world * args.seq / elapsed)
+                if rank == 0:
+                    print(f"step {step:3d}  loss {losses[-1]:.6f}  {tokens_per_s[-1]:,.0f} tokens/s  "
+                          f"({elapsed * 1e3:.1f} ms)", flush=True)
+            if args.report and rank == 0 and args.backend.endswith("twinkle"):
                 print(report.summary(), flush=True)
-            mine = kernel_swaps_eager(rank, model) if args.backend == "kernelize" else kernel_swaps_compiled(rank, report)
+            mine = kernel_swaps_compiled(rank, report)
+            if kernelize:
+                mine.swapped.update(kernel_swaps_eager(rank, model).swapped)
         finally:
-            if args.backend == "kernelize":
+            if kernelize:
                 twinkle_fx.undo_kernelize(model)  # function patches are process-wide
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, asdict(mine))
@@ -266,11 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if rank == 0:
             print(f"{args.parallel} x {world} on {device.type}, backend {args.backend}"
-                  f"{' (' + args.compiler + ')' if args.backend == 'twinkle' else ''}, size {args.size}, "
+                  f"{' (' + args.compiler + ')' if args.backend.endswith('twinkle') else ''}, size {args.size}, "
                   f"batch {args.batch} x {args.seq} per rank", flush=True)
         result = train(args, rank, world, device)
         if rank == 0:
-            print(f"tokens/s (global, mean after step 2): {result.steady_tokens_per_s:,.0f}")
+            print(f"tokens/s (global, mean of steps 2+): {result.steady_tokens_per_s:,.0f}")
             print("twinkle_fx swaps per rank:")
             for swaps in result.swaps:
                 print(swaps)

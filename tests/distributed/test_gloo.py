@@ -30,11 +30,14 @@ RUNS = {
     "ddp_kernelize": f"{COMMON} --parallel ddp --backend kernelize",
     "fsdp2_kernelize": f"{COMMON} --parallel fsdp2 --backend kernelize",
     "fsdp2_twinkle": f"{COMMON} --parallel fsdp2 --backend twinkle --compiler aot_eager",
+    "ddp_kernelize_twinkle": f"{COMMON} --parallel ddp --backend kernelize+twinkle --compiler aot_eager",
 }
 LAYERS = train_distributed.SIZES["tiny"]["num_hidden_layers"]
 ROTARY = "function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
 RMSNORM = "layer Qwen2RMSNorm -> RMSNorm"
 MLP = "layer Qwen2MLP -> SwiGLUMLP"
+EAGER_SWAPS = {"kernelized Qwen2RMSNorm -> RMSNorm": 2 * LAYERS + 1, "kernelized Qwen2MLP -> SwiGLUMLP": LAYERS,
+               "patched transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb": 1}
 
 
 def _free_port() -> int:
@@ -97,11 +100,17 @@ def test_ddp_twinkle_swaps_in_every_bucket_subgraph(distributed):
 
 @pytest.mark.parametrize("name", ["ddp_kernelize", "fsdp2_kernelize"])
 def test_kernelize_swaps_on_every_rank(distributed, name):
-    head = "layer Qwen2ForCausalLM" if name.startswith("ddp") else "layer FSDPQwen2ForCausalLM"  # fully_shard's subclass
+    head = "Qwen2ForCausalLM" if name.startswith("ddp") else "FSDPQwen2ForCausalLM"  # fully_shard's subclass
     for swaps in _swaps(distributed[name]):
-        assert swaps["swapped"] == {
-            f"{head} -> CausalLMFusedLoss": 1, RMSNORM: 2 * LAYERS + 1, MLP: LAYERS, ROTARY: 1,  # one patched function
-        }, swaps
+        assert swaps["swapped"] == EAGER_SWAPS | {f"kernelized {head} -> CausalLMFusedLoss": 1}, swaps
+
+
+def test_kernelize_then_twinkle_swaps_on_every_rank(distributed):
+    """Eager swaps first (the fused-loss head among them); the backend finds those layers already
+    kernelized (their kernels are in the graph) and swaps nothing twice."""
+    for swaps in _swaps(distributed["ddp_kernelize_twinkle"]):
+        assert swaps["swapped"] == EAGER_SWAPS | {"kernelized Qwen2ForCausalLM -> CausalLMFusedLoss": 1}, swaps
+        assert all("already kernelized eagerly" in reason for reason in swaps["kept"]), swaps["kept"]
 
 
 def test_fsdp2_twinkle_swaps_on_every_rank(distributed):

@@ -33,12 +33,15 @@ rotary.has_backward = True
 
 
 def register_qwen2_kernels(device: str = DEVICE) -> None:
-    """RMSNorm (bound implicitly through kernel_layer_name), Qwen2MLP and Qwen2's rotary function."""
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+    """RMSNorm, Qwen2MLP and Qwen2's rotary function."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
 
     register_layer_kernel(kernel_name="RMSNorm", layer=twinkle_triton.layers.RMSNorm, device=device)
     register_layer_kernel(kernel_name="SwiGLUMLP", layer=twinkle_triton.layers.SwiGLUMLP, device=device)
     register_external_layer(Qwen2MLP, "SwiGLUMLP")
+    # transformers tags Qwen2RMSNorm with kernel_layer_name="RMSNorm" only when the `kernels` package
+    # is installed (the GPU machine has none): bind explicitly so the graphs are the same everywhere
+    register_external_layer(Qwen2RMSNorm, "RMSNorm")
     register_function_kernel(func_name="apply_rotary_pos_emb", target_module="transformers.models.qwen2.modeling_qwen2",
                              func_impl=rotary, device=device)
 

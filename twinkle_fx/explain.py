@@ -13,6 +13,7 @@ import torch
 
 from .compile.regions import known_modules
 from .compile.report import CompileReport, collect_reports
+from .settings import use_triton_interpreter
 
 __all__ = ["explain", "add_parser"]
 
@@ -73,6 +74,8 @@ def add_parser(subparsers: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        use_triton_interpreter(command="twinkle-fx explain")
     if not args.no_builtin:
         from .builtin import use_builtin_kernels
 

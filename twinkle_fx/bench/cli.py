@@ -12,9 +12,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
+
+from ..settings import use_triton_interpreter
 
 __all__ = ["add_parser", "run"]
 
@@ -73,23 +74,6 @@ def _default(args: argparse.Namespace, name: str, table: dict) -> object:
     return table[name][1 if args.tiny else 0] if value is None else value
 
 
-def _use_triton_interpreter() -> None:
-    """Run Triton kernels through the interpreter (CPU). The variable is read when ``triton.jit``
-    decorates a kernel, so it must be set before twinkle_triton is imported; if something imported
-    it already, the command starts over in a fresh interpreter with the variable set."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    os.environ["TRITON_INTERPRET"] = "1"
-    if "twinkle_triton" not in sys.modules:
-        return
-    main_spec = getattr(sys.modules["__main__"], "__spec__", None)
-    if (main_spec is not None and main_spec.name == "twinkle_fx.__main__") or Path(sys.argv[0]).name == "twinkle-fx":
-        _progress("twinkle-fx bench: restarting with TRITON_INTERPRET=1 (twinkle_triton was imported before it was set)")
-        os.execv(sys.executable, sys.orig_argv)
-    raise RuntimeError("twinkle_triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot run "
-                       "on the CPU in this process; set TRITON_INTERPRET=1 before importing it.")
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``twinkle-fx bench`` with parsed ``args``; returns the exit status."""
     import torch
@@ -109,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device, tiny=args.tiny)
     if device.type == "cpu":
-        _use_triton_interpreter()
+        use_triton_interpreter(command="twinkle-fx bench")
     if args.tiny:
         # tiny ops gain nothing from intra-op threads, and on a busy 2-core machine their OpenMP
         # barriers made an eager step 300x slower (2 ms -> 700 ms) while another process compiled

@@ -12,7 +12,7 @@ One registry serves both paths:
 """
 
 from .config import register_kernels
-from .eager import kernelize_model, kernelized, undo_kernelize
+from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
 from .errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
 from .modes import Mode
 from .registration import register_external_layer, register_function_kernel, register_layer_kernel
@@ -38,4 +38,5 @@ __all__ = [
     "register_layer_kernel",
     "scoped_registry",
     "undo_kernelize",
+    "verification_report",
 ]

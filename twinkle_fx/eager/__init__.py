@@ -1,7 +1,7 @@
 """The eager path: per-instance forward replacement, function patching, and their undo."""
 
 from .functions import PatchedFunctions, apply_function_kernel, restore_functions
-from .kernelize import kernelize_model, kernelized, undo_kernelize
+from .kernelize import kernelize_model, kernelized, undo_kernelize, verification_report
 from .layers import KernelForward, restore_layers
 
 __all__ = [
@@ -13,4 +13,5 @@ __all__ = [
     "restore_functions",
     "restore_layers",
     "undo_kernelize",
+    "verification_report",
 ]

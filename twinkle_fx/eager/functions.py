@@ -23,10 +23,34 @@ from ..modes import format_mode, parse_mode
 from ..registry import get_registry
 from ..selection import select_function_kernel
 from ..settings import DISABLE_ENV, kernels_disabled
+from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PatchedFunctions", "apply_function_kernel", "restore_functions", "patched_functions"]
+__all__ = ["PatchedFunctions", "apply_function_kernel", "restore_functions", "patched_functions",
+           "function_verifications"]
+
+
+class VerifiedFunction:
+    """A function kernel checked against the original on the first call of each input signature."""
+
+    def __init__(self, kernel: Any, original: Any, verifier: Verifier) -> None:
+        self.kernel = kernel
+        self.original = original
+        self.verifier = verifier
+        self.__name__ = getattr(kernel, "__name__", type(kernel).__name__)
+        self.__doc__ = getattr(kernel, "__doc__", None)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        verifier = self.verifier
+        if verifier.failed:
+            return self.original(*args, **kwargs)
+        signature = verifier.needs_check(args, kwargs)
+        if signature is None:
+            return self.kernel(*args, **kwargs)
+        result, _ = verifier.check(signature, lambda: self.kernel(*args, **kwargs),
+                                   lambda: self.original(*args, **kwargs), [], (args, kwargs))
+        return result
 
 
 @dataclass
@@ -99,6 +123,7 @@ def apply_function_kernel(
     mode: Any = "inference",
     use_fallback: bool = True,
     strict: bool = False,
+    verify: bool = False,
 ) -> PatchedFunctions:
     """Patch every registered function of ``target_module`` (all modules when None) with its kernel.
 
@@ -111,6 +136,9 @@ def apply_function_kernel(
         strict (`bool`, defaults to `False`): raise when a target module cannot be imported, a
             registered function does not exist there, or nothing at all was patched; otherwise warn.
             A missing function is never created.
+        verify (`bool`, defaults to `False`): check each kernel against the original on its first
+            call per input signature (see :mod:`twinkle_fx.eager.verify`); a mismatch is logged and
+            the original is used (``use_fallback=False``: raises).
 
     Returns:
         :class:`PatchedFunctions`, the list of patched ``"module.func"`` names (also an undo handle).
@@ -155,15 +183,28 @@ def apply_function_kernel(
     with _LEDGER_LOCK:
         for target, module, func_name, choice in plan:
             current = _LEDGER.get(target)
-            if current is not None and current.replacement is choice.call and getattr(module, func_name) is choice.call:
+            if (current is not None and getattr(current.replacement, "kernel", current.replacement) is choice.call
+                    and getattr(module, func_name) is current.replacement
+                    and isinstance(current.replacement, VerifiedFunction) == verify):
                 patched.append(target)  # already patched with this kernel: idempotent
                 continue
             original = current.original if current is not None else getattr(module, func_name)
-            setattr(module, func_name, choice.call)
-            _LEDGER[target] = _Patch(module, func_name, original, choice.call)
+            replacement = choice.call
+            if verify:
+                replacement = VerifiedFunction(choice.call, original, Verifier(target, str(choice.registration.source.describe()),
+                                                                              use_fallback=use_fallback))
+            setattr(module, func_name, replacement)
+            _LEDGER[target] = _Patch(module, func_name, original, replacement)
             logger.info("twinkle_fx: patched %s -> %s [%s, %s]", target, choice.registration.source.describe(),
                         device_type, format_mode(wanted))
             patched.append(target)
     if strict and not patched:
         raise ValueError(f"strict=True: no function was patched{' in ' + target_module if target_module else ''}.")
     return patched
+
+
+def function_verifications() -> list[Verification]:
+    """The verifications of every patched function applied with ``verify=True``."""
+    with _LEDGER_LOCK:
+        patches = list(_LEDGER.values())
+    return [v for p in patches if isinstance(p.replacement, VerifiedFunction) for v in p.replacement.verifier.results]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..selection import KernelChoice
+from .verify import Verifier
 
 logger = logging.getLogger(__name__)
 
@@ -28,16 +29,46 @@ _MISSING = object()
 class KernelForward:
     """The ``forward`` installed on a kernelized module instance."""
 
-    def __init__(self, module: torch.nn.Module, fn: Callable[..., Any], kernel_name: str, previous: Any) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        fn: Callable[..., Any],
+        kernel_name: str,
+        previous: Any,
+        verifier: Verifier | None = None,
+    ) -> None:
         self.module = module
         self.fn = fn
         self.kernel_name = kernel_name
         self.previous = previous  # the instance-level forward it replaced, or _MISSING
+        self.verifier = verifier
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        verifier = self.verifier
+        if verifier is not None:
+            if verifier.failed:
+                return self.reference(*args, **kwargs)
+            signature = verifier.needs_check(args, kwargs)
+            if signature is not None:
+                parameters = [p for p in self.module.parameters() if p.requires_grad]
+                result, _ = verifier.check(
+                    signature,
+                    lambda: self.fn(self.module, *args, **kwargs),
+                    lambda: self.reference(*args, **kwargs),
+                    parameters,
+                    (args, kwargs),
+                )
+                return result
         return self.fn(self.module, *args, **kwargs)
 
+    def reference(self, *args: Any, **kwargs: Any) -> Any:
+        """The forward this kernel replaced."""
+        if self.previous is not _MISSING:
+            return self.previous(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
     def __reduce__(self):
+        # verification state (locks, seen signatures) is per process: a copy verifies afresh if asked to
         previous = None if self.previous is _MISSING else self.previous
         return (_rebuild_kernel_forward, (self.module, self.fn, self.kernel_name, previous, self.previous is _MISSING))
 
@@ -64,14 +95,16 @@ class LayerSwap:
     choice: KernelChoice
 
 
-def install_forward(swap: LayerSwap) -> bool:
+def install_forward(swap: LayerSwap, verifier: Verifier | None = None) -> bool:
     """Install ``swap``; returns False when the same kernel is already installed (kernelize twice)."""
     module, choice = swap.module, swap.choice
     current = swapped_forward(module)
     if current is not None and current.fn is choice.call:
+        if verifier is not None and current.verifier is None:
+            current.verifier = verifier
         return False
     previous = current.previous if current is not None else module.__dict__.get("forward", _MISSING)
-    module.forward = KernelForward(module, choice.call, choice.name, previous)
+    module.forward = KernelForward(module, choice.call, choice.name, previous, verifier)
     logger.info("twinkle_fx: swapped %s (%s) -> %s", swap.path or "<model>", type(module).__qualname__, choice)
     return True
 

@@ -1,0 +1,103 @@
+"""Verify mode: a kernel that disagrees with the reference is never silently kept."""
+
+import logging
+
+import pytest
+import torch
+
+import my_pkg.math_ops as math_ops
+from twinkle_fx import (
+    KernelVerificationError,
+    kernelize_model,
+    register_external_layer,
+    register_layer_kernel,
+    verification_report,
+)
+from twinkle_fx.builtin import use_builtin_kernels
+from twinkle_fx.function import apply_function_kernel, register_function_kernel
+
+from .kernels_for_tests import Gelu, TanhGeluKernel, model_with_gelus
+
+
+class ExactGeluKernel(torch.nn.Module):
+    has_backward = True
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.erf(x * 0.7071067811865476))
+
+
+def test_agreeing_kernel_is_kept_and_checked_once_per_signature_with_gradients():
+    register_layer_kernel(kernel_name="FastGelu", layer=ExactGeluKernel, device="cpu")
+    register_external_layer(Gelu, "FastGelu")
+    model = model_with_gelus()
+    kernelize_model(model, mode="train", verify=True)
+    for _ in range(3):
+        model(torch.randn(5, 8)).sum().backward()
+    model(torch.randn(2, 3, 8)).sum().backward()  # a new signature is checked again
+    report = verification_report(model)
+    assert [(v.target, v.what, v.passed) for v in report[:2]] == [("1 (Gelu)", "output", True), ("1 (Gelu)", "gradients", True)]
+    assert len(report) == 2 * 2 * 2  # 2 layers x 2 signatures x (output, gradients)
+    assert all(v.passed for v in report)
+    assert "float32[5, 8]@cpu; grad" in str(report[0])
+
+
+def test_disagreeing_kernel_falls_back_to_the_reference_and_says_by_how_much(caplog):
+    register_layer_kernel(kernel_name="FastGelu", layer=TanhGeluKernel, device="cpu")  # approximate: ~1e-3 off
+    register_external_layer(Gelu, "FastGelu")
+    model = model_with_gelus()
+    x = torch.linspace(-3, 3, 64).reshape(8, 8)
+    with caplog.at_level(logging.WARNING, logger="twinkle_fx"):
+        kernelize_model(model, mode="inference", verify=True)
+        with torch.no_grad():
+            out = model(x)
+    expected = model[3](model[2](torch.nn.functional.gelu(model[0](x))))  # layer 3 already fell back: reference
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    warning = next(r.getMessage() for r in caplog.records if "differs from the reference" in r.getMessage())
+    assert "1 (Gelu) -> FastGelu" in warning and "max error" in warning
+    report = verification_report(model)
+    assert [v.passed for v in report] == [False, False] and report[0].max_error > 1e-4
+    with torch.no_grad():  # later calls use the reference without checking again
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+    assert len(verification_report(model)) == 2
+
+
+def test_disagreeing_kernel_raises_without_fallback():
+    register_layer_kernel(kernel_name="FastGelu", layer=TanhGeluKernel, device="cpu")
+    register_external_layer(Gelu, "FastGelu")
+    model = model_with_gelus()
+    kernelize_model(model, mode="inference", verify=True, use_fallback=False)
+    with pytest.raises(KernelVerificationError, match="max error"):
+        model(torch.randn(4, 8))
+
+
+def test_function_verification():
+    def wrong_add(a, b):
+        return a + b + 1e-2
+
+    wrong_add.has_backward = True
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=wrong_add, device="cpu")
+    register_function_kernel(func_name="mul", target_module="my_pkg.math_ops", func_impl=torch.mul, device="cpu")
+    apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", verify=True)
+    a, b = torch.randn(10), torch.randn(10)
+    torch.testing.assert_close(math_ops.add(a, b), a + b, rtol=0, atol=0)  # fell back to the original
+    torch.testing.assert_close(math_ops.mul(a, b), a * b)
+    report = {v.target: v for v in verification_report()}
+    assert not report["my_pkg.math_ops.add"].passed and report["my_pkg.math_ops.mul"].passed
+
+
+def test_builtin_kernels_pass_verification_in_training():
+    import transformers
+
+    use_builtin_kernels(devices=("cpu",), models=("qwen2",), fused_loss=False)
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    model = transformers.Qwen2ForCausalLM(config)
+    kernelize_model(model, mode="train", verify=True, use_fallback=False)
+    ids = torch.randint(0, 128, (2, 7))
+    model(ids, labels=ids).loss.backward()
+    report = verification_report(model)
+    kinds = {(v.target.split(" -> ")[0].split(" (")[-1].rstrip(")"), v.what) for v in report}
+    assert {("Qwen2RMSNorm", "output"), ("Qwen2RMSNorm", "gradients"), ("Qwen2MLP", "gradients")} <= kinds
+    assert any(v.target.endswith("apply_rotary_pos_emb") for v in report)
+    assert all(v.passed for v in report), [str(v) for v in report if not v.passed]

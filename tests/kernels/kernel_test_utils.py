@@ -63,13 +63,19 @@ def _as_tuple(x):
     return x if isinstance(x, tuple) else (x,)
 
 
-def check_forward_backward(fn, reference, inputs, dtype, what: str) -> None:
+def check_forward_backward(fn, reference, inputs, dtype, what: str, *, truth_fn=None) -> None:
     """Compare ``fn``'s outputs and input gradients with ``reference``'s (see module docstring),
-    for one shared random output gradient."""
+    for one shared random output gradient.
+
+    ``truth_fn`` (defaults to ``reference``) is run on fp64 copies for the truth: pass one where the
+    op is defined to round an intermediate to the input dtype (add_rms_norm's sum), which an fp64
+    run of the reference would not do.
+    """
     ours = [leaf(t) for t in inputs]
     refs = [leaf(t) for t in inputs]
     truths = [leaf(t, torch.float64) for t in inputs]
-    out, ref, truth = _as_tuple(fn(*ours)), _as_tuple(reference(*refs)), _as_tuple(reference(*truths))
+    truth_fn = truth_fn or reference
+    out, ref, truth = _as_tuple(fn(*ours)), _as_tuple(reference(*refs)), _as_tuple(truth_fn(*truths))
     for i, (o, r, t) in enumerate(zip(out, ref, truth)):
         assert_as_accurate(o, r, t, dtype, f"{what} output {i}")
     if all(r.numel() == 0 for r in ref):

@@ -47,13 +47,20 @@ def load_hub_kernel(
     try:
         return kernels.get_kernel(repo_id, **kwargs)
     except Exception as e:
-        hint = (
-            "HF_HUB_OFFLINE is set and the kernel is not in the local cache: download it once online "
-            "(or point LOCAL_KERNELS at a local copy)"
-            if _offline()
-            else "check the repo id, the revision/version, your network and trust_remote_code"
-        )
-        raise KernelLoadError(f"{where}: kernels.get_kernel failed ({type(e).__name__}: {e}); {hint}.") from e
+        raise KernelLoadError(f"{where}: kernels.get_kernel failed ({type(e).__name__}: {e}); {_hint(e)}.") from e
+
+
+def _hint(error: Exception) -> str:
+    """What to do about a ``kernels.get_kernel`` failure, from its (kernels 0.17.2) message."""
+    text = str(error)
+    if "trust_remote_code" in text:
+        return "pass trust_remote_code=True, or a list of repo ids, to load kernels from publishers the Hub does not trust"
+    if "Cannot parse metadata" in text or "build variant" in text or "metadata.json" in text:
+        return "the kernel repo was found but refused: check its metadata.json and build/<variant>/ layout"
+    if _offline() and "local" in text:
+        return ("HF_HUB_OFFLINE is set and the kernel is not in the local cache: download it once online "
+                "(or point LOCAL_KERNELS at a local copy)")
+    return "check the repo id, the revision/version, your network and trust_remote_code"
 
 
 def load_local_hf_kernel(path: Path, *, trust_remote_code: bool | list[str], where: str) -> ModuleType:

@@ -164,3 +164,4 @@ def test_malformed_hub_cache_entry_is_refused_with_the_reason(tmp_path, empty_of
     with pytest.raises(KernelLoadError, match=reason) as error:
         source.load()
     assert repo_id in str(error.value) and "kernels.get_kernel failed" in str(error.value)
+    assert "found but refused" in str(error.value) and "not in the local cache" not in str(error.value)

@@ -42,11 +42,13 @@ def normalize_gm(code: str) -> str:
 
 
 def graph_diff(before: str, after: str, *, context: int = 1) -> str:
-    """The unified diff of two (normalised) graph codes: what the rewrite changed."""
+    """The unified diff of two (normalised) graph codes: what the rewrite changed (hunk headers
+    without line numbers, so expectations survive edits of the model source)."""
     diff = difflib.unified_diff(
         normalize_gm(before).splitlines(), normalize_gm(after).splitlines(), "before", "after", n=context, lineterm=""
     )
-    return "\n".join(line for line in diff if not line.startswith(("---", "+++"))) + "\n"
+    # hunk headers carry line numbers, which move with every edit of the model's source: keep "@@" only
+    return "\n".join("@@" if line.startswith("@@") else line for line in diff if not line.startswith(("---", "+++"))) + "\n"
 
 
 class _Recorded(RecordedGraphs):

@@ -25,7 +25,7 @@ class TestSiluAndMulSwap(expecttest.TestCase):
             out = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(x)
             out.sum().backward()
         self.assertExpectedInline(graphs.diff(), """\
-@@ -10,8 +10,5 @@
+@@
  
 -        getitem: "f32[3, 16]" = linear[(Ellipsis, slice(None, 16, None))]
 -        silu: "f32[3, 16]" = torch.nn.functional.silu(getitem);  getitem = None

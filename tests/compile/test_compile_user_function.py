@@ -29,17 +29,17 @@ class TestUserFunction(expecttest.TestCase):
         torch.testing.assert_close(got, want)
         self.assertEqual(sorted(set(EPS_SEEN)), [1e-5, 1e-3])
         self.assertExpectedInline(graphs.diff(context=0), """\
-@@ -9,2 +9 @@
+@@
 -        pow_1: "f32[2, 3, 8]" = l_x_.pow(2)
 -        variance: "f32[2, 3, 1]" = pow_1.mean(-1, keepdim = True);  pow_1 = None
 +        func_scaled_rms: "f32[2, 3, 8]" = twinkle_func_scaled_rms(l_x_, l_self_parameters_w1_);  l_x_ = l_self_parameters_w1_ = None
-@@ -12,4 +11 @@
+@@
 -        add: "f32[2, 3, 1]" = variance + 1e-05;  variance = None
 -        rsqrt: "f32[2, 3, 1]" = torch.rsqrt(add);  add = None
 -        mul: "f32[2, 3, 8]" = l_x_ * rsqrt;  l_x_ = rsqrt = None
 -        h: "f32[2, 3, 8]" = l_self_parameters_w1_ * mul;  l_self_parameters_w1_ = mul = None
 +        h_1: "f32[2, 3, 8]" = torch._C._nn.linear(func_scaled_rms, l_self_modules_proj_parameters_weight_, l_self_modules_proj_parameters_bias_);  func_scaled_rms = l_self_modules_proj_parameters_weight_ = l_self_modules_proj_parameters_bias_ = None
-@@ -17,10 +13,2 @@
+@@
 -        h_1: "f32[2, 3, 8]" = torch._C._nn.linear(h, l_self_modules_proj_parameters_weight_, l_self_modules_proj_parameters_bias_);  h = l_self_modules_proj_parameters_weight_ = l_self_modules_proj_parameters_bias_ = None
 -
 -        pow_2: "f32[2, 3, 8]" = h_1.pow(2)

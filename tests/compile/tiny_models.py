@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 import transformers
 
@@ -47,8 +49,31 @@ def register_qwen2_kernels(device: str = DEVICE) -> None:
 
 
 def twinkle_lines(graph_code: str) -> str:
-    """The lines of a graph that call twinkle kernels, without the variable bookkeeping."""
-    return "\n".join(line.strip().split(";")[0] for line in graph_code.splitlines() if "twinkle" in line) + "\n"
+    """The lines of a graph that call twinkle kernels, without the variable bookkeeping.
+
+    Values computed by the model's own code are renamed v0, v1, ... in order of appearance: their
+    names (``hidden_states_3``) come from the modeling source and change between transformers
+    versions. Kernel calls, their results and lifted parameters keep their names.
+    """
+    lines = [line.strip().split(";")[0] for line in graph_code.splitlines() if "twinkle" in line]
+    names: dict[str, str] = {}
+
+    def rename(match: re.Match) -> str:
+        name = match.group(0)
+        if name.startswith(("l_self_", "primals_", "twinkle", "torch")) or name in _KEEP:
+            return name
+        return names.setdefault(name, f"v{len(names)}")
+
+    renamed = []
+    for line in lines:
+        target, _, call = line.partition(" = ")
+        head, _, args = call.partition("(")
+        renamed.append(f"{target} = {head}({_NAME.sub(rename, args)}")
+    return "\n".join(renamed) + "\n"
+
+
+_KEEP = {"None", "True", "False", "default"}
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")  # an identifier, not the exponent of 1e-06
 
 
 def input_ids(batch: int = 2, seq: int = 8) -> torch.Tensor:

@@ -100,12 +100,13 @@ def swap_function_patterns(ctx: GraphContext, reports: list[RegionReport]) -> in
 
 
 def _location(nodes: list[fx.Node]) -> str:
-    stack = nodes[-1].meta.get("nn_module_stack") or {}
-    if stack:
-        path = list(stack.values())[-1][0]
-        path = path.split("]", 1)[1].lstrip(".") if path.startswith(("L[", "G[")) else path
-        if path and not path.startswith("_"):
-            return f"{path or '<root>'} ({nodes[-1].name})"
+    # the innermost module of the compiled model (a path under L[...]); module-valued globals such
+    # as transformers' kernels-wrapped apply_rotary_pos_emb (G[...]) say nothing about where
+    for path, _ in reversed(list((nodes[-1].meta.get("nn_module_stack") or {}).values())):
+        if path.startswith("L["):
+            path = path.split("]", 1)[1].lstrip(".")
+            if not path.startswith("_"):
+                return f"{path or '<root>'} ({nodes[-1].name})"
     return nodes[-1].name
 
 

@@ -46,3 +46,9 @@ def test_cache_builder_example(tmp_path, script):
     done = subprocess.run([sys.executable, str(EXAMPLES / script), str(tmp_path / "hf")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "hf" / "hub" / "kernels--kernels-community--activation" / "refs" / "main").is_file()
+
+
+def test_demo(offline_hub):
+    output = _run("demo.py", offline_hub)
+    assert "kernelize_model swapped 8 layers" in output and "9 region(s) swapped, 0 kept" in output
+    assert "losses match" in output

@@ -16,13 +16,51 @@ that. The custom op stays the only path whenever something may trace or intercep
 torch.compile/export (``is_compiling``), fake or functional tensors (any tensor subclass but
 ``nn.Parameter``), a ``TorchDispatchMode`` (make_fx, FakeTensorMode, FlopCounter) or a functorch
 transform (vmap, grad). Both paths run the same functions, so their results are identical.
+
+On a GPU the ops are ``torch.library.triton_op``s: when AOTAutograd traces them for Inductor it
+records each ``wrap_triton(kernel)[grid](...)`` launch of the impl, and Inductor calls the kernels
+from its generated code like its own, with no custom-op dispatch per call. Measured on an H200
+(torch 2.11) in the Qwen2-0.5B training step, the opaque custom ops cost 86-167 us of CPU per call
+(rms_norm_backward 167, rotary 97 + 105, silu_mul 90 + 106) for 4-50 us kernels, so the compiled
+step waited on the host. The Triton interpreter (``TRITON_INTERPRET=1``, CPU) keeps
+``torch.library.custom_op``: ``triton_op`` + ``wrap_triton`` does not run under the interpreter
+inside torch.compile. ``TWINKLE_TRITON_OP=0``/``1`` overrides the choice (read once, at import).
 """
 
+import os
 from collections.abc import Callable, Sequence
 
 import torch
+from torch._library.triton import is_wrap_triton_enabled, set_wrap_triton_enabled
 
 NAMESPACE = "twinkle"
+
+
+def _use_triton_op() -> bool:
+    override = os.environ.get("TWINKLE_TRITON_OP")
+    if override is not None:
+        if override not in ("0", "1"):
+            raise ValueError(f"TWINKLE_TRITON_OP={override!r}; set it to 0 (torch.library.custom_op) or 1 "
+                             "(torch.library.triton_op), or unset it to choose by device.")
+        return override == "1"
+    return os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
+
+
+# Whether ops are defined with torch.library.triton_op (True) or torch.library.custom_op (False).
+USE_TRITON_OP = _use_triton_op()
+
+
+def wrap_triton(kernel):
+    """``torch.library.wrap_triton(kernel)`` while a ``triton_op`` impl is being traced, else
+    ``kernel`` itself (eager calls, custom ops, the interpreter), so direct launches skip the
+    wrapper's higher-order-op dispatch.
+
+    Launch sites spell ``wrap_triton(<kernel>)[grid](...)`` with the kernel's global name: torch
+    reads the impl's source for those calls to put the kernels' source in its compile-cache keys.
+    """
+    if USE_TRITON_OP and is_wrap_triton_enabled():
+        return torch.library.wrap_triton(kernel)
+    return kernel
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
@@ -66,6 +104,12 @@ class TwinkleOp:
     def __call__(self, *args):
         if not _runs_eagerly(args):
             return self.op(*args)
+        if not USE_TRITON_OP:
+            return self._run(args)
+        with set_wrap_triton_enabled(False):  # launch the kernels directly (see wrap_triton)
+            return self._run(args)
+
+    def _run(self, args: tuple):
         if self._function is None or not torch.is_grad_enabled():
             return self.impl(*args)
         return self._function.apply(*args)
@@ -82,8 +126,15 @@ def define_op(
     mutates_args: Sequence[str] = (),
     backward: Callable | None = None,
     setup_context: Callable | None = None,
+    inline_kernels: bool = True,
 ) -> TwinkleOp:
     """Define ``twinkle::<name>`` from a type-annotated ``impl`` with its fake and autograd.
+
+    With ``USE_TRITON_OP`` and ``inline_kernels`` the op is a ``torch.library.triton_op``: ``impl``
+    may then use only torch ops and ``wrap_triton(kernel)[grid](...)`` launches (no ``data_ptr``,
+    ``item`` or branches on tensor values; shapes, strides and dtypes are fine). Otherwise it is a
+    ``torch.library.custom_op``, opaque to Inductor. ``fake`` serves both (for a ``triton_op`` it
+    replaces tracing ``impl`` on fake tensors).
 
     Returns a :class:`TwinkleOp` whose ``op`` is the custom op (``torch.ops.twinkle.<name>.default``
     when another copy of this package defined it first).
@@ -91,7 +142,8 @@ def define_op(
     if hasattr(getattr(torch.ops, NAMESPACE), name):
         op = getattr(getattr(torch.ops, NAMESPACE), name).default
     else:
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args))
+        define = torch.library.triton_op if USE_TRITON_OP and inline_kernels else torch.library.custom_op
+        op = define(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args))
         op.register_fake(fake)
         if backward is not None:
             op.register_autograd(backward, setup_context=setup_context)

@@ -16,7 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import compute_dtype, elementwise_block
-from ._library import define_op
+from ._library import define_op, wrap_triton
 
 _APPROXIMATIONS = ("none", "tanh")
 
@@ -90,7 +90,7 @@ def _launch(kernel, tensors: tuple[Tensor, ...], x: Tensor, bias: Tensor, approx
 def _add_gelu_impl(x: Tensor, bias: Tensor, approximate: str) -> Tensor:
     x, bias = x.contiguous(), bias.contiguous()
     out = torch.empty_like(x)
-    _launch(_add_gelu_fwd_kernel, (x, bias, out), x, bias, approximate)
+    _launch(wrap_triton(_add_gelu_fwd_kernel), (x, bias, out), x, bias, approximate)
     return out
 
 
@@ -101,7 +101,7 @@ def _add_gelu_fake(x: Tensor, bias: Tensor, approximate: str) -> Tensor:
 def _add_gelu_backward_impl(grad: Tensor, x: Tensor, bias: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
     grad, x, bias = grad.contiguous(), x.contiguous(), bias.contiguous()
     grad_x = torch.empty_like(x)
-    _launch(_add_gelu_bwd_kernel, (grad, x, bias, grad_x), x, bias, approximate)
+    _launch(wrap_triton(_add_gelu_bwd_kernel), (grad, x, bias, grad_x), x, bias, approximate)
     if bias.shape == x.shape:
         return grad_x, grad_x.clone()
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -13,7 +13,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import compute_dtype, elementwise_block
-from ._library import define_op
+from ._library import define_op, wrap_triton
 
 
 @triton.jit
@@ -65,7 +65,7 @@ def _out_shape(a: Tensor, b: Tensor, c: Tensor) -> torch.Size:
 def _mul_add_impl(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     shape = _out_shape(a, b, c)
     out = a.new_empty(shape)
-    _launch(_mul_add_fwd_kernel, (_dense(a, shape), _dense(b, shape), _dense(c, shape), out), out.numel(), a.dtype)
+    _launch(wrap_triton(_mul_add_fwd_kernel), (_dense(a, shape), _dense(b, shape), _dense(c, shape), out), out.numel(), a.dtype)
     return out
 
 
@@ -76,7 +76,7 @@ def _mul_add_fake(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
 def _mul_add_backward_impl(grad: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     shape = grad.shape
     grad_a, grad_b = a.new_empty(shape), b.new_empty(shape)
-    _launch(_mul_add_bwd_kernel, (_dense(grad, shape), _dense(a, shape), _dense(b, shape), grad_a, grad_b),
+    _launch(wrap_triton(_mul_add_bwd_kernel), (_dense(grad, shape), _dense(a, shape), _dense(b, shape), grad_a, grad_b),
             grad_a.numel(), a.dtype)
     return grad_a, grad_b
 

@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import compute_dtype, interpreting, persistent_programs, row_block, rows
-from ._library import define_op
+from ._library import define_op, wrap_triton
 
 # Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8
 # warps, the old kernel, took 144 us for rms_norm and 163-186 us for add_rms_norm):
@@ -120,8 +120,10 @@ def _launch_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
         return out, summed
     residual2 = rows(residual) if residual is not None else x2
     block, num_warps = row_block(x2.shape[1], op=op)
-    _rms_norm_fwd_kernel[(x2.shape[0],)](
-        x2, residual2, weight, out, summed if summed is not None else out,
+    # Without a residual, sum_ptr gets a tensor the kernel only reads (never an output twice:
+    # the traced launch clones each written argument on its own).
+    wrap_triton(_rms_norm_fwd_kernel)[(x2.shape[0],)](
+        x2, residual2, weight, out, summed if summed is not None else x2,
         x2.stride(0), residual2.stride(0), x2.shape[1], eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
         num_warps=num_warps,
@@ -144,7 +146,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
     programs = persistent_programs(triton.cdiv(n_rows, rows_per_tile), x.device, per_sm=BWD_PROGRAMS_PER_SM)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     partial = torch.empty((programs, n_cols), dtype=acc, device=x.device)
-    _rms_norm_bwd_kernel[(programs,)](
+    wrap_triton(_rms_norm_bwd_kernel)[(programs,)](
         grad2, grad_sum2, x2, weight, grad_x, partial,
         grad2.stride(0), grad_sum2.stride(0), x2.stride(0), n_rows, n_cols, eps,
         HAS_GRAD_SUM=grad_sum is not None, ROWS=rows_per_tile, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),

@@ -24,7 +24,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import compute_dtype
-from ._library import define_op
+from ._library import define_op, wrap_triton
 
 
 @triton.jit
@@ -121,7 +121,7 @@ def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, 
     block_half = triton.next_power_of_2(half)
     # Per program: (Hq + Hk) x D elements; 4 warps up to 4K elements, 8 beyond.
     num_warps = 4 if (block_hq + block_hk) * block_half * 2 <= 4096 else 8
-    _rotary_embedding_kernel[(batch * seq_len,)](
+    wrap_triton(_rotary_embedding_kernel)[(batch * seq_len,)](
         q, k, cos, sin, q_out, k_out,
         seq_len, n_q_heads, n_k_heads, half,
         *_bhsd_strides(q, unsqueeze_dim), *_bhsd_strides(k, unsqueeze_dim),

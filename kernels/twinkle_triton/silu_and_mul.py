@@ -15,7 +15,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import compute_dtype, elementwise_block, interpreting, rows
-from ._library import define_op
+from ._library import define_op, wrap_triton
 
 
 @triton.jit
@@ -59,27 +59,36 @@ def _row_grid(n_rows: int, n_cols: int) -> tuple[tuple[int, int], int, int]:
     return (n_rows, triton.cdiv(n_cols, block)), block, num_warps
 
 
+# Outputs are passed as the freshly allocated tensors themselves, not as 2D views of them, with
+# their row strides as numbers: a traced launch (triton_op) that writes into a view costs
+# functionalization a copy back into the base.
+
+
 def _launch_fwd(gate: Tensor, up: Tensor, out: Tensor) -> None:
-    """gate, up: 2D with unit last stride; out: contiguous [rows, d]."""
+    """gate, up: 2D with unit last stride; out: contiguous, ``rows x d`` elements."""
     n_rows, n_cols = gate.shape
     if n_rows == 0 or n_cols == 0:
         return
     grid, block, num_warps = _row_grid(n_rows, n_cols)
-    _silu_and_mul_fwd_kernel[grid](
+    wrap_triton(_silu_and_mul_fwd_kernel)[grid](
         gate, up, out, gate.stride(0), up.stride(0), n_cols,
         BLOCK=block, COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps,
     )
 
 
-def _launch_bwd(grad: Tensor, gate: Tensor, up: Tensor, grad_gate: Tensor, grad_up: Tensor) -> None:
-    """All 2D with unit last stride; grad_gate/grad_up may be the two halves of one tensor."""
+def _launch_bwd(
+    grad: Tensor, gate: Tensor, up: Tensor, grad_gate: Tensor, grad_up: Tensor,
+    grad_gate_row_stride: int, grad_up_row_stride: int,
+) -> None:
+    """grad, gate, up: 2D with unit last stride; grad_gate/grad_up: rows of unit last stride at the
+    given row strides (they may be the two halves of one tensor)."""
     n_rows, n_cols = gate.shape
     if n_rows == 0 or n_cols == 0:
         return
     grid, block, num_warps = _row_grid(n_rows, n_cols)
-    _silu_and_mul_bwd_kernel[grid](
+    wrap_triton(_silu_and_mul_bwd_kernel)[grid](
         grad, gate, up, grad_gate, grad_up,
-        grad.stride(0), gate.stride(0), up.stride(0), grad_gate.stride(0), grad_up.stride(0), n_cols,
+        grad.stride(0), gate.stride(0), up.stride(0), grad_gate_row_stride, grad_up_row_stride, n_cols,
         BLOCK=block, COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps,
     )
 
@@ -97,7 +106,7 @@ def _silu_and_mul_impl(x: Tensor) -> Tensor:
     d = x.shape[-1] // 2
     out = x.new_empty((*x.shape[:-1], d))
     gate, up = _halves(x)
-    _launch_fwd(gate, up, out.view(-1, d))
+    _launch_fwd(gate, up, out)
     return out
 
 
@@ -109,7 +118,7 @@ def _silu_and_mul_backward_impl(grad: Tensor, x: Tensor) -> Tensor:
     grad_x = x.new_empty(x.shape)
     gate, up = _halves(x)
     grad_gate, grad_up = _halves(grad_x)
-    _launch_bwd(rows(grad), gate, up, grad_gate, grad_up)
+    _launch_bwd(rows(grad), gate, up, grad_gate, grad_up, x.shape[-1], x.shape[-1])
     return grad_x
 
 
@@ -174,7 +183,7 @@ def silu_and_mul_reference(x: Tensor) -> Tensor:
 def _silu_mul_impl(gate: Tensor, up: Tensor) -> Tensor:
     out = gate.new_empty(gate.shape)
     if gate.numel():
-        _launch_fwd(rows(gate), rows(up), out.view(-1, gate.shape[-1]))
+        _launch_fwd(rows(gate), rows(up), out)
     return out
 
 
@@ -186,7 +195,7 @@ def _silu_mul_backward_impl(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Ten
     grad_gate, grad_up = gate.new_empty(gate.shape), up.new_empty(up.shape)
     if gate.numel():
         n = gate.shape[-1]
-        _launch_bwd(rows(grad), rows(gate), rows(up), grad_gate.view(-1, n), grad_up.view(-1, n))
+        _launch_bwd(rows(grad), rows(gate), rows(up), grad_gate, grad_up, n, n)
     return grad_gate, grad_up
 
 

@@ -58,6 +58,8 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.twinkle.rms_norm.default, (x.requires_grad_(), w, 1e-6))
     torch.library.opcheck(torch.ops.twinkle.add_rms_norm.default, (x, torch.randn(3, 5, 16), w, 1e-6))
     torch.library.opcheck(torch.ops.twinkle.rms_norm_backward.default, (torch.randn(3, 5, 16), x.detach(), w.detach(), 1e-6))
+    torch.library.opcheck(torch.ops.twinkle.add_rms_norm_backward.default,
+                          (torch.randn(3, 5, 16), torch.randn(3, 5, 16), x.detach(), w.detach(), 1e-6))
 
 
 def test_compiles_with_aot_eager_forward_and_backward():

@@ -32,3 +32,13 @@ def test_kernelized_model_compiles_with_twinkle_and_matches():
     torch.testing.assert_close(out.loss, reference.loss, atol=1e-5, rtol=1e-5)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_a_kernel_bound_to_the_compiled_module_is_reported_not_silently_dropped():
+    use_builtin_kernels(devices=(DEVICE,), models=("qwen2",))  # binds Qwen2ForCausalLM to the fused-loss head
+    model = tiny("qwen2", layers=1)
+    input_ids = torch.randint(0, 128, (2, 12), device=DEVICE)
+    report = explain(model, input_ids, labels=input_ids)
+    kept = [r for g in report.graphs for r in g.regions if not r.swapped]
+    assert len(kept) == 1 and kept[0].target == "Qwen2ForCausalLM -> CausalLMFusedLoss"
+    assert "kernelize it first" in kept[0].reason and kept[0].location == "<compiled module>"

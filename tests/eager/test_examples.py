@@ -50,5 +50,6 @@ def test_cache_builder_example(tmp_path, script):
 
 def test_demo(offline_hub):
     output = _run("demo.py", offline_hub)
-    assert "kernelize_model swapped 8 layers" in output and "9 region(s) swapped, 0 kept" in output
+    assert "kernelize_model swapped 8 layers" in output and "9 region(s) swapped, 1 kept" in output
+    assert "Qwen2ForCausalLM -> CausalLMFusedLoss: the module being compiled is no graph region" in output
     assert "losses match" in output

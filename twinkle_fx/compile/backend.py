@@ -26,6 +26,7 @@ from ..modes import Mode, format_mode
 from ..registry import get_registry
 from ..settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
+from .compiled_root import report_compiled_root
 from .function_patterns import swap_function_patterns
 from .function_regions import report_function_regions
 from .graph_breaks import note_graph_break
@@ -45,6 +46,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("layer_regions", swap_layer_regions),
     ("function_patterns", swap_function_patterns),
     ("function_regions", report_function_regions),
+    ("compiled_root", report_compiled_root),
 )
 
 

@@ -78,3 +78,26 @@ _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")  # an identifier, not the exponent
 
 def input_ids(batch: int = 2, seq: int = 8) -> torch.Tensor:
     return torch.randint(0, TINY["vocab_size"], (batch, seq), device=DEVICE)
+
+
+# On a GPU the twinkle_triton ops are torch.library.triton_op: AOTAutograd traces them into launches
+# of their Triton kernels (triton_kernel_wrapper_functional) that Inductor compiles itself. On the CPU
+# (interpreter) they are opaque custom ops and the AOT graphs name them.
+KERNELS_INLINED = twinkle_triton._library.USE_TRITON_OP
+
+
+def renumbered(code: str) -> str:
+    """``linear_4, linear_5, mul_11`` -> ``linear_#1, linear_#2, mul_#1`` (by first appearance):
+    Dynamo numbers values by how often the modeling source repeated a name, which changes between
+    transformers versions; distinct values stay distinct."""
+    seen: dict[str, str] = {}
+    counts: dict[str, int] = {}
+
+    def rename(match: re.Match) -> str:
+        name, base = match.group(0), match.group(1)
+        if name not in seen:
+            counts[base] = counts.get(base, 0) + 1
+            seen[name] = f"{base}_#{counts[base]}"
+        return seen[name]
+
+    return re.sub(r"\b([A-Za-z]+)_\d+\b", rename, code)

@@ -25,15 +25,6 @@ def tiny(family: str, *, layers: int = 2, seed: int = 0) -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_config(config).to(DEVICE)
 
 
-def rotary(q, k, cos, sin, unsqueeze_dim=1):
-    """twinkle_triton's rotary, declared compile-safe (its op has fake and autograd)."""
-    return twinkle_triton.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
-
-
-rotary.can_torch_compile = True
-rotary.has_backward = True
-
-
 def register_qwen2_kernels(device: str = DEVICE) -> None:
     """RMSNorm, Qwen2MLP and Qwen2's rotary function."""
     from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
@@ -45,7 +36,7 @@ def register_qwen2_kernels(device: str = DEVICE) -> None:
     # is installed (the GPU machine has none): bind explicitly so the graphs are the same everywhere
     register_external_layer(Qwen2RMSNorm, "RMSNorm")
     register_function_kernel(func_name="apply_rotary_pos_emb", target_module="transformers.models.qwen2.modeling_qwen2",
-                             func_impl=rotary, device=device)
+                             func_impl=twinkle_triton.apply_rotary_pos_emb, device=device)
 
 
 def twinkle_lines(graph_code: str) -> str:
@@ -84,6 +75,15 @@ def input_ids(batch: int = 2, seq: int = 8) -> torch.Tensor:
 # of their Triton kernels (triton_kernel_wrapper_functional) that Inductor compiles itself. On the CPU
 # (interpreter) they are opaque custom ops and the AOT graphs name them.
 KERNELS_INLINED = twinkle_triton._library.USE_TRITON_OP
+
+
+def kernels_inlined(test, aot_code: str) -> bool:
+    """On a GPU, check that the AOT graph launches the Triton kernels itself and return True; on the
+    CPU return False, and the caller pins the custom-op calls with assertExpectedInline."""
+    if KERNELS_INLINED:
+        test.assertIn("triton_kernel_wrapper_functional", aot_code)
+        test.assertNotIn("torch.ops.twinkle", aot_code)
+    return KERNELS_INLINED
 
 
 def renumbered(code: str) -> str:

@@ -19,7 +19,7 @@ __all__ = ["register_kernels"]
 _TOP_KEYS = ("layers", "external_layers", "functions")
 _LAYER_KEYS = ("layer", "repo", "repo_id", "repo_path", "package_name", "layer_name", "revision", "version",
                "device", "mode", "trust_remote_code")
-_FUNCTION_KEYS = ("func_impl", "repo", "repo_id", "repo_path", "package_name", "kernel_func_name", "revision",
+_FUNCTION_KEYS = ("target_module", "func_impl", "repo", "repo_id", "repo_path", "package_name", "kernel_func_name", "revision",
                   "version", "device", "mode", "trust_remote_code")
 
 
@@ -36,11 +36,41 @@ def _check_keys(where: str, entry: Mapping, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(allowed)}.")
 
 
+def _function_target(where: str, key: Any, target_module: Any) -> tuple[str, str]:
+    """(target_module, func_name) of a ``functions`` entry.
+
+    The documented form keys the entry by the function's name and names its module in the entry
+    (``{"add": {"target_module": "my_pkg.math_ops", ...}}``); a dotted key
+    (``{"my_pkg.math_ops.add": {...}}``) is a shorthand for the same.
+    """
+    if not isinstance(key, str) or not key or key.startswith(".") or key.endswith("."):
+        raise ValueError(f"{where}: the key must be a function name (with 'target_module' in the entry) "
+                         f"or 'module.func_name', got {key!r}.")
+    if target_module is None:
+        if "." not in key:
+            raise ValueError(f"{where}: no 'target_module'; add \"target_module\": \"my_pkg.my_module\" to the "
+                             f"entry, or key it as 'my_pkg.my_module.{key}'.")
+        module, _, name = key.rpartition(".")
+        return module, name
+    if not isinstance(target_module, str) or not target_module:
+        raise ValueError(f"{where}: target_module must be a dotted module path, got {target_module!r}.")
+    if "." in key:
+        module, _, name = key.rpartition(".")
+        if module != target_module:
+            raise ValueError(f"{where}: the key names module {module!r} but target_module is {target_module!r}; "
+                             f"key the entry by the function name {name!r}, or drop target_module.")
+        return module, name
+    return target_module, key
+
+
 def register_kernels(config: Mapping[str, Any]) -> None:
     """Register layer kernels, layer bindings and function kernels from one config.
 
     Each entry is the keyword arguments of :func:`register_layer_kernel` /
     :func:`register_function_kernel` (a dict, or a list of dicts for several devices/modes).
+    ``functions`` is keyed by the function's name, with ``target_module`` in the entry; a dotted
+    key ``"module.func_name"`` is accepted as a shorthand (a key and a ``target_module`` that
+    disagree are an error).
 
     Example:
         >>> register_kernels({
@@ -48,7 +78,7 @@ def register_kernels(config: Mapping[str, Any]) -> None:
         ...         {"repo_path": "/path/to/local/repo", "package_name": "my_kernels",
         ...          "layer_name": "Qwen2MLPTrainingKernel", "device": "cuda", "mode": "train"}]},
         ...     "external_layers": {"transformers.models.qwen2.modeling_qwen2.Qwen2MLP": "MyAwesomeMLP"},
-        ...     "functions": {"my_pkg.math_ops.add": {"func_impl": fast_add, "device": "cuda"}},
+        ...     "functions": {"add": {"target_module": "my_pkg.math_ops", "func_impl": fast_add, "device": "cuda"}},
         ... })  # doctest: +SKIP
 
     Raises:
@@ -69,7 +99,7 @@ def register_kernels(config: Mapping[str, Any]) -> None:
                 source=make_source(
                     what=where, is_layer=True, impl=entry.get("layer"), repo=entry.get("repo"),
                     repo_id=entry.get("repo_id"), repo_path=entry.get("repo_path"),
-                    package_name=entry.get("package_name"), attr=entry.get("layer_name"),
+                    package_name=entry.get("package_name"), attr=entry.get("layer_name") or kernel_name,
                     revision=entry.get("revision"), version=entry.get("version"),
                     trust_remote_code=entry.get("trust_remote_code", False), impl_arg="layer",
                 ),
@@ -82,12 +112,10 @@ def register_kernels(config: Mapping[str, Any]) -> None:
         bindings.append((resolve_class(cls), kernel_name))
 
     functions: list[FunctionRegistration] = []
-    for target, value in dict(config.get("functions") or {}).items():
-        if not isinstance(target, str) or "." not in target:
-            raise ValueError(f"functions[{target!r}]: the key must be 'module.func_name'.")
-        target_module, func_name = target.rsplit(".", 1)
-        for where, entry in _entries(f"functions[{target!r}]", value):
+    for key, value in dict(config.get("functions") or {}).items():
+        for where, entry in _entries(f"functions[{key!r}]", value):
             _check_keys(where, entry, _FUNCTION_KEYS)
+            target_module, func_name = _function_target(where, key, entry.get("target_module"))
             functions.append(FunctionRegistration(
                 target_module=target_module,
                 func_name=func_name,

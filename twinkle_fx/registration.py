@@ -42,6 +42,8 @@ def register_layer_kernel(
 
     Args:
         kernel_name (`str`): the name layers are bound to (see :func:`register_external_layer`).
+        layer_name (`str`, *optional*): the layer's attribute name in a repo (``repo_path`` or
+            ``repo_id``); defaults to ``kernel_name``, the Hugging Face ``kernels`` convention.
         device (`str`, *optional*): "cuda", "cpu", "rocm", "xpu", "mps"/"metal", "npu"; `None` serves any device.
         mode (*optional*): "train", "inference", "compile", "train+compile"; `None` serves any mode.
         trust_remote_code (`bool | list[str]`, defaults to `False`): passed to the `kernels` loader
@@ -67,7 +69,7 @@ def register_layer_kernel(
         mode=_registration_mode(mode),
         source=make_source(
             what=what, is_layer=True, impl=layer, repo=repo, repo_id=repo_id, repo_path=repo_path,
-            package_name=package_name, attr=layer_name, revision=revision, version=version,
+            package_name=package_name, attr=layer_name or kernel_name, revision=revision, version=version,
             trust_remote_code=trust_remote_code, impl_arg="layer",
         ),
     )

@@ -7,7 +7,7 @@ import torch
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
 from my_pkg.fast_ops import fast_add
-from twinkle_fx import get_registry, kernelize_model, register_kernels
+from twinkle_fx import get_registry, kernelize_model, register_external_layer, register_kernels
 
 from .kernels_for_tests import Gelu, TanhGeluKernel, uses_tanh
 
@@ -50,7 +50,11 @@ def test_config_registers_layers_bindings_and_functions(local_repo):
         (lambda c: c["layers"]["MyAwesomeMLP"][1].__setitem__("devices", "cpu"), r"layers\['MyAwesomeMLP'\]\[1\]: unknown key 'devices'"),
         (lambda c: c["functions"]["my_pkg.math_ops.add"].__setitem__("impl", fast_add), r"functions\['my_pkg.math_ops.add'\]: unknown key 'impl'"),
         (lambda c: c["layers"]["FastGelu"].__setitem__("mode", "speedy"), "Unknown kernel mode 'speedy'"),
-        (lambda c: c["functions"].__setitem__("add", {"func_impl": fast_add}), "must be 'module.func_name'"),
+        (lambda c: c["functions"].__setitem__("add", {"func_impl": fast_add}), "no 'target_module'"),
+        (lambda c: c["functions"].__setitem__("my_pkg.math_ops.add", {"func_impl": fast_add, "target_module": "other"}),
+         "the key names module 'my_pkg.math_ops' but target_module is 'other'"),
+        (lambda c: c["functions"].__setitem__(".add", {"func_impl": fast_add}), "the key must be a function name"),
+        (lambda c: c["functions"].__setitem__("mod.", {"func_impl": fast_add}), "the key must be a function name"),
         (lambda c: c["external_layers"].__setitem__("transformers.NoSuchClass", "X"), "Cannot resolve layer class"),
     ],
 )
@@ -78,3 +82,34 @@ def test_scoped_registry_unwinds_on_exception():
             register_kernels({"layers": {"FastGelu": {"layer": TanhGeluKernel}}})
             raise RuntimeError
     assert get_registry().layer_kernel_names() == []
+
+
+def test_functions_keyed_by_name_with_target_module_as_documented():
+    # The guide's and the scenarios' form: the function's name as key, its module in the entry.
+    import my_pkg.math_ops
+
+    from twinkle_fx import undo_kernelize
+
+    original = my_pkg.math_ops.add
+    register_kernels({"functions": {"add": {"target_module": "my_pkg.math_ops", "func_impl": fast_add,
+                                            "device": "cpu"}}})
+    assert get_registry().function_targets() == ["my_pkg.math_ops.add"]
+    kernelize_model(None, mode="inference", device="cpu")
+    try:
+        assert my_pkg.math_ops.add is fast_add
+    finally:
+        undo_kernelize()
+    assert my_pkg.math_ops.add is original
+
+
+def test_layer_name_defaults_to_kernel_name(local_repo):
+    from twinkle_fx import register_layer_kernel
+    from twinkle_fx import Mode
+    from twinkle_fx.selection import select_layer_kernel
+
+    register_layer_kernel(kernel_name="Qwen2MLPTrainingKernel", repo_path=str(local_repo),
+                          package_name="my_kernels", device="cpu")
+    register_external_layer(Qwen2MLP, "Qwen2MLPTrainingKernel")
+    selection = select_layer_kernel(get_registry(), Qwen2MLP, "cpu", Mode.TRAINING)
+    assert selection.choice is not None, selection.reason
+    assert selection.choice.call.__qualname__.startswith("Qwen2MLPTrainingKernel")

@@ -131,7 +131,6 @@ def test_load_is_lazy_and_cached(tmp_path):
         ({}, "exactly one of layer=, repo=, repo_id=, repo_path= \\(got none\\)"),
         ({"layer": Gelu, "repo_id": "org/x", "layer_name": "L"}, "got layer, repo_id"),
         ({"repo_id": "org/x", "layer_name": "L", "revision": "main", "version": 1}, "either revision= or version="),
-        ({"repo_id": "org/x"}, "layer_name is required"),
         ({"repo_id": "not-a-repo-id", "layer_name": "L"}, "org/name"),
         ({"layer": Gelu, "revision": "main"}, "only apply to repo_id"),
         ({"layer": Gelu, "mode": "sometimes"}, "Unknown kernel mode"),

@@ -236,8 +236,8 @@ _fused_linear_cross_entropy_op = define_op(
 # gradient add), warps and pipeline stages; SPLITS_PER_SM: vocab ranges per token tile so that
 # (token tiles x ranges) ~ SPLITS_PER_SM x SMs programs run. Chosen by `benchmarks/flce_sweep.py`
 # on an H200 (see README.md, kernel table); module-level so the sweep and the tests can set them.
-TILED_FORWARD = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3, "SPLITS_PER_SM": 2}
-TILED_BACKWARD = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 8, "num_stages": 3}
+TILED_FORWARD = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3, "SPLITS_PER_SM": 1}
+TILED_BACKWARD = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3}
 
 _STRATEGIES = ("tiled", "chunked")
 _TILED_REDUCTIONS = ("mean", "sum", "none")
@@ -263,7 +263,7 @@ def _logits_tile(
     x_ptr, w_ptr, bias_ptr, rows, row_mask, cols, col_mask, D, stride_xn, stride_xd, stride_wv, stride_wd, softcap,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """(logits tile [BLOCK_M, BLOCK_N] after bias and soft-capping, tanh of the cap or None)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), ACC_DTYPE)
@@ -279,8 +279,13 @@ def _logits_tile(
             a = tl.load(x_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=col_mask[None, :] & k_mask[:, None], other=0.0)
         if DOT_UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            acc += tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
+        elif ACC_IN_DOT:
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        else:
+            # fp32 / fp64 inputs: triton 3.6 rejects their accumulator operand on an H100 (a
+            # CompilationError in tl.dot's accumulator check); a separate add is equivalent
+            acc += tl.dot(a, b, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K * stride_xd
         w_ptrs += BLOCK_K * stride_wd
     if HAS_BIAS:
@@ -294,14 +299,15 @@ def _logits_tile(
 
 @triton.jit
 def _flce_tiled_fwd_kernel(
-    x_ptr, w_ptr, bias_ptr, target_ptr, order_ptr, n_valid_ptr, part_ptr,
-    N, V, D, stride_xn, stride_xd, stride_wv, stride_wd, tiles_per_split, softcap,
+    x_ptr, w_ptr, bias_ptr, target_ptr, order_ptr, n_valid_ptr, part_ptr, tile_max_ptr,
+    N, V, D, stride_xn, stride_xd, stride_wv, stride_wd, tiles_per_split, n_v_tiles, softcap,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SMOOTHING: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """Per (token tile, vocab range): each row's max, sum of exp(logit - max), target logit and
-    (label smoothing) sum of logits over the range, into part[range, 0..3, row]."""
+    (label smoothing) sum of logits over the range, into part[range, 0..3, row]; and each tile's
+    largest logit into tile_max[token tile, vocab tile] (the backward's bound for skipping tiles)."""
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     n_valid = tl.load(n_valid_ptr)
@@ -321,11 +327,14 @@ def _flce_tiled_fwd_kernel(
         z, _cap = _logits_tile(
             x_ptr, w_ptr, bias_ptr, rows, row_mask, cols, col_mask, D, stride_xn, stride_xd, stride_wv, stride_wd,
             softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_DTYPE, DOT_PRECISION, DOT_UPCAST,
+            ACC_IN_DOT,
         )
         target_logit += tl.sum(tl.where(cols[None, :] == target[:, None], z, 0.0), axis=1)
         if HAS_SMOOTHING:
             logit_sum += tl.sum(tl.where(col_mask[None, :], z, 0.0), axis=1)
         z = tl.where(col_mask[None, :], z, float("-inf"))
+        tile_max = tl.max(tl.max(tl.where(row_mask[:, None], z, float("-inf")), axis=1), axis=0)
+        tl.store(tile_max_ptr + pid_m * n_v_tiles + tile, tile_max)
         m_new = tl.maximum(m_i, tl.max(z, axis=1))  # every tile has a real column: finite
         s_i = s_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(z - m_new[:, None]), axis=1)
         m_i = m_new
@@ -374,15 +383,15 @@ def _add_product(
 
 @triton.jit
 def _flce_tiled_bwd_kernel(
-    x_ptr, w_ptr, bias_ptr, target_ptr, order_ptr, n_valid_ptr, lse_ptr, dloss_ptr,
+    x_ptr, w_ptr, bias_ptr, target_ptr, order_ptr, n_valid_ptr, lse_ptr, dloss_ptr, tile_max_ptr,
     dx_ptr, dw_ptr, db_ptr, locks_ptr,
     N, V, D, stride_xn, stride_xd, stride_wv, stride_wd,
-    softcap, smoothing, z_loss, filter_eps, n_m_tiles,
+    softcap, smoothing, z_loss, filter_eps, n_m_tiles, fwd_block_m, fwd_block_n, fwd_n_v_tiles,
     HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, COMPUTE_DX: tl.constexpr, COMPUTE_DW: tl.constexpr,
-    COMPUTE_DB: tl.constexpr, FILTER: tl.constexpr, ATOMIC: tl.constexpr,
+    COMPUTE_DB: tl.constexpr, FILTER: tl.constexpr, SKIP_BY_BOUND: tl.constexpr, ATOMIC: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_K: tl.constexpr, EVEN_D: tl.constexpr, ACC_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DOT_UPCAST: tl.constexpr,
+    DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """One (token tile, vocab tile): recompute the logits, form d(loss)/d(logits), add its products
     into grad_x, grad_W (and grad_bias)."""
@@ -395,14 +404,27 @@ def _flce_tiled_bwd_kernel(
     if pid_m * BLOCK_M >= n_valid:
         return
     rows, row_mask = _valid_rows(order_ptr, n_valid, pid_m, BLOCK_M)
+    target = tl.load(target_ptr + rows, mask=row_mask, other=-1).to(tl.int64)
+    lse = tl.load(lse_ptr + rows, mask=row_mask, other=0.0).to(ACC_DTYPE)
+    if SKIP_BY_BOUND:
+        # Skip the tile before computing it when no entry can pass the filter: no target in it and
+        # softmax <= exp(largest logit of the covering forward tile - smallest lse of the rows).
+        # With a 150k vocabulary that is nearly every tile, so the backward matmuls run for few.
+        first_col = pid_v * BLOCK_N
+        has_target = tl.max(((target >= first_col) & (target < first_col + BLOCK_N)).to(tl.int32), axis=0)
+        if has_target == 0:
+            lse_min = tl.min(tl.where(row_mask, lse, float("inf")), axis=0)
+            lse_abs = tl.max(tl.where(row_mask, tl.abs(lse), 0.0), axis=0)
+            tile_max = tl.load(tile_max_ptr + (pid_m * BLOCK_M // fwd_block_m) * fwd_n_v_tiles + first_col // fwd_block_n)
+            if tl.exp(tile_max - lse_min) * (1.0 + 2.0 * z_loss * lse_abs) < filter_eps:
+                return
     cols = (pid_v * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     col_mask = cols < V
     z, cap = _logits_tile(
         x_ptr, w_ptr, bias_ptr, rows, row_mask, cols, col_mask, D, stride_xn, stride_xd, stride_wv, stride_wd,
         softcap, HAS_BIAS, HAS_SOFTCAP, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, ACC_DTYPE, DOT_PRECISION, DOT_UPCAST,
+            ACC_IN_DOT,
     )
-    target = tl.load(target_ptr + rows, mask=row_mask, other=-1).to(tl.int64)
-    lse = tl.load(lse_ptr + rows, mask=row_mask, other=0.0).to(ACC_DTYPE)
     # d loss / d z = softmax * (1 + 2 z_loss lse) - (1 - smoothing) onehot - smoothing / V
     g = tl.exp(z - lse[:, None]) * (1.0 + 2.0 * z_loss * lse)[:, None]
     g = g - tl.where(cols[None, :] == target[:, None], 1.0 - smoothing, 0.0) - smoothing / V
@@ -453,15 +475,17 @@ def _valid_order(target: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
 def _flce_tiled_impl(
     x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ignore_index: int, label_smoothing: float,
     z_loss: float, softcap: float, filter_eps: float, fp32_accumulation: bool,
-) -> tuple[Tensor, Tensor]:
-    """(loss per row, logsumexp per row) of x [N, D]; ignored rows get 0 for both."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(loss per row, logsumexp per row, largest logit per tile) of x [N, D]; ignored rows get 0."""
     n, d = x.shape
     v = weight.shape[0]
     loss_dtype = _loss_dtype(x)
     order, n_valid = _valid_order(target, ignore_index)
     cfg = TILED_FORWARD
-    block_m, block_n, block_k = _fit(cfg["BLOCK_M"], n), _fit(cfg["BLOCK_N"], v), _fit(cfg["BLOCK_K"], d)
+    (block_m, block_n), block_k = _forward_tiles(v), _fit(cfg["BLOCK_K"], d)
     n_m_tiles, n_v_tiles = triton.cdiv(max(n, 1), block_m), triton.cdiv(v, block_n)
+    # +inf (never skip) where no forward tile wrote: rows that are all ignored
+    tile_max = torch.full((triton.cdiv(n, block_m), n_v_tiles), float("inf"), dtype=torch.float32, device=x.device)
     if x.device.type == "cuda" and not interpreting():
         programs = cfg["SPLITS_PER_SM"] * torch.cuda.get_device_properties(x.device).multi_processor_count
         splits = max(1, min(n_v_tiles, programs // n_m_tiles))
@@ -472,11 +496,12 @@ def _flce_tiled_impl(
     part = torch.zeros((splits, 4, n), dtype=loss_dtype, device=x.device)
     if n:
         _flce_tiled_fwd_kernel[(n_m_tiles, splits)](
-            x, weight, bias, target, order, n_valid, part, n, v, d, x.stride(0), x.stride(1), weight.stride(0),
-            weight.stride(1), tiles_per_split, softcap,
+            x, weight, bias, target, order, n_valid, part, tile_max, n, v, d, x.stride(0), x.stride(1),
+            weight.stride(0), weight.stride(1), tiles_per_split, n_v_tiles, softcap,
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap > 0, HAS_SMOOTHING=label_smoothing > 0,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=d % block_k == 0,
             ACC_DTYPE=compute_dtype(x.dtype), DOT_PRECISION=_dot_precision(x.dtype), DOT_UPCAST=_dot_upcast(x.dtype),
+            ACC_IN_DOT=x.dtype in (torch.bfloat16, torch.float16),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     valid = target != ignore_index
@@ -486,19 +511,28 @@ def _flce_tiled_impl(
     loss = lse - (1.0 - label_smoothing) * target_logit.sum(0) - label_smoothing / v * logit_sum.sum(0)
     if z_loss:
         loss = loss + z_loss * lse * lse
-    return torch.where(valid, loss, 0.0), lse
+    return torch.where(valid, loss, 0.0), lse, tile_max
+
+
+def _forward_tiles(vocab: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) of the forward: the tile_max grid, which the backward reads."""
+    return TILED_FORWARD["BLOCK_M"], _fit(TILED_FORWARD["BLOCK_N"], vocab)
 
 
 def _flce_tiled_fake(x, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, filter_eps,
                      fp32_accumulation):
     dtype = _loss_dtype(x)
-    return x.new_empty(x.shape[0], dtype=dtype), x.new_empty(x.shape[0], dtype=dtype)
+    block_m, block_n = _forward_tiles(weight.shape[0])
+    tiles = ((x.shape[0] + block_m - 1) // block_m, (weight.shape[0] + block_n - 1) // block_n)
+    return (x.new_empty(x.shape[0], dtype=dtype), x.new_empty(x.shape[0], dtype=dtype),
+            x.new_empty(tiles, dtype=torch.float32))
 
 
 def _flce_tiled_backward_impl(
-    x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, lse: Tensor, grad_loss: Tensor,
-    ignore_index: int, label_smoothing: float, z_loss: float, softcap: float, filter_eps: float,
-    fp32_accumulation: bool, compute_grad_x: bool, compute_grad_weight: bool, compute_grad_bias: bool,
+    x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, lse: Tensor, grad_loss: Tensor, tile_max: Tensor,
+    fwd_block_m: int, fwd_block_n: int, ignore_index: int, label_smoothing: float, z_loss: float, softcap: float,
+    filter_eps: float, fp32_accumulation: bool, compute_grad_x: bool, compute_grad_weight: bool,
+    compute_grad_bias: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_x, grad_weight, grad_bias) for d(sum of grad_loss * loss per row); [0]-sized where not asked."""
     n, d = x.shape
@@ -509,30 +543,37 @@ def _flce_tiled_backward_impl(
     grad_w = torch.zeros((v, d), dtype=acc_dtype, device=x.device) if compute_grad_weight else x.new_empty(0)
     grad_b = torch.zeros(v, dtype=_loss_dtype(x), device=x.device) if compute_grad_bias else x.new_empty(0)
     cfg = TILED_BACKWARD
-    block_m, block_n = _fit(cfg["BLOCK_M"], n), _fit(cfg["BLOCK_N"], v)
+    block_m, block_n = cfg["BLOCK_M"], _fit(cfg["BLOCK_N"], v)
     block_k, block_d = _fit(cfg["BLOCK_K"], d), _fit(cfg["BLOCK_D"], d)
     n_m_tiles, n_v_tiles = triton.cdiv(max(n, 1), block_m), triton.cdiv(v, block_n)
     if n and (compute_grad_x or compute_grad_weight or compute_grad_bias):
         order, n_valid = _valid_order(target, ignore_index)
         locks = torch.zeros((n_m_tiles + n_v_tiles) * triton.cdiv(d, block_d), dtype=torch.int32, device=x.device)
         _flce_tiled_bwd_kernel[(n_m_tiles * n_v_tiles,)](
-            x, weight, bias, target, order, n_valid, lse, grad_loss, grad_x, grad_w, grad_b, locks,
+            x, weight, bias, target, order, n_valid, lse, grad_loss, tile_max, grad_x, grad_w, grad_b, locks,
             n, v, d, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
-            softcap, label_smoothing, z_loss, filter_eps, n_m_tiles,
+            softcap, label_smoothing, z_loss, filter_eps, n_m_tiles, fwd_block_m, fwd_block_n, tile_max.shape[1],
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap > 0, COMPUTE_DX=compute_grad_x,
-            COMPUTE_DW=compute_grad_weight, COMPUTE_DB=compute_grad_bias, FILTER=filter_eps > 0, ATOMIC=atomic,
+            COMPUTE_DW=compute_grad_weight, COMPUTE_DB=compute_grad_bias, FILTER=filter_eps > 0,
+            # the bound needs each backward tile inside one forward tile (powers of two: not smaller), and is
+            # useless when label smoothing alone puts every entry above filter_eps
+            SKIP_BY_BOUND=(filter_eps > 0 and fwd_block_m >= block_m and fwd_block_n >= block_n
+                           and label_smoothing / v < filter_eps),
+            ATOMIC=atomic,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_D=block_d,
             EVEN_K=d % block_k == 0, EVEN_D=d % block_d == 0, ACC_DTYPE=compute_dtype(x.dtype),
-            DOT_PRECISION=_dot_precision(x.dtype), DOT_UPCAST=_dot_upcast(x.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            DOT_PRECISION=_dot_precision(x.dtype), DOT_UPCAST=_dot_upcast(x.dtype),
+            ACC_IN_DOT=x.dtype in (torch.bfloat16, torch.float16),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     if atomic and acc_dtype != x.dtype:
         grad_x, grad_w = grad_x.to(x.dtype), grad_w.to(x.dtype)
     return grad_x, grad_w, (grad_b.to(x.dtype) if compute_grad_bias else grad_b)
 
 
-def _flce_tiled_backward_fake(x, weight, target, bias, lse, grad_loss, ignore_index, label_smoothing, z_loss,
-                              softcap, filter_eps, fp32_accumulation, compute_grad_x, compute_grad_weight,
-                              compute_grad_bias):
+def _flce_tiled_backward_fake(x, weight, target, bias, lse, grad_loss, tile_max, fwd_block_m, fwd_block_n,
+                              ignore_index, label_smoothing, z_loss, softcap, filter_eps, fp32_accumulation,
+                              compute_grad_x, compute_grad_weight, compute_grad_bias):
     return (
         torch.empty_like(x, memory_format=torch.contiguous_format) if compute_grad_x else x.new_empty(0),
         torch.empty_like(weight, memory_format=torch.contiguous_format) if compute_grad_weight else x.new_empty(0),
@@ -549,17 +590,19 @@ _flce_tiled_backward_op = define_op(
 def _flce_tiled_setup_context(ctx, inputs, output):
     x, weight, target, bias = inputs[:4]
     ctx.options = inputs[4:]
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(x, weight, target, bias, output[1])
+    ctx.forward_tiles = _forward_tiles(weight.shape[0])
+    ctx.mark_non_differentiable(output[1], output[2])
+    ctx.save_for_backward(x, weight, target, bias, output[1], output[2])
 
 
-def _flce_tiled_backward(ctx, grad_loss, _grad_lse):
+def _flce_tiled_backward(ctx, grad_loss, _grad_lse, _grad_tile_max):
     if grad_loss is None:
         return (None,) * 10
-    x, weight, target, bias, lse = ctx.saved_tensors
+    x, weight, target, bias, lse, tile_max = ctx.saved_tensors
     need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
     grad_x, grad_w, grad_b = _flce_tiled_backward_op(
-        x, weight, target, bias, lse, grad_loss.contiguous(), *ctx.options, need_x, need_w, need_b and bias is not None,
+        x, weight, target, bias, lse, grad_loss.contiguous(), tile_max, *ctx.forward_tiles, *ctx.options,
+        need_x, need_w, need_b and bias is not None,
     )
     return (grad_x if need_x else None, grad_w if need_w else None, None,
             grad_b if need_b and bias is not None else None, None, None, None, None, None, None)
@@ -685,7 +728,7 @@ def fused_linear_cross_entropy(
         )[0]
     hidden = x.shape[-1]
     target1 = target.reshape(-1).contiguous()
-    row_loss, _ = _flce_tiled_op(
+    row_loss, _, _ = _flce_tiled_op(
         x.reshape(-1, hidden), weight, target1, None if bias is None else bias.contiguous(), int(ignore_index),
         float(label_smoothing), float(z_loss), float(softcap or 0.0), _resolve_filter_eps(filter_eps, x.dtype),
         bool(fp32_accumulation),

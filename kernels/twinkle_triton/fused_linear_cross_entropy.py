@@ -29,9 +29,11 @@ computed in the forward (like Liger), exact, but the logits chunk costs ``chunk_
 itemsize`` bytes (``LOGITS_CHUNK_BYTES``, 320 MiB by default). It supports ``reduction`` mean/sum
 without the options above.
 
-Measured (H200, torch 2.11, 4096 tokens x 896 -> 151936 vocab, bf16, every 7th label -100, forward +
-backward): see ``README.md`` (kernel table) and ``TILED_FORWARD`` / ``TILED_BACKWARD`` for the tile
-sizes and the sweep that chose them.
+Measured by ``twinkle-fx bench --micro`` on an H100 (torch 2.11, triton 3.6; 4096 tokens x 896 ->
+151936 vocab, bf16, every 7th label -100, forward + backward, one run): tiled 4.67 ms / 0.261 GiB
+extra; Cut Cross-Entropy 6.71 / 0.262; Inductor 6.82 / 1.42; chunked 6.8 / 0.55; eager 15.3 / 6.96.
+Most of the tiled backward's gain comes from the forward's per-tile logit maximum: the backward
+skips a tile without computing it when no entry can reach ``filter_eps`` (see the kernel).
 
 Semantics: ``reduction="mean"`` divides by the number of non-ignored targets; with every target
 ignored the mean is nan (0/0) and gradients are zero, exactly like ``F.cross_entropy``;
@@ -91,6 +93,12 @@ def _fused_linear_cross_entropy_fwd_kernel(
             tl.store(row_ptr + cols, grad.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
+# Chunk size of the chunked strategy: extra memory is grad_W plus one logits chunk, ``chunk_size *
+# vocab * itemsize``. Small chunks are slow: every chunk re-reads and re-writes grad_W (272 MB at vocab
+# 151936 x 896) and its GEMMs have a small M. H200, torch 2.11, 4096 tokens x 896 -> 151936, bf16, fwd+bwd:
+#     chunk rows   128     256     512     1024    2048    4096
+#     ms           13.62   8.85    7.12    6.55    6.66    6.29
+#     extra GiB    0.297   0.333   0.405   0.550   0.840   1.420
 def default_chunk_size(vocab_size: int, dtype: torch.dtype) -> int:
     """Rows per chunk so that one logits chunk stays within ``LOGITS_CHUNK_BYTES`` (whole 256-row
     tiles when at least one fits, else a multiple of 16, at least 16)."""
@@ -234,8 +242,11 @@ _fused_linear_cross_entropy_op = define_op(
 
 # Tile sizes (BLOCK_M tokens x BLOCK_N vocab, BLOCK_K hidden per matmul step; BLOCK_D hidden per
 # gradient add), warps and pipeline stages; SPLITS_PER_SM: vocab ranges per token tile so that
-# (token tiles x ranges) ~ SPLITS_PER_SM x SMs programs run. Chosen by `benchmarks/flce_sweep.py`
-# on an H200 (see README.md, kernel table); module-level so the sweep and the tests can set them.
+# (token tiles x ranges) ~ SPLITS_PER_SM x SMs programs run. Chosen by docs/perf/flce_sweep.py on an
+# H100 at the shape above (docs/perf/flce_sweep-h100.jsonl): forward 128x256x64, 8 warps, 3 stages,
+# 2.6-2.9 ms (128x128 4 warps: 3.9); backward 64x128, 4 warps: 4.7 ms fwd+bwd, vs 5.3-6.6 for 128-row
+# or 256-column tiles; 64x64 was faster (4.1) but filters finer, 2.02e-2 from fp32 instead of 1.99e-2.
+# Module-level so the sweep and the tests can set them.
 TILED_FORWARD = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3, "SPLITS_PER_SM": 1}
 TILED_BACKWARD = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "BLOCK_D": 64, "num_warps": 4, "num_stages": 3}
 

@@ -216,6 +216,13 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.twinkle.fused_linear_cross_entropy.default, args)
 
 
+def test_opcheck_tiled(small_tiles):
+    x, weight, target, bias = _inputs((21,), 24, torch.float32, bias=True)
+    args = (x.requires_grad_(), weight.requires_grad_(), target, bias.requires_grad_(), -100, 0.1, 1e-3, 0.0,
+            1e-6, False)
+    torch.library.opcheck(torch.ops.twinkle.fused_linear_cross_entropy_tiled.default, args)
+
+
 def _compiled_matches_reference(backend, **options):
     x, weight, target, bias = _inputs((2, 6), 16, torch.float32, bias=True)
     target[0, :4] = -100

@@ -25,7 +25,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _MODEL_DEFAULTS = {"batch": (4, 2), "seq": (1024, 32), "dtype": ("bf16", "fp32"), "steps": (20, 2), "warmup": (3, 1)}
 _MICRO_DEFAULTS = {"dtype": ("bf16", "fp32"), "steps": (50, 2), "warmup": (5, 1)}
 _MODEL_BACKENDS = "eager,inductor,twinkle,kernelize+twinkle,kernelize,liger,liger+inductor"
-_MICRO_BACKENDS = "eager,inductor,twinkle,liger"
+_MICRO_BACKENDS = "eager,inductor,twinkle,liger,cce"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

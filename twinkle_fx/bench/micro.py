@@ -1,6 +1,7 @@
 """Kernel microbenchmarks: every op of ``twinkle_triton`` at a realistic LLM shape, forward and
 forward + backward, next to its plain-PyTorch ``<op>_reference`` (eager), ``torch.compile`` of that
-reference (Inductor) and Liger where Liger has the op.
+reference (Inductor), Liger where Liger has the op, and Apple's Cut Cross-Entropy
+(``cut_cross_entropy.linear_cross_entropy``, its defaults) for the fused linear cross-entropy.
 
 Memory-bound ops report achieved GB/s, the minimum bytes the op must read and write divided by its
 time, as a fraction of a device-to-device copy (``Tensor.copy_`` of a 1 GiB buffer) measured in the
@@ -30,7 +31,7 @@ from .timing import GIB, DeviceClock, time_calls
 
 __all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
 
-MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger")
+MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger", "cce")
 
 # Relative L2 error (|a - b| / |b| over a whole output or gradient) allowed against the reference:
 # bf16 keeps 8 bits of mantissa (rounding 2^-9 ~ 2e-3 per element); fused kernels round fewer
@@ -319,6 +320,13 @@ def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOpt
             fn = getattr(liger, case.liger, None)
             impls.append(_Impl(name, fn, inputs.liger_args or inputs.args, inputs.liger_grads,
                                error=None if fn else f"liger-kernel has no {case.liger}"))
+        elif name == "cce" and case.op == "fused_linear_cross_entropy":  # the only op Cut Cross-Entropy has
+            cce, cce_error = _import("cut_cross_entropy",
+                                     not_installed="cut-cross-entropy not installed (pip install cut-cross-entropy)")
+            # linear_cross_entropy(e, c, targets): ignore_index -100 and mean reduction by default, as ours
+            fn = getattr(cce, "linear_cross_entropy", None)
+            impls.append(_Impl(name, fn, inputs.args, error=cce_error if cce is None or fn else
+                               "cut_cross_entropy has no linear_cross_entropy"))
     return reference, impls
 
 

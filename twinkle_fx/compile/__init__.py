@@ -11,6 +11,8 @@ themselves are imported when the backend first runs.
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 from .hooks import install
@@ -30,3 +32,16 @@ def __getattr__(name: str) -> Any:
 
         return getattr(report, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _CallableModule(types.ModuleType):
+    """This package is also the one-call API: ``twinkle_fx.compile(model, ...)`` is
+    :func:`twinkle_fx.compile.one_call.compile_model` (the head swap, then ``backend="twinkle"``)."""
+
+    def __call__(self, model, **kwargs):
+        from .one_call import compile_model
+
+        return compile_model(model, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -9,6 +9,7 @@ untouched; the object remembers what it replaced, so undo needs no side table an
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -60,6 +61,14 @@ class KernelForward:
                 )
                 return result
         return self.fn(self.module, *args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        # inspect.signature(module.forward) shows the replaced forward's parameters, not (*args,
+        # **kwargs): Hugging Face Trainer keeps only the dataset columns that forward names.
+        if self.previous is not _MISSING:
+            return inspect.signature(self.previous)
+        return inspect.signature(type(self.module).forward.__get__(self.module))
 
     def reference(self, *args: Any, **kwargs: Any) -> Any:
         """The forward this kernel replaced."""

@@ -53,7 +53,7 @@ def _check_model_type(name: str) -> None:
 
     from .builtin import BUILTIN_MODELS
 
-    if name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or name in BUILTIN_MODELS:
         return
     close = difflib.get_close_matches(name, list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), n=3)
     hint = f"did you mean {', '.join(close)}? " if close else ""

@@ -18,6 +18,7 @@ from .devices import registration_keys
 from .errors import KernelLoadError
 from .modes import Mode, format_mode, mode_fallback_order
 from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
+from .kernels_mapping import with_kernels_mapping
 
 __all__ = ["KernelChoice", "Selection", "select_layer_kernel", "select_function_kernel", "signature_mismatch"]
 
@@ -161,7 +162,8 @@ def select_layer_kernel(
     kernel_name = registry.kernel_name_for(cls)
     if kernel_name is None:
         return None
-    registrations = registry.layer_registrations(kernel_name)
+    # the Hugging Face kernels mapping in effect (use_kernel_mapping) fills devices twinkle_fx has nothing for
+    registrations = with_kernels_mapping(kernel_name, device, registry.layer_registrations(kernel_name))
     if not registrations and not registry.is_bound(cls):
         # transformers tags many classes with kernel_layer_name; only registered names are targets
         return None

@@ -28,6 +28,7 @@ from ..settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
 from .compiled_root import report_compiled_root
 from .function_patterns import swap_function_patterns
+from .foreign_forwards import report_foreign_forwards
 from .function_regions import report_function_regions
 from .graph_breaks import note_graph_break
 from .layer_regions import swap_layer_regions
@@ -47,6 +48,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("function_patterns", swap_function_patterns),
     ("function_regions", report_function_regions),
     ("compiled_root", report_compiled_root),
+    ("foreign_forwards", report_foreign_forwards),
 )
 
 
@@ -99,8 +101,9 @@ def _run_passes(ctx: GraphContext, report: GraphReport) -> None:
             result, report.graph_break = result
         elapsed = (time.perf_counter() - start) * 1e3
         report.pass_ms[name] = elapsed
+        found = report.regions[before:]
         logging.getLogger(run.__module__).info(
-            "twinkle_fx %s: %s swapped/reported, %s candidate(s), %.1f ms", name, result, len(report.regions) - before, elapsed
+            "twinkle_fx %s: %d of %d candidate(s) swapped, %.1f ms", name, sum(r.swapped for r in found), len(found), elapsed
         )
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from ..eager.layers import swapped_forward
+from ..kernels_mapping import foreign_forward
 from ..selection import Selection, select_layer_kernel, signature_mismatch
 from .equivalence import StructuralKeys, aten_outputs, reparametrized, static_inputs
 from .kernel_call import LayerKernelCall
@@ -91,6 +92,9 @@ def _swap(ctx: GraphContext, region: Region, cls: type, key: str, selection: Sel
     eager = swapped_forward(module)
     if eager is not None:
         return f"already kernelized eagerly (kernelize_model installed {eager.kernel_name}); the graph holds that kernel"
+    foreign = foreign_forward(module)
+    if foreign is not None:
+        return f"forward replaced by {foreign}: the graph runs that kernel as it is (twinkle_fx leaves it)"
     bound = bind_layer(ctx, region, module)
     if isinstance(bound, str):
         return bound

@@ -56,21 +56,20 @@ def reference_losses(tmp_path_factory) -> list[float]:
     return _losses(_trainer(_model(), tmp_path_factory.mktemp("reference")))
 
 
-def _builtin_without_head() -> None:
-    # the fused-loss head (fused_loss=True) is left out until its forward keeps the original signature:
-    # with `(*args, **kwargs)` Trainer drops every dataset column
-    use_builtin_kernels(devices=("cpu",), fused_loss=False)
+def _builtin() -> None:
+    # with the fused-loss head: its swapped forward shows the original signature, so Trainer keeps the columns
+    use_builtin_kernels(devices=("cpu",))
 
 
 def test_trainer_with_a_kernelized_model(tmp_path, reference_losses):
-    _builtin_without_head()
+    _builtin()
     model = kernelize_model(_model(), mode="train", device="cpu")
-    assert sum(swapped_forward(m) is not None for m in model.modules()) == 7  # 5 RMSNorm + 2 MLP
+    assert sum(swapped_forward(m) is not None for m in model.modules()) == 8  # 5 RMSNorm + 2 MLP + the fused-loss head
     assert _losses(_trainer(model, tmp_path)) == pytest.approx(reference_losses, rel=1e-4)
 
 
 def test_trainer_with_the_twinkle_backend(tmp_path, reference_losses):
-    _builtin_without_head()
+    _builtin()
     model = _model()
     model.compile(backend="twinkle", options={"compiler": "aot_eager"})  # in place; Trainer keeps the module
     trainer = _trainer(model, tmp_path)
@@ -113,9 +112,13 @@ def _sft_losses(model, tmp_path) -> list[float]:
 
 def test_trl_sft_trainer_with_a_kernelized_model(tmp_path):
     reference = _sft_losses(_model(), tmp_path / "reference")
-    _builtin_without_head()
+    _builtin()
     model = kernelize_model(_model(), mode="train", device="cpu")
+    assert sum(swapped_forward(m) is not None for m in model.modules()) == 8
     assert _sft_losses(model, tmp_path / "kernelized") == pytest.approx(reference, rel=1e-4)
+    # SFTTrainer installs its own forward on the model (its token-accuracy metrics need the logits), which
+    # displaces the fused-loss head; the 5 RMSNorm and 2 MLP swaps stay
+    assert swapped_forward(model) is None
     assert sum(swapped_forward(m) is not None for m in model.modules()) == 7
 
 
@@ -139,6 +142,6 @@ def _accelerate_losses(model) -> list[float]:
 
 def test_accelerate_with_a_kernelized_model():
     reference = _accelerate_losses(_model())
-    _builtin_without_head()
+    _builtin()
     model = kernelize_model(_model(), mode="train", device="cpu")
     assert _accelerate_losses(model) == pytest.approx(reference, rel=1e-4)

@@ -13,6 +13,7 @@ import sys
 # subcommand -> module providing add_parser(subparsers)
 COMMANDS = {
     "bench": "twinkle_fx.bench.cli",
+    "check": "twinkle_fx.check",
     "explain": "twinkle_fx.explain",
 }
 

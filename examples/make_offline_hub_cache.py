@@ -22,7 +22,11 @@ REPOS = {
 
 def publish_examples(hf_home: Path) -> dict[str, Path]:
     """Publish every repo of REPOS into ``hf_home``; returns repo id -> snapshot folder."""
-    return {repo_id: publish_to_hub_cache(path, repo_id, hf_home=hf_home) for repo_id, path in REPOS.items()}
+    snapshots = {repo_id: publish_to_hub_cache(path, repo_id, hf_home=hf_home) for repo_id, path in REPOS.items()}
+    # hf-kernels-layers.md loads kernels-community/activation at revision="layers" (a branch there)
+    activation = snapshots["kernels-community/activation"]
+    (activation.parent.parent / "refs" / "layers").write_text(activation.name)
+    return snapshots
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import runpy
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -45,7 +46,6 @@ from typing import Any
 
 import torch
 
-from .benchmark import benchmark_kernel
 from .bench.timing import DeviceClock
 from .eager.verify import TOLERANCES
 from .modes import Mode
@@ -361,17 +361,14 @@ class _Runner:
         torch.manual_seed(rows * 31 + width)
         return self.t.make(rows, width, dtype, self.device)
 
-    def _run(self, call: Callable[[], Any], wrt: list[torch.Tensor], keys: list[str] | None, seed: int
-             ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor | None]]:
+    def _outputs(self, call: Callable[[], Any]) -> dict[str, torch.Tensor]:
         with torch.set_grad_enabled(self.train):
-            outputs = _tensors(call())
-        keys = list(outputs) if keys is None else keys
-        grads: list[torch.Tensor | None] = []
-        if self.train and wrt:
-            objective = _objective(outputs, keys, seed)
-            if objective is not None:
-                grads = list(torch.autograd.grad(objective, wrt, allow_unused=True))
-        return {k: v.detach() for k, v in outputs.items()}, grads
+            return _tensors(call())
+
+    def _grads(self, outputs: dict[str, torch.Tensor], keys: list[str], wrt: list[torch.Tensor], seed: int
+               ) -> list[torch.Tensor | None]:
+        objective = _objective(outputs, keys, seed) if self.train and wrt else None
+        return [] if objective is None else list(torch.autograd.grad(objective, wrt, allow_unused=True))
 
     def correctness(self, rows: int, width: int, dtype: torch.dtype) -> CorrectnessCase:
         dname = str(dtype).removeprefix("torch.")
@@ -382,17 +379,18 @@ class _Runner:
         truth_call = self.calls(truth_inputs)[0]
         shape = ", ".join(f"{tuple(a.shape)}" for a in (*inputs.args, *inputs.kwargs.values()) if isinstance(a, torch.Tensor))
         try:
-            expected = self._run(original, wrt, None, rows)[0]
-            ours = self._run(kernel, wrt, None, rows)[0]
+            expected = self._outputs(original)
+            ours = self._outputs(kernel)
+            keys = [k for k in expected if k in ours and expected[k].is_floating_point()]
+            if not keys:
+                return CorrectnessCase(shape, dname, math.inf, None, False,
+                                       f"no output to compare (original: {list(expected)}, kernel: {list(ours)})")
+            truth = self._outputs(truth_call)
+            grads_ref = self._grads(expected, keys, wrt, rows)
+            grads = self._grads(ours, keys, wrt, rows)
+            grads_truth = self._grads(truth, keys, truth_wrt, rows)
         except Exception as e:  # noqa: BLE001 - a raising kernel is a failed case, the check goes on
             return CorrectnessCase(shape, dname, math.inf, None, False, f"{type(e).__name__}: {e}")
-        keys = [k for k in expected if k in ours and expected[k].is_floating_point()]
-        if not keys:
-            return CorrectnessCase(shape, dname, math.inf, None, False,
-                                   f"no output to compare (original: {list(expected)}, kernel: {list(ours)})")
-        expected, grads_ref = self._run(original, wrt, keys, rows)
-        ours, grads = self._run(kernel, wrt, keys, rows)
-        truth, grads_truth = self._run(truth_call, truth_wrt, keys, rows)
         forward = max(_error(ours[k], expected[k], truth[k]) for k in keys)
         backward = None
         if grads_ref:
@@ -429,22 +427,27 @@ class _Runner:
         if compiled:
             original, kernel = torch.compile(original), torch.compile(kernel)
         steps = [self._step(fn, wrt) for fn in (original, kernel)]
-        timings = [benchmark_kernel(step, warmup=self.warmup, iters=self.iters) for step in steps]
+        timings = []
+        for step in steps:  # on the checked device's clock (benchmark_kernel picks it from tensor arguments)
+            for _ in range(self.warmup):
+                step()
+            timings.append(statistics.median(self.clock.each_ms(step, self.iters)))
         peaks = [self._peak_mib(step) for step in steps]
         shape = ", ".join(f"{tuple(a.shape)}" for a in (*inputs.args, *inputs.kwargs.values()) if isinstance(a, torch.Tensor))
         what = f"{'compiled' if compiled else 'eager'} {'fwd+bwd' if self.train else 'fwd'}"
-        return SpeedCase(shape, str(dtype).removeprefix("torch."), what, timings[0].median_ms, timings[1].median_ms,
-                         peaks[0], peaks[1])
+        return SpeedCase(shape, str(dtype).removeprefix("torch."), what, timings[0], timings[1], peaks[0], peaks[1])
 
     def profile(self, rows: int, width: int, dtype: torch.dtype) -> list[dict[str, Any]]:
         from torch.profiler import ProfilerActivity, profile
 
         inputs = self.inputs(rows, width, dtype)
         step = self._step(self.calls(inputs)[1], self.wrt(inputs))
-        step()
+        calls = 1 if self.tiny else 3  # the interpreter's calls are slow and its rows all alike
+        if not self.tiny:
+            step()  # out of the profile: first-call work (autotuning, caches)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.clock.cuda else [])
         with profile(activities=activities) as prof:
-            for _ in range(3):
+            for _ in range(calls):
                 step()
             self.clock.synchronize()
         rows_out = []
@@ -568,7 +571,8 @@ def _check_one(target: _Target, device: torch.device, dtypes: list[torch.dtype],
     check.verdicts["fallback"], check.notes["fallback"] = runner.fallback()
     check.profile = runner.profile(*sizes[-1], dtypes[0])
     check.verdicts["profiler"] = PASS if check.profile else WARN
-    check.notes["profiler"] = f"top rows by {'device' if runner.clock.cuda else 'self CPU'} time of 3 calls:"
+    check.notes["profiler"] = (f"top rows by {'device' if runner.clock.cuda else 'self CPU'} time of "
+                               f"{1 if tiny else 3} call(s):")
     check.verdicts["documented"], check.notes["documented"] = _documented(choice.kernel)
     return check
 
@@ -655,7 +659,7 @@ def check_kernels(
         inputs (*optional*): ``{class or "module.func": make(rows, dtype, device) -> CheckInputs}`` for
             targets the check cannot build itself.
         compiled (*optional*): also time both under ``torch.compile``; default: on a GPU and not tiny.
-        warmup, iters (*optional*): untimed and timed calls per timing (default 10 / 50; tiny 1 / 3).
+        warmup, iters (*optional*): untimed and timed calls per timing (default 10 / 50; tiny 0 / 2).
         progress (*optional*): called with a line per step (the CLI prints them to stderr).
 
     Returns:
@@ -690,8 +694,8 @@ def check_kernels(
     if cuda and not tiny and resolved[0] == torch.float32 and torch.bfloat16 in resolved:
         resolved.remove(torch.bfloat16)
         resolved.insert(0, torch.bfloat16)  # timings and memory on the first dtype: bf16 is what a GPU trains in
-    warmup = (1 if tiny else 10) if warmup is None else warmup
-    iters = (3 if tiny else 50) if iters is None else iters
+    warmup = (0 if tiny else 10) if warmup is None else warmup  # tiny: the correctness runs warmed it up
+    iters = (2 if tiny else 50) if iters is None else iters
     if warmup < 0 or iters < 1:
         raise ValueError(f"check_kernels: warmup must be >= 0 and iters >= 1 (got {warmup}, {iters}).")
     compiled = (cuda and not tiny) if compiled is None else compiled

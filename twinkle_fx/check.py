@@ -452,11 +452,10 @@ class _Runner:
                 step()
             self.clock.synchronize()
         rows_out = []
+        from .bench.profile import device_us
+
         for event in prof.key_averages():
-            device_us = getattr(event, "self_device_time_total", None)
-            if device_us is None:
-                device_us = getattr(event, "self_cuda_time_total", 0)
-            us, clock = (device_us, "device") if self.clock.cuda else (event.self_cpu_time_total, "self CPU")
+            us, clock = (device_us(event), "device") if self.clock.cuda else (event.self_cpu_time_total, "self CPU")
             if us > 0:
                 rows_out.append({"name": event.key, "calls": event.count, "time_ms": us / 1e3, "clock": clock})
         return sorted(rows_out, key=lambda r: -r["time_ms"])[:10]

@@ -19,7 +19,7 @@ import torch
 
 from .timing import DeviceClock
 
-__all__ = ["ProfileSummary", "profile_steps"]
+__all__ = ["ProfileSummary", "device_us", "profile_steps"]
 
 # runtime calls that start work on the GPU (one per kernel; a CUDA graph replay is one launch)
 _LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
@@ -40,7 +40,11 @@ class ProfileSummary:
     report: str = ""
 
 
-def _device_us(event: Any) -> float:
+def device_us(event: Any) -> float:
+    """Device time of a kernel (or memcpy/memset) row; 0 for host-side rows (operators, runtime calls),
+    so that summing never counts a kernel twice (once itself, once in the operator that launched it)."""
+    if getattr(event, "device_type", None) not in (None, torch.autograd.DeviceType.CUDA):
+        return 0.0
     value = getattr(event, "self_device_time_total", None)
     return float(value if value is not None else getattr(event, "self_cuda_time_total", 0.0))
 
@@ -64,7 +68,7 @@ def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *,
     prof.export_chrome_trace(str(trace))
     averages = prof.key_averages()
     if clock.cuda:
-        kernels = [(e.key, e.count, _device_us(e) / 1e3) for e in averages if _device_us(e) > 0]
+        kernels = [(e.key, e.count, device_us(e) / 1e3) for e in averages if device_us(e) > 0]
         device_ms = sum(ms for _, _, ms in kernels) / steps
         launches = sum(e.count for e in averages if e.key in _LAUNCHES) / steps
     else:

@@ -249,3 +249,25 @@ def test_quickstart_debugging(run):
 
 def test_quickstart_fallback(run):
     assert "result == 2 * x: True" in run("quickstart_9_fallback")
+
+
+def test_documented_semver_version_says_what_to_pass(offline_hub):
+    """The documents pin kernels-community/linear at version="0.1.0"; kernels 0.17 pins whole versions."""
+    import torch.nn as nn
+
+    from twinkle_fx import KernelSelectionError, kernelize_model, register_external_layer, register_layer_kernel
+
+    register_layer_kernel(kernel_name="linear", repo_id="kernels-community/linear", layer_name="Linear",
+                          version="0.1.0", device="cpu", mode="inference")
+    register_external_layer(nn.Linear, "linear")
+    with pytest.raises(KernelSelectionError, match=r"version='0.1.0' is not a whole number.*revision='0.1.0'"):
+        kernelize_model(nn.Linear(4, 4), mode="inference", device="cpu", use_fallback=False)
+
+
+def test_kernels_api_refuses_bad_mappings():
+    from twinkle_fx.kernels_api import LayerRepository, register_kernel_mapping
+
+    with pytest.raises(ValueError, match="revision or version, not both"):
+        LayerRepository(repo_id="org/name", layer_name="X", revision="main", version=1)
+    with pytest.raises(TypeError, match="'SiluAndMul' / 'cpu': expected a LayerRepository, got str"):
+        register_kernel_mapping({"SiluAndMul": {"cpu": {"repo_id": "org/name"}}})

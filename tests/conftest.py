@@ -47,11 +47,11 @@ def local_repo() -> Path:
 @pytest.fixture(scope="session")
 def offline_hub() -> Path:
     """The session's offline Hugging Face cache, holding kernels-community/activation built from
-    kernels/twinkle_triton (loaded through the real ``kernels.get_kernel``)."""
-    from twinkle_fx.hub import publish_to_hub_cache
+    kernels/twinkle_triton and kernels-community/linear from examples/hub_repos/linear (loaded through
+    the real ``kernels.get_kernel``)."""
+    from make_offline_hub_cache import publish_examples
 
-    publish_to_hub_cache(Path(__file__).resolve().parent.parent / "kernels" / "twinkle_triton",
-                         "kernels-community/activation", hf_home=HF_HOME)
+    publish_examples(HF_HOME)
     return HF_HOME
 
 

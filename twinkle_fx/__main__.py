@@ -16,6 +16,7 @@ from ._cli import CommandError
 # subcommand -> module providing add_parser(subparsers)
 COMMANDS = {
     "bench": "twinkle_fx.bench.cli",
+    "check": "twinkle_fx.check",
     "explain": "twinkle_fx.explain_cli",
 }
 

@@ -89,7 +89,10 @@ def _layer_call(kernel: Any) -> Callable[..., Any]:
 
 
 def _function_call(kernel: Any) -> Callable[..., Any]:
-    if isinstance(kernel, type) and issubclass(kernel, torch.nn.Module):
+    # a class whose instances are the kernel (an nn.Module, or any class defining __call__, as the
+    # documents' FuncRepositoryProtocol example returns): calling the class would construct it
+    if isinstance(kernel, type) and (issubclass(kernel, torch.nn.Module)
+                                     or any("__call__" in vars(k) for k in kernel.__mro__ if k is not object)):
         return kernel()
     if callable(kernel):
         return kernel

@@ -14,6 +14,10 @@ from .rms_norm import add_rms_norm, add_rms_norm_reference, rms_norm, rms_norm_r
 from .rotary import apply_rotary_pos_emb, apply_rotary_pos_emb_reference
 from .silu_and_mul import silu_and_mul, silu_and_mul_reference, silu_mul, silu_mul_reference
 
+# The names of the custom-kernel quick-start guide: the same ops (one op, two spellings).
+fused_add_gelu = add_gelu
+element_wise_mul_add = mul_add
+
 __all__ = [
     "add_gelu",
     "add_gelu_reference",
@@ -21,8 +25,10 @@ __all__ = [
     "add_rms_norm_reference",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_reference",
+    "element_wise_mul_add",
     "fused_linear_cross_entropy",
     "fused_linear_cross_entropy_reference",
+    "fused_add_gelu",
     "layers",
     "mul_add",
     "mul_add_reference",

@@ -8,6 +8,7 @@ Examples::
     twinkle-fx bench --tiny                            # CPU smoke test: eager and kernelize, ~20 s
     twinkle-fx bench --tiny --backends eager,twinkle   # + a compiled backend: about a minute more each
     twinkle-fx bench --plot results/bench-qwen2.json   # table + PNG again from a saved run
+    twinkle-fx bench --tiny --profile prof/            # + prof/<backend>/profile_trace.json, profile_report.txt
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
     parser.add_argument("--loss-rtol", type=float,
                         help="first-step loss agreement with eager, relative (default 1e-2 bf16/fp16, 1e-4 fp32)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="profile a few more steps of each backend: DIR/<backend>/profile_trace.json (Chrome "
+                             "trace) and profile_report.txt (top kernels, host vs device time, launches per step)")
     parser.add_argument("--plot", type=Path, metavar="JSON",
                         help="print the table and write the PNG of a saved result (next to it, or in --out)")
     parser.set_defaults(run=run)
@@ -123,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
         # tiny ops gain nothing from intra-op threads, and on a busy 2-core machine their OpenMP
         # barriers made an eager step 300x slower (2 ms -> 700 ms) while another process compiled
         torch.set_num_threads(1)
+    if args.micro and args.profile is not None:
+        raise SystemExit("twinkle-fx bench: --profile profiles the model benchmark's backends; leave out --micro "
+                         "(or profile one kernel with torch.profiler, see README 'For kernel authors')")
     if args.micro:
         from .micro import MICRO_CASES, MICRO_IMPLS, MicroBenchOptions, run_micro_bench
 
@@ -149,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             batch=_default(args, "batch", _MODEL_DEFAULTS), seq=_default(args, "seq", _MODEL_DEFAULTS),
             dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
             steps=_default(args, "steps", _MODEL_DEFAULTS), warmup=_default(args, "warmup", _MODEL_DEFAULTS),
-            device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol,
+            device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol, profile_dir=args.profile,
         )
         result, stem = run_model_bench(options, progress=_progress, step_progress=StepProgress), f"bench-{args.model}"
 

@@ -7,6 +7,7 @@ import gc
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ class ModelBenchOptions:
     tiny: bool = False
     seed: int = 0
     loss_rtol: float | None = None  # None: by dtype (see report.LOSS_RTOL)
+    profile_dir: Path | None = None  # --profile: a trace and a report per backend under it (see .profile)
 
 
 def _training_step(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -81,7 +83,17 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
             finally:
                 if bar is not None:
                     bar.close()
+            profiled = None
+            if options.profile_dir is not None:
+                from .profile import profile_steps, summary_notes
+
+                profiled = summary_notes(profile_steps(
+                    _training_step(prepared.model, *batch), clock, options.profile_dir / name,
+                    steps=min(options.steps, 3), title=f"{name} ({options.model}, batch {options.batch} x {options.seq})"))
+                progress(f"    profile: {profiled['report']}")
         notes = prepared.notes  # complete only once the backend has exited (e.g. compile reports)
+        if profiled is not None:
+            notes = {**notes, "profile": profiled}
     except BackendUnavailable as e:
         return ModelRow(name, status="unavailable", error=str(e))
     except ModuleNotFoundError as e:

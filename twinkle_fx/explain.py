@@ -6,6 +6,7 @@ Also ``python -m twinkle_fx explain --config qwen2`` on a tiny transformers mode
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,7 +74,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    # TRITON_INTERPRET=1 asks for the interpreter, which runs on host memory only: the CPU then
+    device = args.device or ("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
     if device == "cpu":
         use_triton_interpreter(command="twinkle-fx explain")
     if not args.no_builtin:

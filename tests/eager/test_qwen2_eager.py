@@ -32,7 +32,10 @@ def test_kernelized_qwen2_matches_logits_and_grads_then_undo_is_bit_identical(lo
                           layer_name="Qwen2MLPTrainingKernel", device=device, mode="train")
     register_layer_kernel(kernel_name="RMSNorm", repo_path=local_repo, package_name="my_kernels",
                           layer_name="RMSNormKernel", device=device, mode="train")
-    register_external_layer(Qwen2MLP, "MyAwesomeMLP")  # Qwen2RMSNorm binds itself: kernel_layer_name = "RMSNorm"
+    register_external_layer(Qwen2MLP, "MyAwesomeMLP")
+    # transformers tags Qwen2RMSNorm with kernel_layer_name="RMSNorm" only with some versions of the
+    # `kernels` integration (not 5.17's): bind it explicitly so every machine swaps the same layers
+    register_external_layer(Qwen2RMSNorm, "RMSNorm")
 
     model = _tiny_qwen2(dtype).to(device)
     input_ids = torch.randint(0, 128, (2, 11), device=device)

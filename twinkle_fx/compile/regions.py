@@ -67,6 +67,7 @@ class GraphContext:
     matched: set[fx.Node] = field(default_factory=set)  # nodes of pattern matches already reported
 
     bindings: dict[tuple, Any] = field(default_factory=dict)  # region signature -> binding (or why none)
+    patterns: Any = None  # the registered functions' patterns, traced once per graph (see function_patterns)
 
     def __post_init__(self) -> None:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]

@@ -15,15 +15,18 @@ Passes, in order (each in the file named after what it matches; each logs its co
 from __future__ import annotations
 
 import logging
+import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dynamo.exc import ShortenTraceback
 
 from ..modes import Mode, format_mode
-from ..registry import get_registry
+from ..registry import KernelRegistry, get_registry
 from ..settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
 from .compiled_root import report_compiled_root
@@ -59,7 +62,7 @@ def twinkle_backend(
         options (`dict`, *optional*): see :class:`~twinkle_fx.compile.options.BackendOptions`.
         mode (`str`, *optional*): torch.compile's own ``mode`` ("max-autotune", ...), passed to Inductor.
     """
-    opts = parse_options(options)
+    opts = _parse(options)
     ctx = GraphContext(
         gm, list(example_inputs), get_registry(), _device(example_inputs), opts.mode or _default_mode(example_inputs),
         ModuleIndex(module_roots()), getattr(gm, "compile_subgraph_reason", None),
@@ -72,6 +75,7 @@ def twinkle_backend(
     if kernels_disabled():
         logger.info("twinkle_fx: %s is set: graph left unchanged", DISABLE_ENV)
     else:
+        _warn_if_nothing_registered(ctx.registry)
         _run_passes(ctx, report)
     gm.graph.lint()
     gm.recompile()
@@ -86,8 +90,70 @@ def twinkle_backend(
     report.code_after = gm.code
     for recorder in recorders:
         recorder.after.append(readable(gm))
-    _publish(report, opts)
-    return _inner_compile(gm, ctx.example_inputs, opts, mode, recorders)
+    compiled = _inner_compile(gm, ctx.example_inputs, opts, mode, recorders)
+    _publish(report, opts)  # only now: the report describes what runs
+    return _follow_registry(compiled, ctx.registry, report)
+
+
+def _follow_registry(compiled: Callable[..., Any], registry: KernelRegistry, report: GraphReport) -> Callable[..., Any]:
+    """``compiled``, warning (once) when it runs after the registrations it was built from changed.
+
+    A compiled graph holds the kernels chosen when it was compiled. Dynamo recompiles when the
+    model's code or eager swaps change, but it knows nothing of the registry: a kernel registered
+    later, a ``scoped_registry`` that has exited, a registration replaced. Checking costs two
+    attribute reads per call.
+    """
+    generation = registry.generation
+    warned = False
+
+    def run(*args: Any) -> Any:
+        nonlocal warned
+        if not warned:
+            current = get_registry()
+            if current is not registry or current.generation != generation:
+                warned = True
+                what = ("the scoped_registry it was compiled in has exited or another one is active"
+                        if current is not registry else "kernels were registered or replaced since")
+                logger.warning(
+                    "twinkle_fx: a graph compiled by backend='twinkle' (%s) runs with the kernels chosen at "
+                    "compile time, but %s. Call torch.compiler.reset() and call the model again to "
+                    "recompile it with the current registrations.", report.summary().splitlines()[0], what,
+                )
+        return compiled(*args)
+
+    run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
+    return run
+
+
+class BackendOptionsError(ValueError, ShortenTraceback):
+    """A bad ``options=`` entry. A ShortenTraceback, so Dynamo passes it to the caller as it is,
+    rather than wrapped in BackendCompilerFailed under frames of its own."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.first_useful_frame = None  # keep the traceback as it is
+
+
+def _parse(options: dict[str, Any] | None) -> BackendOptions:
+    try:
+        return parse_options(options)
+    except ValueError as e:
+        raise BackendOptionsError(str(e)) from None
+
+
+def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
+    """One WARNING per registry state when backend='twinkle' runs with nothing registered at all."""
+    if registry.layer_kernel_names() or registry.function_targets() or registry.bindings():
+        return
+    if _WARNED_EMPTY.get(registry) == registry.generation:
+        return
+    _WARNED_EMPTY[registry] = registry.generation
+    logger.warning("twinkle_fx: backend='twinkle' found no registered kernels, so it compiles the model unchanged; "
+                   "register kernels first (twinkle_fx.builtin.use_builtin_kernels() for transformers models).")
+
+
+# registry -> generation already warned about (weak: a scoped registry that is gone takes its entry)
+_WARNED_EMPTY: weakref.WeakKeyDictionary[KernelRegistry, int] = weakref.WeakKeyDictionary()
 
 
 def _run_passes(ctx: GraphContext, report: GraphReport) -> None:
@@ -121,7 +187,22 @@ def _publish(report: GraphReport, opts: BackendOptions) -> None:
         report.index = len(collector.graphs)
         collector.graphs.append(report)
     if opts.report:
-        logger.info("twinkle_fx report:\n%s", report)
+        # asked for explicitly: shown whether or not the program configured logging
+        print(f"twinkle_fx report:\n{report}", file=sys.stderr, flush=True)
+    _warn_if_nothing_swapped(report)
+
+
+def _warn_if_nothing_swapped(report: GraphReport) -> None:
+    """One WARNING when a graph had candidates and swapped none of them, with the reasons (short)."""
+    if not report.regions or any(r.swapped for r in report.regions):
+        return
+    reasons: dict[str, int] = {}
+    for region in report.regions:
+        reason = (region.reason or "?").split(";")[0]
+        reasons[reason[:120]] = reasons.get(reason[:120], 0) + 1
+    shown = "; ".join(f"{n} x {reason}" for reason, n in reasons.items())
+    logger.warning("twinkle_fx: backend='twinkle' swapped none of the %d candidate region(s) of a graph: %s",
+                   len(report.regions), shown)
 
 
 def _inner_compile(

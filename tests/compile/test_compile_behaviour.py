@@ -179,3 +179,89 @@ def test_verify_falls_back_to_the_original_graph_on_a_wrong_kernel():
     torch.testing.assert_close(out, model(x))
     (region,) = report.regions
     assert region.reason.startswith("verify failed for the rewritten graph: output 0: max abs difference")
+
+
+class _CountingBackend:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return gm.forward
+
+
+def test_registering_after_compiling_warns_once_with_what_to_do(caplog):
+    model, x = GatedMLP(), torch.randn(2, 8)
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "eager"})
+    with torch.no_grad(), caplog.at_level("WARNING", logger="twinkle_fx"):
+        compiled(x)
+        assert "found no registered kernels" in caplog.text
+        caplog.clear()
+        _register()  # after the graph was compiled
+        compiled(x)
+        compiled(x)
+    stale = [r for r in caplog.records if "runs with the kernels chosen at compile time" in r.getMessage()]
+    assert len(stale) == 1 and "torch.compiler.reset()" in stale[0].getMessage()
+    assert "kernels were registered or replaced since" in stale[0].getMessage()
+    torch.compiler.reset()
+    with collect_reports() as report, torch.no_grad():
+        compiled(x)
+    assert [r.swapped for r in report.regions] == [True]
+
+
+def test_a_scoped_registry_that_exited_is_noticed(caplog):
+    model, x = GatedMLP(), torch.randn(2, 8)
+    with twinkle_fx.scoped_registry():
+        _register()
+        compiled = torch.compile(model, backend="twinkle", options={"compiler": "eager"})
+        with torch.no_grad():
+            compiled(x)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="twinkle_fx"):
+        compiled(x)
+    assert "the scoped_registry it was compiled in has exited" in caplog.text
+
+
+def test_undo_kernelize_after_compiling_recompiles():
+    _register()
+    model, x = GatedMLP(), torch.randn(2, 8)
+    twinkle_fx.kernelize_model(model, mode="inference")
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "eager"})
+    with collect_reports() as report, torch.no_grad():
+        compiled(x)
+        twinkle_fx.undo_kernelize(model)
+        compiled(x)
+    # first graph: the eager kernel is in the graph; after undo Dynamo recompiles and the backend swaps
+    assert [[r.swapped for r in g.regions] for g in report.graphs] == [[False], [True]]
+
+
+def test_report_option_prints_without_logging_configured(capfd):
+    _register()
+    with torch.no_grad():
+        torch.compile(GatedMLP(), backend="twinkle", options={"compiler": "eager", "report": True})(torch.randn(2, 8))
+    err = capfd.readouterr().err
+    assert "twinkle_fx report:" in err and "swapped layer SiluAndMul" in err.replace("swapped 1 x layer", "swapped layer")
+
+
+def test_report_is_published_only_when_the_inner_compiler_succeeds(monkeypatch):
+    from twinkle_fx.compile import backend
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("inner compiler broke")
+
+    monkeypatch.setattr(backend, "_inner_compile", failing)
+    _register()
+    with collect_reports() as report, pytest.raises(Exception, match="inner compiler broke"):
+        torch.compile(GatedMLP(), backend="twinkle")(torch.randn(2, 8))
+    assert report.graphs == []
+
+
+def test_explain_leaves_the_callers_compiled_code_alone():
+    _register()
+    model, x = GatedMLP(), torch.randn(2, 8)
+    counting = _CountingBackend()
+    compiled = torch.compile(model, backend=counting)
+    compiled(x)
+    report = twinkle_fx.explain(model, x)
+    assert [r.swapped for r in report.regions] == [True]
+    compiled(x)
+    assert counting.graphs == 1  # still compiled: explain neither reset Dynamo nor reused this code

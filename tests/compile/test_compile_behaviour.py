@@ -265,3 +265,52 @@ def test_explain_leaves_the_callers_compiled_code_alone():
     assert [r.swapped for r in report.regions] == [True]
     compiled(x)
     assert counting.graphs == 1  # still compiled: explain neither reset Dynamo nor reused this code
+
+
+class EpsNorm(torch.nn.Module):
+    def __init__(self, eps):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(8) + 0.5)
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class EpsNormKernel(torch.nn.Module):
+    can_torch_compile = True
+    EPS_SEEN: list = []
+
+    def forward(self, x):
+        EpsNormKernel.EPS_SEEN.append(self.eps)
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class WithNorm(torch.nn.Module):
+    def __init__(self, eps):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.norm = EpsNorm(eps)
+
+    def forward(self, x):
+        return self.norm(self.proj(x))
+
+
+def test_a_float_attribute_lifted_to_a_graph_input_is_read_from_the_graph():
+    # Two models of one class whose eps differ: Dynamo lifts eps to a graph input on the second
+    # compile, and one graph then serves every eps. The layer is still swapped, with the value
+    # read from the graph, and a model with yet another eps never runs a kernel with the wrong one.
+    register_layer_kernel(kernel_name="EpsNorm", layer=EpsNormKernel, device="cpu")
+    register_external_layer(EpsNorm, "EpsNorm")
+    EpsNormKernel.EPS_SEEN.clear()
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+
+    with collect_reports() as report, torch.no_grad():
+        for eps in (1e-5, 1e-1, 0.5):
+            model = WithNorm(eps)
+            compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
+            torch.testing.assert_close(compiled(x), model(x))
+    assert all(g.regions and all(r.swapped for r in g.regions) for g in report.graphs), report.summary()
+    # each model's kernel ran with that model's own eps (Dynamo may serve several with one graph)
+    assert {1e-5, 1e-1, 0.5} <= set(EpsNormKernel.EPS_SEEN)

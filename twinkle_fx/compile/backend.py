@@ -71,7 +71,7 @@ def twinkle_backend(
     recorders = active_recorders()
     for recorder in recorders:
         recorder.before.append(readable(gm))
-    reference = verification.snapshot(gm) if opts.verify else None
+    reference = verification.snapshot(gm) if opts.verify or _has_lifted_scalars(ctx) else None
     if kernels_disabled():
         logger.info("twinkle_fx: %s is set: graph left unchanged", DISABLE_ENV)
     else:
@@ -79,7 +79,7 @@ def twinkle_backend(
         _run_passes(ctx, report)
     gm.graph.lint()
     gm.recompile()
-    if reference is not None and gm.code != report.code_before:
+    if opts.verify and reference is not None and gm.code != report.code_before:
         mismatch = verification.compare(reference, gm, ctx.example_inputs)
         if mismatch is not None:
             logger.warning("twinkle_fx: verify failed (%s); compiling the original graph", mismatch)
@@ -91,8 +91,59 @@ def twinkle_backend(
     for recorder in recorders:
         recorder.after.append(readable(gm))
     compiled = _inner_compile(gm, ctx.example_inputs, opts, mode, recorders)
+    if ctx.baked_scalars and reference is not None and gm is not reference:
+        original = _inner_compile(reference, ctx.example_inputs, opts, mode, ())
+        compiled = _check_scalars(compiled, original, dict(ctx.baked_scalars), report)
     _publish(report, opts)  # only now: the report describes what runs
     return _follow_registry(compiled, ctx.registry, report)
+
+
+def _has_lifted_scalars(ctx: GraphContext) -> bool:
+    """Whether Dynamo made a float attribute of a module a graph input (a 0-d tensor or a SymFloat)."""
+    for node, value in ctx.placeholder_values.items():
+        source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        source = source() if callable(source) else source
+        if (isinstance(source, str) and "._modules[" in source and "._parameters[" not in source
+                and "._buffers[" not in source and isinstance(value, (torch.Tensor, torch.SymFloat, float))
+                and getattr(value, "ndim", 0) == 0):
+            return True
+    return False
+
+
+def _check_scalars(
+    compiled: Callable[..., Any], original: Callable[..., Any], baked: dict[int, float], report: GraphReport,
+) -> Callable[..., Any]:
+    """``compiled`` while the lifted float inputs hold the values its kernels were specialised to,
+    else ``original`` (the graph without swaps) for that call.
+
+    Dynamo lifts a float attribute (an ``eps``) to a graph input once two instances of a class
+    differ in it, and then serves every instance with one graph without guarding on the value. A
+    kernel swapped in reads the value from the graph at compile time, so a call with another
+    value runs the unswapped graph (said once at INFO) instead of a kernel with the wrong constant.
+    """
+    noted = False
+
+    def value(x: Any) -> float:
+        return x.item() if isinstance(x, torch.Tensor) else float(x)
+
+    def run(*args: Any) -> Any:
+        nonlocal noted
+        inputs = args[0] if boxed else args
+        if all(value(inputs[i]) == v for i, v in baked.items()):
+            return compiled(*args)
+        if not noted:
+            noted = True
+            logger.info("twinkle_fx: %s: a lifted float attribute differs from the value its kernels were compiled "
+                        "for (%s); such calls run the graph without swaps", report.summary().splitlines()[0], baked)
+        return _call(original, list(inputs))
+
+    boxed = getattr(compiled, "_boxed_call", False)
+    run._boxed_call = boxed  # type: ignore[attr-defined]
+    return run
+
+
+def _call(fn: Callable[..., Any], inputs: list[Any]) -> Any:
+    return fn(inputs) if getattr(fn, "_boxed_call", False) else fn(*inputs)
 
 
 def _follow_registry(compiled: Callable[..., Any], registry: KernelRegistry, report: GraphReport) -> Callable[..., Any]:

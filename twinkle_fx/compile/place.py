@@ -72,7 +72,7 @@ def place_kernel(ctx: GraphContext, region: Region, call: KernelCall, choice: Ke
         report.how = "custom op call"
         return replace_region(ctx.gm, region, call)
     why_opaque = "can_torch_compile=False"
-    reference = region_graph_module(ctx.gm, region.nodes, region.call_args, region.outputs)
+    reference = region_graph_module(ctx.gm, region.nodes, region.call_args, region.outputs, region.constant_inputs)
     wrapped = opaque_call(call, reference, training=Mode.TRAINING in ctx.mode)
     if isinstance(wrapped, str):
         return f"cannot compile ({why_opaque}) and cannot be wrapped: {wrapped}"

@@ -314,3 +314,42 @@ def test_a_float_attribute_lifted_to_a_graph_input_is_read_from_the_graph():
     assert all(g.regions and all(r.swapped for r in g.regions) for g in report.graphs), report.summary()
     # each model's kernel ran with that model's own eps (Dynamo may serve several with one graph)
     assert {1e-5, 1e-1, 0.5} <= set(EpsNormKernel.EPS_SEEN)
+
+
+def test_compile_time_verify_notices_a_different_number_of_outputs():
+    from twinkle_fx.compile import verify
+
+    class Two(torch.nn.Module):
+        def forward(self, x):
+            return x + 1, x * 2
+
+    class One(torch.nn.Module):
+        def forward(self, x):
+            return (x + 1,)
+
+    x = torch.randn(3)
+    reason = verify.compare(torch.fx.symbolic_trace(Two()), torch.fx.symbolic_trace(One()), [x])
+    assert reason is not None and "1 output(s)" in reason and "the original 2" in reason
+    fake = torch._subclasses.fake_tensor.FakeTensorMode().from_tensor(x)
+    assert verify.compare(torch.fx.symbolic_trace(Two()), torch.fx.symbolic_trace(Two()), [fake]).startswith("not checked")
+
+
+class FusedHead(torch.nn.Module):
+    """A root-module kernel: bound to a base class, compiled through a subclass instance."""
+
+    can_torch_compile = True
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+class SubclassedMLP(GatedMLP):
+    pass
+
+
+def test_compiled_root_reports_subclasses_of_bound_classes():
+    register_layer_kernel(kernel_name="Head", layer=FusedHead, device="cpu")
+    register_external_layer(GatedMLP, "Head")
+    report = twinkle_fx.explain(SubclassedMLP(), torch.randn(2, 8))
+    assert [r.location for r in report.regions] == ["<compiled module>"]
+    assert "kernelize it first" in report.regions[0].reason

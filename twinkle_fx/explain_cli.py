@@ -10,6 +10,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import difflib
 import time
 from typing import Any
@@ -74,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     if args.device is not None:
         device = checked_device(args.device)
     else:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        # TRITON_INTERPRET=1 asks for the interpreter, which runs on host memory only: the CPU then
+        device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+                              else "cpu")
     if device.type == "cpu":
         use_triton_interpreter(command="twinkle-fx explain")
     if not args.no_builtin and args.config in BUILTIN_MODELS:

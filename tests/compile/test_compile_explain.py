@@ -20,8 +20,8 @@ def test_explain_reports_swaps_times_and_the_diff():
                                              "compiled_root", "foreign_forwards"}
 
 
-def test_cli_explains_a_tiny_qwen2(capsys):
-    assert main(["explain", "--config", "qwen2", "--summary", "--device", "cpu"]) == 0
+def test_cli_explains_a_tiny_qwen2(capsys, device):
+    assert main(["explain", "--config", "qwen2", "--summary", "--device", device]) == 0
     out = capsys.readouterr().out
     assert "swapped 5 x layer Qwen2RMSNorm -> RMSNorm" in out
     assert "swapped 2 x layer Qwen2MLP -> SwiGLUMLP" in out

@@ -1,6 +1,8 @@
-"""What importing ``twinkle_fx.compile`` wires up: the backend name and the pattern-tracing hook.
+"""What importing ``twinkle_fx.compile`` wires up: the backend name, nothing else.
 
-Both are idempotent and avoid importing ``torch._dynamo`` (a second of import time) until needed.
+Idempotent, and avoids importing ``torch._dynamo`` (a second of import time) when the installed
+entry point already names the backend. Registering a function kernel traces nothing: the backend
+traces each registered function the first time it needs its pattern (:mod:`.pattern_tracing`).
 """
 
 from __future__ import annotations
@@ -8,21 +10,9 @@ from __future__ import annotations
 import logging
 from importlib.metadata import entry_points
 
-from ..registry import FUNCTION_REGISTRATION_HOOKS, FunctionRegistration, get_registry
-
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "twinkle"
-
-
-def _trace_on_registration(registration: FunctionRegistration) -> None:
-    _trace(registration.target)
-
-
-def _trace(target: str) -> None:
-    from .pattern_tracing import trace_registered_function  # imports torch._dynamo: only when needed
-
-    trace_registered_function(target)
 
 
 def _register_backend_name() -> None:
@@ -39,9 +29,5 @@ def _register_backend_name() -> None:
 
 
 def install() -> None:
-    """Install the registration hook (and trace functions registered before it), register the name."""
-    if _trace_on_registration not in FUNCTION_REGISTRATION_HOOKS:
-        FUNCTION_REGISTRATION_HOOKS.append(_trace_on_registration)
-        for target in get_registry().function_targets():
-            _trace(target)
+    """Make the name "twinkle" known to ``torch.compile``."""
     _register_backend_name()

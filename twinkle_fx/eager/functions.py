@@ -85,6 +85,13 @@ class PatchedFunctions(list):
         self.restore()
 
 
+def original_function(target: str) -> Any | None:
+    """The function ``target`` ("module.func") held before it was patched here; None if it is not patched."""
+    with _LEDGER_LOCK:
+        patch = _LEDGER.get(target)
+    return None if patch is None else patch.original
+
+
 def patched_functions() -> list[str]:
     """Every ``"module.func"`` currently patched by twinkle_fx."""
     with _LEDGER_LOCK:

@@ -10,8 +10,8 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import os
 import difflib
+import os
 import time
 from typing import Any
 

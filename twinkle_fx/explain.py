@@ -49,12 +49,20 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
 
 _TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, vocab_size=128, max_position_embeddings=256)
+# multi-head latent attention needs as many key/value heads as query heads
+_TINY_OVERRIDES = {"deepseek_v3": dict(num_key_value_heads=4)}
 
 
 def _tiny_model(family: str) -> torch.nn.Module:
     import transformers
 
-    config = transformers.AutoConfig.for_model(family, **_TINY)
+    from .builtin import BUILTIN_MODELS
+
+    model_type = BUILTIN_MODELS[family].model_type if family in BUILTIN_MODELS else family
+    # special ids inside the tiny vocabulary: several families default to pad ids beyond it
+    # (phi3 32000, glm4 151329, smollm3 128004), which nn.Embedding refuses
+    sizes = {**_TINY, **_TINY_OVERRIDES.get(family, {})}
+    config = transformers.AutoConfig.for_model(model_type, **sizes, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     return transformers.AutoModelForCausalLM.from_config(config)
 
 
@@ -63,7 +71,8 @@ def add_parser(subparsers: Any) -> None:
         "explain", help="show what the twinkle backend swaps in a tiny transformers model",
         description="Compile a tiny model of a transformers family with backend='twinkle' and print the report.",
     )
-    parser.add_argument("--config", default="qwen2", help="transformers model type (qwen2, llama, mistral, qwen3, ...)")
+    parser.add_argument("--config", default="qwen2", help="a built-in family (twinkle_fx.builtin.BUILTIN_MODELS: qwen2, gemma, phi3, ...) "
+                        "or another transformers model type")
     parser.add_argument("--train", action="store_true", help="explain a training step (default: inference)")
     parser.add_argument("--seq", type=int, default=8, help="sequence length (default 8)")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -77,9 +86,9 @@ def _run(args: argparse.Namespace) -> int:
     if device == "cpu":
         use_triton_interpreter(command="twinkle-fx explain")
     if not args.no_builtin:
-        from .builtin import use_builtin_kernels
+        from .builtin import BUILTIN_MODELS, use_builtin_kernels
 
-        families = [args.config] if args.config in ("qwen2", "llama", "mistral", "qwen3") else []
+        families = [args.config] if args.config in BUILTIN_MODELS else []
         use_builtin_kernels(devices=(device.split(":")[0],), models=families)
     torch.manual_seed(0)
     model = _tiny_model(args.config).to(device).train(args.train)

@@ -22,6 +22,8 @@ __all__ = ["add_parser"]
 # Small enough that compiling and running one step through the Triton interpreter takes seconds.
 _TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128, vocab_size=128, max_position_embeddings=256)
+# multi-head latent attention needs as many key/value heads as query heads
+_TINY_OVERRIDES = {"deepseek_v3": dict(num_key_value_heads=4)}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -94,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
          "tokens")
     torch.manual_seed(0)
     try:
-        config = transformers.AutoConfig.for_model(args.config, **_TINY)
+        model_type = BUILTIN_MODELS[args.config].model_type if args.config in BUILTIN_MODELS else args.config
+        sizes = {**_TINY, **_TINY_OVERRIDES.get(args.config, {})}
+        # special ids inside the tiny vocabulary: several families default to pad ids beyond it
+        # (phi3 32000, glm4 151329, smollm3 128004), which nn.Embedding refuses
+        config = transformers.AutoConfig.for_model(model_type, **sizes, pad_token_id=0, bos_token_id=1, eos_token_id=2)
         model = transformers.AutoModelForCausalLM.from_config(config).to(device).train(args.train)
     except Exception as e:  # a family whose config needs more than the tiny sizes: say which and why
         raise CommandError(f"cannot build a tiny {args.config} model from {_TINY}: {type(e).__name__}: {e}") from e

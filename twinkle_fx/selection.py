@@ -20,7 +20,9 @@ from .modes import Mode, format_mode, mode_fallback_order
 from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
 from .kernels_mapping import with_kernels_mapping
 
-__all__ = ["KernelChoice", "Selection", "select_layer_kernel", "select_function_kernel", "signature_mismatch"]
+__all__ = [
+    "KernelChoice", "Selection", "select_layer_kernel", "select_function_kernel", "signature_mismatch", "does_not_apply",
+]
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,13 @@ def select_layer_kernel(
         # transformers tags many classes with kernel_layer_name; only registered names are targets
         return None
     target = f"{cls.__qualname__} -> {kernel_name}"
-    return _select(target, registrations, device, mode, _layer_call, allow_uncompilable)
+    selection = _select(target, registrations, device, mode, _layer_call, allow_uncompilable)
+    if selection.choice is not None and not registry.is_bound(cls) and not _declared(selection.choice, "binds_by_tag", True):
+        # a kernel declaring binds_by_tag=False serves only classes bound to it explicitly: the tag
+        # (transformers puts kernel_layer_name="RMSNorm" on ~130 classes of differing semantics)
+        # does not make this class a target
+        return None
+    return selection
 
 
 def select_function_kernel(
@@ -184,6 +192,37 @@ def select_function_kernel(
 ) -> Selection:
     """The kernel replacing function ``target`` ("module.func")."""
     return _select(target, registry.function_registrations(target), device, mode, _function_call, allow_uncompilable)
+
+
+def _declared(choice: KernelChoice, name: str, default: Any) -> Any:
+    """A declaration of a layer kernel, on its ``forward`` or on the kernel itself."""
+    return getattr(choice.call, name, getattr(choice.kernel, name, default))
+
+
+def does_not_apply(choice: KernelChoice, module: torch.nn.Module) -> str | None:
+    """Why the layer kernel of ``choice`` does not apply to ``module``, or None when it does.
+
+    A kernel states what it applies to with ``applies_to(module) -> str | None``, an attribute of
+    its ``forward`` (or of the kernel class): the reason it does not compute what ``module`` computes
+    (another activation, norm variant, head layout), read from the module's attributes. Both the
+    eager path and the compile backend ask before swapping and report the reason. Kernels without
+    ``applies_to`` apply wherever their signature fits. (On ``forward`` because Hugging Face
+    ``kernels`` refuses layer classes with members beyond ``has_backward``/``can_torch_compile``.)
+
+    Example:
+        >>> def silu_only(module):                                             # doctest: +SKIP
+        ...     return None if isinstance(module.act_fn, nn.SiLU) else f"act_fn is {module.act_fn}"
+        >>> class SwiGLUMLP(nn.Module):                                        # doctest: +SKIP
+        ...     def forward(self, x): ...
+        ...     forward.applies_to = silu_only
+    """
+    check = _declared(choice, "applies_to", None)
+    if check is None:
+        return None
+    reason = check(module)
+    if reason is None:
+        return None
+    return f"{choice.name} does not apply to this {type(module).__qualname__}: {reason}"
 
 
 def _comparable(fn: Callable[..., Any], drop_self: bool) -> list[tuple[str, Any]]:

@@ -16,7 +16,7 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("family", list(BUILTIN_MODELS))
+@pytest.mark.parametrize("family", list(CONFIGS))  # the other families: tests/families
 def test_builtin_kernels_match_the_model_in_training(family, device):
     use_builtin_kernels(devices=(device,), models=(family,))
     torch.manual_seed(0)

@@ -138,6 +138,42 @@ def _mul_add(tiny: bool, device, dtype) -> CaseInputs:
     return CaseInputs(f"a, b, c {n} x {d}", (a, b, c), bytes_fwd=4 * n * d * e, bytes_bwd=5 * n * d * e)
 
 
+def _gelu_mul(tiny: bool, device, dtype) -> CaseInputs:
+    n, d = (64, 128) if tiny else (4096, 16384)  # Gemma-7B MLP: intermediate 24576; 16384 keeps it comparable
+    gate, up = _randn(n, d, device=device, dtype=dtype), _randn(n, d, device=device, dtype=dtype)
+    e = gate.element_size()
+    return CaseInputs(f"gate, up {n} x {d}, tanh GELU (Gemma)", (gate, up, "tanh"), bytes_fwd=3 * n * d * e,
+                      bytes_bwd=5 * n * d * e)
+
+
+def _rms_norm_fp32(tiny: bool, device, dtype) -> CaseInputs:
+    n, h = (64, 128) if tiny else (16384, 4096)
+    x = _randn(n, h, device=device, dtype=dtype)
+    weight = _randn(h, device=device, dtype=dtype, scale=0.1)
+    e = x.element_size()
+    return CaseInputs(f"x {n} x {h}, eps 1e-6, offset 1 (Gemma)", (x, weight, 1e-6, 1.0),
+                      bytes_fwd=2 * n * h * e + h * e, bytes_bwd=3 * n * h * e + 2 * h * e)
+
+
+def _layer_norm(tiny: bool, device, dtype) -> CaseInputs:
+    n, h = (64, 128) if tiny else (16384, 4096)
+    x = _randn(n, h, device=device, dtype=dtype)
+    weight = (1 + _randn(h, device=device, dtype=torch.float32, grad=False, scale=0.1)).to(dtype).requires_grad_()
+    e = x.element_size()
+    return CaseInputs(f"x {n} x {h}, no bias, eps 1e-5 (Cohere)", (x, weight, None, 1e-5),
+                      bytes_fwd=2 * n * h * e + h * e, bytes_bwd=3 * n * h * e + 2 * h * e)
+
+
+def _rotary_partial(tiny: bool, device, dtype) -> CaseInputs:
+    # Phi3-style partial rotary at the Llama-3-8B attention shape: half of each 128-wide head rotates
+    inputs = _rotary(tiny, device, dtype)
+    q, k, cos, sin = inputs.args
+    r = q.shape[-1] // 2
+    moved = inputs.bytes_fwd - cos.numel() * cos.element_size()  # cos and sin half as wide
+    return CaseInputs(inputs.shape.replace("cos/sin", "partial, cos/sin") + f"[..., :{r}]",
+                      (q, k, cos[..., :r].contiguous(), sin[..., :r].contiguous()), bytes_fwd=moved, bytes_bwd=moved)
+
+
 def _fused_linear_cross_entropy(tiny: bool, device, dtype) -> CaseInputs:
     # the LM head of the reference workload (Qwen2-0.5B): 4096 tokens, hidden 896, vocab 151936
     n, h, v = (64, 32, 256) if tiny else (4096, 896, 151936)
@@ -158,6 +194,10 @@ MICRO_CASES: tuple[MicroCase, ...] = (
     MicroCase("add_gelu", _add_gelu),
     MicroCase("mul_add", _mul_add),
     MicroCase("fused_linear_cross_entropy", _fused_linear_cross_entropy, liger="liger_fused_linear_cross_entropy"),
+    MicroCase("gelu_mul", _gelu_mul),
+    MicroCase("rms_norm_fp32", _rms_norm_fp32),
+    MicroCase("layer_norm", _layer_norm),
+    MicroCase("apply_rotary_pos_emb_partial", _rotary_partial),
 )
 
 PHASES = ("fwd", "fwd+bwd")

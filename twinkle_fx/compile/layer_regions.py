@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..eager.layers import swapped_forward
 from ..kernels_mapping import foreign_forward
-from ..selection import Selection, select_layer_kernel, signature_mismatch
+from ..selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
 from .equivalence import StructuralKeys, aten_outputs, reparametrized, static_inputs
 from .kernel_call import LayerKernelCall
 from .place import place_kernel
@@ -94,6 +94,9 @@ def _swap(ctx: GraphContext, region: Region, cls: type, key: str, selection: Sel
     module = ctx.modules.find(key, cls)
     if module is None:
         return f"the {cls.__qualname__} instance behind this region could not be found"
+    not_applicable = does_not_apply(choice, module)
+    if not_applicable is not None:
+        return not_applicable
     eager = swapped_forward(module)
     if eager is not None:
         return f"already kernelized eagerly (kernelize_model installed {eager.kernel_name}); the graph holds that kernel"

@@ -13,7 +13,7 @@ from ..devices import infer_device, parse_device
 from ..errors import KernelSelectionError
 from ..modes import Mode, format_mode, parse_mode
 from ..registry import get_registry
-from ..selection import select_layer_kernel, signature_mismatch
+from ..selection import does_not_apply, select_layer_kernel, signature_mismatch
 from ..settings import DISABLE_ENV, kernels_disabled
 from .functions import apply_function_kernel, function_verifications, restore_functions
 from .layers import LayerSwap, install_forward, restore_layers, swapped_forward
@@ -57,6 +57,8 @@ def _plan_layers(model: torch.nn.Module, device: str, mode: Mode, use_fallback: 
             reason = signature_mismatch(type(module).forward, selection.choice.call)
             if reason is not None:
                 reason = f"{selection.choice}: {reason}"
+            else:
+                reason = does_not_apply(selection.choice, module)
         if reason is None:
             plan.append(LayerSwap(path, module, selection.choice))
             continue

@@ -13,6 +13,7 @@ from .opaque import opaque_call
 from .regions import GraphContext, Region, fake_value, region_graph_module
 from .report import RegionReport
 from .rewrite import replace_region
+from .swap_policy import keep_inductor_reason
 
 __all__ = ["place_kernel"]
 
@@ -30,6 +31,9 @@ def place_kernel(ctx: GraphContext, region: Region, call: KernelCall, choice: Ke
     region's shapes and dtypes (the shape guard), and it is then called directly so its custom
     ops enter the graph. Otherwise it is wrapped in an opaque custom op (see :mod:`.opaque`).
     """
+    kept = keep_inductor_reason(choice.name, ctx.device, ctx.mode, fake_value(region.call_args[0]))  # compilespeed
+    if kept is not None:
+        return kept
     statics = static_inputs([fake_value(n) for n in region.call_args] + [fake_value(n) for n in region.outputs])
     inputs, expected = statics.values[: len(region.call_args)], statics.values[len(region.call_args):]
     traceable = choice.can_torch_compile

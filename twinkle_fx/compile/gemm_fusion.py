@@ -99,9 +99,9 @@ def _common_stack(nodes: list[fx.Node]) -> dict:
 def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0) -> list[FusedGroup]:
     """Fuse every group of two or more linears that read the same input; returns the groups.
 
-    A group is fused when every weight is a 2D tensor of one dtype and device with the same input
-    width (at least ``min_in_features``), either all or none have a bias, and every weight and
-    bias is defined before the group's first linear.
+    A group is the linears of one input whose weights are 2D tensors of one dtype and device with
+    the same input width (at least ``min_in_features``) and that all have a bias or all have none;
+    every weight and bias must be defined before the group's first linear.
 
     Example:
         >>> groups = fuse_projections(gm)                                           # doctest: +SKIP
@@ -117,23 +117,20 @@ def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0) -> list[Fu
             by_input.setdefault(parsed[0], []).append(node)
     groups = []
     for x, linears in by_input.items():
-        linears = [n for n in linears if _eligible(n, min_in_features)]
-        if len(linears) < 2:
-            continue
-        weights = [_linear_args(n)[1] for n in linears]
-        biases = [_linear_args(n)[2] for n in linears]
-        values = [_value(w) for w in weights]
-        first = min(linears, key=order.__getitem__)
-        if len({(v.dtype, v.device, v.shape[1]) for v in values}) != 1:
-            continue
-        if any(b is None for b in biases) and any(b is not None for b in biases):
-            continue
-        if any(isinstance(b, fx.Node) and _value(b) is None for b in biases):
-            continue
-        defined = [w for w in weights] + [b for b in biases if b is not None]
-        if any(not isinstance(d, fx.Node) or order[d] > order[first] for d in defined):
-            continue
-        groups.append(_fuse(graph, x, linears, weights, biases, first))
+        # one GEMM per kind: same dtype, device and input width, all with or all without a bias
+        kinds: dict[tuple, list[fx.Node]] = {}
+        for node in linears:
+            if _eligible(node, min_in_features):
+                _, weight, bias = _linear_args(node)
+                value = _value(weight)
+                kinds.setdefault((value.dtype, value.device, value.shape[1], bias is None), []).append(node)
+        for same in kinds.values():
+            weights = [_linear_args(n)[1] for n in same]
+            biases = [_linear_args(n)[2] for n in same]
+            first = min(same, key=order.__getitem__)
+            defined = weights + [b for b in biases if b is not None]
+            if len(same) >= 2 and all(order[d] < order[first] for d in defined):
+                groups.append(_fuse(graph, x, same, weights, biases, first))
     if groups:
         graph.lint()
         gm.recompile()

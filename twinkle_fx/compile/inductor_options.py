@@ -16,10 +16,10 @@ Every graph Inductor compiles (forward, backward, inference) is recorded as a
 it skipped them ("mutated inputs", "cpu device", "non-static input pointers", ...).
 
 Example:
-    >>> with collect_cudagraph_status() as statuses:                          # doctest: +SKIP
+    >>> with collect_cudagraph_status() as cudagraphs:                        # doctest: +SKIP
     ...     torch.compile(model, backend="twinkle", mode="reduce-overhead")(input_ids)
-    >>> print("\\n".join(map(str, statuses)))                                   # doctest: +SKIP
-    forward graph 0: CUDA graphs used
+    >>> print(cudagraphs.summary())                                            # doctest: +SKIP
+    CUDA graphs used by 1 of 1 compiled graph(s)
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.fx as fx
@@ -35,7 +36,7 @@ import torch.fx as fx
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "CudaGraphStatus", "collect_cudagraph_status", "parse_inductor_options", "inductor_config_patches",
+    "CudaGraphStatus", "CudaGraphReport", "collect_cudagraph_status", "parse_inductor_options", "inductor_config_patches",
     "compile_with_inductor",
 ]
 
@@ -110,20 +111,55 @@ class CudaGraphStatus:
         return head + ("CUDA graphs used" if self.used else f"CUDA graphs skipped: {self.reason or 'no reason given'}")
 
 
-_collectors: list[list[CudaGraphStatus]] = []
+@dataclass
+class CudaGraphReport:
+    """CUDA graphs in one block: ``graphs`` has a :class:`CudaGraphStatus` for each graph Inductor
+    compiled in it (none for a graph loaded whole from AOTAutograd's cache); ``skips`` has every
+    "skipping cudagraphs due to ..." Inductor logged, at compile time or at run time, cached or not.
+    """
+
+    graphs: list[CudaGraphStatus] = field(default_factory=list)
+    skips: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        requested = [g for g in self.graphs if g.requested]
+        used = sum(g.used for g in requested)
+        text = f"CUDA graphs used by {used} of {len(requested)} compiled graph(s)"
+        if self.skips:
+            reasons = Counter(self.skips)
+            text += "; skipped: " + "; ".join(f"{n} x {why}" for why, n in reasons.items())
+        return text
+
+
+class _SkipRecorder(logging.Filter):
+    """Observes Inductor's cudagraph skip messages (passes every record through unchanged)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for report in _collectors:
+            report.skips.append(record.getMessage())
+        return True
+
+
+_collectors: list[CudaGraphReport] = []
 _graph_counter = [0]
 
 
 @contextlib.contextmanager
-def collect_cudagraph_status() -> Iterator[list[CudaGraphStatus]]:
-    """Collect a :class:`CudaGraphStatus` for every graph the twinkle backend hands to Inductor
-    while the block runs (backward graphs are compiled at the first backward)."""
-    statuses: list[CudaGraphStatus] = []
-    _collectors.append(statuses)
+def collect_cudagraph_status() -> Iterator[CudaGraphReport]:
+    """Collect what happened to CUDA graphs for every graph the twinkle backend hands to Inductor
+    while the block runs (backward graphs are compiled at the first backward; CUDA graphs are
+    recorded on the first runs), as a :class:`CudaGraphReport`."""
+    from torch._inductor.cudagraph_utils import cudagraphs_log
+
+    report = CudaGraphReport()
+    recorder = _SkipRecorder()
+    _collectors.append(report)
+    cudagraphs_log.addFilter(recorder)
     try:
-        yield statuses
+        yield report
     finally:
-        _collectors.remove(statuses)
+        cudagraphs_log.removeFilter(recorder)
+        _collectors.remove(report)
 
 
 def _recording_inner_compile(graph_index: int, requested: bool) -> Callable[..., Any]:
@@ -142,8 +178,8 @@ def _recording_inner_compile(graph_index: int, requested: bool) -> Callable[...,
                 reason = "; ".join(info.cudagraph_fail_reasons)
         status = CudaGraphStatus(graph_index, kind, requested, used, reason)
         logger.info("twinkle_fx: %s", status)
-        for statuses in _collectors:
-            statuses.append(status)
+        for report in _collectors:
+            report.graphs.append(status)
         return compiled
 
     return inner_compile

@@ -41,6 +41,8 @@ class Decision:
     measured: str
 
     def applies(self, kernel: str, device: str, phase: str, rows: int) -> bool:
+        # a function kernel is named by its target ("transformers....modeling_qwen2.apply_rotary_pos_emb")
+        kernel = kernel.rsplit(".", 1)[-1]
         return (self.kernel, self.device, self.phase) == (kernel, device, phase) and (
             self.max_rows is None or rows <= self.max_rows
         )
@@ -85,6 +87,6 @@ def keep_inductor_reason(kernel: str, device: str, mode: Mode, first_arg: object
     for decision in DECISIONS if table is None else table:
         if decision.applies(kernel, device, phase, rows):
             size = "any size" if decision.max_rows is None else f"<= {decision.max_rows} rows"
-            return (f"kept Inductor's code: {kernel} was measured slower than Inductor at {size} on {device} in "
+            return (f"kept Inductor's code: {kernel.rsplit('.', 1)[-1]} was measured slower than Inductor at {size} on {device} in "
                     f"{phase} ({decision.measured}); swap_policy='always' swaps it")
     return None

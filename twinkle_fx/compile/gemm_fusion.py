@@ -44,11 +44,11 @@ __all__ = ["fuse_projections", "FusedGroup", "should_fuse", "AUTO_MIN_IN_FEATURE
 
 LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
 
-# fuse_projections="auto": in training, fuse where the input width is at least this. Measured on
-# one H100 (torch 2.11), Qwen2-0.5B shape (hidden 896) and Llama-3.2-1B shape (hidden 2048),
-# training step batch 4 x 1024 bf16 through the harness: see README "Performance" and the
-# numbers in the comment of AUTO_DECISION below.
-AUTO_MIN_IN_FEATURES: int | None = None  # set from the measurement below; None: never automatically
+# fuse_projections="auto": in training, fuse where the input width is at least this; None: never.
+# Measured through the harness on one H100 80GB (torch 2.11, triton 3.6), training step batch 4 x 1024
+# bf16 (docs/perf/compilespeed/bench-qwen2.json): Qwen2-0.5B shape (hidden 896) Inductor 36.6 ms/step,
+# twinkle 37.6, twinkle + fused projections 46.2 ms (0.79x): it loses, so "auto" leaves it off.
+AUTO_MIN_IN_FEATURES: int | None = None
 
 
 @dataclass

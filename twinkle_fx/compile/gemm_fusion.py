@@ -47,7 +47,8 @@ LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
 # fuse_projections="auto": in training, fuse where the input width is at least this; None: never.
 # Measured through the harness on one H100 80GB (torch 2.11, triton 3.6), training step batch 4 x 1024
 # bf16 (docs/perf/compilespeed/bench-qwen2.json): Qwen2-0.5B shape (hidden 896) Inductor 36.6 ms/step,
-# twinkle 37.6, twinkle + fused projections 46.2 ms (0.79x): it loses, so "auto" leaves it off.
+# twinkle 37.6, twinkle + fused projections 46.2 ms (0.79x): it loses, so "auto" leaves it off. The
+# Llama-3.2-1B shape (hidden 2048, workload "llama1b") was not measured (device budget): off there too.
 AUTO_MIN_IN_FEATURES: int | None = None
 
 

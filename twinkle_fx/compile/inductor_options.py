@@ -124,7 +124,11 @@ class CudaGraphReport:
     def summary(self) -> str:
         requested = [g for g in self.graphs if g.requested]
         used = sum(g.used for g in requested)
-        text = f"CUDA graphs used by {used} of {len(requested)} compiled graph(s)"
+        if requested:
+            text = f"CUDA graphs used by {used} of {len(requested)} compiled graph(s)"
+        else:  # backend="inductor" itself, or every graph loaded from a cache: only Inductor's log speaks
+            text = "no graph compiled through the twinkle backend; Inductor logged " + (
+                "these CUDA-graph skips" if self.skips else "no CUDA-graph skip")
         if self.skips:
             reasons = Counter(self.skips)
             text += "; skipped: " + "; ".join(f"{n} x {why}" for why, n in reasons.items())

@@ -31,7 +31,8 @@ def place_kernel(ctx: GraphContext, region: Region, call: KernelCall, choice: Ke
     region's shapes and dtypes (the shape guard), and it is then called directly so its custom
     ops enter the graph. Otherwise it is wrapped in an opaque custom op (see :mod:`.opaque`).
     """
-    kept = keep_inductor_reason(choice.name, ctx.device, ctx.mode, fake_value(region.call_args[0]))  # compilespeed
+    first = fake_value(region.call_args[0]) if region.call_args else None
+    kept = keep_inductor_reason(choice.name, ctx.device, ctx.mode, first)  # compilespeed: measured swap policy
     if kept is not None:
         return kept
     statics = static_inputs([fake_value(n) for n in region.call_args] + [fake_value(n) for n in region.outputs])

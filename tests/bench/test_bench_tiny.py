@@ -167,3 +167,15 @@ def test_backend_names_are_checked():
     assert parse_backends("eager, liger+inductor,eager") == ["eager", "liger+inductor"]
     with pytest.raises(ValueError, match="Unknown backend.*'fast'.*valid: eager, inductor"):
         parse_backends("eager,fast")
+
+
+def test_tiny_inference_bench_prefill_and_static_cache_decode(tmp_path):
+    """compilespeed: ``--inference`` runs prefill and a static-cache decode step per row and checks
+    each row's logits against eager's."""
+    _bench("--inference", "--tiny", "--backends", "eager,kernelize", "--warmup", "0", out=tmp_path)
+    result = json.loads((tmp_path / "bench-inference-qwen2.json").read_text())
+    assert result["kind"] == "inference"
+    rows = {row["backend"]: row for row in result["rows"]}
+    assert [rows[name]["status"] for name in ("eager", "kernelize")] == ["ok", "ok"]
+    assert rows["kernelize"]["prefill_rel_error"] < 1e-3 and rows["kernelize"]["decode_rel_error"] < 1e-3
+    assert rows["eager"]["decode_tokens_per_s"] > 0

@@ -112,7 +112,12 @@ def _inductor(model: torch.nn.Module, family: str, device: torch.device) -> Iter
     yield Prepared(torch.compile(model))
 
 
-def _twinkle(kernelize_first: bool):
+@contextlib.contextmanager
+def _inductor_cudagraphs(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
+    yield Prepared(torch.compile(model, mode="reduce-overhead"))
+
+
+def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
     @contextlib.contextmanager
     def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
         # the entry point pyproject declares for backend="twinkle"; checked first so a missing compile
@@ -127,9 +132,9 @@ def _twinkle(kernelize_first: bool):
             if kernelize_first:
                 # every registered layer swapped eagerly, the fused-loss head included, then the backend
                 kernelize_model(model, mode="train+compile", device=device)
-                compiled = torch.compile(model, backend="twinkle")
+                compiled = torch.compile(model, backend="twinkle", **compile_kwargs)
             else:
-                compiled = twinkle_fx.compile(model, device=device)  # the one call users are shown
+                compiled = twinkle_fx.compile(model, device=device, **compile_kwargs)  # the one call users are shown
             prepared = Prepared(compiled, {"builtin_kernels": bound})
             try:
                 yield prepared
@@ -210,6 +215,13 @@ BACKENDS: dict[str, Backend] = {
                 _twinkle(True)),
         Backend("kernelize", 'kernelize_model(model, mode="train"), built-in kernels', _kernelize),
         Backend("liger", "apply_liger_kernel_to_<model>(model=model)", _liger(compiled=False)),
+        # compilespeed (issue 15): CUDA graphs and horizontal GEMM fusion in the training step
+        Backend("inductor+cudagraphs", 'torch.compile(model, mode="reduce-overhead")', _inductor_cudagraphs),
+        Backend("twinkle+cudagraphs", 'backend="twinkle", mode="reduce-overhead"', _twinkle(False, mode="reduce-overhead")),
+        Backend("twinkle+gemm-fusion", 'backend="twinkle", options={"fuse_projections": True}',
+                _twinkle(False, options={"fuse_projections": True})),
+        Backend("twinkle-all-swaps", 'backend="twinkle", options={"swap_policy": "always"}',
+                _twinkle(False, options={"swap_policy": "always"})),
         Backend("liger+inductor", "Liger, then torch.compile(model)", _liger(compiled=True)),
     )
 }

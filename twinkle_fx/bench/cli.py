@@ -9,6 +9,7 @@ Examples::
     twinkle-fx bench --tiny --backends eager,twinkle   # + a compiled backend: about a minute more each
     twinkle-fx bench --plot results/bench-qwen2.json   # table + PNG again from a saved run
     twinkle-fx bench --tiny --profile prof/            # + prof/<backend>/profile_trace.json, profile_report.txt
+    twinkle-fx bench --inference --out results/        # prefill latency + decode tok/s, CUDA graphs rows
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ _MODEL_BACKENDS = "eager,inductor,twinkle,kernelize+twinkle,kernelize,liger,lige
 # (twinkle alone: 57 s), so the full list took 3.5 minutes.
 _TINY_MODEL_BACKENDS = "eager,kernelize"
 _MICRO_BACKENDS = "eager,inductor,twinkle,liger,cce"
+# compilespeed: the inference workload; (full run, --tiny) defaults
+_INFERENCE_DEFAULTS = {"prefill": (2048, 32), "decode_batch": (32, 2), "context": (1024, 16), "steps": (20, 2),
+                       "warmup": (3, 1)}
+_INFERENCE_BACKENDS = "eager,kernelize,inductor,inductor+cudagraphs,twinkle,twinkle+cudagraphs"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -74,6 +79,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile a few more steps of each backend: DIR/<backend>/profile_trace.json (Chrome "
                              "trace) and profile_report.txt (top kernels, host vs device time, launches per step)")
+    parser.add_argument("--inference", action="store_true",
+                        help="prefill latency and decode tokens/s (no grad) instead of the training step; backends "
+                             f"default {_INFERENCE_BACKENDS}")
+    parser.add_argument("--prefill", type=int, help="--inference: prompt tokens, batch 1 (default 2048; --tiny 32)")
+    parser.add_argument("--decode-batch", type=int, help="--inference: sequences per decode step (default 32; --tiny 2)")
+    parser.add_argument("--context", type=int, help="--inference: tokens in the static KV cache (default 1024; "
+                                                    "--tiny 16)")
+    parser.add_argument("--twinkle-options", metavar="JSON",
+                        help='--inference: options= of the twinkle rows, e.g. \'{"fuse_projections": true}\'')
     parser.add_argument("--plot", type=Path, metavar="JSON",
                         help="print the table and write the PNG of a saved result (next to it, or in --out)")
     parser.set_defaults(run=run)
@@ -130,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     if args.micro and args.profile is not None:
         raise SystemExit("twinkle-fx bench: --profile profiles the model benchmark's backends; leave out --micro "
                          "(or profile one kernel with torch.profiler, see README 'For kernel authors')")
+    if args.inference:
+        return _run_inference(args, device)
     if args.micro:
         from .micro import MICRO_CASES, MICRO_IMPLS, MicroBenchOptions, run_micro_bench
 
@@ -167,6 +183,40 @@ def run(args: argparse.Namespace) -> int:
         print("\nwrote " + ", ".join(map(str, written)))
         if len(written) == 1:
             print("matplotlib is not installed: no PNG (render it elsewhere with `twinkle-fx bench --plot JSON`)")
+    return 1 if any(row.status in ("failed", "wrong") for row in result.rows) else 0
+
+
+def _run_inference(args: argparse.Namespace, device) -> int:
+    import json
+
+    import torch
+
+    from .backends import parse_backends
+    from .inference import INFERENCE_BACKENDS, InferenceBenchOptions, format_inference_table, run_inference_bench
+    from .workloads import get_workload
+
+    _parse(get_workload, args.model)
+    try:
+        twinkle_options = None if args.twinkle_options is None else json.loads(args.twinkle_options)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"twinkle-fx bench: --twinkle-options is not JSON: {e}") from None
+    options = InferenceBenchOptions(
+        model=args.model, backends=_parse(parse_backends, args.backends or _INFERENCE_BACKENDS, INFERENCE_BACKENDS),
+        prefill=_default(args, "prefill", _INFERENCE_DEFAULTS),
+        decode_batch=_default(args, "decode_batch", _INFERENCE_DEFAULTS),
+        context=_default(args, "context", _INFERENCE_DEFAULTS),
+        dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
+        steps=_default(args, "steps", _INFERENCE_DEFAULTS), warmup=_default(args, "warmup", _INFERENCE_DEFAULTS),
+        device=device, tiny=args.tiny, seed=args.seed, options=twinkle_options,
+    )
+    result = run_inference_bench(options, progress=_progress)
+    print()
+    print(format_inference_table(result))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"bench-inference-{args.model}.json"
+        result.save(path)
+        print(f"\nwrote {path}")
     return 1 if any(row.status in ("failed", "wrong") for row in result.rows) else 0
 
 

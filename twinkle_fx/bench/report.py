@@ -172,6 +172,10 @@ def _environment_line(result: BenchResult) -> str:
 
 def format_table(result: BenchResult) -> str:
     """The result as a plain-text table for the terminal (and for pasting into the README)."""
+    if result.kind == "inference":  # compilespeed: the inference workload
+        from .inference import format_inference_table
+
+        return format_inference_table(result)
     return _model_table(result) if result.kind == "model" else _micro_table(result)
 
 
@@ -210,7 +214,7 @@ _COLORS = {"eager": "#8c8c8c", "inductor": "#4c72b0", "twinkle": "#dd8452", "ker
 def plot(result: BenchResult, path: Path) -> bool:
     """Write the bar chart of ``result`` to ``path``; False when matplotlib is not installed."""
     plt = _pyplot()
-    if plt is None:
+    if plt is None or result.kind == "inference":  # no chart for the inference table yet
         return False
     fig = _plot_model(plt, result) if result.kind == "model" else _plot_micro(plt, result)
     fig.savefig(path, dpi=120, bbox_inches="tight")

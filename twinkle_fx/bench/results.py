@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ModelRow", "MicroRow", "BenchResult", "STATUSES"]
+__all__ = ["ModelRow", "MicroRow", "InferenceRow", "BenchResult", "STATUSES"]
 
 # ok: measured and agrees with eager; wrong: measured but its loss/outputs disagree with eager;
 # failed: raised (error says what); unavailable: a package or twinkle_fx piece is missing here.
@@ -99,7 +99,36 @@ class BenchResult:
     @classmethod
     def load(cls, path: Path) -> "BenchResult":
         data = json.loads(Path(path).read_text())
-        row_type = {"model": ModelRow, "micro": MicroRow}.get(data.get("kind"))
+        row_type = {"model": ModelRow, "micro": MicroRow, "inference": InferenceRow}.get(data.get("kind"))
         if row_type is None:
             raise ValueError(f"{path}: not a twinkle-fx bench result (kind={data.get('kind')!r}).")
         return cls(data["kind"], data["environment"], data["workload"], [row_type(**row) for row in data["rows"]])
+
+
+@dataclass
+class InferenceRow:
+    """One backend on the inference workload (``twinkle-fx bench --inference``): prefill latency and
+    decode throughput; ``vs[base]`` holds speed-ups over the ``base`` row (inductor,
+    inductor+cudagraphs) and the first-call time ratio."""
+
+    backend: str
+    status: str = "ok"
+    error: str | None = None
+    traceback: str | None = None
+    prefill_ms: float | None = None  # median
+    prefill_tokens_per_s: float | None = None
+    prefill_first_s: float | None = None  # first call, compilation included (host clock)
+    decode_ms: float | None = None  # median, one step of the whole decode batch
+    decode_tokens_per_s: float | None = None
+    decode_first_s: float | None = None
+    prefill_rel_error: float | None = None  # last-position logits vs eager, relative L2
+    decode_rel_error: float | None = None
+    vs: dict[str, dict[str, float]] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if self.status in ("failed", "unavailable"):
+            return f"{self.backend}: {self.status}: {self.error}"
+        text = (f"{self.backend}: prefill {self.prefill_ms:.3f} ms ({self.prefill_first_s:.1f} s first), decode "
+                f"{self.decode_ms:.3f} ms/step = {self.decode_tokens_per_s:,.0f} tok/s ({self.decode_first_s:.1f} s first)")
+        return text + ("  WRONG" if self.status == "wrong" else "")

@@ -33,12 +33,15 @@ from .compiled_root import report_compiled_root
 from .function_patterns import swap_function_patterns
 from .foreign_forwards import report_foreign_forwards
 from .function_regions import report_function_regions
+from .gemm_fusion import fuse_projections, should_fuse
 from .graph_breaks import note_graph_break
+from .inductor_options import compile_with_inductor, inductor_config_patches
 from .layer_regions import swap_layer_regions
 from .options import BackendOptions, parse_options
 from .recording import RecordedGraphs, active_recorders, readable
 from .regions import GraphContext, ModuleIndex, module_roots
 from .report import GraphReport, RegionReport, active_reports
+from .swap_policy import active_policy
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +81,9 @@ def twinkle_backend(
         logger.info("twinkle_fx: %s is set: graph left unchanged", DISABLE_ENV)
     else:
         _warn_if_nothing_registered(ctx.registry)
-        _run_passes(ctx, report)
+        with active_policy(opts.swap_policy):  # measured per-op swap decisions (swap_policy.py)
+            _run_passes(ctx, report)
+        _fuse_projections(ctx, opts, report)  # horizontal GEMM fusion (last: sees unswapped linears)
     gm.graph.lint()
     gm.recompile()
     if opts.verify and reference is not None and gm.code != report.code_before:
@@ -280,7 +285,18 @@ def _inner_compile(
         if not recorders:
             return aot_eager(gm, example_inputs)
         return aot_eager(gm, example_inputs, fw_compiler=recording("forward"), bw_compiler=recording("backward"))
-    from torch._inductor import list_mode_options
-    from torch._inductor.compile_fx import compile_fx
+    # compilespeed: torch.compile's mode, options["cudagraphs"], options["inductor"]; CUDA-graph status recorded
+    patches = inductor_config_patches(mode, opts.cudagraphs, opts.inductor)
+    return compile_with_inductor(gm, example_inputs, patches)
 
-    return compile_fx(gm, example_inputs, config_patches=list_mode_options(mode) if mode else None)
+
+def _fuse_projections(ctx: GraphContext, opts: BackendOptions, report: GraphReport) -> None:
+    """compilespeed: the horizontal GEMM fusion pass (see :mod:`.gemm_fusion`), when it applies."""
+    decision = should_fuse(opts.fuse_projections, ctx.mode, opts.compiler)
+    if decision is False:
+        return
+    start = time.perf_counter()
+    groups = fuse_projections(ctx.gm, min_in_features=0 if decision is True else decision)
+    report.pass_ms["gemm_fusion"] = elapsed = (time.perf_counter() - start) * 1e3
+    logging.getLogger(fuse_projections.__module__).info(
+        "twinkle_fx gemm_fusion: %s group(s) fused, %.1f ms", len(groups), elapsed)

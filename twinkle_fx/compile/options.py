@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..modes import Mode, format_mode, parse_mode
@@ -26,12 +26,25 @@ class BackendOptions:
         verify (`bool`, defaults to `False`): run the graph before and after the rewrite on the
             example inputs at compile time; on a mismatch keep the original graph and report it.
         report (`bool`, defaults to `False`): log each graph's report at INFO level.
+        inductor (`dict`, *optional*): ``torch._inductor.config`` patches for the inner Inductor
+            ("max_autotune", "freezing", ...); see :mod:`.inductor_options`.
+        cudagraphs (`bool`, defaults to `False`): CUDA graphs, as torch.compile's
+            ``mode="reduce-overhead"`` (which cannot be given together with ``options=``).
+        fuse_projections (`bool` or `"auto"`, defaults to `"auto"`): one GEMM for the linears that
+            read the same input (q/k/v, gate/up); "auto" where measured to pay, see :mod:`.gemm_fusion`.
+        swap_policy (`str`, defaults to `"measured"`): "measured" keeps Inductor's code where a kernel
+            was measured slower at that shape (:mod:`.swap_policy`); "always" swaps every region.
     """
 
     compiler: str = "inductor"
     mode: Mode | None = None
     verify: bool = False
     report: bool = False
+    # compilespeed (issue 15): Inductor passthrough, CUDA graphs, GEMM fusion, swap policy
+    inductor: dict = field(default_factory=dict)
+    cudagraphs: bool = False
+    fuse_projections: bool | str = "auto"
+    swap_policy: str = "measured"
 
     def describe_mode(self) -> str:
         return "auto" if self.mode is None else format_mode(self.mode)
@@ -56,4 +69,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
     for key in ("verify", "report"):
         if not isinstance(options.get(key, False), bool):
             raise ValueError(f"twinkle backend option {key} must be True or False, got {options[key]!r}.")
-    return BackendOptions(compiler, mode, options.get("verify", False), options.get("report", False))
+    from .speed_options import parse_speed_options  # compilespeed (issue 15)
+
+    return BackendOptions(compiler, mode, options.get("verify", False), options.get("report", False),
+                          **parse_speed_options(options))

@@ -13,6 +13,7 @@ from .opaque import opaque_call
 from .regions import GraphContext, Region, fake_value, region_graph_module
 from .report import RegionReport
 from .rewrite import replace_region
+from .swap_policy import keep_inductor_reason
 
 __all__ = ["place_kernel"]
 
@@ -44,6 +45,10 @@ def place_kernel(ctx: GraphContext, region: Region, call: KernelCall, choice: Ke
     :mod:`.opaque`). A kernel that fails either trial is never installed: the region is kept,
     with the error, so the compiled model never crashes where the original runs.
     """
+    first = fake_value(region.call_args[0]) if region.call_args else None
+    kept = keep_inductor_reason(choice.name, ctx.device, ctx.mode, first)  # compilespeed: measured swap policy
+    if kept is not None:
+        return kept
     statics = static_inputs([fake_value(n) for n in region.call_args] + [fake_value(n) for n in region.outputs])
     inputs, expected = statics.values[: len(region.call_args)], statics.values[len(region.call_args):]
     if choice.can_torch_compile:

@@ -1,0 +1,272 @@
+"""The inference workload: prefill latency and decode tokens/s of one model under each backend.
+
+``twinkle-fx bench --inference`` (no grad, the model in eval mode, each backend on a fresh model
+with the same seed):
+
+- prefill: one forward of ``1 x prefill`` tokens without a cache, logits of the last position only
+  (``logits_to_keep=1``, what ``generate`` asks for); reported as ms and tokens/s;
+- decode: one step of ``decode_batch`` sequences against a transformers ``StaticCache`` holding
+  ``context`` tokens (filled once by an eager prefill), one new token each; the cache has fixed
+  shapes, so every step replays the same compiled graph (and CUDA graph). Reported as ms per step
+  and generated tokens/s (``decode_batch / step time``). Attention reads the whole static cache at
+  every step, so the work per step is constant.
+
+Rows (``torch.compile(..., dynamic=False)`` for the compiled ones; CUDA graphs through
+torch.compile's ``mode="reduce-overhead"``):
+
+===================  ==========================================================================
+eager                the model as built
+kernelize            ``kernelize_model(model, mode="inference")`` with the built-in kernels
+inductor             ``torch.compile(model)``
+inductor+cudagraphs  ``torch.compile(model, mode="reduce-overhead")``
+twinkle              ``torch.compile(model, backend="twinkle")``
+twinkle+cudagraphs   ``torch.compile(model, backend="twinkle", mode="reduce-overhead")``
+===================  ==========================================================================
+
+Each row's last-position logits (prefill and decode) are compared with eager's; a relative L2 error
+above the dtype's tolerance marks the row WRONG. Rows with CUDA graphs say whether each compiled
+graph was captured and, if not, Inductor's reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .backends import BackendUnavailable, Prepared, _builtin_kernels, _compile_notes, _import_piece
+from .environment import describe_environment
+from .model_bench import free_device_memory
+from .results import BenchResult, InferenceRow
+from .timing import DeviceClock
+from .workloads import build_model, get_workload
+
+__all__ = ["INFERENCE_BACKENDS", "InferenceBenchOptions", "run_inference_bench", "format_inference_table"]
+
+# relative L2 error of last-position logits against eager's
+LOGITS_RTOL = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+
+
+@dataclass(frozen=True)
+class InferenceBenchOptions:
+    model: str
+    backends: list[str]
+    prefill: int  # tokens of the prefill forward (batch 1)
+    decode_batch: int
+    context: int  # tokens in the static cache when decoding
+    dtype: torch.dtype
+    steps: int
+    warmup: int
+    device: torch.device
+    tiny: bool = False
+    seed: int = 0
+    options: dict[str, Any] | None = None  # twinkle backend options for the twinkle rows
+
+
+def _compiled(backend: str | None, cudagraphs: bool):
+    @contextlib.contextmanager
+    def prepare(model: torch.nn.Module, family: str, device: torch.device,
+                options: dict[str, Any] | None) -> Iterator[Prepared]:
+        from twinkle_fx.compile.inductor_options import collect_cudagraph_status
+
+        mode = "reduce-overhead" if cudagraphs else None
+        if backend is None:
+            with collect_cudagraph_status() as cudagraphs_report:
+                prepared = Prepared(torch.compile(model, mode=mode, dynamic=False))
+                yield prepared
+            prepared.notes["cudagraphs"] = cudagraphs_report.summary() if cudagraphs else None
+            return
+        _import_piece("twinkle_fx.compile.backend", 'torch.compile backend "twinkle" (twinkle_fx.compile)')
+        from twinkle_fx.compile import collect_reports
+
+        kwargs: dict[str, Any] = {"options": {**(options or {}), "cudagraphs": True} if cudagraphs else options}
+        if kwargs["options"] is None:
+            kwargs = {"mode": mode}
+        with _builtin_kernels(family, device) as bound, collect_reports() as report, \
+                collect_cudagraph_status() as cudagraphs_report:
+            prepared = Prepared(torch.compile(model, backend="twinkle", dynamic=False, **kwargs),
+                                {"builtin_kernels": bound})
+            try:
+                yield prepared
+            finally:
+                prepared.notes.update(_compile_notes(report))
+                prepared.notes["cudagraphs"] = cudagraphs_report.summary() if cudagraphs else None
+
+    return prepare
+
+
+@contextlib.contextmanager
+def _eager(model: torch.nn.Module, family: str, device: torch.device, options) -> Iterator[Prepared]:
+    yield Prepared(model)
+
+
+@contextlib.contextmanager
+def _kernelize(model: torch.nn.Module, family: str, device: torch.device, options) -> Iterator[Prepared]:
+    from twinkle_fx import kernelize_model, undo_kernelize
+
+    with _builtin_kernels(family, device) as bound:
+        kernelize_model(model, mode="inference", device=device)
+        try:
+            yield Prepared(model, {"builtin_kernels": bound})
+        finally:
+            undo_kernelize(model)
+
+
+INFERENCE_BACKENDS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "eager": ("the model as built", _eager),
+    "kernelize": ('kernelize_model(model, mode="inference"), built-in kernels', _kernelize),
+    "inductor": ("torch.compile(model)", _compiled(None, False)),
+    "inductor+cudagraphs": ('torch.compile(model, mode="reduce-overhead")', _compiled(None, True)),
+    "twinkle": ('torch.compile(model, backend="twinkle")', _compiled("twinkle", False)),
+    "twinkle+cudagraphs": ('torch.compile(model, backend="twinkle", mode="reduce-overhead")',
+                           _compiled("twinkle", True)),
+}
+
+
+def _static_cache(model: torch.nn.Module, max_len: int):
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=max_len)
+
+
+def _timed(fn: Callable[[], torch.Tensor], clock: DeviceClock, warmup: int, steps: int) -> tuple[torch.Tensor, float, float]:
+    """(first output, first-call seconds, median ms of ``steps`` calls after ``warmup``)."""
+    out, first_s = clock.wall(lambda: fn().clone())
+    for _ in range(warmup):
+        fn()
+    times = sorted(clock.each_ms(fn, steps))
+    return out, first_s, times[len(times) // 2]
+
+
+def _rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    got, expected = got.float(), expected.float()
+    return float((got - expected).norm() / expected.norm().clamp_min(1e-12))
+
+
+def _run_backend(name: str, options: InferenceBenchOptions, clock: DeviceClock,
+                 reference: dict[str, torch.Tensor]) -> InferenceRow:
+    workload = get_workload(options.model)
+    generator = torch.Generator().manual_seed(options.seed)
+    vocab = workload.config_kwargs(tiny=options.tiny)["vocab_size"]
+    prompt = torch.randint(0, vocab, (1, options.prefill), generator=generator).to(options.device)
+    context = torch.randint(0, vocab, (options.decode_batch, options.context), generator=generator).to(options.device)
+    step_ids = torch.randint(0, vocab, (options.decode_batch, 1), generator=generator).to(options.device)
+    try:
+        model = build_model(workload, tiny=options.tiny, dtype=options.dtype, device=options.device,
+                            seed=options.seed).eval()
+        with torch.no_grad(), INFERENCE_BACKENDS[name][1](model, workload.family, options.device,
+                                                           options.options) as prepared:
+            run = prepared.model
+
+            def prefill() -> torch.Tensor:
+                return run(input_ids=prompt, use_cache=False, logits_to_keep=1).logits
+
+            prefill_out, prefill_first_s, prefill_ms = _timed(prefill, clock, options.warmup, options.steps)
+            # transformers >= 5.2x advances the cache's own length at every step (older versions write at
+            # cache_position): room for every timed step; attention reads the whole static cache
+            # either way, so the work per step is the same
+            cache = _static_cache(model, options.context + options.warmup + options.steps + 2)
+            # the cache is filled by the model as built (eager, or kernelized): only decode is compiled
+            model(input_ids=context, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            position = torch.tensor([options.context], device=options.device)
+
+            def decode() -> torch.Tensor:
+                return run(input_ids=step_ids, past_key_values=cache, cache_position=position, use_cache=True,
+                           logits_to_keep=1).logits
+
+            decode_out, decode_first_s, decode_ms = _timed(decode, clock, options.warmup, options.steps)
+        notes = prepared.notes
+    except BackendUnavailable as e:
+        return InferenceRow(name, status="unavailable", error=str(e))
+    except Exception as e:  # noqa: BLE001 - a failing backend is a result, the run goes on
+        return InferenceRow(name, status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+    row = InferenceRow(
+        name, prefill_ms=prefill_ms, prefill_tokens_per_s=options.prefill / (prefill_ms / 1e3),
+        prefill_first_s=prefill_first_s, decode_ms=decode_ms,
+        decode_tokens_per_s=options.decode_batch / (decode_ms / 1e3), decode_first_s=decode_first_s, notes=notes,
+    )
+    if name == "eager":
+        reference.update(prefill=prefill_out, decode=decode_out)
+    elif reference:
+        row.prefill_rel_error = _rel_error(prefill_out, reference["prefill"])
+        row.decode_rel_error = _rel_error(decode_out, reference["decode"])
+        if max(row.prefill_rel_error, row.decode_rel_error) > LOGITS_RTOL.get(options.dtype, 1e-3):
+            row.status = "wrong"
+    return row
+
+
+def run_inference_bench(options: InferenceBenchOptions, progress: Callable[[str], None] = print) -> BenchResult:
+    """Benchmark ``options.backends`` on prefill and decode of ``options.model`` (see the module
+    docstring); ratios against Inductor and Inductor + CUDA graphs of the same run.
+
+    Example:
+        >>> options = InferenceBenchOptions(model="qwen2", backends=["eager", "kernelize"], prefill=32,
+        ...                                 decode_batch=2, context=16, dtype=torch.float32, steps=2,
+        ...                                 warmup=1, device=torch.device("cpu"), tiny=True)
+        >>> result = run_inference_bench(options)                                # doctest: +SKIP
+    """
+    workload = get_workload(options.model)
+    clock = DeviceClock(options.device)
+    reference: dict[str, torch.Tensor] = {}
+    names = list(options.backends)
+    if "eager" in names:  # the reference runs first
+        names.remove("eager")
+        names.insert(0, "eager")
+    rows = []
+    for index, name in enumerate(names, 1):
+        progress(f"[{index}/{len(names)}] {name}: {INFERENCE_BACKENDS[name][0]} ...")
+        row = _run_backend(name, options, clock, reference)
+        free_device_memory(options.device)
+        rows.append(row)
+        progress(f"[{index}/{len(names)}] {row}")
+    by_name = {r.backend: r for r in rows if r.status in ("ok", "wrong")}
+    for row in rows:
+        for base in ("inductor", "inductor+cudagraphs"):
+            ref = by_name.get(base)
+            if ref is None or row.status not in ("ok", "wrong"):
+                continue
+            row.vs[base] = {"prefill": ref.prefill_ms / row.prefill_ms, "decode": ref.decode_ms / row.decode_ms,
+                            "first_call": row.prefill_first_s / ref.prefill_first_s}
+    return BenchResult(
+        kind="inference",
+        environment=describe_environment(options.device),
+        workload={
+            "model": workload.name,
+            "shape_of": workload.shape_of + (" (tiny config)" if options.tiny else ""),
+            "config": workload.summary(tiny=options.tiny),
+            "prefill": f"1 x {options.prefill} tokens, no cache, logits of the last position",
+            "decode": f"{options.decode_batch} sequences x 1 token, static KV cache of {options.context} tokens",
+            "dtype": str(options.dtype).removeprefix("torch."),
+            "steps": options.steps, "warmup": options.warmup, "seed": options.seed, "tiny": options.tiny,
+            "twinkle_options": options.options,
+        },
+        rows=rows,
+    )
+
+
+def format_inference_table(result: BenchResult) -> str:
+    """The inference result as a plain-text table."""
+    from .report import _compile_summary, _environment_line, _fmt, _table
+
+    header = ["backend", "prefill ms", "prefill tok/s", "decode ms", "decode tok/s", "1st prefill s", "1st decode s",
+              "prefill/ind+CG", "decode/ind+CG", "status"]
+    body = []
+    for r in result.rows:
+        cg = r.vs.get("inductor+cudagraphs", {})
+        body.append([r.backend, _fmt(r.prefill_ms, ".3f"), _fmt(r.prefill_tokens_per_s, ",.0f"),
+                     _fmt(r.decode_ms, ".3f"), _fmt(r.decode_tokens_per_s, ",.0f"), _fmt(r.prefill_first_s, ".1f"),
+                     _fmt(r.decode_first_s, ".1f"), _fmt(cg.get("prefill"), ".2f"), _fmt(cg.get("decode"), ".2f"),
+                     "WRONG" if r.status == "wrong" else r.status])
+    notes = [f"  {r.backend}: {r.status}: {r.error}" for r in result.rows if r.status in ("failed", "unavailable")]
+    notes += [f"  {r.backend}: WRONG: logits rel. error prefill {r.prefill_rel_error:.2e}, decode "
+              f"{r.decode_rel_error:.2e}" for r in result.rows if r.status == "wrong"]
+    notes += [f"  {r.backend}: {r.notes['cudagraphs']}" for r in result.rows if r.notes.get("cudagraphs")]
+    notes += [f"  {r.backend}: {_compile_summary(r.notes)}" for r in result.rows if r.notes.get("graphs") is not None]
+    w = result.workload
+    title = f"{w['model']} ({w['shape_of']}), {w['dtype']}, no grad; prefill {w['prefill']}; decode {w['decode']}"
+    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(1, 9)))])
+    return text + ("\n\n" + "\n".join(notes) if notes else "")

@@ -1,0 +1,202 @@
+"""Inductor under the ``twinkle`` backend: its options, CUDA graphs, and whether each graph was captured.
+
+The rewritten graph goes to Inductor with the configuration the user asked for, combined in this
+order (later wins):
+
+1. torch.compile's own ``mode=`` ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+   expanded by ``torch._inductor.list_mode_options`` exactly as ``backend="inductor"`` does;
+2. ``options={"cudagraphs": True}`` (the same as ``mode="reduce-overhead"``, for callers that also
+   pass other twinkle options: torch.compile refuses ``mode`` and ``options`` together);
+3. ``options={"inductor": {...}}``: any ``torch._inductor.config`` key ("max_autotune",
+   "freezing", "triton.cudagraphs", "coordinate_descent_tuning", ...), checked against the
+   installed Inductor so a typo is an error, not a silent no-op.
+
+Every graph Inductor compiles (forward, backward, inference) is recorded as a
+:class:`CudaGraphStatus`: CUDA graphs requested or not, used or not, and Inductor's own reason when
+it skipped them ("mutated inputs", "cpu device", "non-static input pointers", ...).
+
+Example:
+    >>> with collect_cudagraph_status() as cudagraphs:                        # doctest: +SKIP
+    ...     torch.compile(model, backend="twinkle", mode="reduce-overhead")(input_ids)
+    >>> print(cudagraphs.summary())                                            # doctest: +SKIP
+    CUDA graphs used by 1 of 1 compiled graph(s)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CudaGraphStatus", "CudaGraphReport", "collect_cudagraph_status", "parse_inductor_options", "inductor_config_patches",
+    "compile_with_inductor",
+]
+
+
+def parse_inductor_options(value: Any) -> dict[str, Any]:
+    """Check ``options["inductor"]``: a dict of ``torch._inductor.config`` keys (dotted for nested
+    ones, e.g. ``"triton.cudagraphs"``); returns a copy.
+
+    Raises:
+        ValueError: not a dict, or a key the installed Inductor does not have (the message names it
+            and says where the valid keys are listed).
+
+    Example:
+        >>> parse_inductor_options({"max_autotune": True})
+        {'max_autotune': True}
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"twinkle backend option inductor must be a dict of torch._inductor.config keys, "
+                         f"got {type(value).__name__}.")
+    from torch._inductor import config
+
+    known = config.get_config_copy()
+    for key in value:
+        if not isinstance(key, str) or key not in known:
+            raise ValueError(
+                f"twinkle backend option inductor={{{key!r}: ...}}: torch._inductor.config has no {key!r} "
+                f"(see torch._inductor.list_options() for the valid keys)."
+            )
+    return dict(value)
+
+
+def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mapping[str, Any]) -> dict[str, Any]:
+    """Inductor config patches for torch.compile's ``mode``, the ``cudagraphs`` option and the
+    ``inductor`` options, in that order of precedence (see the module docstring).
+
+    Example:
+        >>> inductor_config_patches("max-autotune-no-cudagraphs", True, {"coordinate_descent_tuning": False})
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'max_autotune': True, 'coordinate_descent_tuning': False, 'triton.cudagraphs': True}
+    """
+    from torch._inductor import list_mode_options
+
+    patches: dict[str, Any] = dict(list_mode_options(mode)) if mode else {}
+    if cudagraphs:
+        patches["triton.cudagraphs"] = True
+    patches.update(inductor)
+    return patches
+
+
+@dataclass
+class CudaGraphStatus:
+    """What happened to CUDA graphs for one graph Inductor compiled.
+
+    ``kind`` is "forward", "backward" or "inference"; ``graph`` numbers the Dynamo graphs the
+    backend handed to Inductor in this process (a forward and its backward share it); ``used`` whether Inductor wraps the graph in a
+    CUDA graph (recorded on its first runs, replayed after); ``reason`` Inductor's own words when
+    it did not.
+    """
+
+    graph: int
+    kind: str
+    requested: bool
+    used: bool
+    reason: str | None = None
+
+    def __str__(self) -> str:
+        head = f"{self.kind} graph {self.graph}: "
+        if not self.requested:
+            return head + "CUDA graphs not requested"
+        return head + ("CUDA graphs used" if self.used else f"CUDA graphs skipped: {self.reason or 'no reason given'}")
+
+
+@dataclass
+class CudaGraphReport:
+    """CUDA graphs in one block: ``graphs`` has a :class:`CudaGraphStatus` for each graph Inductor
+    compiled in it (none for a graph loaded whole from AOTAutograd's cache); ``skips`` has every
+    "skipping cudagraphs due to ..." Inductor logged, at compile time or at run time, cached or not.
+    """
+
+    graphs: list[CudaGraphStatus] = field(default_factory=list)
+    skips: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        requested = [g for g in self.graphs if g.requested]
+        used = sum(g.used for g in requested)
+        if requested:
+            text = f"CUDA graphs used by {used} of {len(requested)} compiled graph(s)"
+        else:  # backend="inductor" itself, or every graph loaded from a cache: only Inductor's log speaks
+            text = "no graph compiled through the twinkle backend; Inductor logged " + (
+                "these CUDA-graph skips" if self.skips else "no CUDA-graph skip")
+        if self.skips:
+            reasons = Counter(self.skips)
+            text += "; skipped: " + "; ".join(f"{n} x {why}" for why, n in reasons.items())
+        return text
+
+
+class _SkipRecorder(logging.Filter):
+    """Observes Inductor's cudagraph skip messages (passes every record through unchanged)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for report in _collectors:
+            report.skips.append(record.getMessage())
+        return True
+
+
+_collectors: list[CudaGraphReport] = []
+_graph_counter = [0]
+
+
+@contextlib.contextmanager
+def collect_cudagraph_status() -> Iterator[CudaGraphReport]:
+    """Collect what happened to CUDA graphs for every graph the twinkle backend hands to Inductor
+    while the block runs (backward graphs are compiled at the first backward; CUDA graphs are
+    recorded on the first runs), as a :class:`CudaGraphReport`."""
+    from torch._inductor.cudagraph_utils import cudagraphs_log
+
+    report = CudaGraphReport()
+    recorder = _SkipRecorder()
+    _collectors.append(report)
+    cudagraphs_log.addFilter(recorder)
+    try:
+        yield report
+    finally:
+        cudagraphs_log.removeFilter(recorder)
+        _collectors.remove(report)
+
+
+def _recording_inner_compile(graph_index: int, requested: bool) -> Callable[..., Any]:
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    def inner_compile(gm: fx.GraphModule, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
+        kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+        boxed = kwargs.get("cudagraphs")
+        used = bool(requested and boxed is not None and bool(boxed))
+        reason = None
+        if requested and not used:
+            reason = getattr(compiled, "disabled_cudagraphs_reason", None)
+            info = getattr(compiled, "cudagraph_info", None)
+            if reason is None and info is not None and info.cudagraph_fail_reasons:
+                reason = "; ".join(info.cudagraph_fail_reasons)
+        status = CudaGraphStatus(graph_index, kind, requested, used, reason)
+        logger.info("twinkle_fx: %s", status)
+        for report in _collectors:
+            report.graphs.append(status)
+        return compiled
+
+    return inner_compile
+
+
+def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any], patches: dict[str, Any]) -> Callable[..., Any]:
+    """``compile_fx`` with ``patches`` applied, recording each compiled graph's CUDA-graph status."""
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx
+
+    with config.patch(patches):
+        requested = bool(config.triton.cudagraphs)
+    graph_index = _graph_counter[0]
+    _graph_counter[0] += 1
+    return compile_fx(gm, example_inputs, inner_compile=_recording_inner_compile(graph_index, requested),
+                      config_patches=patches or None)

@@ -30,6 +30,7 @@ def use_builtin_kernels(
     devices: Sequence[str] = ("cuda",),
     models: Sequence[str] = tuple(BUILTIN_MODELS),
     fused_loss: bool = True,
+    decoder_layers: bool = False,
 ) -> list[str]:
     """Bind the RMSNorm, MLP, rotary embedding and LM-head loss of ``models`` to twinkle_triton kernels.
 
@@ -43,6 +44,9 @@ def use_builtin_kernels(
 
     Args:
         fused_loss (`bool`, defaults to `True`): also bind the causal-LM head + loss.
+        decoder_layers (`bool`, defaults to `False`): also bind ``*DecoderLayer`` to ``"DecoderLayer"``
+            (residual add fused into the post-attention norm), for eager ``kernelize_model`` only: under
+            ``backend="twinkle"`` a bound decoder layer would hide the norm and MLP regions inside it.
         devices (defaults to `("cuda",)`): where the kernels apply; add "cpu" to run them through the
             Triton interpreter (slow: for tests).
         models (defaults to all of qwen2, llama, mistral, qwen3): model families to bind.
@@ -70,6 +74,8 @@ def use_builtin_kernels(
         register_layer_kernel(kernel_name="SwiGLUMLP", layer=layers.SwiGLUMLP, device=device)
         if fused_loss:
             register_layer_kernel(kernel_name="CausalLMFusedLoss", layer=layers.CausalLMFusedLoss, device=device)
+        if decoder_layers:  # mode "train" serves eager training and inference, never compile
+            register_layer_kernel(kernel_name="DecoderLayer", layer=layers.DecoderLayer, device=device, mode="train")
     bound = []
     for family in models:
         module_name, prefix = BUILTIN_MODELS[family]
@@ -77,6 +83,9 @@ def use_builtin_kernels(
         register_external_layer(getattr(modeling, f"{prefix}RMSNorm"), "RMSNorm")
         register_external_layer(getattr(modeling, f"{prefix}MLP"), "SwiGLUMLP")
         bound += [f"{prefix}RMSNorm -> RMSNorm", f"{prefix}MLP -> SwiGLUMLP"]
+        if decoder_layers:
+            register_external_layer(getattr(modeling, f"{prefix}DecoderLayer"), "DecoderLayer")
+            bound.append(f"{prefix}DecoderLayer -> DecoderLayer")
         if fused_loss:
             register_external_layer(getattr(modeling, f"{prefix}ForCausalLM"), "CausalLMFusedLoss")
             bound.append(f"{prefix}ForCausalLM -> CausalLMFusedLoss")

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype
+from ._launch import compute_dtype, next_power_of_2
 from ._library import define_op, wrap_triton
 
 
@@ -116,9 +116,9 @@ def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, 
     cos, cos_sb, cos_ss = _cos_sin_rows(cos, unsqueeze_dim, batch, seq_len, dim)
     sin, sin_sb, sin_ss = _cos_sin_rows(sin, unsqueeze_dim, batch, seq_len, dim)
     half = dim // 2
-    block_hq = triton.next_power_of_2(n_q_heads)
-    block_hk = triton.next_power_of_2(n_k_heads)
-    block_half = triton.next_power_of_2(half)
+    block_hq = next_power_of_2(n_q_heads)
+    block_hk = next_power_of_2(n_k_heads)
+    block_half = next_power_of_2(half)
     # Per program: (Hq + Hk) x D elements; 4 warps up to 4K elements, 8 beyond.
     num_warps = 4 if (block_hq + block_hk) * block_half * 2 <= 4096 else 8
     wrap_triton(_rotary_embedding_kernel)[(batch * seq_len,)](

@@ -6,6 +6,7 @@ Examples::
     twinkle-fx bench --model llama --backends eager,inductor,twinkle --out results/
     twinkle-fx bench --micro --out results/            # kernel microbenchmarks
     twinkle-fx bench --tiny --backends eager,kernelize # CPU smoke test, seconds
+    twinkle-fx bench --inference --batch 32 --seq 1    # a decode-sized forward, no grad
     twinkle-fx bench --plot results/bench-qwen2.json   # table + PNG again from a saved run
 """
 
@@ -51,6 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                                   "--tiny 2)")
     parser.add_argument("--warmup", type=int, help="untimed steps after the first (default 3; --micro 5; --tiny 1)")
     parser.add_argument("--micro", action="store_true", help="kernel microbenchmarks instead of the model")
+    parser.add_argument("--inference", action="store_true",
+                        help="time a forward without grad of the model in eval mode instead of a training step "
+                             "(--batch 1 --seq 2048: a prefill; --batch 32 --seq 1: a decode-sized step)")
     parser.add_argument("--ops", help="--micro: comma-separated subset of the ops (default all)")
     parser.add_argument("--out", type=Path, help="directory for the JSON result and the PNG chart")
     parser.add_argument("--tiny", action="store_true",
@@ -124,9 +128,10 @@ def run(args: argparse.Namespace) -> int:
             batch=_default(args, "batch", _MODEL_DEFAULTS), seq=_default(args, "seq", _MODEL_DEFAULTS),
             dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
             steps=_default(args, "steps", _MODEL_DEFAULTS), warmup=_default(args, "warmup", _MODEL_DEFAULTS),
-            device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol,
+            device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol, inference=args.inference,
         )
-        result, stem = run_model_bench(options, progress=_progress), f"bench-{args.model}"
+        result = run_model_bench(options, progress=_progress)
+        stem = f"bench-{args.model}" + (f"-inference-{options.batch}x{options.seq}" if args.inference else "")
 
     print()
     print(format_table(result))

@@ -26,7 +26,7 @@ from .environment import describe_environment
 from .model_bench import free_device_memory
 from .report import annotate_micro_rows
 from .results import BenchResult, MicroRow
-from .timing import GIB, DeviceClock, time_calls
+from .timing import GIB, DeviceClock, host_us, time_calls
 
 __all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
 
@@ -161,6 +161,10 @@ MICRO_CASES: tuple[MicroCase, ...] = (
 
 PHASES = ("fwd", "fwd+bwd")
 
+# Calls per host-time measurement (bench.timing.host_us): few enough that the device queue never
+# fills (then the host would wait on the device), enough to average the timer's resolution.
+HOST_CALLS = 20
+
 
 @dataclass(frozen=True)
 class MicroBenchOptions:
@@ -214,8 +218,9 @@ class _Case:
     """One op's inputs, the reference results and the timing of each implementation."""
 
     def __init__(self, case: MicroCase, inputs: CaseInputs, options: MicroBenchOptions, clock: DeviceClock,
-                 copy_gbps: float) -> None:
+                 copy_gbps: float, grad_baseline_us: float = 0.0) -> None:
         self.case, self.inputs, self.options, self.clock, self.copy_gbps = case, inputs, options, clock, copy_gbps
+        self.grad_baseline_us = grad_baseline_us
 
     def grad_outputs(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         # a fresh set per implementation: Liger's RMSNorm writes its input gradient into this buffer
@@ -258,6 +263,7 @@ class _Case:
 
             with torch.no_grad():
                 ms, extra = time_calls(call, self.clock, warmup=opts.warmup, reps=opts.reps)
+                host, host_bwd = host_us(call, self.clock, calls=self._host_calls()), None
             moved, flops = inputs.bytes_fwd, inputs.flops_fwd
         else:
             wrt = _grad_inputs(impl.args)
@@ -267,6 +273,7 @@ class _Case:
                 torch.autograd.grad(_tensors(impl.fn(*impl.args)), wrt, grad_outputs)
 
             ms, extra = time_calls(call, self.clock, warmup=opts.warmup, reps=opts.reps)
+            host, host_bwd = self._host_fwd_bwd(impl, wrt, grad_outputs)
             moved = None if inputs.bytes_fwd is None else inputs.bytes_fwd + inputs.bytes_bwd
             flops = None if inputs.flops_fwd is None else inputs.flops_fwd + inputs.flops_bwd
         gbps = None if moved is None else moved / (ms * 1e-3) / 1e9
@@ -279,7 +286,33 @@ class _Case:
             flops=flops, tflops=None if flops is None else flops / (ms * 1e-3) / 1e12,
             extra_gib=None if extra is None else extra / GIB,
             max_rel_error=error,
+            host_us=host,
+            host_bwd_us=host_bwd,
         )
+
+    def _host_calls(self) -> int:
+        return 2 if self.options.tiny else HOST_CALLS
+
+    def _host_fwd_bwd(self, impl: _Impl, wrt: list[torch.Tensor], grad_outputs: tuple) -> tuple[float, float]:
+        """(host us of a forward recording autograd + its backward, the backward's share)."""
+        calls = self._host_calls()
+        fwd = host_us(lambda: impl.fn(*impl.args), self.clock, calls=calls)
+        bwd = host_us(lambda outputs, i: torch.autograd.grad(outputs[i], wrt, grad_outputs), self.clock, calls=calls,
+                      setup=lambda n: [_tensors(impl.fn(*impl.args)) for _ in range(n)])
+        bwd = max(bwd - self.grad_baseline_us, 0.0)
+        return fwd + bwd, bwd
+
+
+def _grad_baseline_us(options: MicroBenchOptions, clock: DeviceClock) -> float:
+    """Host us of ``torch.autograd.grad`` through a view (no kernel): the engine's fixed cost per
+    call, which a model's backward pays once per step, not once per op."""
+    x = torch.zeros(16, device=options.device, requires_grad=True)
+    g = torch.ones(16, device=options.device)
+    calls = 2 if options.tiny else HOST_CALLS
+    for _ in range(3):
+        torch.autograd.grad(x.view(-1), (x,), (g,))
+    return host_us(lambda outputs, i: torch.autograd.grad(outputs[i], (x,), (g,)), clock, calls=calls,
+                   setup=lambda n: [x.view(-1) for _ in range(n)])
 
 
 def _measure_copy(options: MicroBenchOptions, clock: DeviceClock) -> MicroRow:
@@ -339,13 +372,14 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
 
     copy = _measure_copy(options, clock)
     progress(f"[copy] {copy.shape}: {copy.gbps:,.0f} GB/s (the roofline below)")
+    grad_baseline_us = _grad_baseline_us(options, clock)
     rows: list[MicroRow] = [copy]
     for index, case in enumerate(cases, 1):
         torch.manual_seed(options.seed)
         inputs = case.make(options.tiny, options.device, options.dtype)
         progress(f"[{index}/{len(cases)}] {case.op}: {inputs.shape}")
         reference, impls = _implementations(case, inputs, options, twinkle_triton, twinkle_error, liger, liger_error)
-        runner = _Case(case, inputs, options, clock, copy.gbps)
+        runner = _Case(case, inputs, options, clock, copy.gbps, grad_baseline_us)
         expected, missing = None, ("unavailable", f"twinkle_triton.{case.op}_reference is not available yet")
         if reference is not None:
             try:
@@ -369,6 +403,6 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
         environment=describe_environment(options.device),
         workload={"dtype": str(options.dtype).removeprefix("torch."), "reps": options.reps,
                   "warmup": options.warmup, "tiny": options.tiny, "seed": options.seed,
-                  "copy_gbps": copy.gbps, "impls": list(options.impls)},
+                  "copy_gbps": copy.gbps, "impls": list(options.impls), "host_grad_baseline_us": grad_baseline_us},
         rows=rows,
     )

@@ -1,9 +1,12 @@
 """The end-to-end benchmark: a training step (forward + backward with labels) of one workload under
-each backend, each on a fresh model with the same seed, with memory freed in between."""
+each backend, each on a fresh model with the same seed, with memory freed in between; or, with
+``inference=True``, a forward without grad of the model in eval mode (a prefill of batch x seq
+tokens, or a decode-sized step with seq 1)."""
 
 from __future__ import annotations
 
 import gc
+import statistics
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ class ModelBenchOptions:
     tiny: bool = False
     seed: int = 0
     loss_rtol: float | None = None  # None: by dtype (see report.LOSS_RTOL)
+    inference: bool = False  # forward only, no grad, model.eval()
 
 
 def _training_step(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -42,6 +46,16 @@ def _training_step(model: torch.nn.Module, input_ids: torch.Tensor, labels: torc
         loss = model(input_ids=input_ids, labels=labels).loss
         loss.backward()
         return loss.detach()
+
+    return step
+
+
+def _inference_step(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def step() -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(input_ids=input_ids).logits
+            # a checksum comparable across backends: the cross-entropy of the last position's logits
+            return torch.nn.functional.cross_entropy(logits[:, -1].float(), labels[:, -1])
 
     return step
 
@@ -61,9 +75,12 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
     workload = get_workload(options.model)
     try:
         model = build_model(workload, tiny=options.tiny, dtype=options.dtype, device=options.device, seed=options.seed)
+        if options.inference:
+            model.eval()
+        make_step = _inference_step if options.inference else _training_step
         with BACKENDS[name].prepare(model, workload.family, options.device) as prepared:
             timing = time_training_steps(
-                _training_step(prepared.model, *batch), clock, warmup=options.warmup, steps=options.steps,
+                make_step(prepared.model, *batch), clock, warmup=options.warmup, steps=options.steps,
                 on_first_step=lambda t: progress(f"    first step {t.first_step_s:.2f} s, loss {t.first_loss:.5f}; "
                                                  f"timing ..."),
             )
@@ -84,6 +101,7 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
         ms_per_step=timing.mean_ms,
         median_ms=timing.median_ms,
         step_ms=timing.step_ms,
+        host_ms=statistics.median(timing.host_ms) if timing.host_ms else None,
         peak_gib=_gib(timing.peak_bytes),
         first_step_peak_gib=_gib(timing.first_step_peak_bytes),
         resident_gib=_gib(timing.resident_bytes),
@@ -136,7 +154,7 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
             "seq": options.seq,
             "tokens_per_step": options.batch * options.seq,
             "dtype": str(options.dtype).removeprefix("torch."),
-            "step": "forward + backward with labels",
+            "step": "inference forward (no grad, eval)" if options.inference else "forward + backward with labels",
             "steps": options.steps,
             "warmup": options.warmup,
             "seed": options.seed,

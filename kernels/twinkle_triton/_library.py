@@ -79,26 +79,13 @@ def wrap_triton(kernel):
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
-def _runs_eagerly(args: tuple) -> bool:
-    """True when a call with ``args`` may bypass the dispatcher (see the module docstring)."""
-    if (
-        torch.compiler.is_compiling()
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._are_functorch_transforms_active()
-    ):
-        return False
-    for a in args:
-        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN_TENSOR_TYPES:
-            return False
-    return True
-
-
 class TwinkleOp:
     """``twinkle::<name>``: callable like the custom op; eager calls take a lean path.
 
     ``op`` is the custom op (``torch.ops.twinkle.<name>.default`` semantics). Calling the object
     runs ``impl`` directly (ops without autograd) or through a ``torch.autograd.Function`` built
-    from the same ``setup_context``/``backward`` (ops with autograd) when ``_runs_eagerly``.
+    from the same ``setup_context``/``backward`` (ops with autograd) when nothing may trace or
+    intercept the call (see the module docstring); otherwise it calls ``op``.
     """
 
     def __init__(self, name: str, op, impl: Callable, backward: Callable | None, setup_context: Callable | None):
@@ -116,16 +103,27 @@ class TwinkleOp:
             )
 
     def __call__(self, *args):
-        if not _runs_eagerly(args):
+        # Everything in one frame: this runs a few hundred times a training step.
+        if (
+            torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack()
+            or torch._C._are_functorch_transforms_active()
+        ):
             return self.op(*args)
-        if _eager_call.active:  # nested (an op calling another): the flag is already set
+        for a in args:
+            if isinstance(a, torch.Tensor) and type(a) not in _PLAIN_TENSOR_TYPES:
+                return self.op(*args)
+        state = _eager_call
+        if state.active:  # nested (an op calling another): the flag is already set
             return self._run(args)
         # No context manager on this path: a try/finally costs a fraction of contextlib's frames.
-        _eager_call.active = True
+        state.active = True
         try:
-            return self._run(args)
+            if self._function is None or not torch.is_grad_enabled():
+                return self.impl(*args)
+            return self._function.apply(*args)
         finally:
-            _eager_call.active = False
+            state.active = False
 
     def _run(self, args: tuple):
         if self._function is None or not torch.is_grad_enabled():

@@ -164,6 +164,8 @@ PHASES = ("fwd", "fwd+bwd")
 # Calls per host-time measurement (bench.timing.host_us): few enough that the device queue never
 # fills (then the host would wait on the device), enough to average the timer's resolution.
 HOST_CALLS = 20
+# Forwards whose backwards one autograd.grad call runs (their saved tensors are alive together).
+HOST_BWD_CALLS = 8
 
 
 @dataclass(frozen=True)
@@ -218,9 +220,8 @@ class _Case:
     """One op's inputs, the reference results and the timing of each implementation."""
 
     def __init__(self, case: MicroCase, inputs: CaseInputs, options: MicroBenchOptions, clock: DeviceClock,
-                 copy_gbps: float, grad_baseline_us: float = 0.0) -> None:
+                 copy_gbps: float) -> None:
         self.case, self.inputs, self.options, self.clock, self.copy_gbps = case, inputs, options, clock, copy_gbps
-        self.grad_baseline_us = grad_baseline_us
 
     def grad_outputs(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         # a fresh set per implementation: Liger's RMSNorm writes its input gradient into this buffer
@@ -273,7 +274,7 @@ class _Case:
                 torch.autograd.grad(_tensors(impl.fn(*impl.args)), wrt, grad_outputs)
 
             ms, extra = time_calls(call, self.clock, warmup=opts.warmup, reps=opts.reps)
-            host, host_bwd = self._host_fwd_bwd(impl, wrt, grad_outputs)
+            host, host_bwd = self._host_fwd_bwd(impl, grad_outputs)
             moved = None if inputs.bytes_fwd is None else inputs.bytes_fwd + inputs.bytes_bwd
             flops = None if inputs.flops_fwd is None else inputs.flops_fwd + inputs.flops_bwd
         gbps = None if moved is None else moved / (ms * 1e-3) / 1e9
@@ -293,26 +294,24 @@ class _Case:
     def _host_calls(self) -> int:
         return 2 if self.options.tiny else HOST_CALLS
 
-    def _host_fwd_bwd(self, impl: _Impl, wrt: list[torch.Tensor], grad_outputs: tuple) -> tuple[float, float]:
-        """(host us of a forward recording autograd + its backward, the backward's share)."""
-        calls = self._host_calls()
-        fwd = host_us(lambda: impl.fn(*impl.args), self.clock, calls=calls)
-        bwd = host_us(lambda outputs, i: torch.autograd.grad(outputs[i], wrt, grad_outputs), self.clock, calls=calls,
-                      setup=lambda n: [_tensors(impl.fn(*impl.args)) for _ in range(n)])
-        bwd = max(bwd - self.grad_baseline_us, 0.0)
+    def _host_fwd_bwd(self, impl: _Impl, grad_outputs: tuple) -> tuple[float, float]:
+        """(host us of a forward recording autograd + its backward, the backward's share).
+
+        The backward share is one ``torch.autograd.grad`` over HOST_BWD_CALLS independent
+        forwards (each on its own detached leaves, so no gradient accumulation joins them),
+        divided by their number: per node, what a model's backward pays, without the engine's
+        fixed cost per ``grad`` call (tens of us with a GPU, a thread hand-off) counted each time.
+        """
+        fwd = host_us(lambda: impl.fn(*impl.args), self.clock, calls=self._host_calls())
+        n = 2 if self.options.tiny else HOST_BWD_CALLS
+        outputs, inputs = [], []
+        for _ in range(n):
+            args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a
+                         for a in impl.args)
+            outputs += _tensors(impl.fn(*args))
+            inputs += _grad_inputs(args)
+        bwd = host_us(lambda: torch.autograd.grad(outputs, inputs, grad_outputs * n), self.clock, calls=1) / n
         return fwd + bwd, bwd
-
-
-def _grad_baseline_us(options: MicroBenchOptions, clock: DeviceClock) -> float:
-    """Host us of ``torch.autograd.grad`` through a view (no kernel): the engine's fixed cost per
-    call, which a model's backward pays once per step, not once per op."""
-    x = torch.zeros(16, device=options.device, requires_grad=True)
-    g = torch.ones(16, device=options.device)
-    calls = 2 if options.tiny else HOST_CALLS
-    for _ in range(3):
-        torch.autograd.grad(x.view(-1), (x,), (g,))
-    return host_us(lambda outputs, i: torch.autograd.grad(outputs[i], (x,), (g,)), clock, calls=calls,
-                   setup=lambda n: [x.view(-1) for _ in range(n)])
 
 
 def _measure_copy(options: MicroBenchOptions, clock: DeviceClock) -> MicroRow:
@@ -372,14 +371,13 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
 
     copy = _measure_copy(options, clock)
     progress(f"[copy] {copy.shape}: {copy.gbps:,.0f} GB/s (the roofline below)")
-    grad_baseline_us = _grad_baseline_us(options, clock)
     rows: list[MicroRow] = [copy]
     for index, case in enumerate(cases, 1):
         torch.manual_seed(options.seed)
         inputs = case.make(options.tiny, options.device, options.dtype)
         progress(f"[{index}/{len(cases)}] {case.op}: {inputs.shape}")
         reference, impls = _implementations(case, inputs, options, twinkle_triton, twinkle_error, liger, liger_error)
-        runner = _Case(case, inputs, options, clock, copy.gbps, grad_baseline_us)
+        runner = _Case(case, inputs, options, clock, copy.gbps)
         expected, missing = None, ("unavailable", f"twinkle_triton.{case.op}_reference is not available yet")
         if reference is not None:
             try:
@@ -403,6 +401,6 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
         environment=describe_environment(options.device),
         workload={"dtype": str(options.dtype).removeprefix("torch."), "reps": options.reps,
                   "warmup": options.warmup, "tiny": options.tiny, "seed": options.seed,
-                  "copy_gbps": copy.gbps, "impls": list(options.impls), "host_grad_baseline_us": grad_baseline_us},
+                  "copy_gbps": copy.gbps, "impls": list(options.impls)},
         rows=rows,
     )

@@ -156,11 +156,9 @@ def _micro_table(result: BenchResult) -> str:
     shape_lines = [f"  {op}: {shape}" for op, shape in shapes.items()]
     w = result.workload
     title = f"kernel microbenchmarks, {w['dtype']}; median of {w['reps']} after {w['warmup']} warm-up calls"
-    host = result.workload.get("host_grad_baseline_us")
     text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(3, 12))),
                       "  host us: host time per call, device unsynchronised; fwd: no grad; fwd+bwd: forward "
-                      "recording autograd + backward"
-                      + ("" if host is None else f" (autograd.grad's own {host:.1f} us taken out)"),
+                      "recording autograd + backward (per node of one autograd.grad over several calls)",
                       "", "shapes:", *shape_lines])
     return text + ("\n\n" + "\n".join(notes) if notes else "")
 

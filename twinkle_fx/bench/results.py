@@ -72,7 +72,7 @@ class MicroRow:
     extra_gib: float | None = None  # peak allocated above what existed before the call
     # host time per call, device unsynchronised (bench.timing.host_us): fwd row: a forward without
     # grad; fwd+bwd row: a forward recording autograd plus a backward, the backward's share in
-    # host_bwd_us (autograd.grad's own fixed cost, measured through a view, taken out)
+    # host_bwd_us (per node of one autograd.grad over several forwards: no per-call engine cost)
     host_us: float | None = None
     host_bwd_us: float | None = None
     max_rel_error: float | None = None  # vs eager: max over outputs and gradients of |a-b|/|b|

@@ -160,20 +160,14 @@ def time_calls(fn: Callable[[], Any], clock: DeviceClock, *, warmup: int, reps: 
     return median, max(clock.peak() - before, 0)
 
 
-def host_us(fn: Callable[[], Any], clock: DeviceClock, *, calls: int, setup: Callable[[int], Any] | None = None) -> float:
+def host_us(fn: Callable[[], Any], clock: DeviceClock, *, calls: int) -> float:
     """Microseconds of host time per call of ``fn`` over ``calls`` back-to-back calls, the device
     not synchronised in between (so a call's cost is its Python, dispatch and launch work, not its
-    kernels, as long as the device queue does not fill up). With ``setup``, ``setup(calls)`` runs
-    first, untimed, and ``fn`` receives its result and the call's index."""
-    state = setup(calls) if setup is not None else None
+    kernels, as long as the device queue does not fill up)."""
     clock.synchronize()
     start = time.perf_counter()
-    if setup is None:
-        for _ in range(calls):
-            fn()
-    else:
-        for i in range(calls):
-            fn(state, i)
+    for _ in range(calls):
+        fn()
     elapsed = time.perf_counter() - start
     clock.synchronize()
     return elapsed / calls * 1e6

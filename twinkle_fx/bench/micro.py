@@ -304,13 +304,17 @@ class _Case:
         """
         fwd = host_us(lambda: impl.fn(*impl.args), self.clock, calls=self._host_calls())
         n = 2 if self.options.tiny else HOST_BWD_CALLS
-        outputs, inputs = [], []
-        for _ in range(n):
-            args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a
-                         for a in impl.args)
-            outputs += _tensors(impl.fn(*args))
-            inputs += _grad_inputs(args)
-        bwd = host_us(lambda: torch.autograd.grad(outputs, inputs, grad_outputs * n), self.clock, calls=1) / n
+        bwd = float("inf")
+        for _ in range(3):  # best of 3: the first round may grow the allocator's pool (cudaMalloc)
+            outputs, inputs = [], []
+            for _ in range(n):
+                args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a
+                             for a in impl.args)
+                outputs += _tensors(impl.fn(*args))
+                inputs += _grad_inputs(args)
+            bwd = min(bwd, host_us(lambda: torch.autograd.grad(outputs, inputs, grad_outputs * n), self.clock,
+                                   calls=1, repeats=1) / n)
+            del outputs, inputs
         return fwd + bwd, bwd
 
 

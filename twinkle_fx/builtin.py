@@ -95,11 +95,17 @@ _LAYER_KERNELS = ("RMSNorm", "SwiGLUMLP", "GeGLUMLP", "FusedSwiGLUMLP", "GemmaRM
                   "BiasGeluMLP")
 
 
+# Families whose decoder layer is the plain pre-norm residual block DecoderLayer reproduces (others
+# scale the residual, e.g. Granite's residual_multiplier, or norm differently).
+_DECODER_LAYER_FAMILIES = ("qwen2", "llama", "mistral", "qwen3")
+
+
 def use_builtin_kernels(
     *,
     devices: Sequence[str] = ("cuda",),
     models: Sequence[str] = tuple(BUILTIN_MODELS),
     fused_loss: bool = True,
+    decoder_layers: bool = False,
 ) -> list[str]:
     """Bind the norms, MLPs, rotary embedding and LM-head loss of ``models`` to twinkle_triton kernels.
 
@@ -121,6 +127,10 @@ def use_builtin_kernels(
             Triton interpreter (slow: for tests).
         models (defaults to every family of `BUILTIN_MODELS`): model families to bind.
         fused_loss (`bool`, defaults to `True`): also bind the causal-LM head + loss.
+        decoder_layers (`bool`, defaults to `False`): also bind the ``*DecoderLayer`` of qwen2, llama,
+            mistral and qwen3 to ``"DecoderLayer"`` (residual add fused into the post-attention norm),
+            for eager ``kernelize_model`` only: under ``backend="twinkle"`` a bound decoder layer would
+            hide the norm and MLP regions inside it.
 
     Returns:
         What was bound, one string per class or function (``"GemmaMLP -> GeGLUMLP"``).
@@ -151,6 +161,8 @@ def use_builtin_kernels(
                 register_layer_kernel(kernel_name=kernel_name, layer=getattr(layers, kernel_name), device=device)
         if fused_loss and any(f.head for f in families):
             register_layer_kernel(kernel_name="CausalLMFusedLoss", layer=layers.CausalLMFusedLoss, device=device)
+        if decoder_layers:  # mode "train" serves eager training and inference, never compile
+            register_layer_kernel(kernel_name="DecoderLayer", layer=layers.DecoderLayer, device=device, mode="train")
     bound = []
     for family in families:
         modeling = importlib.import_module(family.module)
@@ -159,6 +171,10 @@ def use_builtin_kernels(
                 for class_name in spec[0]:
                     register_external_layer(getattr(modeling, class_name), spec[1])
                     bound.append(f"{class_name} -> {spec[1]}")
+        if decoder_layers and family.model_type in _DECODER_LAYER_FAMILIES:
+            decoder = family.head.removesuffix("ForCausalLM") + "DecoderLayer"
+            register_external_layer(getattr(modeling, decoder), "DecoderLayer")
+            bound.append(f"{decoder} -> DecoderLayer")
         if fused_loss and family.head:
             register_external_layer(getattr(modeling, family.head), "CausalLMFusedLoss")
             bound.append(f"{family.head} -> CausalLMFusedLoss")

@@ -31,6 +31,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def next_power_of_2(n: int) -> int:
+    """Smallest power of 2 >= ``n`` (1 for ``n <= 1``). ``triton.next_power_of_2`` is a
+    ``constexpr_function`` since Triton 3.5: 4 us a call on the host (measured with 3.6 and 3.9), this 0.1 us."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints (``triton.cdiv`` is a ``constexpr_function`` too: 4 us a call)."""
+    return -(-a // b)
+
+
 def compute_dtype(dtype: torch.dtype) -> tl.dtype:
     """Accumulation dtype of a kernel: fp32 for 16/32-bit inputs, fp64 for fp64 (gradcheck)."""
     return tl.float64 if dtype == torch.float64 else tl.float32
@@ -38,7 +49,7 @@ def compute_dtype(dtype: torch.dtype) -> tl.dtype:
 
 def row_block(n_cols: int, *, op: str) -> tuple[int, int]:
     """(BLOCK, num_warps) for a kernel holding one row of ``n_cols`` elements in one block."""
-    block = triton.next_power_of_2(max(n_cols, 1))
+    block = next_power_of_2(n_cols)
     if block > MAX_ROW_BLOCK:
         raise ValueError(
             f"{op}: the last dimension has {n_cols} elements; the Triton kernel keeps a row in one "

@@ -16,6 +16,8 @@ that. The custom op stays the only path whenever something may trace or intercep
 torch.compile/export (``is_compiling``), fake or functional tensors (any tensor subclass but
 ``nn.Parameter``), a ``TorchDispatchMode`` (make_fx, FakeTensorMode, FlopCounter) or a functorch
 transform (vmap, grad). Both paths run the same functions, so their results are identical.
+On the eager path the impl's launches skip Triton's JIT dispatch too (``_launcher.CachedLauncher``:
+the same compiled kernel with the same arguments), and nothing on it is a context manager.
 
 On a GPU the ops are ``torch.library.triton_op``s: when AOTAutograd traces them for Inductor it
 records each ``wrap_triton(kernel)[grid](...)`` launch of the impl, and Inductor calls the kernels
@@ -28,10 +30,13 @@ inside torch.compile. ``TWINKLE_TRITON_OP=0``/``1`` overrides the choice (read o
 """
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
-from torch._library.triton import is_wrap_triton_enabled, set_wrap_triton_enabled
+from torch._library.triton import is_wrap_triton_enabled
+
+from ._launcher import cached_launcher
 
 NAMESPACE = "twinkle"
 
@@ -50,33 +55,28 @@ def _use_triton_op() -> bool:
 USE_TRITON_OP = _use_triton_op()
 
 
+class _EagerCall(threading.local):
+    """Per thread: True while a :class:`TwinkleOp` runs its impl directly (no dispatcher, no tracing)."""
+
+    active = False
+
+
+_eager_call = _EagerCall()
+
+
 def wrap_triton(kernel):
-    """``torch.library.wrap_triton(kernel)`` while a ``triton_op`` impl is being traced, else
-    ``kernel`` itself (eager calls, custom ops, the interpreter), so direct launches skip the
-    wrapper's higher-order-op dispatch.
+    """How an impl launches ``kernel``: ``torch.library.wrap_triton(kernel)`` while a ``triton_op``
+    impl is being traced; otherwise the kernel's :class:`~._launcher.CachedLauncher` (the
+    compiled kernel launched without the JIT's dispatch; ``kernel`` itself under the interpreter).
 
     Launch sites spell ``wrap_triton(<kernel>)[grid](...)`` with the kernel's global name: torch
     reads the impl's source for those calls to put the kernels' source in its compile-cache keys.
     """
-    if USE_TRITON_OP and is_wrap_triton_enabled():
+    if USE_TRITON_OP and not _eager_call.active and is_wrap_triton_enabled():
         return torch.library.wrap_triton(kernel)
-    return kernel
+    return cached_launcher(kernel)
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
-
-
-def _runs_eagerly(args: tuple) -> bool:
-    """True when a call with ``args`` may bypass the dispatcher (see the module docstring)."""
-    if (
-        torch.compiler.is_compiling()
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._are_functorch_transforms_active()
-    ):
-        return False
-    for a in args:
-        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN_TENSOR_TYPES:
-            return False
-    return True
 
 
 class TwinkleOp:
@@ -84,7 +84,8 @@ class TwinkleOp:
 
     ``op`` is the custom op (``torch.ops.twinkle.<name>.default`` semantics). Calling the object
     runs ``impl`` directly (ops without autograd) or through a ``torch.autograd.Function`` built
-    from the same ``setup_context``/``backward`` (ops with autograd) when ``_runs_eagerly``.
+    from the same ``setup_context``/``backward`` (ops with autograd) when nothing may trace or
+    intercept the call (see the module docstring); otherwise it calls ``op``.
     """
 
     def __init__(self, name: str, op, impl: Callable, backward: Callable | None, setup_context: Callable | None):
@@ -102,12 +103,27 @@ class TwinkleOp:
             )
 
     def __call__(self, *args):
-        if not _runs_eagerly(args):
+        # Everything in one frame: this runs a few hundred times a training step.
+        if (
+            torch.compiler.is_compiling()
+            or torch._C._len_torch_dispatch_stack()
+            or torch._C._are_functorch_transforms_active()
+        ):
             return self.op(*args)
-        if not USE_TRITON_OP:
+        for a in args:
+            if isinstance(a, torch.Tensor) and type(a) not in _PLAIN_TENSOR_TYPES:
+                return self.op(*args)
+        state = _eager_call
+        if state.active:  # nested (an op calling another): the flag is already set
             return self._run(args)
-        with set_wrap_triton_enabled(False):  # launch the kernels directly (see wrap_triton)
-            return self._run(args)
+        # No context manager on this path: a try/finally costs a fraction of contextlib's frames.
+        state.active = True
+        try:
+            if self._function is None or not torch.is_grad_enabled():
+                return self.impl(*args)
+            return self._function.apply(*args)
+        finally:
+            state.active = False
 
     def _run(self, args: tuple):
         if self._function is None or not torch.is_grad_enabled():

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, elementwise_block
+from ._launch import cdiv, compute_dtype, elementwise_block
 from ._library import define_op, wrap_triton
 
 _APPROXIMATIONS = ("none", "tanh")
@@ -80,7 +80,7 @@ def _launch(kernel, tensors: tuple[Tensor, ...], x: Tensor, bias: Tensor, approx
     if numel == 0:
         return
     block, num_warps = elementwise_block()
-    kernel[(triton.cdiv(numel, block),)](
+    kernel[(cdiv(numel, block),)](
         *tensors, numel, x.shape[-1],
         BIAS_IS_ROW=bias.dim() == 1 and x.dim() != 1, APPROX_TANH=approximate == "tanh",
         BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=num_warps,

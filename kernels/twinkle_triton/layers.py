@@ -20,7 +20,7 @@ from .add_gelu import add_gelu
 from .causal_lm import CausalLMFusedLoss  # noqa: F401  (a layer too: the causal-LM head with fused loss)
 from .fp32_norm import layer_norm, rms_norm_fp32
 from .gelu_mul import gelu_mul
-from .rms_norm import rms_norm
+from .rms_norm import add_rms_norm, rms_norm
 from .silu_and_mul import silu_and_mul, silu_mul
 
 
@@ -238,3 +238,58 @@ class BiasGeluMLP(nn.Module):
         h = nn.functional.linear(hidden_states, self.c_fc.weight)
         h = self.c_proj(add_gelu(h, self.c_fc.bias, gelu_approximation(self.act)))
         return nn.functional.dropout(h, p=self.residual_dropout, training=self.training)
+
+
+def _decoder_layer_applies_to(module: nn.Module) -> str | None:
+    missing = _missing(module, "input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+    if missing:
+        return missing
+    return _missing(module.post_attention_layernorm, "weight", "variance_epsilon")
+
+
+class DecoderLayer(nn.Module):
+    """transformers' Qwen2/Llama/Mistral/Qwen3 decoder layer with the attention's residual add fused
+    into the post-attention RMSNorm (:func:`add_rms_norm`): one launch instead of two forward, and
+    in backward the MLP branch's residual gradient is added inside the norm's backward kernel
+    instead of by autograd (another launch saved). Outputs equal the original's: the sum is
+    rounded to the input dtype before normalising, as ``residual + hidden_states`` is.
+
+    Uses the replaced module's ``input_layernorm``, ``self_attn``, ``post_attention_layernorm``
+    (its ``weight`` and ``variance_epsilon``; its own forward and hooks are not called) and ``mlp``.
+    When the attention output and the residual differ in dtype or shape (e.g. under autocast) it
+    computes the original ``residual + hidden_states`` and calls the norm module instead.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_declares(_decoder_layer_applies_to)
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        use_cache=False,
+        position_embeddings=None,
+        **kwargs,
+    ):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(
+            hidden_states=hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        norm = self.post_attention_layernorm
+        if hidden_states.dtype == residual.dtype and hidden_states.shape == residual.shape:
+            hidden_states, residual = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
+        else:
+            residual = residual + hidden_states
+            hidden_states = norm(residual)
+        hidden_states = self.mlp(hidden_states)
+        return residual + hidden_states

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, elementwise_block
+from ._launch import cdiv, compute_dtype, elementwise_block
 from ._library import define_op, wrap_triton
 
 
@@ -51,7 +51,7 @@ def _launch(kernel, tensors: tuple[Tensor, ...], numel: int, dtype: torch.dtype)
     if numel == 0:
         return
     block, num_warps = elementwise_block()
-    kernel[(triton.cdiv(numel, block),)](
+    kernel[(cdiv(numel, block),)](
         *tensors, numel, BLOCK=block, COMPUTE_DTYPE=compute_dtype(dtype), num_warps=num_warps
     )
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, interpreting, persistent_programs, row_block, rows
+from ._launch import cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows
 from ._library import define_op, wrap_triton
 
 # Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8
@@ -143,7 +143,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
     rows_per_tile = 1 if interpreting() else max(1, min(BWD_MAX_ROWS, tile // block))
     if grad_sum is not None and rows_per_tile > 1:
         num_warps = min(32, 2 * num_warps)
-    programs = persistent_programs(triton.cdiv(n_rows, rows_per_tile), x.device, per_sm=BWD_PROGRAMS_PER_SM)
+    programs = persistent_programs(cdiv(n_rows, rows_per_tile), x.device, per_sm=BWD_PROGRAMS_PER_SM)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     partial = torch.empty((programs, n_cols), dtype=acc, device=x.device)
     wrap_triton(_rms_norm_bwd_kernel)[(programs,)](

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype
+from ._launch import compute_dtype, next_power_of_2
 from ._library import define_op, wrap_triton
 
 
@@ -116,9 +116,9 @@ def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, 
     cos, cos_sb, cos_ss = _cos_sin_rows(cos, unsqueeze_dim, batch, seq_len, dim)
     sin, sin_sb, sin_ss = _cos_sin_rows(sin, unsqueeze_dim, batch, seq_len, dim)
     half = dim // 2
-    block_hq = triton.next_power_of_2(n_q_heads)
-    block_hk = triton.next_power_of_2(n_k_heads)
-    block_half = triton.next_power_of_2(half)
+    block_hq = next_power_of_2(n_q_heads)
+    block_hk = next_power_of_2(n_k_heads)
+    block_half = next_power_of_2(half)
     # Per program: (Hq + Hk) x D elements; 4 warps up to 4K elements, 8 beyond.
     num_warps = 4 if (block_hq + block_hk) * block_half * 2 <= 4096 else 8
     wrap_triton(_rotary_embedding_kernel)[(batch * seq_len,)](
@@ -176,7 +176,35 @@ _rotary_embedding_op = define_op(
 )
 
 
+# Shape signatures that passed _check_shapes: a layer calls with the same shapes every step, so
+# the checks run once per shape (4-8 us of host time a call otherwise). Bounded like a cache.
+_CHECKED: set[tuple] = set()
+_MAX_CHECKED = 1024
+
+
 def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
+    # Traced calls (Dynamo, fake or functional tensors; shapes may be symbolic) keep no global state.
+    if torch.compiler.is_compiling() or type(q) is not torch.Tensor:
+        _check_shapes(q, k, cos, sin, unsqueeze_dim)
+        key = None
+    else:
+        key = (q.shape, k.shape, cos.shape, sin.shape, q.dtype, k.dtype, unsqueeze_dim)
+    if key is not None and key not in _CHECKED:
+        _check_shapes(q, k, cos, sin, unsqueeze_dim)
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED.add(key)
+    if torch.is_grad_enabled():
+        for name, t in (("cos", cos), ("sin", sin)):
+            if t.requires_grad:
+                raise ValueError(
+                    f"apply_rotary_pos_emb: {name} requires grad, but the kernel gives no gradient to "
+                    f"cos/sin (transformers computes them under no_grad). Pass {name}.detach(), or use "
+                    "apply_rotary_pos_emb_reference to differentiate through them."
+                )
+
+
+def _check_shapes(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
     if unsqueeze_dim not in (1, 2):
         raise ValueError(
             f"apply_rotary_pos_emb: unsqueeze_dim={unsqueeze_dim!r}; use 1 for q/k laid out "
@@ -216,12 +244,6 @@ def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -
             raise ValueError(
                 f"apply_rotary_pos_emb: {name} of shape {tuple(t.shape)} would broadcast q "
                 f"{tuple(q.shape)} to a larger shape; pass [batch, seq, dim] (or [1, seq, dim])."
-            )
-        if t.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                f"apply_rotary_pos_emb: {name} requires grad, but the kernel gives no gradient to "
-                f"cos/sin (transformers computes them under no_grad). Pass {name}.detach(), or use "
-                "apply_rotary_pos_emb_reference to differentiate through them."
             )
 
 

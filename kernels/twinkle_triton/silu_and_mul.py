@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, elementwise_block, interpreting, rows
+from ._launch import cdiv, compute_dtype, elementwise_block, interpreting, next_power_of_2, rows
 from ._library import define_op, wrap_triton
 
 
@@ -55,8 +55,8 @@ def _silu_and_mul_bwd_kernel(
 def _row_grid(n_rows: int, n_cols: int) -> tuple[tuple[int, int], int, int]:
     block, num_warps = elementwise_block()
     if interpreting():
-        block = triton.next_power_of_2(max(n_cols, 1))
-    return (n_rows, triton.cdiv(n_cols, block)), block, num_warps
+        block = next_power_of_2(max(n_cols, 1))
+    return (n_rows, cdiv(n_cols, block)), block, num_warps
 
 
 # Outputs are passed as the freshly allocated tensors themselves, not as 2D views of them, with

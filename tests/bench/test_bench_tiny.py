@@ -48,12 +48,14 @@ def test_tiny_model_bench_eager_and_kernelize(tmp_path):
     assert eager["status"] == kernelize["status"] == "ok", kernelize["error"]
     # the built-in kernels really ran (through the interpreter), and the loss agrees with eager
     assert kernelize["notes"]["swapped_layers"] == {
-        "Qwen2MLP -> SwiGLUMLP": 2, "Qwen2RMSNorm -> RMSNorm": 5, "Qwen2ForCausalLM -> CausalLMFusedLoss": 1}
+        "Qwen2MLP -> SwiGLUMLP": 2, "Qwen2RMSNorm -> RMSNorm": 5, "Qwen2ForCausalLM -> CausalLMFusedLoss": 1,
+        "Qwen2DecoderLayer -> DecoderLayer": 2}
     assert kernelize["notes"]["patched_functions"] == ["transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"]
     assert kernelize["first_loss"] == pytest.approx(eager["first_loss"], rel=1e-4)
     for row in (eager, kernelize):
         assert len(row["step_ms"]) == 2 and row["tokens_per_s"] > 0 and row["first_step_s"] > 0
         assert row["peak_gib"] is None  # no allocator statistics on the CPU
+        assert row["host_ms"] > 0
     assert kernelize["vs_eager"]["throughput"] == pytest.approx(kernelize["tokens_per_s"] / eager["tokens_per_s"])
     # the terminal got progress lines (stderr) and the table (stdout)
     assert "[2/2] kernelize" in proc.stderr
@@ -73,7 +75,8 @@ def test_tiny_micro_bench_every_kernel_against_its_reference(tmp_path):
             eager, twinkle = rows[case.op, phase, "eager"], rows[case.op, phase, "twinkle"]
             assert eager["status"] == "ok", eager["error"]
             assert twinkle["status"] == "ok", (twinkle["error"], twinkle["max_rel_error"])
-            assert twinkle["max_rel_error"] <= 1e-4 and twinkle["ms"] > 0
+            assert twinkle["max_rel_error"] <= 1e-4 and twinkle["ms"] > 0 and twinkle["host_us"] > 0
+            assert (twinkle["host_bwd_us"] is None) == (phase == "fwd")
             assert twinkle["vs_eager"] == pytest.approx(eager["ms"] / twinkle["ms"])
             if case.op == "fused_linear_cross_entropy":
                 assert twinkle["tflops"] > 0 and twinkle["gbps"] is None

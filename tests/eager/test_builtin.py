@@ -52,3 +52,29 @@ def test_builtin_kernels_match_the_model_in_training(family, device):
 def test_unknown_family():
     with pytest.raises(ValueError, match="built-in families: qwen2, llama, mistral, qwen3"):
         use_builtin_kernels(models=("gpt2",))
+
+
+@pytest.mark.parametrize("family", list(BUILTIN_MODELS))
+def test_builtin_decoder_layers_match_the_model(family):
+    """decoder_layers=True adds the residual-add + norm fusion; the loss and gradients still match."""
+    bound = use_builtin_kernels(devices=("cpu",), models=(family,), fused_loss=False, decoder_layers=True)
+    prefix = BUILTIN_MODELS[family][1]
+    assert f"{prefix}DecoderLayer -> DecoderLayer" in bound
+    torch.manual_seed(0)
+    config = CONFIGS[family](hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, head_dim=16)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    input_ids = torch.randint(0, 128, (2, 9))
+    ref = model(input_ids, labels=input_ids)
+    ref.loss.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    kernelize_model(model, mode="train", use_fallback=False)
+    layers = [m for m in model.modules() if type(m).__name__ == f"{prefix}DecoderLayer"]
+    assert len(layers) == 2 and all(swapped_forward(m).kernel_name == "DecoderLayer" for m in layers)
+    out = model(input_ids, labels=input_ids)
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, ref.loss, atol=1e-5, rtol=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, ref_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    undo_kernelize(model)

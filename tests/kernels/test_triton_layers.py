@@ -10,10 +10,10 @@ import pytest
 import torch
 from kernel_test_utils import assert_close
 from transformers import Qwen2Config
-from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2MLP, Qwen2RMSNorm, Qwen2RotaryEmbedding
 
 import twinkle_triton as tt
-from twinkle_triton import layers
+from twinkle_triton import _launch, layers
 
 PACKAGE_DIR = Path(tt.__file__).parent
 
@@ -51,7 +51,61 @@ def test_silu_and_mul_layer():
     assert_close(layers.SiluAndMul()(x), tt.silu_and_mul_reference(x), torch.float32, "SiluAndMul")
 
 
-@pytest.mark.parametrize("cls", [layers.SiluAndMul, layers.RMSNorm, layers.SwiGLUMLP])
+def _decoder_layer(dtype):
+    config = Qwen2Config(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                         rms_norm_eps=1e-6, attn_implementation="sdpa")
+    layer = Qwen2DecoderLayer(config, layer_idx=0).to(dtype)
+    with torch.no_grad():
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 5, 32, dtype=dtype)
+    position_ids = torch.arange(5)[None].expand(2, 5)
+    cos, sin = Qwen2RotaryEmbedding(config)(x, position_ids)
+    return layer, x, (cos, sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoder_layer_fuses_the_residual_add_into_the_post_attention_norm(dtype):
+    """Forward equals the transformers layer with the norm kernel swapped in, bit for bit (the sum is
+    rounded like ``residual + hidden_states``); fp32 gradients agree to fp32's tolerance (in bf16
+    the residual gradient is added in fp32 inside the kernel instead of in bf16 by autograd, so
+    weight gradients summed over rows differ by bf16 roundings: compared in fp32 only).
+    The interpreter rounds fp32 -> bf16 its own way (not to nearest even), so there bf16 is
+    compared with the tolerance only."""
+    layer, x, position_embeddings = _decoder_layer(dtype)
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        norm.forward = types.MethodType(layers.RMSNorm.forward, norm)
+
+    def run():
+        h = x.detach().requires_grad_()
+        out = layer(h, position_embeddings=position_embeddings)
+        grads = torch.autograd.grad(out.float().square().sum(), [h, *layer.parameters()])
+        return out, grads
+
+    want, want_grads = run()
+    layer.forward = types.MethodType(layers.DecoderLayer.forward, layer)
+    got, got_grads = run()
+    if dtype == torch.float32 or not _launch.interpreting():
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    else:
+        assert_close(got, want, dtype, "DecoderLayer output")
+    if dtype == torch.float32:
+        for g, w in zip(got_grads, want_grads):
+            assert_close(g, w, dtype, "DecoderLayer grad")
+
+
+def test_decoder_layer_falls_back_when_the_residual_differs_in_dtype():
+    layer, x, position_embeddings = _decoder_layer(torch.float32)
+    device = x.device.type
+    with torch.autocast(device, dtype=torch.bfloat16):  # attention output bf16, residual fp32
+        want = layer(x, position_embeddings=position_embeddings)
+        layer.forward = types.MethodType(layers.DecoderLayer.forward, layer)
+        got = layer(x, position_embeddings=position_embeddings)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cls", [layers.SiluAndMul, layers.RMSNorm, layers.SwiGLUMLP, layers.DecoderLayer])
 def test_layers_follow_the_kernels_layer_contract(cls):
     assert cls.__init__ is torch.nn.Module.__init__
     extra = set(dir(cls)) - set(dir(torch.nn.Module))

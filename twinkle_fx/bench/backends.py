@@ -10,10 +10,12 @@ inductor           ``torch.compile(model)``
 twinkle            ``twinkle_fx.compile(model)`` with the built-in kernels registered: the fused-loss
                    head on the compiled module, then ``torch.compile(model, backend="twinkle")``
 kernelize+twinkle  ``kernelize_model(model, mode="train+compile")`` (fused-loss head), then twinkle
-kernelize          ``twinkle_fx.kernelize_model(model, mode="train")`` with the built-in kernels
+kernelize          ``twinkle_fx.kernelize_model(model, mode="train")`` with the built-in kernels, decoder layers too
 liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(model=model)``
 liger+inductor     the same, then ``torch.compile``
 =================  ==========================================================================
+
+For a model in eval mode (``--inference``) the kernelize modes are "inference" and "compile".
 
 A backend whose pieces are missing (liger-kernel not installed, a twinkle_fx part not written yet)
 raises :class:`BackendUnavailable` with a message saying what is missing.
@@ -64,7 +66,7 @@ def _import_piece(module: str, what: str):
 
 
 @contextlib.contextmanager
-def _builtin_kernels(family: str, device: torch.device) -> Iterator[list[str]]:
+def _builtin_kernels(family: str, device: torch.device, **options: Any) -> Iterator[list[str]]:
     """The built-in kernels of model ``family`` registered for ``device`` in a private registry
     scope for the duration of the block; yields what was bound."""
     builtin = _import_piece("twinkle_fx.builtin", "twinkle_fx.builtin.use_builtin_kernels")
@@ -76,7 +78,7 @@ def _builtin_kernels(family: str, device: torch.device) -> Iterator[list[str]]:
     with scoped_registry():
         # the built-ins register for cuda by default; on the CPU (--tiny) they run through the
         # Triton interpreter
-        yield use_builtin_kernels(devices=(device.type,), models=(family,))
+        yield use_builtin_kernels(devices=(device.type,), models=(family,), **options)
 
 
 def _swap_notes(model: torch.nn.Module) -> dict[str, Any]:
@@ -131,7 +133,7 @@ def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
         with _builtin_kernels(family, device) as bound, collect_reports() as report:
             if kernelize_first:
                 # every registered layer swapped eagerly, the fused-loss head included, then the backend
-                kernelize_model(model, mode="train+compile", device=device)
+                kernelize_model(model, mode="train+compile" if model.training else "compile", device=device)
                 compiled = torch.compile(model, backend="twinkle", **compile_kwargs)
             else:
                 compiled = twinkle_fx.compile(model, device=device, **compile_kwargs)  # the one call users are shown
@@ -150,8 +152,9 @@ def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
 def _kernelize(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
     from twinkle_fx import kernelize_model, undo_kernelize
 
-    with _builtin_kernels(family, device) as bound:
-        kernelize_model(model, mode="train", device=device)
+    # decoder layers too: residual add + post-attention norm in one kernel (eager only, see use_builtin_kernels)
+    with _builtin_kernels(family, device, decoder_layers=True) as bound:
+        kernelize_model(model, mode="train" if model.training else "inference", device=device)
         try:
             yield Prepared(model, {"builtin_kernels": bound, **_swap_notes(model)})
         finally:

@@ -27,7 +27,7 @@ from .environment import describe_environment
 from .model_bench import free_device_memory
 from .report import annotate_micro_rows
 from .results import BenchResult, MicroRow
-from .timing import GIB, DeviceClock, time_calls
+from .timing import GIB, DeviceClock, host_us, time_calls
 
 __all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
 
@@ -202,6 +202,12 @@ MICRO_CASES: tuple[MicroCase, ...] = (
 
 PHASES = ("fwd", "fwd+bwd")
 
+# Calls per host-time measurement (bench.timing.host_us): few enough that the device queue never
+# fills (then the host would wait on the device), enough to average the timer's resolution.
+HOST_CALLS = 20
+# Forwards whose backwards one autograd.grad call runs (their saved tensors are alive together).
+HOST_BWD_CALLS = 8
+
 
 @dataclass(frozen=True)
 class MicroBenchOptions:
@@ -299,6 +305,7 @@ class _Case:
 
             with torch.no_grad():
                 ms, extra = time_calls(call, self.clock, warmup=opts.warmup, reps=opts.reps)
+                host, host_bwd = host_us(call, self.clock, calls=self._host_calls()), None
             moved, flops = inputs.bytes_fwd, inputs.flops_fwd
         else:
             wrt = _grad_inputs(impl.args)
@@ -308,6 +315,7 @@ class _Case:
                 torch.autograd.grad(_tensors(impl.fn(*impl.args)), wrt, grad_outputs)
 
             ms, extra = time_calls(call, self.clock, warmup=opts.warmup, reps=opts.reps)
+            host, host_bwd = self._host_fwd_bwd(impl, grad_outputs)
             moved = None if inputs.bytes_fwd is None else inputs.bytes_fwd + inputs.bytes_bwd
             flops = None if inputs.flops_fwd is None else inputs.flops_fwd + inputs.flops_bwd
         gbps = None if moved is None else moved / (ms * 1e-3) / 1e9
@@ -320,7 +328,35 @@ class _Case:
             flops=flops, tflops=None if flops is None else flops / (ms * 1e-3) / 1e12,
             extra_gib=None if extra is None else extra / GIB,
             max_rel_error=error,
+            host_us=host,
+            host_bwd_us=host_bwd,
         )
+
+    def _host_calls(self) -> int:
+        return 2 if self.options.tiny else HOST_CALLS
+
+    def _host_fwd_bwd(self, impl: _Impl, grad_outputs: tuple) -> tuple[float, float]:
+        """(host us of a forward recording autograd + its backward, the backward's share).
+
+        The backward share is one ``torch.autograd.grad`` over HOST_BWD_CALLS independent
+        forwards (each on its own detached leaves, so no gradient accumulation joins them),
+        divided by their number: per node, what a model's backward pays, without the engine's
+        fixed cost per ``grad`` call (tens of us with a GPU, a thread hand-off) counted each time.
+        """
+        fwd = host_us(lambda: impl.fn(*impl.args), self.clock, calls=self._host_calls())
+        n = 2 if self.options.tiny else HOST_BWD_CALLS
+        bwd = float("inf")
+        for _ in range(3):  # best of 3: the first round may grow the allocator's pool (cudaMalloc)
+            outputs, inputs = [], []
+            for _ in range(n):
+                args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a
+                             for a in impl.args)
+                outputs += _tensors(impl.fn(*args))
+                inputs += _grad_inputs(args)
+            bwd = min(bwd, host_us(lambda: torch.autograd.grad(outputs, inputs, grad_outputs * n), self.clock,
+                                   calls=1, repeats=1) / n)
+            del outputs, inputs
+        return fwd + bwd, bwd
 
 
 def _measure_copy(options: MicroBenchOptions, clock: DeviceClock) -> MicroRow:

@@ -1,9 +1,11 @@
 """The end-to-end benchmark: a training step (forward + backward with labels) of one workload under
-each backend, each on a fresh model with the same seed, with memory freed in between."""
+each backend, each on a fresh model with the same seed, with memory freed in between (the inference
+workload, prefill and a static-cache decode step, is in :mod:`.inference`)."""
 
 from __future__ import annotations
 
 import gc
+import statistics
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,6 +112,7 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
         ms_per_step=timing.mean_ms,
         median_ms=timing.median_ms,
         step_ms=timing.step_ms,
+        host_ms=statistics.median(timing.host_ms) if timing.host_ms else None,
         peak_gib=_gib(timing.peak_bytes),
         first_step_peak_gib=_gib(timing.first_step_peak_bytes),
         resident_gib=_gib(timing.resident_bytes),

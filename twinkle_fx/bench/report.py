@@ -91,13 +91,14 @@ def _table(header: list[str], body: list[list[str]], right: set[int]) -> str:
 
 def _model_table(result: BenchResult) -> str:
     memory_na = "n/a" if result.environment.get("device_type") != "cuda" else "-"
-    header = ["backend", "tok/s", "ms/step", "peak GiB", "1st step s", "1st loss", "speed/eager", "speed/ind",
-              "mem/eager", "mem/ind", "1st/ind", "status"]
+    header = ["backend", "tok/s", "ms/step", "host ms", "peak GiB", "1st step s", "1st loss", "speed/eager",
+              "speed/ind", "mem/eager", "mem/ind", "1st/ind", "status"]
     body = []
     for r in result.rows:
         e, i = r.vs_eager, r.vs_inductor
         body.append([
-            r.backend, _fmt(r.tokens_per_s, ",.0f"), _fmt(r.ms_per_step, ".1f"), _fmt(r.peak_gib, ".2f", memory_na),
+            r.backend, _fmt(r.tokens_per_s, ",.0f"), _fmt(r.ms_per_step, ".1f"), _fmt(r.host_ms, ".1f"),
+            _fmt(r.peak_gib, ".2f", memory_na),
             _fmt(r.first_step_s, ".2f"), _fmt(r.first_loss, ".5f"),
             _fmt(e.get("throughput"), ".2f"),
             _fmt(i.get("throughput"), ".2f"), _fmt(e.get("memory"), ".2f"), _fmt(i.get("memory"), ".2f"),
@@ -110,7 +111,8 @@ def _model_table(result: BenchResult) -> str:
     w = result.workload
     title = (f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']}, {w['dtype']}, "
              f"{w['step']}; {w['steps']} timed steps after {w['warmup']} warm-up")
-    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(1, 11)))])
+    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(1, 12))),
+                      "  host ms: host time of a step with the device running behind it; near ms/step = host-bound"])
     return text + ("\n\n" + "\n".join(notes) if notes else "")
 
 
@@ -135,7 +137,7 @@ def _compile_summary(notes: dict) -> str:
 
 def _micro_table(result: BenchResult) -> str:
     header = ["op", "phase", "impl", "ms", "GB/s", "of copy", "TFLOP/s", "extra GiB", "vs eager", "vs ind",
-              "rel err", "status"]
+              "host us", "rel err", "status"]
     body, shapes = [], {}
     for r in result.rows:
         shapes.setdefault(r.op, r.shape)
@@ -143,7 +145,7 @@ def _micro_table(result: BenchResult) -> str:
             r.op, r.phase, r.impl, _fmt(r.ms, ".3f"), _fmt(r.gbps, ",.0f"),
             _fmt(None if r.copy_fraction is None else 100 * r.copy_fraction, ".0f") + ("%" if r.copy_fraction is not None else ""),
             _fmt(r.tflops, ".1f"), _fmt(r.extra_gib, ".3f", "n/a" if r.ms is not None else "-"),
-            _fmt(r.vs_eager, ".2f"), _fmt(r.vs_inductor, ".2f"), _fmt(r.max_rel_error, ".1e"),
+            _fmt(r.vs_eager, ".2f"), _fmt(r.vs_inductor, ".2f"), _host_cell(r), _fmt(r.max_rel_error, ".1e"),
             "WRONG" if r.status == "wrong" else r.status,
         ])
     problems: dict[tuple[str, str, str], list[str]] = {}  # one line per (impl, status, error)
@@ -154,9 +156,19 @@ def _micro_table(result: BenchResult) -> str:
     shape_lines = [f"  {op}: {shape}" for op, shape in shapes.items()]
     w = result.workload
     title = f"kernel microbenchmarks, {w['dtype']}; median of {w['reps']} after {w['warmup']} warm-up calls"
-    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(3, 11))),
+    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(3, 12))),
+                      "  host us: host time per call, device unsynchronised; fwd: no grad; fwd+bwd: forward "
+                      "recording autograd + backward (per node of one autograd.grad over several calls)",
                       "", "shapes:", *shape_lines])
     return text + ("\n\n" + "\n".join(notes) if notes else "")
+
+
+def _host_cell(r: MicroRow) -> str:
+    if r.host_us is None:
+        return "-"
+    if r.host_bwd_us is None:
+        return f"{r.host_us:.1f}"
+    return f"{r.host_us - r.host_bwd_us:.1f}+{r.host_bwd_us:.1f}"
 
 
 def _environment_line(result: BenchResult) -> str:

@@ -29,6 +29,9 @@ class ModelRow:
     ms_per_step: float | None = None  # mean over the timed steps
     median_ms: float | None = None
     step_ms: list[float] = field(default_factory=list)
+    # host time of a step with the device running behind (median of a few steps): close to
+    # ms_per_step when the host is the bottleneck
+    host_ms: float | None = None
     peak_gib: float | None = None  # allocator peak over the timed steps
     first_step_peak_gib: float | None = None
     resident_gib: float | None = None  # allocated before the first step (weights, inputs)
@@ -43,7 +46,8 @@ class ModelRow:
         if self.status in ("failed", "unavailable"):
             return f"{self.backend}: {self.status}: {self.error}"
         memory = "n/a" if self.peak_gib is None else f"{self.peak_gib:.2f} GiB"
-        text = (f"{self.backend}: {self.tokens_per_s:,.0f} tok/s ({self.ms_per_step:.1f} ms/step), peak {memory}, "
+        host = "" if self.host_ms is None else f", host {self.host_ms:.1f} ms"
+        text = (f"{self.backend}: {self.tokens_per_s:,.0f} tok/s ({self.ms_per_step:.1f} ms/step{host}), peak {memory}, "
                 f"first step {self.first_step_s:.1f} s, loss {self.first_loss:.5f}")
         return text + (f"  WRONG: {self.loss_check}" if self.status == "wrong" else "")
 
@@ -66,6 +70,11 @@ class MicroRow:
     flops: int | None = None  # for the matmul-bound op (fused linear cross-entropy)
     tflops: float | None = None
     extra_gib: float | None = None  # peak allocated above what existed before the call
+    # host time per call, device unsynchronised (bench.timing.host_us): fwd row: a forward without
+    # grad; fwd+bwd row: a forward recording autograd plus a backward, the backward's share in
+    # host_bwd_us (per node of one autograd.grad over several forwards: no per-call engine cost)
+    host_us: float | None = None
+    host_bwd_us: float | None = None
     max_rel_error: float | None = None  # vs eager: max over outputs and gradients of |a-b|/|b|
     vs_eager: float | None = None  # speed-up (eager ms / this ms)
     vs_inductor: float | None = None
@@ -77,6 +86,8 @@ class MicroRow:
         rate = (f"{self.gbps:,.0f} GB/s" if self.gbps is not None
                 else f"{self.tflops:.1f} TFLOP/s" if self.tflops is not None else "")
         text = f"{head}: {self.ms:.3f} ms {rate}".rstrip()
+        if self.host_us is not None:
+            text += f", host {self.host_us:.1f} us" + (f" (bwd {self.host_bwd_us:.1f})" if self.host_bwd_us is not None else "")
         return text + (f"  WRONG (rel. error {self.max_rel_error:.2e})" if self.status == "wrong" else "")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DeviceClock", "StepTiming", "time_training_steps", "time_calls", "GIB"]
+__all__ = ["DeviceClock", "StepTiming", "time_training_steps", "time_calls", "host_us", "GIB"]
 
 GIB = float(1 << 30)
 _CACHE_FLUSH_BYTES = 256 << 20
@@ -73,6 +73,18 @@ class DeviceClock:
         torch.cuda.synchronize(self.device)
         return [start.elapsed_time(end) for start, end in events]
 
+    def host_ms(self, fn: Callable[[], Any]) -> float:
+        """Milliseconds the host spends in ``fn()`` with the device left to run behind it (no
+        synchronisation inside the interval; before and after, the device is drained). Equal to
+        the wall time when the host is the bottleneck, smaller when the device is (unless ``fn``
+        itself waits for the device)."""
+        self.synchronize()
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        self.synchronize()
+        return elapsed * 1e3
+
     def allocated(self) -> int | None:
         """Bytes currently allocated by tensors on the device; None on the CPU."""
         return torch.cuda.memory_allocated(self.device) if self.cuda else None
@@ -97,6 +109,7 @@ class StepTiming:
     first_step_s: float
     first_loss: float
     step_ms: list[float] = field(default_factory=list)
+    host_ms: list[float] = field(default_factory=list)  # host side of the timed steps (DeviceClock.host_ms)
     peak_bytes: int | None = None  # over the timed steps
     first_step_peak_bytes: int | None = None  # over the first (compiling) step
     resident_bytes: int | None = None  # allocated before the first step: weights, inputs
@@ -138,6 +151,7 @@ def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *,
     clock.reset_peak()
     timing.step_ms = clock.each_ms(step, steps, after_each=on_step)
     timing.peak_bytes = clock.peak()
+    timing.host_ms = [clock.host_ms(step) for _ in range(min(steps, 5))]
     return timing
 
 
@@ -155,3 +169,19 @@ def time_calls(fn: Callable[[], Any], clock: DeviceClock, *, warmup: int, reps: 
     clock.reset_peak()
     fn()
     return median, max(clock.peak() - before, 0)
+
+
+def host_us(fn: Callable[[], Any], clock: DeviceClock, *, calls: int, repeats: int = 3) -> float:
+    """Microseconds of host time per call of ``fn`` over ``calls`` back-to-back calls, the device
+    not synchronised in between (so a call's cost is its Python, dispatch and launch work, not its
+    kernels, as long as the device queue does not fill up). The best of ``repeats`` rounds: the
+    first round may pay the caching allocator's ``cudaMalloc`` of new blocks (milliseconds)."""
+    best = float("inf")
+    for _ in range(repeats):
+        clock.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.perf_counter() - start)
+        clock.synchronize()
+    return best / calls * 1e6

@@ -1,6 +1,8 @@
-"""What importing ``twinkle_fx.compile`` wires up: the backend name and the pattern-tracing hook.
+"""What importing ``twinkle_fx.compile`` wires up: the backend name.
 
-Both are idempotent and avoid importing ``torch._dynamo`` (a second of import time) until needed.
+Idempotent, and avoids importing ``torch._dynamo`` (a second of import time) until needed. The
+patterns of registered functions are traced lazily, when a graph first needs them
+(:func:`.pattern_tracing.pattern_for`): registering stays pure data.
 """
 
 from __future__ import annotations
@@ -8,21 +10,10 @@ from __future__ import annotations
 import logging
 from importlib.metadata import entry_points
 
-from ..registry import FUNCTION_REGISTRATION_HOOKS, FunctionRegistration, get_registry
 
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "twinkle"
-
-
-def _trace_on_registration(registration: FunctionRegistration) -> None:
-    _trace(registration.target)
-
-
-def _trace(target: str) -> None:
-    from .pattern_tracing import trace_registered_function  # imports torch._dynamo: only when needed
-
-    trace_registered_function(target)
 
 
 def _register_backend_name() -> None:
@@ -39,9 +30,5 @@ def _register_backend_name() -> None:
 
 
 def install() -> None:
-    """Install the registration hook (and trace functions registered before it), register the name."""
-    if _trace_on_registration not in FUNCTION_REGISTRATION_HOOKS:
-        FUNCTION_REGISTRATION_HOOKS.append(_trace_on_registration)
-        for target in get_registry().function_targets():
-            _trace(target)
+    """Register the backend name."""
     _register_backend_name()

@@ -1,7 +1,8 @@
-"""Trace a registered function with Dynamo at registration time, giving a pattern in Dynamo's own
-spelling (``x.pow(2)``, ``F.silu(x)``) that :mod:`.function_patterns` can match in any graph.
+"""Trace a registered function with Dynamo when a graph first needs its pattern, giving a pattern in
+Dynamo's own spelling (``x.pow(2)``, ``F.silu(x)``) that :mod:`.function_patterns` can match in any graph.
 
-Dynamo cannot run inside a backend, hence registration time. The function is called on small
+Registration stays pure data (it imports and runs nothing); the trace is a nested Dynamo run from
+inside the backend, on the function as its module defines it. The function is called on small
 example tensors built from its signature (every parameter without a default is a tensor; all
 tensors get the same square shape, tried at rank 4, 3, 2); a float parameter is passed a
 sentinel value so the pattern records where the constant sits and a match reads the model's own
@@ -133,6 +134,12 @@ _PATTERNS: dict[str, tuple[Any, TracedPattern | str]] = {}
 
 
 def resolve_reference(target: str) -> Any:
+    """The function ``target`` names, as its module defines it (not a kernel the eager path patched in)."""
+    from ..eager.functions import original_function
+
+    original = original_function(target)
+    if original is not None:
+        return original
     module_name, _, func_name = target.rpartition(".")
     return getattr(importlib.import_module(module_name), func_name)
 
@@ -142,7 +149,7 @@ def trace_registered_function(target: str) -> TracedPattern | str:
     try:
         reference = resolve_reference(target)
     except Exception as e:
-        result: TracedPattern | str = f"{target} could not be imported at registration time ({type(e).__name__}: {e})"
+        result: TracedPattern | str = f"{target} could not be imported ({type(e).__name__}: {e})"
         logger.info("twinkle_fx: no pattern for %s: %s", target, result)
         return result
     with _LOCK:
@@ -163,9 +170,6 @@ def trace_registered_function(target: str) -> TracedPattern | str:
 
 
 def pattern_for(target: str) -> TracedPattern | str:
-    """The traced pattern of a registered target, or why there is none (never traces)."""
-    with _LOCK:
-        cached = _PATTERNS.get(target)
-    if cached is None:
-        return f"{target} was registered before twinkle_fx.compile was imported, so its pattern was never traced"
-    return cached[1]
+    """The traced pattern of a registered target, or why there is none; traced on first need
+    (registration imports and traces nothing)."""
+    return trace_registered_function(target)

@@ -10,6 +10,7 @@ import importlib
 import logging
 from collections.abc import Sequence
 
+from .devices import parse_devices
 from .registration import register_external_layer, register_function_kernel, register_layer_kernel
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def use_builtin_kernels(
     import twinkle_triton
     from twinkle_triton import layers
 
+    devices = parse_devices(devices)  # "cpu" is one device, not "c", "p", "u"
     unknown = [m for m in models if m not in BUILTIN_MODELS]
     if unknown:
         raise ValueError(f"Unknown model family {unknown[0]!r}; built-in families: {', '.join(BUILTIN_MODELS)}.")

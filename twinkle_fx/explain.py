@@ -13,6 +13,7 @@ import torch
 
 from .compile.regions import known_modules
 from .compile.report import CompileReport, collect_reports
+from .eager.kernelize import coverage_notes
 from .settings import use_triton_interpreter
 
 __all__ = ["explain", "add_parser"]
@@ -44,6 +45,7 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
     with known_modules(model), collect_reports() as report:
         compiled(*args, **kwargs)
     torch._dynamo.reset()
+    report.notes = coverage_notes(model)
     return report
 
 

@@ -71,6 +71,7 @@ def test_kernelize_undo_kernelize():
     model = model_with_gelus()
     kernelize_model(model, mode="inference")
     undo_kernelize(model)
+    assert not uses_tanh(model[1]) and "forward" not in model[1].__dict__  # undo really undid
     kernelize_model(model, mode="inference")
     assert uses_tanh(model[1])
 

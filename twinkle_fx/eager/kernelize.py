@@ -16,7 +16,7 @@ from ..devices import check_device_available, check_model_device, infer_device, 
 from ..errors import KernelSelectionError
 from ..modes import Mode, format_mode, parse_mode
 from ..registry import KernelRegistry, get_registry
-from ..selection import Selection, select_layer_kernel, signature_mismatch
+from ..selection import Selection, is_layer_target, select_layer_kernel, signature_mismatch
 from ..settings import DISABLE_ENV, kernels_disabled
 from .functions import _apply, _revert, function_verifications
 from .functions import _Change as FunctionChange
@@ -27,7 +27,7 @@ from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernelize_model", "undo_kernelize", "kernelized", "verification_report"]
+__all__ = ["kernelize_model", "undo_kernelize", "kernelized", "verification_report", "coverage_notes"]
 
 
 def _check_model(model: Any, function: str) -> None:
@@ -133,6 +133,29 @@ def _plan_layers(model: torch.nn.Module, device: str, mode: Mode) -> _Plan:
                              if selection is None and _looks_like_layer(cls)})
     plan.unbound = sorted(set(registry.layer_kernel_names()) - bound_names)
     return plan
+
+
+def coverage_notes(model: torch.nn.Module) -> list[str]:
+    """What the registrations leave out for ``model``: layer kernels no class is bound to, and the
+    model's layer classes that no kernel serves (for ``explain`` and reports).
+
+    Example:
+        >>> register_layer_kernel(kernel_name="linear", layer=FastLinear, device="cpu")  # doctest: +SKIP
+        >>> coverage_notes(torch.nn.Sequential(torch.nn.Linear(8, 8)))                    # doctest: +SKIP
+        ["layer kernel 'linear' is registered but no class is bound to it: register_external_layer(nn.Linear, 'linear')"]
+    """
+    registry = get_registry()
+    classes = {type(m) for m in model.modules()}
+    bound = set(registry.bindings().values()) | {
+        name for cls in classes if isinstance(name := getattr(cls, "kernel_layer_name", None), str)}
+    notes = [f"layer kernel {name!r} is registered but no class is bound to it: bind the class it replaces, e.g. "
+             f"register_external_layer(nn.Linear, {name!r})"
+             for name in sorted(set(registry.layer_kernel_names()) - bound)]
+    uncovered = sorted(cls.__name__ for cls in classes
+                       if _looks_like_layer(cls) and not is_layer_target(registry, cls))
+    if uncovered:
+        notes.append(f"layer classes of {type(model).__name__} without a kernel: {', '.join(uncovered)}")
+    return notes
 
 
 def _short(reason: str, limit: int = 160) -> str:

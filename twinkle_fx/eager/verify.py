@@ -91,27 +91,27 @@ def compare(ours: Any, reference: Any, *, check_grad: bool = False) -> tuple[flo
         return float("inf"), f"structure differs: {ours_spec} vs the reference's {ref_spec}"
     worst = 0.0
     for i, (a, b) in enumerate(zip(ours_leaves, ref_leaves)):
-        where = f"leaf {i}" if len(ref_leaves) > 1 else "the output"
+        where = f"leaf {i}: " if len(ref_leaves) > 1 else ""
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
             if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or not _same_value(a, b):
-                return float("inf"), f"{where} is {a!r:.60} vs the reference's {b!r:.60}"
+                return float("inf"), f"{where}{a!r:.60} vs the reference's {b!r:.60}"
             continue
         for what, x, y in (("dtype", a.dtype, b.dtype), ("device", a.device, b.device), ("shape", a.shape, b.shape)):
             if x != y:
-                return float("inf"), f"{where}: {what} {x} vs the reference's {y}"
+                return float("inf"), f"{where}{what} {x} vs the reference's {y}"
         if check_grad and b.requires_grad and not a.requires_grad:
-            return float("inf"), f"{where} does not require grad (detached?): the layers before it would get no gradient"
+            return float("inf"), f"{where}does not require grad (detached?): the layers before it would get no gradient"
         if a.numel() == 0:
             continue
         a64, b64 = a.detach().double(), b.detach().double()
         finite = torch.isfinite(b64)
         if not torch.equal(torch.isfinite(a64), finite):
-            return float("inf"), f"{where}: non-finite values where the reference has finite ones (or the reverse)"
+            return float("inf"), f"{where}non-finite values where the reference has finite ones (or the reverse)"
         atol, rtol = TOLERANCES.get(b.dtype, TOLERANCES[torch.float32])
         error = (a64 - b64).abs().where(finite, torch.zeros((), dtype=torch.float64, device=a64.device))
         worst = max(worst, error.max().item())
         if not bool((error <= atol + rtol * b64.abs().where(finite, torch.zeros_like(b64))).all()):
-            return worst, f"{where}: values differ beyond atol={atol:g}, rtol={rtol:g}"
+            return worst, f"{where}values differ beyond atol={atol:g}, rtol={rtol:g}"
     return worst, None
 
 

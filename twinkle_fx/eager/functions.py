@@ -234,7 +234,7 @@ def _apply(target_module: str | None, device_type: str, wanted: Any, use_fallbac
         where = ""
         if target_module:
             where = f" for {target_module}"
-            if any(t.startswith(target_module + ".") for t in registry.function_targets()):
+            if target_module in registry.function_targets():
                 where += " (pass the module, not 'module.function', as target_module)"
         _fail(f"no function kernels are registered{where}", strict)
         return PatchedFunctions()

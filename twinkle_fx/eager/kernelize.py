@@ -158,8 +158,9 @@ def coverage_notes(model: torch.nn.Module) -> list[str]:
     return notes
 
 
-def _short(reason: str, limit: int = 160) -> str:
-    return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+def _short(reason: str, limit: int = 240) -> str:
+    # the cause usually ends a reason ("... does not exist"), the source description starts it
+    return reason if len(reason) <= limit else f"{reason[:100]} ... {reason[-(limit - 105):]}"
 
 
 def _report(model: torch.nn.Module, plan: _Plan, installed: list[LayerSwap], device: str, mode: Mode,

@@ -130,7 +130,7 @@ class CompileReport:
             f"twinkle: {self.graph_count} graph(s), {self.graph_breaks} graph break(s), "
             f"{len(self.swapped)} region(s) swapped, {len(self.not_swapped)} kept; passes took {ms:.1f} ms"
         )
-        return "\n".join([head, *self.notes, *(g.summary() for g in self.graphs)])
+        return "\n".join([head, *(g.summary() for g in self.graphs), *self.notes])
 
     def __str__(self) -> str:
         ms = sum(g.total_ms for g in self.graphs)
@@ -138,7 +138,7 @@ class CompileReport:
             f"twinkle: {self.graph_count} graph(s), {self.graph_breaks} graph break(s), "
             f"{len(self.swapped)} region(s) swapped, {len(self.not_swapped)} kept; passes took {ms:.1f} ms"
         )
-        return "\n".join([head, *self.notes, *(str(g) for g in self.graphs)])
+        return "\n".join([head, *(str(g) for g in self.graphs), *self.notes])
 
 
 _COLLECTORS: contextvars.ContextVar[tuple[CompileReport, ...]] = contextvars.ContextVar("twinkle_fx_reports", default=())

@@ -129,16 +129,6 @@ def test_undo_notices_a_forward_installed_by_another_tool(caplog):
     assert torch.equal(model[3](torch.ones(2)), torch.zeros(2))  # theirs: left to the tool that installed it
 
 
-def test_kernelize_undo_kernelize_really_undoes():
-    _bind(TanhGeluKernel)
-    model = model_with_gelus()
-    kernelize_model(model, mode="inference")
-    undo_kernelize(model)
-    assert "forward" not in model[1].__dict__ and not uses_tanh(model[1])
-    kernelize_model(model, mode="inference")
-    assert uses_tanh(model[1])
-
-
 def test_the_swapped_forward_adds_no_python_frame_of_ours():
     """Nothing on the eager call path that could be decided at swap time (issue 14)."""
     callers = []

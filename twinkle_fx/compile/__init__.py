@@ -4,9 +4,9 @@ graphs and replace each region by one call of its kernel.
 >>> compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})  # doctest: +SKIP
 
 Importing this package is cheap: it only makes the backend name known to ``torch.compile`` (when
-the installed entry point does not already) and installs the hook that traces each registered
-function's pattern at registration time (Dynamo cannot run inside a backend). The passes
-themselves are imported when the backend first runs.
+the installed entry point does not already). Registered functions' patterns are traced when a
+graph first needs them (a nested Dynamo run inside the backend), never at registration. The
+passes themselves are imported when the backend first runs.
 """
 
 from __future__ import annotations

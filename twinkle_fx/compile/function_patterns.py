@@ -1,6 +1,6 @@
 """Function patterns: the computation of a registered function, wherever it appears.
 
-Each registered function target has a pattern traced by Dynamo at registration time
+Each registered function target has a pattern traced by Dynamo when a graph first needs it
 (:mod:`.pattern_tracing`). ``SubgraphMatcher`` finds it with literals as wildcards (Dynamo bakes
 shapes into them); every match is then bound (placeholders are the function's tensor arguments,
 float constants are read from the matched nodes) and checked against the reference function on

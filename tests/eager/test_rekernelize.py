@@ -145,3 +145,17 @@ def test_the_swapped_forward_adds_no_python_frame_of_ours():
     kernelize_model(model, mode="inference")
     model(torch.randn(2, 8))
     assert callers and all(c.endswith("torch/nn/modules/module.py") for c in callers), callers
+
+
+def test_the_swapped_forward_shows_the_layers_signature():
+    class Named(torch.nn.Module):
+        def forward(self, input_ids=None, labels=None):
+            return input_ids
+
+    import inspect
+
+    register_layer_kernel(kernel_name="K", layer=lambda self, input_ids=None, labels=None: input_ids, device="cpu")
+    register_external_layer(Named, "K")
+    module = Named()
+    kernelize_model(module, mode="inference", device="cpu")
+    assert list(inspect.signature(module.forward).parameters) == ["input_ids", "labels"]

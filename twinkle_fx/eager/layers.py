@@ -15,6 +15,7 @@ notices a forward that another tool (``kernels.kernelize``, say) put there after
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
 import weakref
@@ -64,6 +65,15 @@ class KernelForward(functools.partial):
     @property
     def module(self) -> torch.nn.Module:
         return self.args[0]
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        # inspect.signature(module.forward) shows the replaced forward's parameters, not the kernel's
+        # (*args, **kwargs) if it has them: Hugging Face Trainer keeps only the dataset columns that
+        # forward names. Read at inspection time only, never on the call path.
+        if self.previous is not None:
+            return inspect.signature(self.previous)
+        return inspect.signature(type(self.module).forward.__get__(self.module))
 
     def reference(self, *args: Any, **kwargs: Any) -> Any:
         """The forward this kernel replaced."""

@@ -194,16 +194,6 @@ def _select(
     return Selection(target, device, mode, reason="; ".join(rejected), rejected=tuple(rejected))
 
 
-def is_layer_target(registry: KernelRegistry, cls: type) -> bool:
-    """Whether instances of ``cls`` are swap targets: bound explicitly, or carrying a
-    ``kernel_layer_name`` that has registrations (transformers tags many classes; only registered
-    names count). Loads nothing."""
-    kernel_name = registry.kernel_name_for(cls)
-    if kernel_name is None:
-        return False
-    return registry.is_bound(cls) or bool(registry.layer_registrations(kernel_name))
-
-
 def select_layer_kernel(
     registry: KernelRegistry,
     cls: type,
@@ -219,12 +209,25 @@ def select_layer_kernel(
         allow_uncompilable: let a kernel with ``can_torch_compile=False`` through in compile mode
             (the backend wraps such kernels opaquely and says so in its report).
     """
-    if not is_layer_target(registry, cls):
-        return None
     kernel_name = registry.kernel_name_for(cls)
+    if kernel_name is None:
+        return None
     registrations = registry.layer_registrations(kernel_name)
+    if not registrations and not registry.is_bound(cls):
+        # transformers tags many classes with kernel_layer_name; only registered names are targets
+        return None
     target = f"{cls.__qualname__} -> {kernel_name}"
     return _select(target, registrations, device, mode, _layer_call, allow_uncompilable)
+
+
+def is_layer_target(registry: KernelRegistry, cls: type) -> bool:
+    """Whether instances of ``cls`` are swap targets: bound explicitly, or carrying a
+    ``kernel_layer_name`` that has registrations (transformers tags many classes; only registered
+    names count). Loads nothing."""
+    kernel_name = registry.kernel_name_for(cls)
+    if kernel_name is None:
+        return False
+    return registry.is_bound(cls) or bool(registry.layer_registrations(kernel_name))
 
 
 def select_function_kernel(

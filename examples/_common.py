@@ -10,11 +10,14 @@ import torch
 if not torch.cuda.is_available():
     # No GPU: run the Triton kernels through the interpreter (must be set before triton.jit runs).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# TRITON_INTERPRET=1 set by the caller means the CPU even where a GPU exists: the interpreter runs
+# kernels on host memory only (on CUDA tensors it fails deep inside Triton)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 EXAMPLES = Path(__file__).resolve().parent
 LOCAL_REPO = EXAMPLES / "local_repo"  # stands for "/path/to/local/repo" in the documentation
 sys.path.insert(0, str(EXAMPLES))  # makes my_pkg importable
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = "cpu" if INTERPRETED else "cuda"
 
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 logging.getLogger("twinkle_fx").setLevel(logging.INFO)

@@ -20,8 +20,10 @@ register_kernels({
              "device": DEVICE, "mode": "inference"},
         ],
     },
-    # Qwen2RMSNorm carries kernel_layer_name = "RMSNorm" (transformers' hub decorator): no binding needed.
-    "external_layers": {"transformers.models.qwen2.modeling_qwen2.Qwen2MLP": "MyAwesomeMLP"},
+    # Qwen2RMSNorm is bound explicitly: transformers tags it with kernel_layer_name = "RMSNorm" only
+    # when its hub decorators are active (5.18-5.22 with kernels 0.17; 5.23 needs kernels >= 0.18.2)
+    "external_layers": {"transformers.models.qwen2.modeling_qwen2.Qwen2MLP": "MyAwesomeMLP",
+                        "transformers.models.qwen2.modeling_qwen2.Qwen2RMSNorm": "RMSNorm"},
     "functions": {"my_pkg.math_ops.add": {"func_impl": fast_add, "device": DEVICE, "mode": "inference"}},
 })
 

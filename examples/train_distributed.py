@@ -14,11 +14,15 @@ The compiled backends compile
 the DDP- or FSDP2-wrapped model, so DDP's graph splitting at bucket boundaries (Dynamo's
 DDPOptimizer) is part of what runs.
 
-Run (GPUs: NCCL; no GPU: gloo on CPU, the Triton kernels through the interpreter):
+Run on GPUs (NCCL), the reference size:
 
     torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle
     torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel fsdp2 --backend twinkle
     torchrun --nproc_per_node 1 examples/train_distributed.py --size reference --parallel ddp --backend twinkle --batch 8
+
+Without a GPU (gloo on CPU, the Triton kernels through the interpreter), the tiny size (the default):
+
+    torchrun --nproc_per_node 2 examples/train_distributed.py --size tiny --parallel ddp --backend kernelize
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ SIZES: dict[str, dict[str, Any]] = {
                  num_key_value_heads=2, vocab_size=256),
     "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=8192),
-    # the reference workload of DESIGN.md: the Qwen2-0.5B shape
+    # the reference workload of the benchmark harness (twinkle_fx/bench/workloads.py: "qwen2"): the Qwen2-0.5B shape
     "reference": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                       num_key_value_heads=2, vocab_size=151936),
 }

@@ -1,14 +1,15 @@
 """Test-wide setup.
 
-TRITON_INTERPRET must be set before any ``triton.jit`` runs, so it is set here, before the kernels
-are imported, whenever no GPU is present (CI runs on CPU only).
+One device for the whole suite (``device_under_test``): CUDA when a GPU is present, else the CPU with
+the Triton interpreter (TRITON_INTERPRET must be set before any ``triton.jit`` runs, so it is set on
+import of that module, before the kernels are imported). Tests take the ``device`` fixture instead of
+naming "cpu"; ``@pytest.mark.gpu`` tests need CUDA, ``@pytest.mark.interpreter`` tests need the
+interpreter (they are skipped, with the reason, elsewhere).
 """
 
 import os
 import tempfile
 from pathlib import Path
-
-import torch
 
 # The Hub path is tested offline against a cache the tests build: no test may reach the network,
 # and huggingface_hub / kernels read these once, at import.
@@ -16,8 +17,7 @@ HF_HOME = Path(tempfile.mkdtemp(prefix="twinkle-hf-"))
 os.environ["HF_HOME"] = str(HF_HOME)
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from device_under_test import DEVICE, INTERPRETED  # noqa: E402  sets TRITON_INTERPRET without a GPU
 
 import sys
 
@@ -25,6 +25,27 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))  # the examples' user package (my_pkg) and local kernel repo
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped on the CPU/interpreter run)")
+    config.addinivalue_line("markers", "interpreter: needs the Triton interpreter (skipped on a GPU run)")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device; this run uses the CPU with TRITON_INTERPRET=1")
+    skip_interpreter = pytest.mark.skip(reason="needs the Triton interpreter (TRITON_INTERPRET=1); this run uses CUDA")
+    for item in items:
+        if "gpu" in item.keywords and INTERPRETED:
+            item.add_marker(skip_gpu)
+        if "interpreter" in item.keywords and not INTERPRETED:
+            item.add_marker(skip_interpreter)
+
+
+@pytest.fixture
+def device() -> str:
+    """The device of this run: "cuda" on a GPU machine, "cpu" (Triton interpreter) otherwise."""
+    return DEVICE
 
 
 @pytest.fixture(autouse=True)
@@ -47,11 +68,11 @@ def local_repo() -> Path:
 @pytest.fixture(scope="session")
 def offline_hub() -> Path:
     """The session's offline Hugging Face cache, holding kernels-community/activation built from
-    kernels/twinkle_triton (loaded through the real ``kernels.get_kernel``)."""
-    from twinkle_fx.hub import publish_to_hub_cache
+    kernels/twinkle_triton and kernels-community/linear from examples/hub_repos/linear (loaded through
+    the real ``kernels.get_kernel``)."""
+    from make_offline_hub_cache import publish_examples
 
-    publish_to_hub_cache(Path(__file__).resolve().parent.parent / "kernels" / "twinkle_triton",
-                         "kernels-community/activation", hf_home=HF_HOME)
+    publish_examples(HF_HOME)
     return HF_HOME
 
 

@@ -19,15 +19,20 @@ from .registration import register_external_layer, register_function_kernel, reg
 from .registry import get_registry, scoped_registry
 from . import compile as _compile  # noqa: E402,F401  the "twinkle" backend name and the pattern-tracing hook
 from .explain import explain
+from .benchmark import KernelTiming, benchmark_kernel
+from .check import check_kernels
 
 __version__ = "0.1.0"
 
 __all__ = [
     "KernelLoadError",
     "KernelSelectionError",
+    "KernelTiming",
     "KernelVerificationError",
     "Mode",
     "TwinkleError",
+    "benchmark_kernel",
+    "check_kernels",
     "explain",
     "get_registry",
     "kernelize_model",

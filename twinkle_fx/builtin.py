@@ -1,7 +1,10 @@
-"""The built-in mapping: transformers' Qwen2, Llama, Mistral and Qwen3 layers -> twinkle_triton kernels.
+"""The built-in mapping: transformers model families' layers -> twinkle_triton kernels.
 
 Opt-in with one call; it registers into the active registry (so it can be scoped), for both
-``kernelize_model`` and ``backend="twinkle"``.
+``kernelize_model`` and ``backend="twinkle"``. :data:`BUILTIN_MODELS` says, per family, which
+class or function is bound to which kernel; :func:`coverage_table` prints it (the README's
+coverage table is that output, and ``tests/families`` checks every entry against the unswapped
+model, eagerly and compiled).
 """
 
 from __future__ import annotations
@@ -9,21 +12,88 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from .devices import parse_devices
 from .registration import register_external_layer, register_function_kernel, register_layer_kernel
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["use_builtin_kernels", "BUILTIN_MODELS"]
+__all__ = ["use_builtin_kernels", "BUILTIN_MODELS", "Family", "coverage_table"]
 
-# model family -> transformers modeling module and class-name prefix
-BUILTIN_MODELS = {
-    "qwen2": ("transformers.models.qwen2.modeling_qwen2", "Qwen2"),
-    "llama": ("transformers.models.llama.modeling_llama", "Llama"),
-    "mistral": ("transformers.models.mistral.modeling_mistral", "Mistral"),
-    "qwen3": ("transformers.models.qwen3.modeling_qwen3", "Qwen3"),
+
+class Family(NamedTuple):
+    """What the built-in mapping binds in one transformers family.
+
+    ``norms`` / ``mlps``: ``(class names, kernel name)`` (a ``twinkle_triton.layers`` class) or None;
+    ``rotary``: the ``twinkle_triton`` function replacing the modeling module's
+    ``apply_rotary_pos_emb``, or None; ``head``: the ``*ForCausalLM`` class bound to the fused-loss
+    head, or None; ``model_type``: transformers' config type; ``not_covered``: what is left out, and why.
+    """
+
+    module: str
+    norms: tuple[tuple[str, ...], str] | None
+    mlps: tuple[tuple[str, ...], str] | None
+    rotary: str | None
+    head: str | None
+    model_type: str
+    not_covered: str = ""
+
+
+def _m(name: str) -> str:
+    return f"transformers.models.{name}.modeling_{name}"
+
+
+_ROPE = "apply_rotary_pos_emb"
+_NO_HEAD_SOFTCAP = "head: final logit soft-capping (fused loss has none)"
+_NO_HEAD_MOE = "head: the router's auxiliary loss; MLP: experts (data-dependent routing loop)"
+
+# family -> what is bound (first four: the original Llama-style families)
+BUILTIN_MODELS: dict[str, Family] = {
+    "qwen2": Family(_m("qwen2"), (("Qwen2RMSNorm",), "RMSNorm"), (("Qwen2MLP",), "SwiGLUMLP"), _ROPE,
+                    "Qwen2ForCausalLM", "qwen2"),
+    "llama": Family(_m("llama"), (("LlamaRMSNorm",), "RMSNorm"), (("LlamaMLP",), "SwiGLUMLP"), _ROPE,
+                    "LlamaForCausalLM", "llama"),
+    "mistral": Family(_m("mistral"), (("MistralRMSNorm",), "RMSNorm"), (("MistralMLP",), "SwiGLUMLP"), _ROPE,
+                      "MistralForCausalLM", "mistral"),
+    "qwen3": Family(_m("qwen3"), (("Qwen3RMSNorm",), "RMSNorm"), (("Qwen3MLP",), "SwiGLUMLP"), _ROPE,
+                    "Qwen3ForCausalLM", "qwen3"),
+    "gemma": Family(_m("gemma"), (("GemmaRMSNorm",), "GemmaRMSNorm"), (("GemmaMLP",), "GeGLUMLP"), _ROPE,
+                    "GemmaForCausalLM", "gemma"),
+    "gemma2": Family(_m("gemma2"), (("Gemma2RMSNorm",), "GemmaRMSNorm"), (("Gemma2MLP",), "GeGLUMLP"), _ROPE,
+                     None, "gemma2", _NO_HEAD_SOFTCAP),
+    "gemma3": Family(_m("gemma3"), (("Gemma3RMSNorm",), "GemmaRMSNorm"), (("Gemma3MLP",), "GeGLUMLP"), _ROPE,
+                     None, "gemma3_text", _NO_HEAD_SOFTCAP + " when configured"),
+    "phi3": Family(_m("phi3"), (("Phi3RMSNorm",), "RMSNorm"), (("Phi3MLP",), "FusedSwiGLUMLP"),
+                   "apply_rotary_pos_emb_partial", "Phi3ForCausalLM", "phi3"),
+    "olmo2": Family(_m("olmo2"), (("Olmo2RMSNorm",), "FP32RMSNorm"), (("Olmo2MLP",), "SwiGLUMLP"), _ROPE,
+                    "Olmo2ForCausalLM", "olmo2"),
+    "granite": Family(_m("granite"), (("GraniteRMSNorm",), "RMSNorm"), (("GraniteMLP",), "SwiGLUMLP"), _ROPE,
+                      None, "granite", "head: logits divided by logits_scaling"),
+    "smollm3": Family(_m("smollm3"), (("SmolLM3RMSNorm",), "RMSNorm"), (("SmolLM3MLP",), "SwiGLUMLP"), _ROPE,
+                      "SmolLM3ForCausalLM", "smollm3"),
+    "glm4": Family(_m("glm4"), (("Glm4RMSNorm",), "RMSNorm"), (("Glm4MLP",), "FusedSwiGLUMLP"),
+                   "apply_rotary_pos_emb_interleaved_partial", "Glm4ForCausalLM", "glm4"),
+    "deepseek_v3": Family(_m("deepseek_v3"), (("DeepseekV3RMSNorm",), "RMSNorm"), (("DeepseekV3MLP",), "SwiGLUMLP"),
+                          _ROPE, None, "deepseek_v3",
+                          "rotary: apply_rotary_pos_emb_interleave (rope_interleave=True, the default) is not "
+                          "swapped; " + _NO_HEAD_MOE),
+    "mixtral": Family(_m("mixtral"), (("MixtralRMSNorm",), "RMSNorm"), None, _ROPE, None, "mixtral", _NO_HEAD_MOE),
+    "qwen3_moe": Family(_m("qwen3_moe"), (("Qwen3MoeRMSNorm",), "RMSNorm"), (("Qwen3MoeMLP",), "SwiGLUMLP"), _ROPE,
+                        None, "qwen3_moe", _NO_HEAD_MOE),
+    "gpt_oss": Family(_m("gpt_oss"), (("GptOssRMSNorm",), "FP32RMSNorm"), None, "apply_rotary_pos_emb_half_angle",
+                      None, "gpt_oss", _NO_HEAD_MOE + " (clamped SwiGLU)"),
+    "ernie4_5": Family(_m("ernie4_5"), (("Ernie4_5RMSNorm",), "RMSNorm"), (("Ernie4_5MLP",), "SwiGLUMLP"),
+                       "apply_rotary_pos_emb_interleaved_partial", "Ernie4_5ForCausalLM", "ernie4_5"),
+    "cohere": Family(_m("cohere"), (("CohereLayerNorm",), "LayerNorm"), (("CohereMLP",), "SwiGLUMLP"),
+                     "apply_rotary_pos_emb_interleaved", None, "cohere", "head: logits multiplied by logit_scale"),
+    "starcoder2": Family(_m("starcoder2"), None, (("Starcoder2MLP",), "BiasGeluMLP"), _ROPE, "Starcoder2ForCausalLM",
+                         "starcoder2", "norm: torch.nn.LayerNorm itself (binding it would reach every model)"),
 }
+
+# kernel name -> twinkle_triton.layers class name
+_LAYER_KERNELS = ("RMSNorm", "SwiGLUMLP", "GeGLUMLP", "FusedSwiGLUMLP", "GemmaRMSNorm", "FP32RMSNorm", "LayerNorm",
+                  "BiasGeluMLP")
 
 
 def use_builtin_kernels(
@@ -32,24 +102,29 @@ def use_builtin_kernels(
     models: Sequence[str] = tuple(BUILTIN_MODELS),
     fused_loss: bool = True,
 ) -> list[str]:
-    """Bind the RMSNorm, MLP, rotary embedding and LM-head loss of ``models`` to twinkle_triton kernels.
+    """Bind the norms, MLPs, rotary embedding and LM-head loss of ``models`` to twinkle_triton kernels.
 
-    Registers kernel names ``"RMSNorm"`` (twinkle_triton.layers.RMSNorm) and ``"SwiGLUMLP"``
-    (twinkle_triton.layers.SwiGLUMLP) for every device in ``devices``, binds the models' classes to
-    them, and registers ``twinkle_triton.apply_rotary_pos_emb`` for each modeling module's
-    ``apply_rotary_pos_emb``. With ``fused_loss``, ``*ForCausalLM`` is bound to
-    ``"CausalLMFusedLoss"``: in training with labels the loss comes from the fused linear
-    cross-entropy and ``outputs.logits`` is None (the logits are never materialised); otherwise
-    outputs are unchanged. All serve every mode (they have backward and compile).
+    Registers the kernels of ``twinkle_triton.layers`` under their class names (``"RMSNorm"``,
+    ``"SwiGLUMLP"``, ``"GeGLUMLP"``, ...) for every device in ``devices`` and binds exactly the classes
+    :data:`BUILTIN_MODELS` lists for ``models``; each family's ``apply_rotary_pos_emb`` gets the
+    ``twinkle_triton`` rotary of its variant (partial, interleaved, half-width angles). Nothing else
+    is reached: the kernels declare ``binds_by_tag = False``, so classes of other families carrying
+    transformers' ``kernel_layer_name`` tag (``"RMSNorm"``) are left alone. Each kernel states what it
+    applies to (activation, norm attributes, weight shape); a module it does not apply to (say a
+    Qwen2 config with ``hidden_act="gelu_pytorch_tanh"``) keeps its forward, with the reason in the
+    log and in the compile report. With ``fused_loss``, the ``*ForCausalLM`` of families whose head
+    is a plain linear + cross-entropy is bound to ``"CausalLMFusedLoss"``: in training with labels the
+    loss comes from the fused linear cross-entropy and ``outputs.logits`` is None. All kernels serve
+    every mode (they have backward and compile).
 
     Args:
-        fused_loss (`bool`, defaults to `True`): also bind the causal-LM head + loss.
         devices (defaults to `("cuda",)`): where the kernels apply; add "cpu" to run them through the
             Triton interpreter (slow: for tests).
-        models (defaults to all of qwen2, llama, mistral, qwen3): model families to bind.
+        models (defaults to every family of `BUILTIN_MODELS`): model families to bind.
+        fused_loss (`bool`, defaults to `True`): also bind the causal-LM head + loss.
 
     Returns:
-        What was bound, as readable strings.
+        What was bound, one string per class or function (``"GemmaMLP -> GeGLUMLP"``).
 
     Raises:
         ValueError: an unknown model family.
@@ -57,34 +132,61 @@ def use_builtin_kernels(
     Example:
         >>> from twinkle_fx import kernelize_model
         >>> from twinkle_fx.builtin import use_builtin_kernels
-        >>> use_builtin_kernels()                              # doctest: +SKIP
+        >>> use_builtin_kernels(models=("gemma",))             # doctest: +SKIP
+        ['GemmaRMSNorm -> GemmaRMSNorm', 'GemmaMLP -> GeGLUMLP', ...]
         >>> model = kernelize_model(model, mode="train")        # doctest: +SKIP
     """
     import twinkle_triton
     from twinkle_triton import layers
 
     devices = parse_devices(devices)  # "cpu" is one device, not "c", "p", "u"
+    if isinstance(models, str):
+        raise TypeError(f"use_builtin_kernels: models={models!r} is a string; pass a sequence, e.g. ({models!r},).")
     unknown = [m for m in models if m not in BUILTIN_MODELS]
     if unknown:
         raise ValueError(f"Unknown model family {unknown[0]!r}; built-in families: {', '.join(BUILTIN_MODELS)}.")
+    families = [BUILTIN_MODELS[m] for m in models]
+    used = {spec[1] for f in families for spec in (f.norms, f.mlps) if spec is not None}
     for device in devices:
-        register_layer_kernel(kernel_name="RMSNorm", layer=layers.RMSNorm, device=device)
-        register_layer_kernel(kernel_name="SwiGLUMLP", layer=layers.SwiGLUMLP, device=device)
-        if fused_loss:
+        for kernel_name in _LAYER_KERNELS:
+            if kernel_name in used:
+                register_layer_kernel(kernel_name=kernel_name, layer=getattr(layers, kernel_name), device=device)
+        if fused_loss and any(f.head for f in families):
             register_layer_kernel(kernel_name="CausalLMFusedLoss", layer=layers.CausalLMFusedLoss, device=device)
     bound = []
-    for family in models:
-        module_name, prefix = BUILTIN_MODELS[family]
-        modeling = importlib.import_module(module_name)
-        register_external_layer(getattr(modeling, f"{prefix}RMSNorm"), "RMSNorm")
-        register_external_layer(getattr(modeling, f"{prefix}MLP"), "SwiGLUMLP")
-        bound += [f"{prefix}RMSNorm -> RMSNorm", f"{prefix}MLP -> SwiGLUMLP"]
-        if fused_loss:
-            register_external_layer(getattr(modeling, f"{prefix}ForCausalLM"), "CausalLMFusedLoss")
-            bound.append(f"{prefix}ForCausalLM -> CausalLMFusedLoss")
-        for device in devices:
-            register_function_kernel(func_name="apply_rotary_pos_emb", target_module=module_name,
-                                     func_impl=twinkle_triton.apply_rotary_pos_emb, device=device)
-        bound.append(f"{module_name}.apply_rotary_pos_emb -> twinkle_triton.apply_rotary_pos_emb")
+    for family in families:
+        modeling = importlib.import_module(family.module)
+        for spec in (family.norms, family.mlps):
+            if spec is not None:
+                for class_name in spec[0]:
+                    register_external_layer(getattr(modeling, class_name), spec[1])
+                    bound.append(f"{class_name} -> {spec[1]}")
+        if fused_loss and family.head:
+            register_external_layer(getattr(modeling, family.head), "CausalLMFusedLoss")
+            bound.append(f"{family.head} -> CausalLMFusedLoss")
+        if family.rotary:
+            for device in devices:
+                register_function_kernel(func_name="apply_rotary_pos_emb", target_module=family.module,
+                                         func_impl=getattr(twinkle_triton, family.rotary), device=device)
+            bound.append(f"{family.module}.apply_rotary_pos_emb -> twinkle_triton.{family.rotary}")
     logger.info("twinkle_fx: built-in kernels for %s on %s", ", ".join(models), ", ".join(devices))
     return bound
+
+
+def coverage_table() -> str:
+    """The README's coverage table: family x norm / MLP / rotary / head, from :data:`BUILTIN_MODELS`.
+
+    Attention is never swapped (transformers' SDPA / flash kernels are used as they are).
+
+    Example:
+        >>> coverage_table().splitlines()[2].startswith("| qwen2 | Qwen2RMSNorm → RMSNorm | Qwen2MLP → SwiGLUMLP |")
+        True
+    """
+    lines = ["| family | norm | MLP | rotary (`twinkle_triton.*`) | head (fused loss) | not covered |",
+             "|---|---|---|---|---|---|"]
+    for name, f in BUILTIN_MODELS.items():
+        cells = [", ".join(f"{c} → {spec[1]}" for c in spec[0]) if spec else "—" for spec in (f.norms, f.mlps)]
+        cells.append(f.rotary or "—")
+        cells.append(f"{f.head} → CausalLMFusedLoss" if f.head else "—")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {f.not_covered} |")
+    return "\n".join(lines)

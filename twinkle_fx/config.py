@@ -20,7 +20,7 @@ _TOP_KEYS = ("layers", "external_layers", "functions")
 _LAYER_KEYS = ("layer", "repo", "repo_id", "repo_path", "package_name", "layer_name", "revision", "version",
                "device", "mode", "trust_remote_code")
 _FUNCTION_KEYS = ("target_module", "func_impl", "repo", "repo_id", "repo_path", "package_name", "kernel_func_name", "revision",
-                  "version", "device", "mode", "trust_remote_code")
+                  "version", "device", "mode", "trust_remote_code", "match_anywhere")
 
 
 def _entries(where: str, value: Any) -> list[tuple[str, Mapping]]:
@@ -46,6 +46,12 @@ def _check_keys(where: str, entry: Mapping, allowed: tuple[str, ...]) -> None:
     unknown = [k for k in entry if k not in allowed]
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(allowed)}.")
+
+
+def _match_anywhere(where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: match_anywhere must be True or False, got {value!r}.")
+    return value
 
 
 def _function_target(where: str, key: Any, target_module: Any) -> tuple[str, str]:
@@ -144,6 +150,7 @@ def register_kernels(config: Mapping[str, Any]) -> None:
                     revision=entry.get("revision"), version=entry.get("version"),
                     trust_remote_code=entry.get("trust_remote_code", False), impl_arg="func_impl",
                 ),
+                match_anywhere=_match_anywhere(where, entry.get("match_anywhere", False)),
             ))
 
     registry = get_registry()

@@ -40,6 +40,14 @@ def load_hub_kernel(
     """``kernels.get_kernel`` with errors that say what failed and how to fix it."""
     kernels = _kernels_package(where)
     kwargs: dict = {"trust_remote_code": trust_remote_code}
+    if isinstance(version, str):
+        if not version.strip().isdigit():
+            # the documents show version="0.1.0"; kernels 0.17 resolves only whole versions (tag v<N>)
+            raise KernelLoadError(
+                f"{where}: version={version!r} is not a whole number: the kernels package pins versions as "
+                f"integers (version=1 loads tag v1); for a tag or branch named {version!r} pass "
+                f"revision={version!r} (or revision='v{version}') instead.")
+        version = int(version)
     if version is not None:
         kwargs["version"] = version
     else:

@@ -144,6 +144,7 @@ def register_function_kernel(
     device: str | None = None,
     mode: Any = None,
     trust_remote_code: bool | list[str] = False,
+    match_anywhere: bool = False,
 ) -> FunctionRegistration:
     """Register a kernel that replaces the function ``target_module.func_name``.
 
@@ -156,12 +157,19 @@ def register_function_kernel(
         func_name (`str`): the function's name in ``target_module``.
         target_module (`str`): dotted module path, e.g. ``"my_pkg.math_ops"``.
         device, mode: as in :func:`register_layer_kernel`.
+        match_anywhere (`bool`, defaults to `False`): under ``backend="twinkle"``, calls of the function
+            and copies of it in other modules (a function of the same name computing the same thing,
+            such as each transformers modeling file's ``apply_rotary_pos_emb``) are swapped; `True` also
+            swaps the bare computation wherever a model writes it. Powerful for patterns of several
+            ops, dangerous for one op: a registered ``add(x, y)`` would take every residual add.
 
     Example:
         >>> register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
         ...                          func_impl=fast_add, device="cuda", mode="inference")  # doctest: +SKIP
     """
     check_function_target("register_function_kernel", target_module, func_name)
+    if not isinstance(match_anywhere, bool):
+        raise TypeError(f"match_anywhere must be True or False, got {match_anywhere!r}.")
     what = f"function kernel for {target_module}.{func_name}"
     registration = FunctionRegistration(
         target_module=target_module,
@@ -173,6 +181,7 @@ def register_function_kernel(
             package_name=package_name, attr=kernel_func_name or func_name, revision=revision,
             version=version, trust_remote_code=trust_remote_code, impl_arg="func_impl",
         ),
+        match_anywhere=match_anywhere,
     )
     get_registry().add_function(registration)
     return registration

@@ -21,7 +21,8 @@ import contextvars
 import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from .modes import Mode, format_mode
 from .sources import KernelSource
@@ -59,6 +60,13 @@ class FunctionRegistration:
     device: str
     mode: Mode
     source: KernelSource
+    # the compile backend swaps calls of the function and copies of it in other modules; True also
+    # swaps the bare computation wherever it is written (a registered add(x, y) would then take
+    # every residual add of a model)
+    match_anywhere: bool = False
+    # what the compile backend derived from this registration (the traced pattern): it lives and
+    # dies with the registration, so a scoped registry leaves nothing behind
+    compile_cache: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def target(self) -> str:

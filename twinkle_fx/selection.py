@@ -20,9 +20,10 @@ from .devices import registration_keys, triton_interpreter_problem
 from .errors import KernelLoadError
 from .modes import Mode, format_mode, mode_fallback_order
 from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
+from .kernels_mapping import with_kernels_mapping
 
 __all__ = ["KernelChoice", "Selection", "is_layer_target", "select_layer_kernel", "select_function_kernel", "signature_mismatch",
-           "KERNEL_DECLARATIONS"]
+           "does_not_apply", "KERNEL_DECLARATIONS"]
 
 # Class attributes a layer kernel may declare beyond forward (anything else is state the replaced
 # layer does not have: see _stateless_problem).
@@ -128,7 +129,10 @@ _INSTANCES_LOCK = threading.Lock()
 
 
 def _function_call(kernel: Any) -> Callable[..., Any]:
-    if isinstance(kernel, type) and issubclass(kernel, torch.nn.Module):
+    # a class whose instances are the kernel (an nn.Module, or any class defining __call__, as the
+    # documents' FuncRepositoryProtocol example returns): calling the class would construct it
+    if isinstance(kernel, type) and (issubclass(kernel, torch.nn.Module)
+                                     or any("__call__" in vars(k) for k in kernel.__mro__ if k is not object)):
         with _INSTANCES_LOCK:
             instance = _INSTANCES.get(kernel)
             if instance is None:
@@ -212,12 +216,19 @@ def select_layer_kernel(
     kernel_name = registry.kernel_name_for(cls)
     if kernel_name is None:
         return None
-    registrations = registry.layer_registrations(kernel_name)
+    # the Hugging Face kernels mapping in effect (use_kernel_mapping) fills devices twinkle_fx has nothing for
+    registrations = with_kernels_mapping(kernel_name, device, registry.layer_registrations(kernel_name))
     if not registrations and not registry.is_bound(cls):
         # transformers tags many classes with kernel_layer_name; only registered names are targets
         return None
     target = f"{cls.__qualname__} -> {kernel_name}"
-    return _select(target, registrations, device, mode, _layer_call, allow_uncompilable)
+    selection = _select(target, registrations, device, mode, _layer_call, allow_uncompilable)
+    if selection.choice is not None and not registry.is_bound(cls) and not _declared(selection.choice, "binds_by_tag", True):
+        # a kernel declaring binds_by_tag=False serves only classes bound to it explicitly: the tag
+        # (transformers puts kernel_layer_name="RMSNorm" on ~130 classes of differing semantics)
+        # does not make this class a target
+        return None
+    return selection
 
 
 def is_layer_target(registry: KernelRegistry, cls: type) -> bool:
@@ -240,6 +251,37 @@ def select_function_kernel(
 ) -> Selection:
     """The kernel replacing function ``target`` ("module.func")."""
     return _select(target, registry.function_registrations(target), device, mode, _function_call, allow_uncompilable)
+
+
+def _declared(choice: KernelChoice, name: str, default: Any) -> Any:
+    """A declaration of a layer kernel, on its ``forward`` or on the kernel itself."""
+    return getattr(choice.call, name, getattr(choice.kernel, name, default))
+
+
+def does_not_apply(choice: KernelChoice, module: torch.nn.Module) -> str | None:
+    """Why the layer kernel of ``choice`` does not apply to ``module``, or None when it does.
+
+    A kernel states what it applies to with ``applies_to(module) -> str | None``, an attribute of
+    its ``forward`` (or of the kernel class): the reason it does not compute what ``module`` computes
+    (another activation, norm variant, head layout), read from the module's attributes. Both the
+    eager path and the compile backend ask before swapping and report the reason. Kernels without
+    ``applies_to`` apply wherever their signature fits. (On ``forward`` because Hugging Face
+    ``kernels`` refuses layer classes with members beyond ``has_backward``/``can_torch_compile``.)
+
+    Example:
+        >>> def silu_only(module):                                             # doctest: +SKIP
+        ...     return None if isinstance(module.act_fn, nn.SiLU) else f"act_fn is {module.act_fn}"
+        >>> class SwiGLUMLP(nn.Module):                                        # doctest: +SKIP
+        ...     def forward(self, x): ...
+        ...     forward.applies_to = silu_only
+    """
+    check = _declared(choice, "applies_to", None)
+    if check is None:
+        return None
+    reason = check(module)
+    if reason is None:
+        return None
+    return f"{choice.name} does not apply to this {type(module).__qualname__}: {reason}"
 
 
 def _same_default(a: Any, b: Any) -> bool:

@@ -24,14 +24,44 @@ def use_triton_interpreter(*, command: str) -> None:
         RuntimeError: twinkle_triton was imported already and this is not the ``twinkle-fx`` command.
     """
     if os.environ.get("TRITON_INTERPRET") == "1":
+        _check_interpreter()
         return
     os.environ["TRITON_INTERPRET"] = "1"
-    if "twinkle_triton" not in sys.modules:
+    # triton.language's own helpers (tl.sum, ...) are triton.jit functions too: once triton is
+    # imported (torch._dynamo imports it on a machine with a GPU) they are bound to the compiler
+    if "twinkle_triton" not in sys.modules and "triton" not in sys.modules:
+        _check_interpreter()
         return
     main_spec = getattr(sys.modules["__main__"], "__spec__", None)
     if (main_spec is not None and main_spec.name == "twinkle_fx.__main__") or os.path.basename(sys.argv[0]) == "twinkle-fx":
         print(f"{command}: restarting with TRITON_INTERPRET=1 (twinkle_triton was imported before it was set)",
               file=sys.stderr, flush=True)
         os.execv(sys.executable, sys.orig_argv)
-    raise RuntimeError("twinkle_triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot run "
-                       "on the CPU in this process; set TRITON_INTERPRET=1 before importing it.")
+    raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so the twinkle_triton kernels cannot "
+                       "run on the CPU in this process; set TRITON_INTERPRET=1 before importing torch and twinkle_fx.")
+
+
+def _check_interpreter() -> None:
+    """Refuse up front a Triton interpreter that cannot run the kernels, instead of failing in one.
+
+    Triton's interpreter turns a loop bound into an int with ``int(array)`` on a 1-element array;
+    NumPy 2.4 refuses that ("only 0-dimensional arrays can be converted to Python scalars"), and
+    triton 3.6 (the version torch 2.11 pins) has no fix (triton 3.9 squeezes the array first).
+    """
+    import numpy as np
+
+    try:
+        int(np.ones(1))
+        return
+    except TypeError:
+        pass
+    import inspect
+
+    import triton
+    from triton.runtime import interpreter
+
+    if "int(self.handle.data))" in inspect.getsource(interpreter):
+        raise RuntimeError(
+            f"The Triton interpreter of triton {triton.__version__} cannot run with numpy {np.__version__} (it "
+            f"converts 1-element arrays with int(), which numpy >= 2.4 refuses): run on a GPU, or install "
+            f"numpy<2.4 or a newer triton for CPU runs.")

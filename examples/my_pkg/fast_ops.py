@@ -9,7 +9,11 @@ import triton.language as tl
 def _add_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
-    tl.store(out_ptr + offsets, tl.load(a_ptr + offsets, mask=mask) + tl.load(b_ptr + offsets, mask=mask), mask=mask)
+    # add in fp32 and round once, as PyTorch does for bf16/fp16 (the Triton interpreter cannot add
+    # bf16 values directly: `twinkle-fx check` caught this kernel returning garbage in bf16 on the CPU)
+    a = tl.load(a_ptr + offsets, mask=mask).to(tl.float32)
+    b = tl.load(b_ptr + offsets, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offsets, (a + b).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def fast_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

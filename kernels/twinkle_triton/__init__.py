@@ -8,11 +8,27 @@ call), a ``<op>_reference`` in plain PyTorch, forward and backward Triton kernel
 
 from . import layers
 from .add_gelu import add_gelu, add_gelu_reference
+from .fp32_norm import layer_norm, layer_norm_reference, rms_norm_fp32, rms_norm_fp32_reference
 from .fused_linear_cross_entropy import fused_linear_cross_entropy, fused_linear_cross_entropy_reference
+from .gelu_mul import gelu_and_mul, gelu_and_mul_reference, gelu_mul, gelu_mul_reference
 from .mul_add import mul_add, mul_add_reference
 from .rms_norm import add_rms_norm, add_rms_norm_reference, rms_norm, rms_norm_reference
 from .rotary import apply_rotary_pos_emb, apply_rotary_pos_emb_reference
+from .rotary_variants import (
+    apply_rotary_pos_emb_half_angle,
+    apply_rotary_pos_emb_half_angle_reference,
+    apply_rotary_pos_emb_interleaved,
+    apply_rotary_pos_emb_interleaved_partial,
+    apply_rotary_pos_emb_interleaved_partial_reference,
+    apply_rotary_pos_emb_interleaved_reference,
+    apply_rotary_pos_emb_partial,
+    apply_rotary_pos_emb_partial_reference,
+)
 from .silu_and_mul import silu_and_mul, silu_and_mul_reference, silu_mul, silu_mul_reference
+
+# The names of the custom-kernel quick-start guide: the same ops (one op, two spellings).
+fused_add_gelu = add_gelu
+element_wise_mul_add = mul_add
 
 __all__ = [
     "add_gelu",
@@ -21,13 +37,31 @@ __all__ = [
     "add_rms_norm_reference",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_reference",
+    "apply_rotary_pos_emb_half_angle",
+    "apply_rotary_pos_emb_half_angle_reference",
+    "apply_rotary_pos_emb_interleaved",
+    "apply_rotary_pos_emb_interleaved_partial",
+    "apply_rotary_pos_emb_interleaved_partial_reference",
+    "apply_rotary_pos_emb_interleaved_reference",
+    "apply_rotary_pos_emb_partial",
+    "apply_rotary_pos_emb_partial_reference",
+    "element_wise_mul_add",
+    "fused_add_gelu",
     "fused_linear_cross_entropy",
     "fused_linear_cross_entropy_reference",
+    "gelu_and_mul",
+    "gelu_and_mul_reference",
+    "gelu_mul",
+    "gelu_mul_reference",
+    "layer_norm",
+    "layer_norm_reference",
     "layers",
     "mul_add",
     "mul_add_reference",
     "rms_norm",
     "rms_norm_reference",
+    "rms_norm_fp32",
+    "rms_norm_fp32_reference",
     "silu_and_mul",
     "silu_and_mul_reference",
     "silu_mul",
@@ -38,7 +72,9 @@ __all__ = [
 # twinkle_fx): each has a backward, and each is a custom op with a fake implementation, so
 # torch.compile traces it without breaking the graph.
 for _kernel in (add_gelu, add_rms_norm, apply_rotary_pos_emb, fused_linear_cross_entropy, mul_add, rms_norm,
-                silu_and_mul, silu_mul):
+                silu_and_mul, silu_mul, gelu_mul, gelu_and_mul, rms_norm_fp32, layer_norm,
+                apply_rotary_pos_emb_partial, apply_rotary_pos_emb_interleaved_partial,
+                apply_rotary_pos_emb_interleaved, apply_rotary_pos_emb_half_angle):
     _kernel.has_backward = True
     _kernel.can_torch_compile = True
 del _kernel

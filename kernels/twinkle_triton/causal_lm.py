@@ -5,7 +5,8 @@ Mistral, Qwen3: same signature). While training with labels it computes the loss
 :func:`fused_linear_cross_entropy` straight from the last hidden states, so the
 (tokens × vocab) logits and their fp32 copy are never materialised; ``outputs.logits`` is then
 ``None`` (as with Liger's fused loss). Without labels, or in eval mode, it returns the logits
-exactly like the original.
+exactly like the original. ``return_dict=False`` (or ``config.return_dict=False``) gives a tuple,
+as the original's ``can_return_tuple`` does.
 """
 
 import torch
@@ -57,9 +58,13 @@ class CausalLMFusedLoss(nn.Module):
 
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         shift_labels = kwargs.pop("shift_labels", None)
+        return_dict = kwargs.pop("return_dict", None)
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        # the inner model would return a tuple too under config.return_dict=False: ask for the dataclass
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             **kwargs)
+                             return_dict=True, **kwargs)
         hidden_states = outputs.last_hidden_state
         fused = self.training and (labels is not None or shift_labels is not None)
         logits = loss = None
@@ -72,5 +77,6 @@ class CausalLMFusedLoss(nn.Module):
             if labels is not None or shift_labels is not None:
                 loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
                                           num_items_in_batch=num_items_in_batch, shift_labels=shift_labels, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                        hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return output if return_dict else output.to_tuple()

@@ -3,14 +3,74 @@
 ``kernels`` (and twinkle_fx) swap a layer's ``forward`` onto an existing module instance, so these
 classes have no ``__init__`` and no members beyond ``has_backward`` / ``can_torch_compile``:
 ``forward`` reads the attributes of the module it replaces (transformers' names).
+
+Each layer also states what it applies to, for loaders that ask (twinkle_fx does, eagerly and under
+``torch.compile``), as attributes of its ``forward`` (class members other than ``has_backward`` /
+``can_torch_compile`` would make ``kernels.kernelize`` refuse the layer):
+``forward.applies_to(module)`` returns why the kernel does not compute what ``module`` computes
+(another activation, norm variant or layout), or None; ``forward.binds_by_tag = False``: the layer
+serves only classes bound to it explicitly, not every class carrying transformers'
+``kernel_layer_name`` tag (``"RMSNorm"`` tags about 130 classes whose norms round differently).
 """
 
 import torch
 from torch import nn
 
+from .add_gelu import add_gelu
 from .causal_lm import CausalLMFusedLoss  # noqa: F401  (a layer too: the causal-LM head with fused loss)
+from .fp32_norm import layer_norm, rms_norm_fp32
+from .gelu_mul import gelu_mul
 from .rms_norm import rms_norm
 from .silu_and_mul import silu_and_mul, silu_mul
+
+
+def _declares(applies_to):
+    """Mark ``forward`` with what the layer applies to (see the module docstring)."""
+
+    def mark(forward):
+        forward.applies_to = applies_to
+        forward.binds_by_tag = False
+        return forward
+
+    return mark
+
+
+def _missing(module: nn.Module, *names: str) -> str | None:
+    absent = [n for n in names if not hasattr(module, n)]
+    return f"it has no {', '.join(absent)}" if absent else None
+
+
+def _vector_weight(module: nn.Module) -> str | None:
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
+        shape = tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
+        return f"its weight is {shape}, not a vector over the last dimension (a per-head norm?)"
+    return None
+
+
+def _is_silu(act: object) -> bool:
+    # nn.SiLU (ACT2FN["swish"]) and transformers' SiLUActivation (ACT2FN["silu"]) both run F.silu
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+def gelu_approximation(act: object) -> str | None:
+    """``"tanh"`` / ``"none"`` for the GELUs whose result ``gelu_mul`` reproduces, else None."""
+    name = type(act).__name__
+    if isinstance(act, nn.GELU):
+        return act.approximate
+    if name == "GELUTanh" and getattr(act, "act", None).__class__.__name__ == "partial":
+        return "tanh"  # transformers' gelu_pytorch_tanh: F.gelu(approximate="tanh")
+    if name == "GELUActivation" and getattr(act, "act", None) is nn.functional.gelu:
+        return "none"  # transformers' gelu: F.gelu (erf)
+    return None
+
+
+def _activation(module: nn.Module, attr: str) -> str:
+    act = getattr(module, attr, None)
+    config = getattr(module, "config", None)
+    hidden_act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
+    shown = f" (config hidden_act={hidden_act!r})" if hidden_act is not None else ""
+    return f"its {attr} is {type(act).__name__}{shown}"
 
 
 class SiluAndMul(nn.Module):
@@ -23,26 +83,158 @@ class SiluAndMul(nn.Module):
         return silu_and_mul(x)
 
 
+def _rms_norm_applies_to(module: nn.Module) -> str | None:
+    return _missing(module, "weight", "variance_epsilon") or _vector_weight(module)
+
+
 class RMSNorm(nn.Module):
     """transformers' Qwen2/Llama/Mistral/Qwen3 ``RMSNorm``: uses ``self.weight`` and
-    ``self.variance_epsilon``."""
+    ``self.variance_epsilon``; rounds the normalised row to the input dtype before the weight
+    multiply (``weight * h.to(input_dtype)``)."""
 
     has_backward = True
     can_torch_compile = True
 
+    @_declares(_rms_norm_applies_to)
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def _swiglu_mlp_applies_to(module: nn.Module) -> str | None:
+    missing = _missing(module, "gate_proj", "up_proj", "down_proj", "act_fn")
+    if missing:
+        return missing
+    if not _is_silu(module.act_fn):
+        return f"{_activation(module, 'act_fn')}; SwiGLUMLP computes silu(gate) * up"
+    return None
 
 
 class SwiGLUMLP(nn.Module):
     """Qwen2MLP/LlamaMLP-shaped MLP: ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
 
     The projections are called as submodules (so LoRA adapters and hooks on them keep working);
-    only the activation is fused. Assumes the module's ``act_fn`` is SiLU, as in those models.
+    only the activation is fused. Applies only where the module's ``act_fn`` is SiLU.
     """
 
     has_backward = True
     can_torch_compile = True
 
+    @_declares(_swiglu_mlp_applies_to)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+def _geglu_mlp_applies_to(module: nn.Module) -> str | None:
+    missing = _missing(module, "gate_proj", "up_proj", "down_proj", "act_fn")
+    if missing:
+        return missing
+    if gelu_approximation(module.act_fn) is None:
+        return f"{_activation(module, 'act_fn')}; GeGLUMLP computes F.gelu(gate, approximate=...) * up"
+    return None
+
+
+class GeGLUMLP(nn.Module):
+    """Gemma-shaped MLP: ``down_proj(gelu(gate_proj(x)) * up_proj(x))`` with transformers'
+    ``gelu_pytorch_tanh`` (tanh GELU) or ``gelu`` (erf GELU) as ``act_fn``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_declares(_geglu_mlp_applies_to)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gelu_mul(self.gate_proj(x), self.up_proj(x), gelu_approximation(self.act_fn)))
+
+
+def _fused_swiglu_mlp_applies_to(module: nn.Module) -> str | None:
+    missing = _missing(module, "gate_up_proj", "down_proj", "activation_fn")
+    if missing:
+        return missing
+    if not _is_silu(module.activation_fn):
+        return f"{_activation(module, 'activation_fn')}; FusedSwiGLUMLP computes silu(gate) * up"
+    return None
+
+
+class FusedSwiGLUMLP(nn.Module):
+    """Phi3/GLM4-shaped MLP with one fused projection: ``gate, up = gate_up_proj(h).chunk(2)``,
+    ``down_proj(up * silu(gate))``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_declares(_fused_swiglu_mlp_applies_to)
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden_states)))
+
+
+def _gemma_rms_norm_applies_to(module: nn.Module) -> str | None:
+    return _missing(module, "weight", "eps") or _vector_weight(module)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma 1/2/3's ``RMSNorm``: ``(norm(x.float()) * (1 + weight.float())).type_as(x)``; uses
+    ``self.weight`` and ``self.eps``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_declares(_gemma_rms_norm_applies_to)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm_fp32(x, self.weight, self.eps, 1.0)
+
+
+def _fp32_rms_norm_applies_to(module: nn.Module) -> str | None:
+    return _missing(module, "weight", "variance_epsilon") or _vector_weight(module)
+
+
+class FP32RMSNorm(nn.Module):
+    """OLMo2's and GPT-OSS's ``RMSNorm``: ``(weight * norm(h.float())).to(input_dtype)`` (the weight
+    multiply in fp32, the output in the input's dtype); uses ``self.weight`` and ``self.variance_epsilon``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_declares(_fp32_rms_norm_applies_to)
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return rms_norm_fp32(hidden_states, self.weight, self.variance_epsilon, 0.0)
+
+
+def _layer_norm_applies_to(module: nn.Module) -> str | None:
+    return _missing(module, "weight", "variance_epsilon") or _vector_weight(module)
+
+
+class LayerNorm(nn.Module):
+    """Cohere's ``CohereLayerNorm`` (mean-centred, fp32 weight multiply, no bias; a ``bias``
+    attribute is added when present); uses ``self.weight`` and ``self.variance_epsilon``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_declares(_layer_norm_applies_to)
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return layer_norm(hidden_states, self.weight, getattr(self, "bias", None), self.variance_epsilon)
+
+
+def _bias_gelu_mlp_applies_to(module: nn.Module) -> str | None:
+    missing = _missing(module, "c_fc", "c_proj", "act")
+    if missing:
+        return missing
+    if getattr(module.c_fc, "bias", None) is None:
+        return "c_fc has no bias (use_bias=False): there is no bias add to fuse"
+    if gelu_approximation(module.act) is None:
+        return f"{_activation(module, 'act')}; BiasGeluMLP computes F.gelu(x + bias, approximate=...)"
+    return None
+
+
+class BiasGeluMLP(nn.Module):
+    """StarCoder2's MLP: ``dropout(c_proj(gelu(c_fc(h))))`` with the bias add of ``c_fc`` fused into the
+    GELU (:func:`add_gelu`). ``c_fc`` is applied as ``F.linear`` with its weight (hooks or adapters on
+    ``c_fc`` itself are bypassed); ``c_proj`` is called as a module."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_declares(_bias_gelu_mlp_applies_to)
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        h = nn.functional.linear(hidden_states, self.c_fc.weight)
+        h = self.c_proj(add_gelu(h, self.c_fc.bias, gelu_approximation(self.act)))
+        return nn.functional.dropout(h, p=self.residual_dropout, training=self.training)

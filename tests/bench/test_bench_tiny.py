@@ -3,6 +3,7 @@ GPU run, with a tiny config and the Triton interpreter), plus the judging logic 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -66,7 +67,7 @@ def test_tiny_model_bench_eager_and_kernelize(tmp_path):
 
 
 def test_tiny_micro_bench_every_kernel_against_its_reference(tmp_path):
-    _bench("--micro", "--tiny", "--backends", "eager,twinkle,liger", "--warmup", "0", "--steps", "1", out=tmp_path)
+    _bench("--micro", "--tiny", "--backends", "eager,twinkle,liger,cce", "--warmup", "0", "--steps", "1", out=tmp_path)
     result = json.loads((tmp_path / "bench-micro.json").read_text())
     _png(tmp_path / "bench-micro.png")
 
@@ -88,6 +89,11 @@ def test_tiny_micro_bench_every_kernel_against_its_reference(tmp_path):
         # a Liger row only where Liger has the op; here liger-kernel is not installed
         assert len(liger) == (2 if case.liger else 0)
         assert all(r["status"] == "unavailable" and "not installed" in r["error"] for r in liger)
+        # a Cut Cross-Entropy row for the fused linear cross-entropy only (its one op)
+        cce = [r for (op, _, impl), r in rows.items() if op == case.op and impl == "cce"]
+        assert len(cce) == (2 if case.op == "fused_linear_cross_entropy" else 0)
+        if importlib.util.find_spec("cut_cross_entropy") is None:
+            assert all(r["status"] == "unavailable" and "not installed" in r["error"] for r in cce)
 
 
 def _row(backend: str, loss: float, tokens_per_s: float = 100.0, peak: float | None = 1.0) -> ModelRow:

@@ -17,11 +17,11 @@ def test_explain_reports_swaps_times_and_the_diff():
     assert "swapped 1 x layer SiluAndMul -> SiluAndMul: SiluAndMul [cpu, any] from impl SiluAndMulKernel (custom op call)  [act]" in text
     assert "+    layer_silu_and_mul = twinkle_layer_SiluAndMul(linear);  linear = None" in text
     assert set(report.graphs[0].pass_ms) == {"graph_breaks", "layer_regions", "function_patterns", "function_regions",
-                                             "compiled_root"}
+                                             "compiled_root", "foreign_forwards"}
 
 
-def test_cli_explains_a_tiny_qwen2(capsys):
-    assert main(["explain", "--config", "qwen2", "--summary", "--device", "cpu"]) == 0
+def test_cli_explains_a_tiny_qwen2(capsys, device):
+    assert main(["explain", "--config", "qwen2", "--summary", "--device", device]) == 0
     out = capsys.readouterr().out
     assert "swapped 5 x layer Qwen2RMSNorm -> RMSNorm" in out
     assert "swapped 2 x layer Qwen2MLP -> SwiGLUMLP" in out

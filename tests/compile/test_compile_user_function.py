@@ -1,10 +1,11 @@
-"""A function registered in a user package: caught where it is called and where the same
-computation is written inline, with each call's own eps read from the graph."""
+"""A function registered in a user package: caught where it is called, in a copy of it in another
+module, and (opt-in, ``match_anywhere=True``) where the same computation is written inline, with
+each call's own eps read from the graph. A kernel that fails on a match's shapes is never installed."""
 
 import expecttest
 import torch
 from compile_kernels import EPS_SEEN, fast_scaled_rms
-from user_ops.blocks import TwoNorms
+from user_ops.blocks import BiasAdd, CopyThenCall, TwoNorms
 
 import twinkle_fx
 from twinkle_fx.function import register_function_kernel
@@ -18,7 +19,7 @@ def _register(**kwargs):
 
 class TestUserFunction(expecttest.TestCase):
     def test_both_sites_swapped_with_their_own_eps(self):
-        _register(mode="compile")
+        _register(mode="compile", match_anywhere=True)
         torch.manual_seed(0)
         model = TwoNorms().eval()
         x = torch.randn(2, 3, 8)
@@ -68,6 +69,24 @@ class <lambda>(torch.nn.Module):
         return (scaled_rms_1,)
 """)
 
+    def test_by_default_only_calls_and_copies_are_swapped(self):
+        _register(mode="compile")
+        with torch.no_grad():
+            report = twinkle_fx.explain(TwoNorms().eval(), torch.randn(2, 3, 8))
+        # the inline computation in TwoNorms.forward is no call: not even a candidate
+        self.assertEqual([(r.swapped, r.match) for r in report.regions], [(True, "call")])
+        EPS_SEEN.clear()
+        torch.manual_seed(0)
+        model = CopyThenCall().eval()
+        x = torch.randn(2, 3, 8)
+        with torch.no_grad():
+            report = twinkle_fx.explain(model, x)
+            got = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(x)
+            torch.testing.assert_close(got, model(x))
+        self.assertEqual(sorted((r.match, r.swapped) for r in report.regions), [("call", True), ("copy", True)])
+        self.assertIn("matched a copy", report.summary())
+        self.assertEqual(sorted(set(EPS_SEEN)), [1e-6, 1e-4])
+
     def test_inference_only_kernel_is_not_used_for_training(self):
         _register(mode="train+compile")
         model = TwoNorms()
@@ -97,3 +116,47 @@ class TestConstantGuard(expecttest.TestCase):
         self.assertExpectedInline(lines, """\
 False matches the pattern of user_ops.norms.rolled structurally but computes something else on these shapes/constants
 True None""")
+
+
+def _strict_add(x, y):
+    """A kernel without broadcasting, like many hand-written elementwise kernels."""
+    if x.shape != y.shape:
+        raise ValueError(f"strict_add: shapes {list(x.shape)} and {list(y.shape)} differ")
+    return x + y
+
+
+def _strict_add_opaque(x, y):
+    return _strict_add(x, y)
+
+
+_strict_add.can_torch_compile = True
+
+
+class TestFailingKernelIsNeverInstalled(expecttest.TestCase):
+    def _check(self, kernel):
+        register_function_kernel(func_name="add", target_module="user_ops.norms", func_impl=kernel, device="cpu",
+                                 match_anywhere=True)
+        torch.manual_seed(0)
+        model = BiasAdd()
+        x = torch.randn(2, 3, 8)
+        with torch.no_grad():
+            report = twinkle_fx.explain(model, x)
+            got = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(x)
+            torch.testing.assert_close(got, model(x))  # the compiled model runs where eager runs
+        outcome = sorted((r.match, r.swapped, (r.reason or "").split(":")[0]) for r in report.regions)
+        self.assertEqual(outcome, [("call", True, ""), ("computation", False, "the kernel fails on " + self.trial)])
+        self.assertIn("strict_add: shapes [2, 3, 8] and [8] differ", next(r.reason for r in report.not_swapped))
+
+    def test_traceable_kernel_failing_on_fake_inputs(self):
+        self.trial = "fake tensors of the region's shapes"
+        self._check(_strict_add)
+
+    def test_opaque_kernel_failing_on_the_matched_shapes(self):
+        self.trial = "random inputs of the region's shapes"
+        self._check(_strict_add_opaque)
+
+    def test_a_one_op_function_does_not_take_every_add_by_default(self):
+        register_function_kernel(func_name="add", target_module="user_ops.norms", func_impl=_strict_add, device="cpu")
+        with torch.no_grad():
+            report = twinkle_fx.explain(BiasAdd(), torch.randn(2, 3, 8))
+        self.assertEqual([(r.match, r.swapped) for r in report.regions], [("call", True)])

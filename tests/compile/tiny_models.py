@@ -11,9 +11,7 @@ import twinkle_triton
 from twinkle_fx import register_external_layer, register_layer_kernel
 from twinkle_fx.function import register_function_kernel
 
-# The tiny-model tests run on the GPU when there is one (the Triton kernels natively), else on CPU
-# through the Triton interpreter.
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from device_under_test import DEVICE  # the GPU when there is one, else the CPU through the interpreter
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=128, max_position_embeddings=64)

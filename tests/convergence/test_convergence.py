@@ -21,7 +21,10 @@ import transformers
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
 from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.compile import collect_reports
 from twinkle_fx.testing import record_graphs
+
+from device_under_test import DEVICE, INTERPRETED
 
 FAMILIES = ("qwen2", "llama")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -62,11 +65,11 @@ def _tiny(family: str, dtype: torch.dtype) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(family, **TINY)
     config._attn_implementation = "eager"
-    return transformers.AutoModelForCausalLM.from_config(config).to(dtype).train()
+    return transformers.AutoModelForCausalLM.from_config(config).to(device=DEVICE, dtype=dtype).train()
 
 
 def _tokens(seed: int) -> torch.Tensor:
-    return torch.randint(0, TINY["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, TINY["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
 
 TRAIN_IDS, EVAL_IDS = _tokens(1), _tokens(2)
@@ -136,8 +139,8 @@ def _assert_same_trajectory(family, dtype, model, losses, logprobs):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_eager_kernels_follow_the_reference_trajectory(family, dtype):
     model = _tiny(family, dtype)
-    use_builtin_kernels(devices=("cpu",), models=(family,))
-    twinkle_fx.kernelize_model(model, mode="train", device="cpu", use_fallback=False)
+    use_builtin_kernels(devices=(DEVICE,), models=(family,))
+    twinkle_fx.kernelize_model(model, mode="train", device=DEVICE, use_fallback=False)
     # 5 RMSNorms, 2 MLPs and the causal-LM head with the fused loss
     assert sum(swapped_forward(m) is not None for m in model.modules()) == 8
 
@@ -149,10 +152,17 @@ def test_eager_kernels_follow_the_reference_trajectory(family, dtype):
 def test_compiled_kernels_follow_the_reference_trajectory(family):
     dtype = torch.float32
     model = _tiny(family, dtype)
-    use_builtin_kernels(devices=("cpu",), models=(family,))
+    use_builtin_kernels(devices=(DEVICE,), models=(family,))
     compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
-    with record_graphs() as graphs:
+    with record_graphs() as graphs, collect_reports() as report:
         losses = _train(model, compiled)
+    swapped = [r.target.split(" -> ")[-1].rsplit(".", 1)[-1] for r in report.graphs[0].regions if r.swapped]
+    assert {t: swapped.count(t) for t in set(swapped)} == {"RMSNorm": 5, "SwiGLUMLP": 2, "apply_rotary_pos_emb": 2}
+    if not INTERPRETED:
+        # on a GPU the ops are triton_op: AOTAutograd inlines their Triton launches, no op names are left
+        assert all("triton_kernel_wrapper_functional" in code for code in graphs.forward + graphs.backward)
+        _assert_same_trajectory(family, dtype, model, losses, _eval_logprobs(model, compiled))
+        return
     kernel_calls = [line for code in graphs.forward + graphs.backward for line in code.splitlines()
                     if "torch.ops.twinkle." in line]
     # 5 RMSNorms, 2 MLPs, 2 rotary calls, forward and backward. (The CausalLMFusedLoss binding of the

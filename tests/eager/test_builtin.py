@@ -16,15 +16,15 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("family", list(BUILTIN_MODELS))
-def test_builtin_kernels_match_the_model_in_training(family):
-    use_builtin_kernels(devices=("cpu",), models=(family,))
+@pytest.mark.parametrize("family", list(CONFIGS))  # the other families: tests/families
+def test_builtin_kernels_match_the_model_in_training(family, device):
+    use_builtin_kernels(devices=(device,), models=(family,))
     torch.manual_seed(0)
     config = CONFIGS[family](hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, head_dim=16)
     config._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    input_ids = torch.randint(0, 128, (2, 9))
+    model = transformers.AutoModelForCausalLM.from_config(config).to(device)
+    input_ids = torch.randint(0, 128, (2, 9), device=device)
     ref = model(input_ids, labels=input_ids)
     ref.loss.backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}

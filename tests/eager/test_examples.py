@@ -45,7 +45,9 @@ def test_register_config_example(offline_hub):
 def test_cache_builder_example(tmp_path, script):
     done = subprocess.run([sys.executable, str(EXAMPLES / script), str(tmp_path / "hf")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "hf" / "hub" / "kernels--kernels-community--activation" / "refs" / "main").is_file()
+    for repo in ("kernels--kernels-community--activation", "kernels--kernels-community--linear"):
+        assert (tmp_path / "hf" / "hub" / repo / "refs" / "main").is_file()
+    assert (tmp_path / "hf" / "hub" / "kernels--kernels-community--activation" / "refs" / "layers").is_file()
 
 
 def test_demo(offline_hub):

@@ -27,15 +27,18 @@ def _step(model, input_ids):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernelized_qwen2_matches_logits_and_grads_then_undo_is_bit_identical(local_repo, dtype):
+def test_kernelized_qwen2_matches_logits_and_grads_then_undo_is_bit_identical(local_repo, dtype, device):
     register_layer_kernel(kernel_name="MyAwesomeMLP", repo_path=local_repo, package_name="my_kernels",
-                          layer_name="Qwen2MLPTrainingKernel", device="cpu", mode="train")
+                          layer_name="Qwen2MLPTrainingKernel", device=device, mode="train")
     register_layer_kernel(kernel_name="RMSNorm", repo_path=local_repo, package_name="my_kernels",
-                          layer_name="RMSNormKernel", device="cpu", mode="train")
-    register_external_layer(Qwen2MLP, "MyAwesomeMLP")  # Qwen2RMSNorm binds itself: kernel_layer_name = "RMSNorm"
+                          layer_name="RMSNormKernel", device=device, mode="train")
+    register_external_layer(Qwen2MLP, "MyAwesomeMLP")
+    # transformers tags Qwen2RMSNorm with kernel_layer_name="RMSNorm" only with some versions of the
+    # `kernels` integration (not 5.17's): bind it explicitly so every machine swaps the same layers
+    register_external_layer(Qwen2RMSNorm, "RMSNorm")
 
-    model = _tiny_qwen2(dtype)
-    input_ids = torch.randint(0, 128, (2, 11))
+    model = _tiny_qwen2(dtype).to(device)
+    input_ids = torch.randint(0, 128, (2, 11), device=device)
     ref_logits, ref_grads = _step(model, input_ids)
 
     kernelize_model(model, mode="train", use_fallback=False)

@@ -87,16 +87,16 @@ def test_function_verification():
     assert not report["my_pkg.math_ops.add"].passed and report["my_pkg.math_ops.mul"].passed
 
 
-def test_builtin_kernels_pass_verification_in_training():
+def test_builtin_kernels_pass_verification_in_training(device):
     import transformers
 
-    use_builtin_kernels(devices=("cpu",), models=("qwen2",), fused_loss=False)
+    use_builtin_kernels(devices=(device,), models=("qwen2",), fused_loss=False)
     torch.manual_seed(0)
     config = transformers.Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
-    model = transformers.Qwen2ForCausalLM(config)
+    model = transformers.Qwen2ForCausalLM(config).to(device)
     kernelize_model(model, mode="train", verify=True, use_fallback=False)
-    ids = torch.randint(0, 128, (2, 7))
+    ids = torch.randint(0, 128, (2, 7), device=device)
     model(ids, labels=ids).loss.backward()
     report = verification_report(model)
     kinds = {(v.target.split(" -> ")[0].split(" (")[-1].rstrip(")"), v.what) for v in report}

@@ -7,7 +7,7 @@ kernels are compiled by Triton for real instead of interpreted.
 import pytest
 import torch
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from device_under_test import DEVICE
 
 
 @pytest.fixture(autouse=True)

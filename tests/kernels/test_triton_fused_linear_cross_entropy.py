@@ -1,4 +1,7 @@
-"""fused_linear_cross_entropy == F.cross_entropy(F.linear(x, W, b).float(), target), chunked."""
+"""fused_linear_cross_entropy == F.cross_entropy(F.linear(x, W, b).float(), target), both strategies."""
+
+import importlib.util
+import sys
 
 import pytest
 import torch
@@ -7,7 +10,19 @@ from kernel_test_utils import DTYPES, assert_close, check_forward_backward
 import twinkle_triton as tt
 from twinkle_triton.fused_linear_cross_entropy import default_chunk_size
 
+flce = sys.modules["twinkle_triton.fused_linear_cross_entropy"]
+
 VOCAB = 123  # not a multiple of any block size
+# 16-wide tiles: the small test shapes then span several token tiles, vocab tiles, vocab ranges
+# and gradient column blocks (partial ones included), so the merge of ranges and the locked adds run.
+SMALL_TILES = ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2, "SPLITS_PER_SM": 2},
+               {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_D": 16, "num_warps": 4, "num_stages": 2})
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(flce, "TILED_FORWARD", SMALL_TILES[0])
+    monkeypatch.setattr(flce, "TILED_BACKWARD", SMALL_TILES[1])
 
 
 def _inputs(lead, hidden, dtype, bias, ignore_every=3):
@@ -18,12 +33,14 @@ def _inputs(lead, hidden, dtype, bias, ignore_every=3):
     return x, weight, target, (torch.randn(VOCAB, dtype=dtype) if bias else None)
 
 
-def _check(x, weight, target, bias, dtype, reduction="mean", chunk_size=4, what="flce"):
+def _check(x, weight, target, bias, dtype, reduction="mean", chunk_size=4, what="flce", **options):
+    """chunk_size=None: the tiled strategy (with ``options``)."""
     def ours(x, weight, bias):
-        return tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, chunk_size=chunk_size)
+        return tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, chunk_size=chunk_size,
+                                             **options)
 
     def reference(x, weight, bias):
-        return tt.fused_linear_cross_entropy_reference(x, weight, target, bias, reduction=reduction)
+        return tt.fused_linear_cross_entropy_reference(x, weight, target, bias, reduction=reduction, **options)
 
     check_forward_backward(ours, lambda x, w, b: reference(x, w, b).to(ours(x, w, b).dtype), (x, weight, bias),
                            dtype, what)
@@ -35,6 +52,77 @@ def _check(x, weight, target, bias, dtype, reduction="mean", chunk_size=4, what=
 def test_matches_reference(lead, reduction, dtype):
     x, weight, target, _ = _inputs(lead, 32, dtype, bias=False)
     _check(x, weight, target, None, dtype, reduction, what=f"flce {reduction}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_tiled_matches_reference(reduction, dtype, small_tiles):
+    x, weight, target, bias = _inputs((3, 13), 40, dtype, bias=True)  # hidden 40: a partial 16-column block
+    _check(x, weight, target, bias, dtype, reduction, chunk_size=None, what=f"tiled {reduction}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("options", [{"label_smoothing": 0.1}, {"z_loss": 1e-2}, {"softcap": 2.0},
+                                     {"label_smoothing": 0.2, "z_loss": 1e-3, "softcap": 5.0}],
+                         ids=["smoothing", "z_loss", "softcap", "all"])
+def test_tiled_options_match_reference(options, dtype, small_tiles):
+    x, weight, target, bias = _inputs((29,), 24, dtype, bias=True)
+    _check(x, weight, target, bias, dtype, "mean", chunk_size=None, what=f"tiled {options}", **options)
+    _check(x, weight, target, None, dtype, "none", chunk_size=None, what=f"tiled none {options}", **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_exact_and_fp32_accumulation_match_reference(dtype, small_tiles):
+    x, weight, target, bias = _inputs((37,), 40, dtype, bias=True)
+    _check(x, weight, target, bias, dtype, chunk_size=None, what="exact", filter_eps=None)
+    _check(x, weight, target, bias, dtype, chunk_size=None, what="fp32 accumulation", fp32_accumulation=True)
+
+
+def test_tiled_filter_skips_only_tiles_without_large_gradients(small_tiles):
+    """filter_eps drops a tile's gradient products only when every entry is below it: with a
+    threshold between the tiny softmax entries and the -1 of the targets, exactly the vocab tiles
+    that hold no target get no weight gradient; the loss never changes."""
+    x = torch.randn(32, 16)
+    weight = torch.randn(256, 16) * 1e-3  # near-uniform softmax: entries ~1/256 = 0.004
+    target = torch.randint(0, 64, (32,))  # targets in the first 4 of 16 vocab tiles
+    x.requires_grad_()
+    weight.requires_grad_()
+    loss = tt.fused_linear_cross_entropy(x, weight, target, filter_eps=0.5)
+    loss.backward()
+    torch.testing.assert_close(loss, tt.fused_linear_cross_entropy_reference(x, weight, target))
+    assert not weight.grad[64:].any() and weight.grad[:64].abs().sum(1).gt(0).all()
+    exact = torch.autograd.grad(tt.fused_linear_cross_entropy(x, weight, target, filter_eps=None), weight)[0]
+    assert exact[64:].abs().sum(1).gt(0).all()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_tiled_all_targets_ignored_behaves_like_torch(reduction, small_tiles):
+    x, weight, target, bias = _inputs((6,), 16, torch.float32, bias=True, ignore_every=1)
+    args = [t.requires_grad_() for t in (x, weight, bias)]
+    loss = tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction)
+    want = tt.fused_linear_cross_entropy_reference(x, weight, target, bias, reduction=reduction)
+    torch.testing.assert_close(loss, want, equal_nan=True)
+    grads = torch.autograd.grad(loss.sum(), args)
+    assert not any(g.any() for g in grads)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cut_cross_entropy") is None or not torch.cuda.is_available(),
+                    reason="needs cut-cross-entropy and a GPU (its kernels do not run under the interpreter)")
+def test_tiled_agrees_with_cut_cross_entropy():
+    """Same loss and gradients as Apple's Cut Cross-Entropy (``linear_cross_entropy``, its default
+    filtering) at an LLM-like shape in bf16, within bf16 tolerance of each other and of fp32."""
+    from cut_cross_entropy import linear_cross_entropy
+
+    x = torch.randn(512, 256).bfloat16().requires_grad_()
+    weight = (torch.randn(32000, 256) * 0.02).bfloat16().requires_grad_()
+    target = torch.randint(0, 32000, (512,))
+    target[::7] = -100
+    ours = tt.fused_linear_cross_entropy(x, weight, target)
+    cce = linear_cross_entropy(x, weight, target)
+    torch.testing.assert_close(ours, cce.float(), rtol=1e-3, atol=1e-3)
+    for g_ours, g_cce in zip(torch.autograd.grad(ours, (x, weight)), torch.autograd.grad(cce, (x, weight))):
+        rel = (g_ours.float() - g_cce.float()).norm() / g_cce.float().norm()
+        assert rel < 2e-2, rel
 
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])
@@ -128,7 +216,14 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.twinkle.fused_linear_cross_entropy.default, args)
 
 
-def _compiled_matches_reference(backend):
+def test_opcheck_tiled(small_tiles):
+    x, weight, target, bias = _inputs((21,), 24, torch.float32, bias=True)
+    args = (x.requires_grad_(), weight.requires_grad_(), target, bias.requires_grad_(), -100, 0.1, 1e-3, 0.0,
+            1e-6, False)
+    torch.library.opcheck(torch.ops.twinkle.fused_linear_cross_entropy_tiled.default, args)
+
+
+def _compiled_matches_reference(backend, **options):
     x, weight, target, bias = _inputs((2, 6), 16, torch.float32, bias=True)
     target[0, :4] = -100
 
@@ -137,7 +232,7 @@ def _compiled_matches_reference(backend):
 
     args = [t.requires_grad_() for t in (x, weight, bias)]
     compiled = torch.compile(loss_fn, backend=backend, fullgraph=True)
-    got = compiled(lambda *a, **k: tt.fused_linear_cross_entropy(*a, **k, chunk_size=5), *args)
+    got = compiled(lambda *a, **k: tt.fused_linear_cross_entropy(*a, **k, **(options or {"chunk_size": 5})), *args)
     want = loss_fn(tt.fused_linear_cross_entropy_reference, *args)
     assert_close(got, want, torch.float32, f"{backend} loss")
     for g, w in zip(torch.autograd.grad(got, args), torch.autograd.grad(want, args)):
@@ -149,14 +244,35 @@ def test_compiled_with_aot_eager_and_ignored_labels_matches_reference():
     _compiled_matches_reference("aot_eager")
 
 
+def test_tiled_compiled_with_aot_eager_matches_reference(small_tiles):
+    _compiled_matches_reference("aot_eager", strategy="tiled")
+
+
+def test_tiled_non_contiguous_x_and_weight(small_tiles):
+    x = torch.randn(16, 10).t()
+    weight = torch.randn(16, 2 * VOCAB).t()[::2]
+    target = torch.randint(0, VOCAB, (10,))
+    _check(x, weight, target, None, torch.float32, chunk_size=None, what="tiled strided")
+
+
 def test_compiled_with_inductor_and_ignored_labels_matches_reference():
     _compiled_matches_reference("inductor")
 
 
 def test_rejects_bad_inputs_with_a_useful_message():
     x, weight, target, _ = _inputs((5,), 16, torch.float32, bias=False)
-    with pytest.raises(ValueError, match="reduction='none'"):
-        tt.fused_linear_cross_entropy(x, weight, target, reduction="none")
+    with pytest.raises(ValueError, match="reduction='none'.*strategy='tiled'"):
+        tt.fused_linear_cross_entropy(x, weight, target, reduction="none", chunk_size=4)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        tt.fused_linear_cross_entropy(x, weight, target, strategy="chunked", label_smoothing=0.1)
+    with pytest.raises(ValueError, match="reduction='avg'"):
+        tt.fused_linear_cross_entropy(x, weight, target, reduction="avg")
+    with pytest.raises(ValueError, match="strategy='fast'"):
+        tt.fused_linear_cross_entropy(x, weight, target, strategy="fast")
+    with pytest.raises(ValueError, match="softcap"):
+        tt.fused_linear_cross_entropy(x, weight, target, softcap=-1.0)
+    with pytest.raises(ValueError, match="filter_eps"):
+        tt.fused_linear_cross_entropy(x, weight, target, filter_eps="fast")
     with pytest.raises(ValueError, match="target"):
         tt.fused_linear_cross_entropy(x, weight, target[:3])
     with pytest.raises(ValueError, match="dtypes"):

@@ -7,7 +7,8 @@ one run cannot leak into each other whatever their order.
 =================  ==========================================================================
 eager              the model as built
 inductor           ``torch.compile(model)``
-twinkle            ``torch.compile(model, backend="twinkle")`` with the built-in kernels registered
+twinkle            ``twinkle_fx.compile(model)`` with the built-in kernels registered: the fused-loss
+                   head on the compiled module, then ``torch.compile(model, backend="twinkle")``
 kernelize+twinkle  ``kernelize_model(model, mode="train+compile")`` (fused-loss head), then twinkle
 kernelize          ``twinkle_fx.kernelize_model(model, mode="train")`` with the built-in kernels
 liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(model=model)``
@@ -117,22 +118,25 @@ def _twinkle(kernelize_first: bool):
         # the entry point pyproject declares for backend="twinkle"; checked first so a missing compile
         # package reads as such instead of torch's "unknown backend"
         _import_piece("twinkle_fx.compile.backend", 'torch.compile backend "twinkle" (twinkle_fx.compile)')
+        import twinkle_fx
         from twinkle_fx import kernelize_model, undo_kernelize
         from twinkle_fx.compile import collect_reports
 
         # the registry scope stays open for the whole run: Dynamo compiles at the first call
         with _builtin_kernels(family, device) as bound, collect_reports() as report:
             if kernelize_first:
-                # the compiled root module is no graph region: its fused-loss head comes from the eager swap
+                # every registered layer swapped eagerly, the fused-loss head included, then the backend
                 kernelize_model(model, mode="train+compile", device=device)
-            prepared = Prepared(torch.compile(model, backend="twinkle"), {"builtin_kernels": bound})
+                compiled = torch.compile(model, backend="twinkle")
+            else:
+                compiled = twinkle_fx.compile(model, device=device)  # the one call users are shown
+            prepared = Prepared(compiled, {"builtin_kernels": bound})
             try:
                 yield prepared
             finally:
                 prepared.notes.update(_compile_notes(report))
-                if kernelize_first:
-                    prepared.notes.update(_swap_notes(model))
-                    undo_kernelize(model)
+                prepared.notes.update(_swap_notes(model))
+                undo_kernelize(model)
 
     return prepare
 
@@ -200,7 +204,8 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("eager", "the transformers model as built", _eager),
         Backend("inductor", "torch.compile(model)", _inductor),
-        Backend("twinkle", 'torch.compile(model, backend="twinkle"), built-in kernels', _twinkle(False)),
+        Backend("twinkle", "twinkle_fx.compile(model): fused-loss head + backend=\"twinkle\", built-in kernels",
+                _twinkle(False)),
         Backend("kernelize+twinkle", 'kernelize_model(model, mode="train+compile"), then backend="twinkle"',
                 _twinkle(True)),
         Backend("kernelize", 'kernelize_model(model, mode="train"), built-in kernels', _kernelize),

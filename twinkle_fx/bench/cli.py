@@ -5,8 +5,10 @@ Examples::
     twinkle-fx bench                                   # qwen2 reference workload, all backends
     twinkle-fx bench --model llama --backends eager,inductor,twinkle --out results/
     twinkle-fx bench --micro --out results/            # kernel microbenchmarks
-    twinkle-fx bench --tiny --backends eager,kernelize # CPU smoke test, seconds
+    twinkle-fx bench --tiny                            # CPU smoke test: eager and kernelize, ~20 s
+    twinkle-fx bench --tiny --backends eager,twinkle   # + a compiled backend: about a minute more each
     twinkle-fx bench --plot results/bench-qwen2.json   # table + PNG again from a saved run
+    twinkle-fx bench --tiny --profile prof/            # + prof/<backend>/profile_trace.json, profile_report.txt
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .._cli import CommandError, StepProgress, checked_device, non_negative_int, positive_int
 from ..settings import use_triton_interpreter
 
 __all__ = ["add_parser", "run"]
@@ -25,7 +28,11 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _MODEL_DEFAULTS = {"batch": (4, 2), "seq": (1024, 32), "dtype": ("bf16", "fp32"), "steps": (20, 2), "warmup": (3, 1)}
 _MICRO_DEFAULTS = {"dtype": ("bf16", "fp32"), "steps": (50, 2), "warmup": (5, 1)}
 _MODEL_BACKENDS = "eager,inductor,twinkle,kernelize+twinkle,kernelize,liger,liger+inductor"
-_MICRO_BACKENDS = "eager,inductor,twinkle,liger"
+# --tiny: the backends that run in seconds on a CPU. Measured on the 2-core CI machine (busy):
+# eager + kernelize 20.5 s in all; each compiled backend adds ~40-60 s of Inductor compilation
+# (twinkle alone: 57 s), so the full list took 3.5 minutes.
+_TINY_MODEL_BACKENDS = "eager,kernelize"
+_MICRO_BACKENDS = "eager,inductor,twinkle,liger,cce"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -43,22 +50,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--model", default="qwen2", help="workload: qwen2 (default, Qwen2-0.5B shape), qwen3, "
                                                           "llama, mistral")
     parser.add_argument("--backends", help=f"comma-separated; default {_MODEL_BACKENDS} "
-                                           f"(--micro: {_MICRO_BACKENDS})")
-    parser.add_argument("--batch", type=int, help="sequences per step (default 4; --tiny 2)")
-    parser.add_argument("--seq", type=int, help="tokens per sequence (default 1024; --tiny 32)")
+                                           f"(--tiny: {_TINY_MODEL_BACKENDS}; --micro: {_MICRO_BACKENDS})")
+    parser.add_argument("--batch", type=positive_int, help="sequences per step (default 4; --tiny 2)")
+    parser.add_argument("--seq", type=positive_int, help="tokens per sequence (default 1024; --tiny 32)")
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default bf16 (--tiny fp32)")
-    parser.add_argument("--steps", type=int, help="timed steps (default 20; --micro: timed calls, default 50; "
-                                                  "--tiny 2)")
-    parser.add_argument("--warmup", type=int, help="untimed steps after the first (default 3; --micro 5; --tiny 1)")
+    parser.add_argument("--steps", type=positive_int, help="timed steps (default 20; --micro: timed calls, default "
+                                                           "50; --tiny 2)")
+    parser.add_argument("--warmup", type=non_negative_int,
+                        help="untimed steps after the first (default 3; --micro 5; --tiny 1)")
     parser.add_argument("--micro", action="store_true", help="kernel microbenchmarks instead of the model")
     parser.add_argument("--ops", help="--micro: comma-separated subset of the ops (default all)")
     parser.add_argument("--out", type=Path, help="directory for the JSON result and the PNG chart")
     parser.add_argument("--tiny", action="store_true",
-                        help="a tiny config on the CPU through the Triton interpreter: the same code path in seconds")
+                        help="a tiny config on the CPU through the Triton interpreter, the same code path: ~20 s "
+                             "with the default eager,kernelize on a 2-core CPU; each compiled backend (inductor, "
+                             "twinkle, ...) adds about a minute of Inductor compilation")
     parser.add_argument("--device", help="default cuda when available (--tiny: cpu)")
+    parser.add_argument("--force", action="store_true",
+                        help="run the full-size workload even on a CPU (through the Triton interpreter: hours)")
     parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
     parser.add_argument("--loss-rtol", type=float,
                         help="first-step loss agreement with eager, relative (default 1e-2 bf16/fp16, 1e-4 fp32)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="profile a few more steps of each backend: DIR/<backend>/profile_trace.json (Chrome "
+                             "trace) and profile_report.txt (top kernels, host vs device time, launches per step)")
     parser.add_argument("--plot", type=Path, metavar="JSON",
                         help="print the table and write the PNG of a saved result (next to it, or in --out)")
     parser.set_defaults(run=run)
@@ -67,6 +82,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _load_saved(path: Path):
+    from .results import BenchResult
+
+    if not path.is_file():
+        raise CommandError(f"--plot {path}: no such file (a JSON written by `twinkle-fx bench --out DIR`)")
+    try:
+        return BenchResult.load(path)
+    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise CommandError(f"--plot {path}: not a twinkle-fx bench result ({type(e).__name__}: {e})") from None
 
 
 def _default(args: argparse.Namespace, name: str, table: dict) -> object:
@@ -81,31 +107,36 @@ def run(args: argparse.Namespace) -> int:
     from .backends import BACKENDS, parse_backends
     from .environment import resolve_device
     from .report import format_table, plot, write_outputs
-    from .results import BenchResult
 
     if args.plot is not None:
-        result = BenchResult.load(args.plot)
+        result = _load_saved(args.plot)
         print(format_table(result))
         png = (args.out or args.plot.parent) / (args.plot.stem + ".png")
         png.parent.mkdir(parents=True, exist_ok=True)
         print(f"\nwrote {png}" if plot(result, png) else "\nmatplotlib is not installed: no PNG")
         return 0
 
-    device = resolve_device(args.device, tiny=args.tiny)
+    device = resolve_device(None if args.device is None else str(checked_device(args.device)), tiny=args.tiny)
+    if device.type == "cpu" and not args.tiny and not args.force:
+        what = "kernel microbenchmarks (LLM-size tensors)" if args.micro else f"{args.model} training step (full size)"
+        raise CommandError(f"a full-size benchmark on the CPU ({what} through the Triton interpreter) takes hours; "
+                           "use --tiny for the CPU smoke test, a GPU (--device cuda), or --force to run it anyway")
     if device.type == "cpu":
         use_triton_interpreter(command="twinkle-fx bench")
     if args.tiny:
         # tiny ops gain nothing from intra-op threads, and on a busy 2-core machine their OpenMP
         # barriers made an eager step 300x slower (2 ms -> 700 ms) while another process compiled
         torch.set_num_threads(1)
+    if args.micro and args.profile is not None:
+        raise SystemExit("twinkle-fx bench: --profile profiles the model benchmark's backends; leave out --micro "
+                         "(or profile one kernel with torch.profiler, see README 'For kernel authors')")
     if args.micro:
         from .micro import MICRO_CASES, MICRO_IMPLS, MicroBenchOptions, run_micro_bench
 
         ops = [] if not args.ops else [op.strip() for op in args.ops.split(",") if op.strip()]
         unknown = sorted(set(ops) - {c.op for c in MICRO_CASES})
         if unknown:
-            raise SystemExit(f"twinkle-fx bench: unknown op(s) {', '.join(unknown)}; "
-                             f"valid: {', '.join(c.op for c in MICRO_CASES)}")
+            raise CommandError(f"unknown op(s) {', '.join(unknown)}; valid: {', '.join(c.op for c in MICRO_CASES)}")
         options = MicroBenchOptions(
             impls=_parse(parse_backends, args.backends or _MICRO_BACKENDS, dict.fromkeys(MICRO_IMPLS)),
             dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MICRO_DEFAULTS)]),
@@ -120,13 +151,14 @@ def run(args: argparse.Namespace) -> int:
         _parse(get_workload, args.model)
         options = ModelBenchOptions(
             model=args.model,
-            backends=_parse(parse_backends, args.backends or _MODEL_BACKENDS, BACKENDS),
+            backends=_parse(parse_backends, args.backends or (_TINY_MODEL_BACKENDS if args.tiny else _MODEL_BACKENDS),
+                            BACKENDS),
             batch=_default(args, "batch", _MODEL_DEFAULTS), seq=_default(args, "seq", _MODEL_DEFAULTS),
             dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
             steps=_default(args, "steps", _MODEL_DEFAULTS), warmup=_default(args, "warmup", _MODEL_DEFAULTS),
-            device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol,
+            device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol, profile_dir=args.profile,
         )
-        result, stem = run_model_bench(options, progress=_progress), f"bench-{args.model}"
+        result, stem = run_model_bench(options, progress=_progress, step_progress=StepProgress), f"bench-{args.model}"
 
     print()
     print(format_table(result))
@@ -143,4 +175,4 @@ def _parse(parse, *args):
     try:
         return parse(*args)
     except ValueError as e:
-        raise SystemExit(f"twinkle-fx bench: {e}") from None
+        raise CommandError(str(e)) from None

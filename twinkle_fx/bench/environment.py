@@ -4,6 +4,7 @@ ratio means nothing without them)."""
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -13,7 +14,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["describe_environment", "resolve_device"]
+import twinkle_fx
+
+__all__ = ["describe_environment", "describe_source", "resolve_device"]
 
 _PACKAGES = ("torch", "triton", "transformers", "liger-kernel", "kernels", "twinkle_fx")
 
@@ -34,14 +37,42 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[2]
+COMMIT_ENV = "TWINKLE_FX_COMMIT"
+
+
+def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10, check=True)
+        out = subprocess.run(["git", "-C", str(_ROOT), *args], capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip()
+
+
+def _source_digest() -> str:
+    """sha256 (first 12 hex) of the twinkle_fx and twinkle_triton sources that ran: identifies the code
+    where there is no git checkout (a wheel, or a tree copied to a GPU machine without .git)."""
+    import twinkle_triton
+
+    digest = hashlib.sha256()
+    for package in (Path(__file__).resolve().parents[1], Path(twinkle_triton.__file__).resolve().parent):
+        for path in sorted(package.rglob("*.py")):
+            digest.update(path.relative_to(package.parent).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def describe_source() -> dict[str, Any]:
+    """Which code ran: the git commit (and whether the tree had uncommitted changes), else
+    ``$TWINKLE_FX_COMMIT`` (set it when copying a tree without .git), plus a digest of the sources."""
+    commit = _git("rev-parse", "--short", "HEAD") or None
+    dirty = None
+    if commit is not None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = bool(status) if status is not None else None
+    else:
+        commit = os.environ.get(COMMIT_ENV) or None
+    return {"commit": commit, "commit_dirty": dirty, "source_sha256": _source_digest()}
 
 
 def describe_environment(device: torch.device) -> dict[str, Any]:
@@ -56,7 +87,8 @@ def describe_environment(device: torch.device) -> dict[str, Any]:
         "device_type": device.type,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "versions": {name: _version(name) for name in _PACKAGES} | {"python": platform.python_version(),
-                                                                   "cuda": torch.version.cuda},
-        "commit": _git_commit(),
+                                                                   "cuda": torch.version.cuda,
+                                                                   "twinkle_fx": twinkle_fx.__version__},
+        **describe_source(),
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
     }

@@ -1,6 +1,7 @@
 """Kernel microbenchmarks: every op of ``twinkle_triton`` at a realistic LLM shape, forward and
 forward + backward, next to its plain-PyTorch ``<op>_reference`` (eager), ``torch.compile`` of that
-reference (Inductor) and Liger where Liger has the op.
+reference (Inductor), Liger where Liger has the op, and Apple's Cut Cross-Entropy
+(``cut_cross_entropy.linear_cross_entropy``, its defaults) for the fused linear cross-entropy.
 
 Memory-bound ops report achieved GB/s, the minimum bytes the op must read and write divided by its
 time, as a fraction of a device-to-device copy (``Tensor.copy_`` of a 1 GiB buffer) measured in the
@@ -30,7 +31,7 @@ from .timing import GIB, DeviceClock, time_calls
 
 __all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
 
-MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger")
+MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger", "cce")
 
 # Relative L2 error (|a - b| / |b| over a whole output or gradient) allowed against the reference:
 # bf16 keeps 8 bits of mantissa (rounding 2^-9 ~ 2e-3 per element); fused kernels round fewer
@@ -137,6 +138,42 @@ def _mul_add(tiny: bool, device, dtype) -> CaseInputs:
     return CaseInputs(f"a, b, c {n} x {d}", (a, b, c), bytes_fwd=4 * n * d * e, bytes_bwd=5 * n * d * e)
 
 
+def _gelu_mul(tiny: bool, device, dtype) -> CaseInputs:
+    n, d = (64, 128) if tiny else (4096, 16384)  # Gemma-7B MLP: intermediate 24576; 16384 keeps it comparable
+    gate, up = _randn(n, d, device=device, dtype=dtype), _randn(n, d, device=device, dtype=dtype)
+    e = gate.element_size()
+    return CaseInputs(f"gate, up {n} x {d}, tanh GELU (Gemma)", (gate, up, "tanh"), bytes_fwd=3 * n * d * e,
+                      bytes_bwd=5 * n * d * e)
+
+
+def _rms_norm_fp32(tiny: bool, device, dtype) -> CaseInputs:
+    n, h = (64, 128) if tiny else (16384, 4096)
+    x = _randn(n, h, device=device, dtype=dtype)
+    weight = _randn(h, device=device, dtype=dtype, scale=0.1)
+    e = x.element_size()
+    return CaseInputs(f"x {n} x {h}, eps 1e-6, offset 1 (Gemma)", (x, weight, 1e-6, 1.0),
+                      bytes_fwd=2 * n * h * e + h * e, bytes_bwd=3 * n * h * e + 2 * h * e)
+
+
+def _layer_norm(tiny: bool, device, dtype) -> CaseInputs:
+    n, h = (64, 128) if tiny else (16384, 4096)
+    x = _randn(n, h, device=device, dtype=dtype)
+    weight = (1 + _randn(h, device=device, dtype=torch.float32, grad=False, scale=0.1)).to(dtype).requires_grad_()
+    e = x.element_size()
+    return CaseInputs(f"x {n} x {h}, no bias, eps 1e-5 (Cohere)", (x, weight, None, 1e-5),
+                      bytes_fwd=2 * n * h * e + h * e, bytes_bwd=3 * n * h * e + 2 * h * e)
+
+
+def _rotary_partial(tiny: bool, device, dtype) -> CaseInputs:
+    # Phi3-style partial rotary at the Llama-3-8B attention shape: half of each 128-wide head rotates
+    inputs = _rotary(tiny, device, dtype)
+    q, k, cos, sin = inputs.args
+    r = q.shape[-1] // 2
+    moved = inputs.bytes_fwd - cos.numel() * cos.element_size()  # cos and sin half as wide
+    return CaseInputs(inputs.shape.replace("cos/sin", "partial, cos/sin") + f"[..., :{r}]",
+                      (q, k, cos[..., :r].contiguous(), sin[..., :r].contiguous()), bytes_fwd=moved, bytes_bwd=moved)
+
+
 def _fused_linear_cross_entropy(tiny: bool, device, dtype) -> CaseInputs:
     # the LM head of the reference workload (Qwen2-0.5B): 4096 tokens, hidden 896, vocab 151936
     n, h, v = (64, 32, 256) if tiny else (4096, 896, 151936)
@@ -157,6 +194,10 @@ MICRO_CASES: tuple[MicroCase, ...] = (
     MicroCase("add_gelu", _add_gelu),
     MicroCase("mul_add", _mul_add),
     MicroCase("fused_linear_cross_entropy", _fused_linear_cross_entropy, liger="liger_fused_linear_cross_entropy"),
+    MicroCase("gelu_mul", _gelu_mul),
+    MicroCase("rms_norm_fp32", _rms_norm_fp32),
+    MicroCase("layer_norm", _layer_norm),
+    MicroCase("apply_rotary_pos_emb_partial", _rotary_partial),
 )
 
 PHASES = ("fwd", "fwd+bwd")
@@ -319,6 +360,13 @@ def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOpt
             fn = getattr(liger, case.liger, None)
             impls.append(_Impl(name, fn, inputs.liger_args or inputs.args, inputs.liger_grads,
                                error=None if fn else f"liger-kernel has no {case.liger}"))
+        elif name == "cce" and case.op == "fused_linear_cross_entropy":  # the only op Cut Cross-Entropy has
+            cce, cce_error = _import("cut_cross_entropy",
+                                     not_installed="cut-cross-entropy not installed (pip install cut-cross-entropy)")
+            # linear_cross_entropy(e, c, targets): ignore_index -100 and mean reduction by default, as ours
+            fn = getattr(cce, "linear_cross_entropy", None)
+            impls.append(_Impl(name, fn, inputs.args, error=cce_error if cce is None or fn else
+                               "cut_cross_entropy has no linear_cross_entropy"))
     return reference, impls
 
 

@@ -7,6 +7,8 @@ import gc
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,6 +20,8 @@ from .timing import GIB, DeviceClock, time_training_steps
 from .workloads import build_model, get_workload, make_batch
 
 __all__ = ["ModelBenchOptions", "run_model_bench"]
+
+StepProgressFactory = Callable[[int, str], Any]  # (total steps, label) -> object with tick() and close()
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class ModelBenchOptions:
     tiny: bool = False
     seed: int = 0
     loss_rtol: float | None = None  # None: by dtype (see report.LOSS_RTOL)
+    profile_dir: Path | None = None  # --profile: a trace and a report per backend under it (see .profile)
 
 
 def _training_step(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -55,19 +60,40 @@ def _gib(n: int | None) -> float | None:
 
 
 def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tensor, torch.Tensor],
-                 clock: DeviceClock, progress: Callable[[str], None]) -> ModelRow:
+                 clock: DeviceClock, progress: Callable[[str], None], step_progress: StepProgressFactory | None) -> ModelRow:
     """One backend, start to finish; every error becomes a row. Everything it allocated is
     unreachable when it returns, so the caller's cleanup can free it."""
     workload = get_workload(options.model)
     try:
         model = build_model(workload, tiny=options.tiny, dtype=options.dtype, device=options.device, seed=options.seed)
+        bar = None
+
+        def first_step(t) -> None:
+            nonlocal bar
+            progress(f"    first step {t.first_step_s:.2f} s, loss {t.first_loss:.5f}; timing ...")
+            if step_progress is not None:
+                bar = step_progress(options.warmup + options.steps, f"    {name}")
+
         with BACKENDS[name].prepare(model, workload.family, options.device) as prepared:
-            timing = time_training_steps(
-                _training_step(prepared.model, *batch), clock, warmup=options.warmup, steps=options.steps,
-                on_first_step=lambda t: progress(f"    first step {t.first_step_s:.2f} s, loss {t.first_loss:.5f}; "
-                                                 f"timing ..."),
-            )
+            try:
+                timing = time_training_steps(
+                    _training_step(prepared.model, *batch), clock, warmup=options.warmup, steps=options.steps,
+                    on_first_step=first_step, on_step=lambda: bar.tick() if bar is not None else None,
+                )
+            finally:
+                if bar is not None:
+                    bar.close()
+            profiled = None
+            if options.profile_dir is not None:
+                from .profile import profile_steps, summary_notes
+
+                profiled = summary_notes(profile_steps(
+                    _training_step(prepared.model, *batch), clock, options.profile_dir / name,
+                    steps=min(options.steps, 3), title=f"{name} ({options.model}, batch {options.batch} x {options.seq})"))
+                progress(f"    profile: {profiled['report']}")
         notes = prepared.notes  # complete only once the backend has exited (e.g. compile reports)
+        if profiled is not None:
+            notes = {**notes, "profile": profiled}
     except BackendUnavailable as e:
         return ModelRow(name, status="unavailable", error=str(e))
     except ModuleNotFoundError as e:
@@ -101,9 +127,14 @@ def free_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] = print) -> BenchResult:
+def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] = print,
+                    step_progress: StepProgressFactory | None = None) -> BenchResult:
     """Benchmark ``options.backends`` on ``options.model``; rows come back in the order asked, each
     compared with eager (loss) and with eager and Inductor (ratios).
+
+    ``progress`` gets one line per backend and event; ``step_progress(total, label)``, when given,
+    makes an object whose ``tick()`` runs after each warm-up and timed step and ``close()`` at the end
+    (the command line passes a tqdm bar).
 
     Example:
         >>> options = ModelBenchOptions(model="qwen2", backends=["eager", "kernelize"], batch=2, seq=32,
@@ -120,7 +151,7 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
     for index, name in enumerate(options.backends, 1):
         progress(f"[{index}/{total}] {name}: {BACKENDS[name].description}; fresh model, first step, "
                  f"{options.warmup} warm-up + {options.steps} timed steps ...")
-        row = _run_backend(name, options, batch, clock, progress)
+        row = _run_backend(name, options, batch, clock, progress, step_progress)
         free_device_memory(options.device)
         rows.append(row)
         progress(f"[{index}/{total}] {row}")

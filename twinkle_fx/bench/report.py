@@ -164,7 +164,10 @@ def _environment_line(result: BenchResult) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v and k in ("torch", "triton",
                                                                                          "transformers", "liger-kernel"))
     interp = " (Triton interpreter)" if env.get("triton_interpret") else ""
-    return f"{env['device']}{interp}; {versions}; {env['date']}; commit {env.get('commit') or '?'}"
+    commit = env.get("commit") or "?"
+    if env.get("commit_dirty"):
+        commit += " + uncommitted changes"
+    return f"{env['device']}{interp}; {versions}; {env['date']}; commit {commit}"
 
 
 def format_table(result: BenchResult) -> str:
@@ -215,18 +218,29 @@ def plot(result: BenchResult, path: Path) -> bool:
     return True
 
 
+def _headroom(ax, values: list[float | None], lines: int) -> None:
+    """Leave room above the tallest bar for its value label (``lines`` lines of 8-pt text), so labels
+    never reach the axes title."""
+    top = max((v for v in values if v is not None), default=0.0) or 1.0
+    ax.set_ylim(0, top * (1.12 + 0.09 * lines))
+
+
 def _bars(ax, labels: list[str], values: list[float | None], colors: list[str], fmt: str, wrong: list[bool],
           extra: list[str] | None = None) -> None:
     heights = [0.0 if v is None else v for v in values]
-    bars = ax.bar(labels, heights, color=colors, edgecolor=["red" if w else "none" for w in wrong], linewidth=2)
+    bars = ax.bar(range(len(labels)), heights, color=colors, edgecolor=["red" if w else "none" for w in wrong],
+                  linewidth=2)
+    lines = 1
     for i, (bar, value, is_wrong) in enumerate(zip(bars, values, wrong)):
         text = "n/a" if value is None else format(value, fmt) + (" WRONG" if is_wrong else "")
         if extra and extra[i]:
             text += "\n" + extra[i]
-        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(bottom=0)
-    ax.margins(y=0.15)
-    ax.tick_params(axis="x", labelrotation=20)
+        lines = max(lines, text.count("\n") + 1)
+        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), xytext=(0, 2),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    _headroom(ax, values, lines)
+    # rotated and anchored at their right end, long backend names ("kernelize+twinkle") never overlap
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", rotation_mode="anchor", fontsize=9)
 
 
 def _ratio_labels(rows: Sequence[ModelRow], key: str) -> list[str]:
@@ -238,60 +252,97 @@ def _ratio_labels(rows: Sequence[ModelRow], key: str) -> list[str]:
     return labels
 
 
+def _measured_on(result: BenchResult) -> str:
+    """The title's device part; an interpreter run says so, since its times measure the interpreter."""
+    env = result.environment
+    where = f"{env['device']}, torch {env['versions'].get('torch')}, {env['date']}"
+    if env.get("commit"):
+        where += f", commit {env['commit']}"
+    if env.get("triton_interpret"):
+        where = "TRITON INTERPRETER (CPU): times measure the interpreter, not the kernels - " + where
+    return where
+
+
 def _plot_model(plt, result: BenchResult):
     rows = result.rows
-    labels = [r.backend if r.status in _MEASURED else f"{r.backend}\n({r.status})" for r in rows]
+    labels = [r.backend if r.status in _MEASURED else f"{r.backend} ({r.status})" for r in rows]
     colors = [_COLORS.get(r.backend, "#c44e52") for r in rows]
     wrong = [r.status == "wrong" for r in rows]
-    fig, (ax_speed, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.5))
+    has_memory = any(r.peak_gib is not None for r in rows)  # no allocator statistics on the CPU: no panel
+    fig, axes = plt.subplots(1, 2 if has_memory else 1, figsize=(13, 5.5) if has_memory else (7.5, 5.5), squeeze=False)
+    ax_speed = axes[0][0]
     _bars(ax_speed, labels, [r.tokens_per_s for r in rows], colors, ",.0f", wrong, _ratio_labels(rows, "throughput"))
     ax_speed.set_ylabel("tokens / s (higher is better)")
-    ax_speed.set_title("training throughput")
-    _bars(ax_mem, labels, [r.peak_gib for r in rows], colors, ".2f", wrong, _ratio_labels(rows, "memory"))
-    ax_mem.set_ylabel("peak allocated GiB (lower is better)")
-    ax_mem.set_title("peak memory" + (" (n/a on CPU)" if result.environment.get("device_type") != "cuda" else ""))
-    w, env = result.workload, result.environment
-    fig.suptitle(f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']} {w['dtype']}, fwd+bwd - "
-                 f"{env['device']}, torch {env['versions'].get('torch')}, {env['date']}", fontsize=10)
+    ax_speed.set_title("training throughput", pad=8)
+    if has_memory:
+        ax_mem = axes[0][1]
+        _bars(ax_mem, labels, [r.peak_gib for r in rows], colors, ".2f", wrong, _ratio_labels(rows, "memory"))
+        ax_mem.set_ylabel("peak allocated GiB (lower is better)")
+        ax_mem.set_title("peak memory", pad=8)
+    w = result.workload
+    fig.suptitle(f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']} tokens, {w['dtype']}, "
+                 f"forward + backward\n{_measured_on(result)}", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def _plot_micro(plt, result: BenchResult):
     measured = [r for r in result.rows if r.status in _MEASURED and r.op != "copy"]
-    groups = list(dict.fromkeys((r.op, r.phase) for r in measured if r.copy_fraction is not None))
+    # against the copy roofline only where the device has one worth the name: the interpreter's
+    # "bandwidth" is Python's, and CPU rows reached 151% of a CPU copy; there, speed-up over eager
+    roofline = result.environment.get("device_type") == "cuda" and not result.environment.get("triton_interpret")
+    if roofline:
+        def value(r):
+            return None if r.copy_fraction is None else 100 * r.copy_fraction
+    else:
+        def value(r):
+            return r.vs_eager
+    groups = list(dict.fromkeys((r.op, r.phase) for r in measured if r.gbps is not None))
     impls = list(dict.fromkeys(r.impl for r in measured))
     flce = [r for r in measured if r.tflops is not None and r.phase == "fwd+bwd"]
-    width_in = max(8.0, 0.9 * len(groups)) + (6 if flce else 0)
-    fig, axes = plt.subplots(1, 3 if flce else 1, figsize=(width_in, 5.5),
-                             gridspec_kw={"width_ratios": [4, 1, 1]} if flce else None, squeeze=False)
+    show_memory = any(r.extra_gib is not None for r in flce)
+    side = (1 + show_memory) if flce else 0
+    width_in = max(9.0, 1.0 * len(groups)) + 3.2 * side
+    fig, axes = plt.subplots(1, 1 + side, figsize=(width_in, 7.5), squeeze=False,
+                             gridspec_kw={"width_ratios": [4] + [1] * side} if side else None)
     ax = axes[0][0]
     width = 0.8 / max(len(impls), 1)
+    tallest = 0.0
     for k, impl in enumerate(impls):
         xs, ys, edges = [], [], []
         for g, group in enumerate(groups):
             row = next((r for r in measured if (r.op, r.phase) == group and r.impl == impl), None)
-            if row is not None:
+            if row is not None and value(row) is not None:
                 xs.append(g + k * width)
-                ys.append(100 * row.copy_fraction)
+                ys.append(value(row))
                 edges.append("red" if row.status == "wrong" else "none")
+        tallest = max([tallest, *ys])
         ax.bar(xs, ys, width, label=impl, color=_COLORS.get(impl, "#c44e52"), edgecolor=edges, linewidth=2)
-    ax.axhline(100, color="black", linewidth=0.8, linestyle="--")
+    ax.axhline(100 if roofline else 1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylim(0, max(tallest, 100 if roofline else 1.0) * 1.12)
     ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], [f"{op} {phase}" for op, phase in groups],
-                  fontsize=8, rotation=35, ha="right")
-    ax.set_ylabel("% of device-to-device copy GB/s")
-    ax.set_title("memory-bound kernels: achieved bandwidth (higher is better)")
-    ax.legend(fontsize=8)
+                  fontsize=8, rotation=35, ha="right", rotation_mode="anchor")
+    # the shapes, one line per op, under the chart (in the tick labels they made them overlap)
+    shapes = dict.fromkeys(op for op, _ in groups)
+    ax.text(0.0, -0.42, "\n".join(f"{op}: {next(r.shape for r in measured if r.op == op)}" for op in shapes),
+            transform=ax.transAxes, fontsize=7, va="top", ha="left", family="monospace")
+    if roofline:
+        ax.set_ylabel("% of device-to-device copy GB/s (dashed: the copy)")
+        ax.set_title("memory-bound kernels: achieved bandwidth (higher is better)", pad=8)
+    else:
+        ax.set_ylabel("speed-up over eager (x; dashed: eager)")
+        ax.set_title("memory-bound kernels: speed-up over eager (no copy roofline off the GPU)", pad=8)
+    # outside the axes, so it never covers a bar
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="implementation", title_fontsize=8)
     if flce:
         labels = [r.impl for r in flce]
         colors = [_COLORS.get(r.impl, "#c44e52") for r in flce]
         wrong = [r.status == "wrong" for r in flce]
         _bars(axes[0][1], labels, [r.ms for r in flce], colors, ".2f", wrong)
-        axes[0][1].set_title(f"{flce[0].op}\nfwd+bwd ms (lower is better)", fontsize=9)
-        _bars(axes[0][2], labels, [r.extra_gib for r in flce], colors, ".2f", wrong)
-        axes[0][2].set_title("extra GiB (lower is better)", fontsize=9)
-    env = result.environment
-    fig.suptitle(f"twinkle_triton kernels, {result.workload['dtype']} - {env['device']}, "
-                 f"torch {env['versions'].get('torch')}, {env['date']}", fontsize=10)
+        axes[0][1].set_title(f"{flce[0].op}\n{flce[0].shape}\nfwd+bwd ms (lower is better)", fontsize=8, pad=8)
+        if show_memory:
+            _bars(axes[0][2], labels, [r.extra_gib for r in flce], colors, ".2f", wrong)
+            axes[0][2].set_title("extra GiB (lower is better)", fontsize=8, pad=8)
+    fig.suptitle(f"twinkle_triton kernels, {result.workload['dtype']}\n{_measured_on(result)}", fontsize=10)
     fig.tight_layout()
     return fig

@@ -41,8 +41,11 @@ class DeviceClock:
         self.synchronize()
         return result, time.perf_counter() - start
 
-    def each_ms(self, fn: Callable[[], Any], count: int, *, flush_cache: bool = False) -> list[float]:
+    def each_ms(self, fn: Callable[[], Any], count: int, *, flush_cache: bool = False,
+                after_each: Callable[[], None] | None = None) -> list[float]:
         """Milliseconds of each of ``count`` back-to-back calls of ``fn``.
+
+        ``after_each`` (progress) runs between calls, outside the timed intervals.
 
         ``flush_cache`` (CUDA): overwrite a 256 MiB buffer before each call, outside the timed
         interval, so no call finds its inputs in L2 left by the previous one (H100/H200 L2 is 50
@@ -54,6 +57,8 @@ class DeviceClock:
                 start = time.perf_counter()
                 fn()
                 times.append((time.perf_counter() - start) * 1e3)
+                if after_each is not None:
+                    after_each()
             return times
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
         flush = torch.empty(_CACHE_FLUSH_BYTES, dtype=torch.uint8, device=self.device) if flush_cache else None
@@ -63,6 +68,8 @@ class DeviceClock:
             start.record()
             fn()
             end.record()
+            if after_each is not None:
+                after_each()
         torch.cuda.synchronize(self.device)
         return [start.elapsed_time(end) for start, end in events]
 
@@ -104,14 +111,16 @@ class StepTiming:
 
 
 def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *, warmup: int, steps: int,
-                        on_first_step: Callable[[StepTiming], None] | None = None) -> StepTiming:
+                        on_first_step: Callable[[StepTiming], None] | None = None,
+                        on_step: Callable[[], None] | None = None) -> StepTiming:
     """Run ``step`` (returns the loss) once for the first-step time and loss, ``warmup`` more times
     untimed, then ``steps`` times with one timing each.
 
     The first step is timed by the host clock, because for compiled backends it is mostly
     compilation on the host. The peak is reset after the warm-up so it describes the steady state;
     the first step's own peak (compile-time autotuning buffers included) is kept apart.
-    ``on_first_step`` sees the timing right after the first step (for progress lines).
+    ``on_first_step`` sees the timing right after the first step (for progress lines); ``on_step``
+    runs after each later step, outside the timed intervals (a progress bar).
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (got {steps}).")
@@ -124,8 +133,10 @@ def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *,
         on_first_step(timing)
     for _ in range(warmup):
         step()
+        if on_step is not None:
+            on_step()
     clock.reset_peak()
-    timing.step_ms = clock.each_ms(step, steps)
+    timing.step_ms = clock.each_ms(step, steps, after_each=on_step)
     timing.peak_bytes = clock.peak()
     return timing
 

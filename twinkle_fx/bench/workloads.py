@@ -1,6 +1,6 @@
 """The end-to-end workloads: transformers causal-LM configs by name, a seeded model, a seeded batch.
 
-``qwen2`` is the reference workload of DESIGN.md (the Qwen2-0.5B shape). The others are real models
+``qwen2`` is the reference workload (the Qwen2-0.5B shape, the README's performance tables). The others are real models
 of comparable size in the other families twinkle_fx's built-in kernels cover, so one flag switches
 the architecture without changing the order of magnitude of the step:
 

@@ -15,19 +15,23 @@ Passes, in order (each in the file named after what it matches; each logs its co
 from __future__ import annotations
 
 import logging
+import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._dynamo.exc import ShortenTraceback
 
 from ..modes import Mode, format_mode
-from ..registry import get_registry
+from ..registry import KernelRegistry, get_registry
 from ..settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
 from .compiled_root import report_compiled_root
 from .function_patterns import swap_function_patterns
+from .foreign_forwards import report_foreign_forwards
 from .function_regions import report_function_regions
 from .graph_breaks import note_graph_break
 from .layer_regions import swap_layer_regions
@@ -47,6 +51,7 @@ PASSES: tuple[tuple[str, Pass], ...] = (
     ("function_patterns", swap_function_patterns),
     ("function_regions", report_function_regions),
     ("compiled_root", report_compiled_root),
+    ("foreign_forwards", report_foreign_forwards),
 )
 
 
@@ -59,7 +64,7 @@ def twinkle_backend(
         options (`dict`, *optional*): see :class:`~twinkle_fx.compile.options.BackendOptions`.
         mode (`str`, *optional*): torch.compile's own ``mode`` ("max-autotune", ...), passed to Inductor.
     """
-    opts = parse_options(options)
+    opts = _parse(options)
     ctx = GraphContext(
         gm, list(example_inputs), get_registry(), _device(example_inputs), opts.mode or _default_mode(example_inputs),
         ModuleIndex(module_roots()), getattr(gm, "compile_subgraph_reason", None),
@@ -68,16 +73,19 @@ def twinkle_backend(
     recorders = active_recorders()
     for recorder in recorders:
         recorder.before.append(readable(gm))
-    reference = verification.snapshot(gm) if opts.verify else None
+    reference = verification.snapshot(gm) if opts.verify or _has_lifted_scalars(ctx) else None
     if kernels_disabled():
         logger.info("twinkle_fx: %s is set: graph left unchanged", DISABLE_ENV)
     else:
+        _warn_if_nothing_registered(ctx.registry)
         _run_passes(ctx, report)
     gm.graph.lint()
     gm.recompile()
-    if reference is not None and gm.code != report.code_before:
+    if opts.verify and reference is not None and gm.code != report.code_before:
         mismatch = verification.compare(reference, gm, ctx.example_inputs)
-        if mismatch is not None:
+        if mismatch is not None and mismatch.startswith("not checked"):
+            logger.warning("twinkle_fx: verify=True but the rewrite was %s", mismatch)
+        elif mismatch is not None:
             logger.warning("twinkle_fx: verify failed (%s); compiling the original graph", mismatch)
             for region in report.regions:
                 if region.swapped:
@@ -86,8 +94,121 @@ def twinkle_backend(
     report.code_after = gm.code
     for recorder in recorders:
         recorder.after.append(readable(gm))
-    _publish(report, opts)
-    return _inner_compile(gm, ctx.example_inputs, opts, mode, recorders)
+    compiled = _inner_compile(gm, ctx.example_inputs, opts, mode, recorders)
+    if ctx.baked_scalars and reference is not None and gm is not reference:
+        original = _inner_compile(reference, ctx.example_inputs, opts, mode, ())
+        compiled = _check_scalars(compiled, original, dict(ctx.baked_scalars), report)
+    _publish(report, opts)  # only now: the report describes what runs
+    return _follow_registry(compiled, ctx.registry, report)
+
+
+def _has_lifted_scalars(ctx: GraphContext) -> bool:
+    """Whether Dynamo made a float attribute of a module a graph input (a 0-d tensor or a SymFloat)."""
+    for node, value in ctx.placeholder_values.items():
+        source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        source = source() if callable(source) else source
+        if (isinstance(source, str) and "._modules[" in source and "._parameters[" not in source
+                and "._buffers[" not in source and isinstance(value, (torch.Tensor, torch.SymFloat, float))
+                and getattr(value, "ndim", 0) == 0):
+            return True
+    return False
+
+
+def _check_scalars(
+    compiled: Callable[..., Any], original: Callable[..., Any], baked: dict[int, float], report: GraphReport,
+) -> Callable[..., Any]:
+    """``compiled`` while the lifted float inputs hold the values its kernels were specialised to,
+    else ``original`` (the graph without swaps) for that call.
+
+    Dynamo lifts a float attribute (an ``eps``) to a graph input once two instances of a class
+    differ in it, and then serves every instance with one graph without guarding on the value. A
+    kernel swapped in reads the value from the graph at compile time, so a call with another
+    value runs the unswapped graph (said once at INFO) instead of a kernel with the wrong constant.
+    """
+    noted = False
+
+    def value(x: Any) -> float:
+        return x.item() if isinstance(x, torch.Tensor) else float(x)
+
+    def run(*args: Any) -> Any:
+        nonlocal noted
+        inputs = args[0] if boxed else args
+        if all(value(inputs[i]) == v for i, v in baked.items()):
+            return compiled(*args)
+        if not noted:
+            noted = True
+            logger.info("twinkle_fx: %s: a lifted float attribute differs from the value its kernels were compiled "
+                        "for (%s); such calls run the graph without swaps", report.summary().splitlines()[0], baked)
+        return _call(original, list(inputs))
+
+    boxed = getattr(compiled, "_boxed_call", False)
+    run._boxed_call = boxed  # type: ignore[attr-defined]
+    return run
+
+
+def _call(fn: Callable[..., Any], inputs: list[Any]) -> Any:
+    return fn(inputs) if getattr(fn, "_boxed_call", False) else fn(*inputs)
+
+
+def _follow_registry(compiled: Callable[..., Any], registry: KernelRegistry, report: GraphReport) -> Callable[..., Any]:
+    """``compiled``, warning (once) when it runs after the registrations it was built from changed.
+
+    A compiled graph holds the kernels chosen when it was compiled. Dynamo recompiles when the
+    model's code or eager swaps change, but it knows nothing of the registry: a kernel registered
+    later, a ``scoped_registry`` that has exited, a registration replaced. Checking costs two
+    attribute reads per call.
+    """
+    generation = registry.generation
+    warned = False
+
+    def run(*args: Any) -> Any:
+        nonlocal warned
+        if not warned:
+            current = get_registry()
+            if current is not registry or current.generation != generation:
+                warned = True
+                what = ("the scoped_registry it was compiled in has exited or another one is active"
+                        if current is not registry else "kernels were registered or replaced since")
+                logger.warning(
+                    "twinkle_fx: a graph compiled by backend='twinkle' (%s) runs with the kernels chosen at "
+                    "compile time, but %s. Call torch.compiler.reset() and call the model again to "
+                    "recompile it with the current registrations.", report.summary().splitlines()[0], what,
+                )
+        return compiled(*args)
+
+    run._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
+    return run
+
+
+class BackendOptionsError(ValueError, ShortenTraceback):
+    """A bad ``options=`` entry. A ShortenTraceback, so Dynamo passes it to the caller as it is,
+    rather than wrapped in BackendCompilerFailed under frames of its own."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.first_useful_frame = None  # keep the traceback as it is
+
+
+def _parse(options: dict[str, Any] | None) -> BackendOptions:
+    try:
+        return parse_options(options)
+    except ValueError as e:
+        raise BackendOptionsError(str(e)) from None
+
+
+def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
+    """One WARNING per registry state when backend='twinkle' runs with nothing registered at all."""
+    if registry.layer_kernel_names() or registry.function_targets() or registry.bindings():
+        return
+    if _WARNED_EMPTY.get(registry) == registry.generation:
+        return
+    _WARNED_EMPTY[registry] = registry.generation
+    logger.warning("twinkle_fx: backend='twinkle' found no registered kernels, so it compiles the model unchanged; "
+                   "register kernels first (twinkle_fx.builtin.use_builtin_kernels() for transformers models).")
+
+
+# registry -> generation already warned about (weak: a scoped registry that is gone takes its entry)
+_WARNED_EMPTY: weakref.WeakKeyDictionary[KernelRegistry, int] = weakref.WeakKeyDictionary()
 
 
 def _run_passes(ctx: GraphContext, report: GraphReport) -> None:
@@ -99,8 +220,9 @@ def _run_passes(ctx: GraphContext, report: GraphReport) -> None:
             result, report.graph_break = result
         elapsed = (time.perf_counter() - start) * 1e3
         report.pass_ms[name] = elapsed
+        found = report.regions[before:]
         logging.getLogger(run.__module__).info(
-            "twinkle_fx %s: %s swapped/reported, %s candidate(s), %.1f ms", name, result, len(report.regions) - before, elapsed
+            "twinkle_fx %s: %d of %d candidate(s) swapped, %.1f ms", name, sum(r.swapped for r in found), len(found), elapsed
         )
 
 
@@ -121,7 +243,22 @@ def _publish(report: GraphReport, opts: BackendOptions) -> None:
         report.index = len(collector.graphs)
         collector.graphs.append(report)
     if opts.report:
-        logger.info("twinkle_fx report:\n%s", report)
+        # asked for explicitly: shown whether or not the program configured logging
+        print(f"twinkle_fx report:\n{report}", file=sys.stderr, flush=True)
+    _warn_if_nothing_swapped(report)
+
+
+def _warn_if_nothing_swapped(report: GraphReport) -> None:
+    """One WARNING when a graph had candidates and swapped none of them, with the reasons (short)."""
+    if not report.regions or any(r.swapped for r in report.regions):
+        return
+    reasons: dict[str, int] = {}
+    for region in report.regions:
+        reason = (region.reason or "?").split(";")[0]
+        reasons[reason[:120]] = reasons.get(reason[:120], 0) + 1
+    shown = "; ".join(f"{n} x {reason}" for reason, n in reasons.items())
+    logger.warning("twinkle_fx: backend='twinkle' swapped none of the %d candidate region(s) of a graph: %s",
+                   len(report.regions), shown)
 
 
 def _inner_compile(

@@ -1,11 +1,11 @@
 """Reference functions whose computation the backend finds wherever it is written.
 
-Register a kernel for one of these targets and every occurrence of the computation in a
-compiled model is swapped, whatever module or function it sits in:
+Register a kernel for one of these targets with ``match_anywhere=True`` and every occurrence of
+the computation in a compiled model is swapped, whatever module or function it sits in:
 
 >>> from twinkle_fx.function import register_function_kernel
 >>> register_function_kernel(func_name="silu_mul", target_module="twinkle_fx.compile.builtin_patterns",
-...                          func_impl=twinkle_triton.silu_mul, device="cuda")      # doctest: +SKIP
+...                          func_impl=twinkle_triton.silu_mul, device="cuda", match_anywhere=True)  # doctest: +SKIP
 
 ``silu_mul`` is the gated activation of SwiGLU MLPs (``act_fn(gate_proj(x)) * up_proj(x)`` in
 Qwen2, Llama, Mistral, ...); ``apply_rotary_pos_emb`` is transformers' rotary embedding, the same

@@ -43,13 +43,28 @@ def _is_frame_local(module: torch.nn.Module, path: list[str], name: str, tensor:
     return module._parameters.get(name) is tensor
 
 
+def _target_classes(ctx: GraphContext) -> tuple[type, ...]:
+    """Classes bound explicitly, their subclasses, and classes tagged ``kernel_layer_name`` with registrations."""
+    names = set(ctx.registry.layer_kernel_names())
+    bound = tuple(ctx.registry.bindings())
+    found: set[type] = set()
+    todo = [torch.nn.Module]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if (bound and issubclass(cls, bound)) or cls.__dict__.get("kernel_layer_name") in names:
+            found.add(cls)
+    return tuple(found)
+
+
 def report_compiled_root(ctx: GraphContext, reports: list[RegionReport]) -> int:
     """Report the compiled module when its class is a target; returns 1 if it did, else 0."""
-    classes = tuple(ctx.registry.bindings())
+    classes = _target_classes(ctx)
     found = _frame_parameter(ctx) if classes else None
     if found is None:
         return 0
-    # one heap scan for all bound classes (an instance refers to its class)
+    # one heap scan for all candidate classes (an instance refers to its own class only, so
+    # subclasses of bound classes are listed too)
     for module in gc.get_referrers(*classes):
         if not isinstance(module, torch.nn.Module) or type(module) not in classes:
             continue

@@ -1,17 +1,25 @@
-"""Function patterns: the computation of a registered function, wherever it appears.
+"""Function patterns: calls of a registered function, and copies of it in other modules.
 
-Each registered function target has a pattern traced by Dynamo when a graph first needs it
-(:mod:`.pattern_tracing`). ``SubgraphMatcher`` finds it with literals as wildcards (Dynamo bakes
+Each registered function target has a pattern traced by Dynamo the first time the backend needs
+it (:mod:`.pattern_tracing`). ``SubgraphMatcher`` finds it with literals as wildcards (Dynamo bakes
 shapes into them); every match is then bound (placeholders are the function's tensor arguments,
 float constants are read from the matched nodes) and checked against the reference function on
-the matched shapes (:mod:`.equivalence`) before the kernel replaces it. So ``apply_rotary_pos_emb``
-registered for Qwen2 also catches Llama's copy, and a rotary with another ``unsqueeze_dim`` does
-not.
+the matched shapes (:mod:`.equivalence`) before the kernel replaces it.
+
+Which matches count (``RegionReport.match`` says which each was):
+
+- ``call``: the matched nodes come from an inlined call of the function itself;
+- ``copy``: they come from a function of the same name in another module that computes the same
+  thing (``apply_rotary_pos_emb`` registered for Qwen2 also catches Llama's copy; a rotary with
+  another ``unsqueeze_dim`` fails the check);
+- ``computation``: the bare computation anywhere else, only for registrations made with
+  ``match_anywhere=True`` (a registered ``add(x, y)`` must not rewrite every residual add).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import Any
 
@@ -35,6 +43,12 @@ __all__ = ["swap_function_patterns", "registered_patterns"]
 
 
 def registered_patterns(ctx: GraphContext) -> tuple[list[tuple[list[str], TracedPattern]], dict[str, str]]:
+    if ctx.patterns is None:
+        ctx.patterns = _registered_patterns(ctx)
+    return ctx.patterns
+
+
+def _registered_patterns(ctx: GraphContext) -> tuple[list[tuple[list[str], TracedPattern]], dict[str, str]]:
     """Patterns of the registered targets, largest first, and why the others have none.
 
     Targets whose patterns are the same graph (each transformers modeling file has its own copy of
@@ -43,24 +57,37 @@ def registered_patterns(ctx: GraphContext) -> tuple[list[tuple[list[str], Traced
     groups: dict[str, tuple[list[str], TracedPattern]] = {}
     missing = {}
     for target in ctx.registry.function_targets():
-        pattern = pattern_for(target)
+        pattern = pattern_for(ctx.registry, target)
         if isinstance(pattern, str):
             missing[target] = pattern
         else:
-            groups.setdefault(_pattern_code(pattern), ([], pattern))[0].append(target)
+            groups.setdefault(pattern.code, ([], pattern))[0].append(target)
     patterns = sorted(groups.values(), key=lambda tp: -sum(n.op.startswith("call") for n in tp[1].graph.nodes))
     return patterns, missing
 
 
-_CODES: dict[int, tuple[TracedPattern, str]] = {}
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
 
 
-def _pattern_code(pattern: TracedPattern) -> str:
-    cached = _CODES.get(id(pattern))
-    if cached is None or cached[0] is not pattern:
-        code = fx.GraphModule(torch.nn.Module(), pattern.graph).code
-        cached = _CODES[id(pattern)] = (pattern, f"{pattern.placeholder_params}{pattern.scalar_slots}{code}")
-    return cached[1]
+def match_kind(target: str, nodes: list[fx.Node]) -> str:
+    """"call", "copy" or "computation": where the matched nodes came from (see the module docstring)."""
+    module_name, _, func_name = target.rpartition(".")
+    filename = getattr(sys.modules.get(module_name), "__file__", None)
+    traces = [_FRAME.findall(n.meta.get("stack_trace") or "") for n in nodes]
+    traces = [frames for frames in traces if frames]  # nodes Dynamo made itself carry none
+    if not traces:
+        return "computation"
+    if all(any(name == func_name and file == filename for file, _, name in frames) for frames in traces):
+        return "call"
+    if all(any(name == func_name for _, _, name in frames) for frames in traces):
+        return "copy"
+    return "computation"
+
+
+def _matches_anywhere(ctx: GraphContext, target: str, selection: Selection) -> bool:
+    if selection.choice is not None:
+        return bool(getattr(selection.choice.registration, "match_anywhere", False))
+    return any(r.match_anywhere for modes in ctx.registry.function_registrations(target).values() for r in modes.values())
 
 
 def _target_of(targets: list[str], selections: dict[str, Selection], nodes: list[fx.Node]) -> str:
@@ -90,9 +117,12 @@ def swap_function_patterns(ctx: GraphContext, reports: list[RegionReport]) -> in
             order = {n: i for i, n in enumerate(ctx.gm.graph.nodes)}
             nodes.sort(key=order.__getitem__)
             target = _target_of(targets, selections, nodes)
+            kind = match_kind(target, nodes)
+            if kind == "computation" and not _matches_anywhere(ctx, target, selections[target]):
+                continue  # not a call of the function: not a candidate (match_anywhere=False)
             region = Region("function", target, _location(nodes), nodes)
             ctx.matched.update(nodes)
-            report = RegionReport("function", target, region.location)
+            report = RegionReport("function", target, region.location, match=kind)
             reports.append(report)
             report.reason = _swap(ctx, region, pattern, match, selections[target], renamed, report)
             swapped += report.reason is None

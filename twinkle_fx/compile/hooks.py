@@ -1,15 +1,14 @@
-"""What importing ``twinkle_fx.compile`` wires up: the backend name.
+"""What importing ``twinkle_fx.compile`` wires up: the backend name, nothing else.
 
-Idempotent, and avoids importing ``torch._dynamo`` (a second of import time) until needed. The
-patterns of registered functions are traced lazily, when a graph first needs them
-(:func:`.pattern_tracing.pattern_for`): registering stays pure data.
+Idempotent, and avoids importing ``torch._dynamo`` (a second of import time) when the installed
+entry point already names the backend. Registering a function kernel traces nothing: the backend
+traces each registered function the first time it needs its pattern (:mod:`.pattern_tracing`).
 """
 
 from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
-
 
 logger = logging.getLogger(__name__)
 
@@ -30,5 +29,5 @@ def _register_backend_name() -> None:
 
 
 def install() -> None:
-    """Register the backend name."""
+    """Make the name "twinkle" known to ``torch.compile``."""
     _register_backend_name()

@@ -9,9 +9,10 @@ compiler the call simply runs.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -57,20 +58,34 @@ class LayerKernelCall(KernelCall):
         param_names: Sequence[str],
         picks: Sequence[int],
         single: bool,
+        constants: dict[str, float] | None = None,
     ) -> None:
         super().__init__(name, picks, single)
         self._module = weakref.ref(module)
         self.forward = forward
         self.n_args = n_args
         self.param_names = tuple(param_names)
+        # float attributes Dynamo lifted to graph inputs, as read from the graph at compile time
+        self.constants = dict(constants or {})
 
     def __call__(self, *values: Any) -> Any:
         module = self._module()
         if module is None:
             raise RuntimeError(f"{self.__name__}: the module this graph was compiled for no longer exists.")
         args, params = values[: self.n_args], values[self.n_args :]
-        with reparametrized(module, dict(zip(self.param_names, params))):
+        with reparametrized(module, dict(zip(self.param_names, params))), _attributes(module, self.constants):
             return self._pick(self.forward(module, *args))
+
+
+@contextlib.contextmanager
+def _attributes(module: torch.nn.Module, values: dict[str, float]) -> Iterator[None]:
+    if not values:
+        yield
+        return
+    from .layer_regions import module_attributes
+
+    with module_attributes(module, values):
+        yield
 
 
 class FunctionKernelCall(KernelCall):

@@ -10,16 +10,22 @@ on the same fake inputs, see :mod:`.equivalence`) and the kernel passes the shap
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import itertools
 import logging
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..eager.layers import swapped_forward
-from ..selection import Selection, select_layer_kernel, signature_mismatch
+from ..kernels_mapping import foreign_forward
+from ..selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
 from .equivalence import StructuralKeys, aten_outputs, reparametrized, static_inputs
 from .kernel_call import LayerKernelCall
 from .place import place_kernel
@@ -55,7 +61,7 @@ def find_layer_regions(ctx: GraphContext) -> list[tuple[Region, type, str, Selec
                 break
     regions = []
     for key, (cls, path, selection, nodes) in groups.items():
-        regions.append((Region("layer", selection.target, _location(path, key), nodes), cls, key, selection))
+        regions.append((Region("layer", selection.target, _location(path, key), nodes, source=path), cls, key, selection))
     return regions
 
 
@@ -88,17 +94,30 @@ def _swap(ctx: GraphContext, region: Region, cls: type, key: str, selection: Sel
     module = ctx.modules.find(key, cls)
     if module is None:
         return f"the {cls.__qualname__} instance behind this region could not be found"
+    not_applicable = does_not_apply(choice, module)
+    if not_applicable is not None:
+        return not_applicable
     eager = swapped_forward(module)
     if eager is not None:
         return f"already kernelized eagerly (kernelize_model installed {eager.kernel_name}); the graph holds that kernel"
+    foreign = foreign_forward(module)
+    if foreign is not None:
+        return f"forward replaced by {foreign}: the graph runs that kernel as it is (twinkle_fx leaves it)"
     bound = bind_layer(ctx, region, module)
     if isinstance(bound, str):
         return bound
     n_args, param_names, picks = bound
     call = LayerKernelCall(
-        f"layer_{choice.name}", module, choice.call, n_args, param_names, picks, single=len(region.outputs) == 1
+        f"layer_{choice.name}", module, choice.call, n_args, param_names, picks, single=len(region.outputs) == 1,
+        constants=region.constants,
     )
-    return place_kernel(ctx, region, call, choice, report)
+    reason = place_kernel(ctx, region, call, choice, report)
+    if reason is None:
+        # the kernel is specialised to these values: the compiled graph checks them on every call
+        positions = {n: i for i, n in enumerate(n for n in ctx.gm.graph.nodes if n.op == "placeholder")}
+        for node, value in region.constant_inputs.items():
+            ctx.baked_scalars[positions[node]] = value
+    return reason
 
 
 def _parameter_names(module: torch.nn.Module) -> dict[int, str]:
@@ -118,10 +137,13 @@ def bind_layer(ctx: GraphContext, region: Region, module: torch.nn.Module) -> tu
     owned = _parameter_names(module)
     args: list[fx.Node] = []
     params: list[tuple[str, fx.Node]] = []
+    scalars: dict[str, tuple[fx.Node, float]] = {}
     for node in external_inputs(region.nodes):
         value = ctx.placeholder_values.get(node)
         if node.op == "placeholder" and isinstance(value, torch.Tensor) and id(value) in owned:
             params.append((owned[id(value)], node))
+        elif (scalar := _lifted_attribute(ctx, region, module, node)) is not None:
+            scalars[scalar[0]] = (node, scalar[1])
         else:
             args.append(node)
     outputs = external_outputs(region.nodes)
@@ -129,21 +151,71 @@ def bind_layer(ctx: GraphContext, region: Region, module: torch.nn.Module) -> tu
         return "nothing outside the region reads its result"
     param_names = [name for name, _ in params]
     inputs = args + [n for _, n in params]
-    key = (type(module), tuple(param_names), region_signature(region.nodes, inputs, outputs))
+    constants = {name: value for name, (_, value) in scalars.items()}
+    key = (type(module), tuple(param_names), tuple(sorted(constants.items())), region_signature(region.nodes, inputs, outputs))
     if key not in ctx.bindings:
-        ctx.bindings[key] = _search_binding(ctx, region, module, args, params, outputs)
+        with module_attributes(module, constants):
+            ctx.bindings[key] = _search_binding(ctx, region, module, args, params, outputs,
+                                                {node: value for node, value in scalars.values()})
     found = ctx.bindings[key]
     if isinstance(found, str):
         return found
     order, picks = found
     region.call_args = [args[i] for i in order] + [n for _, n in params]
     region.outputs = outputs
+    region.constants = constants
+    region.constant_inputs = {node: value for node, value in scalars.values()}
     return len(args), param_names, picks
+
+
+_MODULES = re.compile(r"\._modules\['([^']+)'\]")
+
+
+def _lifted_attribute(ctx: GraphContext, region: Region, module: torch.nn.Module, node: fx.Node) -> tuple[str, float] | None:
+    """``(attribute path, value)`` when ``node`` is a float attribute of ``module`` that Dynamo lifted
+    to a graph input (it does so once two instances of a class differ in it: ``eps``), else None."""
+    if node.op != "placeholder" or not region.source:
+        return None
+    source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+    source = source() if callable(source) else source
+    if not isinstance(source, str):
+        return None
+    prefix = region.source + "."
+    name = _MODULES.sub(r".\1", source)
+    if not name.startswith(prefix) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name[len(prefix):]):
+        return None
+    attribute = name[len(prefix):]
+    try:
+        current = functools.reduce(getattr, attribute.split("."), module)
+    except AttributeError:
+        return None
+    value = ctx.placeholder_values.get(node)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not isinstance(value, FakeTensor):
+        value = value.item()
+    if not isinstance(current, float) or not isinstance(value, float):
+        return None
+    return attribute, value
+
+
+@contextlib.contextmanager
+def module_attributes(module: torch.nn.Module, values: dict[str, float]) -> Iterator[None]:
+    """``module`` with the (dotted) attributes in ``values`` set for the block."""
+    saved = []
+    for path, value in values.items():
+        *owners, name = path.split(".")
+        owner = functools.reduce(getattr, owners, module)
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
 
 
 def _search_binding(
     ctx: GraphContext, region: Region, module: torch.nn.Module, args: list[fx.Node],
-    params: list[tuple[str, fx.Node]], outputs: list[fx.Node],
+    params: list[tuple[str, fx.Node]], outputs: list[fx.Node], constants: dict[fx.Node, float],
 ) -> tuple[tuple[int, ...], list[int]] | str:
     """Try each order of ``args`` as forward's positional arguments; the one whose ATen trace
     produces the region's outputs wins. Returns ``(order, picks)`` or the reason."""
@@ -168,7 +240,7 @@ def _search_binding(
         return f"cannot build example inputs: {e}"
     keys = StructuralKeys()
     param_names = [name for name, _ in params]
-    region_gm = region_graph_module(ctx.gm, region.nodes, args + [n for _, n in params], outputs)
+    region_gm = region_graph_module(ctx.gm, region.nodes, args + [n for _, n in params], outputs, constants)
     try:
         region_keys = keys.outputs(aten_outputs(region_gm, statics))
     except Exception as e:  # the region itself should always replay; say so if it does not

@@ -1,8 +1,8 @@
-"""Trace a registered function with Dynamo when a graph first needs its pattern, giving a pattern in
-Dynamo's own spelling (``x.pow(2)``, ``F.silu(x)``) that :mod:`.function_patterns` can match in any graph.
+"""Trace a registered function with Dynamo, giving a pattern in Dynamo's own spelling
+(``x.pow(2)``, ``F.silu(x)``) that :mod:`.function_patterns` can match in any graph.
 
-Registration stays pure data (it imports and runs nothing); the trace is a nested Dynamo run from
-inside the backend, on the function as its module defines it. The function is called on small
+Traced lazily, the first time the backend needs it (a nested Dynamo run on a fresh code object,
+with a capturing backend; registering a kernel imports and runs nothing). The function is called on small
 example tensors built from its signature (every parameter without a default is a tensor; all
 tensors get the same square shape, tried at rank 4, 3, 2); a float parameter is passed a
 sentinel value so the pattern records where the constant sits and a match reads the model's own
@@ -12,6 +12,7 @@ literals and :mod:`.equivalence` checks each one on the real shapes.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import logging
@@ -26,9 +27,11 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from ..registry import KernelRegistry
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["TracedPattern", "trace_function", "trace_registered_function", "pattern_for", "resolve_reference"]
+__all__ = ["TracedPattern", "trace_function", "pattern_for", "resolve_reference"]
 
 _SENTINEL = 0.123456789  # a float no model uses as a constant
 _SIZE = 8
@@ -47,6 +50,12 @@ class TracedPattern:
 
     def __str__(self) -> str:
         return f"pattern {self.name}({', '.join(self.signature.parameters)})"
+
+    @functools.cached_property
+    def code(self) -> str:
+        """The pattern as text: equal for equal patterns (each modeling file's rotary copy), so the graph is searched once for them."""
+        code = fx.GraphModule(torch.nn.Module(), self.graph).code
+        return f"{self.placeholder_params}{self.scalar_slots}{code}"
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature:
@@ -128,13 +137,12 @@ def trace_function(name: str, fn: Callable[..., Any]) -> TracedPattern:
 
 
 _LOCK = threading.Lock()
-# target -> (reference object, pattern or failure). Derived from code, not from registrations:
-# a scoped registry leaving does not make a traced pattern wrong.
-_PATTERNS: dict[str, tuple[Any, TracedPattern | str]] = {}
 
 
 def resolve_reference(target: str) -> Any:
-    """The function ``target`` names, as its module defines it (not a kernel the eager path patched in)."""
+    """The function ``target`` names, as its author wrote it: the original when ``kernelize_model``
+    / ``apply_function_kernel`` has patched the module attribute (tracing the kernel instead would
+    make the backend search for the kernel's computation)."""
     from ..eager.functions import original_function
 
     original = original_function(target)
@@ -144,32 +152,32 @@ def resolve_reference(target: str) -> Any:
     return getattr(importlib.import_module(module_name), func_name)
 
 
-def trace_registered_function(target: str) -> TracedPattern | str:
-    """Trace the function a registration targets (once per function object); the failure reason otherwise."""
+def pattern_for(registry: KernelRegistry, target: str) -> TracedPattern | str:
+    """The pattern of a registered function target, or why there is none.
+
+    Traced on first use by the backend (registering imports and runs nothing) and kept on the
+    target's registrations, so it lives exactly as long as they do: a scoped registry takes its
+    patterns with it. Traced again when the function object changed (a module reloaded).
+    """
+    registrations = [r for modes in registry.function_registrations(target).values() for r in modes.values()]
     try:
         reference = resolve_reference(target)
-    except Exception as e:
-        result: TracedPattern | str = f"{target} could not be imported ({type(e).__name__}: {e})"
-        logger.info("twinkle_fx: no pattern for %s: %s", target, result)
-        return result
+    except Exception as e:  # any import failure is the user's to see, in the report
+        return f"{target} could not be imported ({type(e).__name__}: {e})"
     with _LOCK:
-        cached = _PATTERNS.get(target)
-        if cached is not None and cached[0] is reference:
-            return cached[1]
+        for registration in registrations:
+            cached = registration.compile_cache.get("pattern")
+            if cached is not None and cached[0] is reference:
+                return cached[1]
     start = time.perf_counter()
     try:
-        result = trace_function(target, reference)
-    except Exception as e:
+        result: TracedPattern | str = trace_function(target, reference)
+    except Exception as e:  # every rank failed: the reasons are in the message
         result = f"Dynamo could not trace {target} on example inputs ({e})"
         logger.info("twinkle_fx: no pattern for %s: %s", target, result)
     else:
         logger.info("twinkle_fx: traced the pattern of %s in %.1f ms", target, (time.perf_counter() - start) * 1e3)
     with _LOCK:
-        _PATTERNS[target] = (reference, result)
+        for registration in registrations:
+            registration.compile_cache["pattern"] = (reference, result)
     return result
-
-
-def pattern_for(target: str) -> TracedPattern | str:
-    """The traced pattern of a registered target, or why there is none; traced on first need
-    (registration imports and traces nothing)."""
-    return trace_registered_function(target)

@@ -23,36 +23,56 @@ def _describe(value: object) -> str:
     return repr(value)
 
 
+def _random_like(value: object) -> object:
+    """A real tensor with ``value``'s metadata (normal for floats, small non-negative integers else)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_floating_point() or value.is_complex():
+        # a private generator: compiling must not move the user's random stream
+        generator = torch.Generator(device=value.device).manual_seed(0)
+        return torch.randn(value.shape, dtype=value.dtype, device=value.device, generator=generator)
+    return torch.zeros(value.shape, dtype=value.dtype, device=value.device)
+
+
 def place_kernel(ctx: GraphContext, region: Region, call: KernelCall, choice: KernelChoice, report: RegionReport) -> str | None:
     """Rewrite ``region`` to call ``call``; returns why not, or None when swapped.
 
     A kernel declared ``can_torch_compile`` is run once on fake inputs: its outputs must have the
     region's shapes and dtypes (the shape guard), and it is then called directly so its custom
-    ops enter the graph. Otherwise it is wrapped in an opaque custom op (see :mod:`.opaque`).
+    ops enter the graph. Otherwise it is run once on random inputs of the region's shapes (it
+    cannot see fake tensors) under the same guard, and wrapped in an opaque custom op (see
+    :mod:`.opaque`). A kernel that fails either trial is never installed: the region is kept,
+    with the error, so the compiled model never crashes where the original runs.
     """
     statics = static_inputs([fake_value(n) for n in region.call_args] + [fake_value(n) for n in region.outputs])
     inputs, expected = statics.values[: len(region.call_args)], statics.values[len(region.call_args):]
-    traceable = choice.can_torch_compile
-    why_opaque = "can_torch_compile=False"
-    if traceable:
+    if choice.can_torch_compile:
+        trial = "fake tensors of the region's shapes"
         try:
             with statics.mode:
                 result = call(*inputs)
-        except Exception as e:
-            traceable, why_opaque = False, f"fails on fake tensors: {e!r}"
-        else:
-            got = pytree.tree_leaves(result)
-            if [_describe(v) for v in got] != [_describe(v) for v in expected]:
-                return (
-                    f"shape guard: the kernel returns {', '.join(map(_describe, got))} where the region "
-                    f"produces {', '.join(map(_describe, expected))}"
-                )
-    if traceable:
+        except Exception as e:  # the kernel's own error, shown in the report
+            return f"the kernel fails on {trial}: {e!r}"
+    else:
+        if Mode.TRAINING in ctx.mode and not choice.has_backward:
+            return "inference-only kernel (has_backward=False) in training"
+        trial = "random inputs of the region's shapes"
+        try:
+            with torch.no_grad():
+                result = call(*[_random_like(v) for v in inputs])
+        except Exception as e:  # the kernel's own error, shown in the report
+            return f"the kernel fails on {trial}: {e!r}"
+    got = pytree.tree_leaves(result)
+    if [_describe(v) for v in got] != [_describe(v) for v in expected]:
+        return (
+            f"shape guard: on {trial} the kernel returns {', '.join(map(_describe, got))} where the region "
+            f"produces {', '.join(map(_describe, expected))}"
+        )
+    if choice.can_torch_compile:
         report.how = "custom op call"
         return replace_region(ctx.gm, region, call)
-    if Mode.TRAINING in ctx.mode and not choice.has_backward:
-        return "inference-only kernel (has_backward=False) in training"
-    reference = region_graph_module(ctx.gm, region.nodes, region.call_args, region.outputs)
+    why_opaque = "can_torch_compile=False"
+    reference = region_graph_module(ctx.gm, region.nodes, region.call_args, region.outputs, region.constant_inputs)
     wrapped = opaque_call(call, reference, training=Mode.TRAINING in ctx.mode)
     if isinstance(wrapped, str):
         return f"cannot compile ({why_opaque}) and cannot be wrapped: {wrapped}"

@@ -67,6 +67,10 @@ class GraphContext:
     matched: set[fx.Node] = field(default_factory=set)  # nodes of pattern matches already reported
 
     bindings: dict[tuple, Any] = field(default_factory=dict)  # region signature -> binding (or why none)
+    # float module attributes Dynamo lifted to graph inputs that a swapped kernel was specialised to:
+    # graph input position -> value (the compiled graph checks them on every call, see backend)
+    baked_scalars: dict[int, float] = field(default_factory=dict)
+    patterns: Any = None  # the registered functions' patterns, traced once per graph (see function_patterns)
 
     def __post_init__(self) -> None:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
@@ -102,6 +106,9 @@ class Region:
     outputs: list[fx.Node] = field(default_factory=list)  # nodes the call replaces, in the order it returns them
     choice: KernelChoice | None = None
     replaced: dict[fx.Node, fx.Node] = field(default_factory=dict)  # output -> the node now standing for it
+    source: str = ""  # layers: the module's source path in Dynamo's nn_module_stack ("L['self'].norm")
+    constants: dict[str, float] = field(default_factory=dict)  # lifted float attributes, read from the graph
+    constant_inputs: dict[fx.Node, float] = field(default_factory=dict)  # the graph inputs holding them
 
     def describe(self) -> str:
         return f"{self.target} at {self.location}"
@@ -124,14 +131,25 @@ def external_outputs(nodes: list[fx.Node]) -> list[fx.Node]:
     return [n for n in nodes if any(user not in inside for user in n.users)]
 
 
-def region_graph_module(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.GraphModule:
-    """The region as a standalone GraphModule: ``(*inputs) -> tuple(outputs)``."""
+def region_graph_module(
+    gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[fx.Node],
+    constants: dict[fx.Node, float] | None = None,
+) -> fx.GraphModule:
+    """The region as a standalone GraphModule: ``(*inputs) -> tuple(outputs)``.
+
+    ``constants`` are graph inputs holding lifted float attributes (0-d tensors Dynamo reads with
+    ``.item()``): the copy reads their values as literals instead.
+    """
     graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
+    env: dict[fx.Node, Any] = {}
     for i, node in enumerate(inputs):
         env[node] = graph.placeholder(f"input_{i}")
         env[node].meta = dict(node.meta)
+    constants = constants or {}
     for node in nodes:
+        if node.op == "call_method" and node.target == "item" and node.args and node.args[0] in constants:
+            env[node] = constants[node.args[0]]
+            continue
         env[node] = graph.node_copy(node, lambda n: env[n])
     graph.output(tuple(env[n] for n in outputs))
     return fx.GraphModule(gm, graph)

@@ -31,14 +31,16 @@ class RegionReport:
     kernel: str | None = None
     how: str | None = None
     reason: str | None = None
+    match: str | None = None  # functions: "call", "copy" (same-named function elsewhere) or "computation"
 
     @property
     def swapped(self) -> bool:
         return self.reason is None and self.kernel is not None
 
     def __str__(self) -> str:
+        matched = f", matched a {self.match}" if self.match else ""
         if self.swapped:
-            return f"swapped {self.kind} {self.target} at {self.location}: {self.kernel} ({self.how})"
+            return f"swapped {self.kind} {self.target} at {self.location}: {self.kernel} ({self.how}{matched})"
         return f"kept    {self.kind} {self.target} at {self.location}: {self.reason}"
 
 
@@ -88,11 +90,12 @@ def _grouped(regions: list[RegionReport]) -> list[str]:
     """Regions with the same target and outcome on one line: 24 RMSNorms read as one."""
     groups: dict[tuple, list[str]] = {}
     for r in regions:
-        groups.setdefault((r.swapped, r.kind, r.target, r.kernel, r.how, r.reason), []).append(r.location)
+        groups.setdefault((r.swapped, r.kind, r.target, r.kernel, r.how, r.reason, r.match), []).append(r.location)
     lines = []
-    for (swapped, kind, target, kernel, how, reason), locations in groups.items():
+    for (swapped, kind, target, kernel, how, reason, match), locations in groups.items():
         shown = ", ".join(locations[:3]) + (f", ... ({len(locations)} in all)" if len(locations) > 3 else "")
-        outcome = f": {kernel} ({how})" if swapped else f": {reason}"
+        matched = f", matched a {match}" if match else ""
+        outcome = f": {kernel} ({how}{matched})" if swapped else f": {reason}"
         lines.append(f"{'swapped' if swapped else 'kept   '} {len(locations)} x {kind} {target}{outcome}  [{shown}]")
     return lines
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 
 __all__ = ["snapshot", "compare"]
 
@@ -32,9 +33,15 @@ def _clone(value: Any) -> Any:
 
 def compare(reference: fx.GraphModule, rewritten: fx.GraphModule, example_inputs: list[Any]) -> str | None:
     """None when both graphs agree on the example inputs, else what differs."""
+    if any(isinstance(v, FakeTensor) for v in example_inputs):
+        return "not checked: the graph's example inputs are fake tensors (a DDP bucket), nothing real to run"
     with torch.no_grad():
-        want = pytree.tree_leaves(reference(*[_clone(v) for v in example_inputs]))
-        got = pytree.tree_leaves(rewritten(*[_clone(v) for v in example_inputs]))
+        want_tree = reference(*[_clone(v) for v in example_inputs])
+        got_tree = rewritten(*[_clone(v) for v in example_inputs])
+    want, want_spec = pytree.tree_flatten(want_tree)
+    got, got_spec = pytree.tree_flatten(got_tree)
+    if want_spec != got_spec:
+        return f"the rewritten graph returns {len(got)} output(s) shaped {got_spec}, the original {len(want)} shaped {want_spec}"
     for i, (a, b) in enumerate(zip(want, got)):
         if not isinstance(a, torch.Tensor):
             continue

@@ -103,6 +103,13 @@ class PatchedFunctions(list):
         self.restore()
 
 
+def original_function(target: str) -> Any | None:
+    """The function ``target`` ("module.func") held before it was patched here; None if it is not patched."""
+    with _LEDGER_LOCK:
+        patch = _LEDGER.get(target)
+    return None if patch is None else patch.original
+
+
 def patched_functions() -> list[str]:
     """Every ``"module.func"`` currently patched by twinkle_fx."""
     with _LEDGER_LOCK:
@@ -304,9 +311,3 @@ def function_verifications() -> list[Verification]:
         patches = list(_LEDGER.values())
     return [v for p in patches if isinstance(p.replacement, VerifiedFunction) for v in p.replacement.verifier.results]
 
-
-def original_function(target: str) -> Any | None:
-    """The original of ``target`` ("module.func") when twinkle_fx patched it, else None."""
-    with _LEDGER_LOCK:
-        patch = _LEDGER.get(target)
-    return None if patch is None else patch.original

@@ -16,7 +16,7 @@ from ..devices import check_device_available, check_model_device, infer_device, 
 from ..errors import KernelSelectionError
 from ..modes import Mode, format_mode, parse_mode
 from ..registry import KernelRegistry, get_registry
-from ..selection import Selection, is_layer_target, select_layer_kernel, signature_mismatch
+from ..selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
 from ..settings import DISABLE_ENV, kernels_disabled
 from .functions import _apply, _revert, function_verifications
 from .functions import _Change as FunctionChange
@@ -122,6 +122,8 @@ def _plan_layers(model: torch.nn.Module, device: str, mode: Mode) -> _Plan:
                 plan.stale.append((where, module, f"{cls.__qualname__} is no longer bound to a registered kernel"))
             continue
         plan.candidates += 1
+        if reason is None:
+            reason = does_not_apply(selection.choice, module)  # per module: it reads the module's attributes
         if reason is None:
             plan.swaps.append(LayerSwap(path, module, selection.choice))
             continue

@@ -2,7 +2,7 @@
 
 import torch
 
-from . import norms
+from . import copies, norms
 
 
 class TwoNorms(torch.nn.Module):
@@ -26,3 +26,26 @@ class Rolls(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return norms.rolled(x) + norms.rolled(x, 3)
+
+
+class CopyThenCall(torch.nn.Module):
+    """Calls the copy in ``copies`` and then the registered ``norms.scaled_rms``."""
+
+    def __init__(self, hidden: int = 8) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.rand(hidden) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return norms.scaled_rms(copies.scaled_rms(x, self.w, eps=1e-4), self.w)
+
+
+class BiasAdd(torch.nn.Module):
+    """A residual ``h + bias`` that broadcasts (bias [8] onto h [2, 3, 8]), and one call of ``norms.add``."""
+
+    def __init__(self, hidden: int = 8) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.bias
+        return norms.add(h, x)

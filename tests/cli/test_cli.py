@@ -1,0 +1,102 @@
+"""``twinkle-fx``: --version, and every bad argument is one line on stderr (no traceback), with the
+subcommand's usage for unknown options; a full-size CPU bench is refused without --force."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import twinkle_fx
+from twinkle_fx.__main__ import main
+from twinkle_fx._cli import StepProgress
+from twinkle_fx.bench.timing import DeviceClock, time_training_steps
+
+
+def _fails(argv: list[str], capsys) -> str:
+    """Run the command; it must exit 2 with a one-line error on stderr and no traceback."""
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse's own errors (types, unknown options)
+        status = e.code
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "Traceback" not in err
+    error_lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1, err
+    return err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"twinkle-fx {twinkle_fx.__version__} (torch {torch.__version__.split('+')[0]}")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["explain", "--config", "bogus"], "'bogus' is not a transformers causal-LM model type; the built-in kernels cover qwen2"),
+    (["explain", "--config", "lama"], "did you mean llama"),
+    (["explain", "--seq", "0"], "argument --seq: must be a positive integer, got 0"),
+    (["explain", "--device", "nonsense"], "'nonsense' is not a device name"),
+    (["bench", "--batch", "-1"], "argument --batch: must be a positive integer, got -1"),
+    (["bench", "--warmup", "x"], "argument --warmup: must be an integer, got 'x'"),
+    (["bench", "--plot", "missing.json"], "--plot missing.json: no such file"),
+    (["bench", "--tiny", "--backends", "eager,fast"], "Unknown backend(s) 'fast'"),
+    (["bench", "--tiny", "--model", "gpt9"], "Unknown model 'gpt9'"),
+    (["bench", "--tiny", "--micro", "--ops", "nope"], "unknown op(s) nope; valid: silu_and_mul"),
+])
+def test_bad_arguments_are_one_line_errors(argv, expected, capsys):
+    err = _fails(argv, capsys)
+    assert expected in err
+    assert len(err) < 600  # not the 12,266-character list of every transformers model type
+
+
+def test_a_device_this_machine_lacks_says_what_to_use(capsys):
+    missing = "cuda" if not torch.cuda.is_available() else "cuda:99"
+    err = _fails(["explain", "--device", missing], capsys)
+    assert f"--device {missing}:" in err
+    assert "use --device cpu" in err or "this machine has" in err
+
+
+def test_an_unknown_option_shows_the_subcommand_usage(capsys):
+    err = _fails(["explain", "--confg", "qwen2"], capsys)
+    assert err.startswith("usage: twinkle-fx explain")
+    assert "unrecognized arguments: --confg qwen2" in err
+
+
+def test_a_saved_file_that_is_no_result_is_named(tmp_path, capsys):
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"kind": "something else"}))
+    assert "not a twinkle-fx bench result" in _fails(["bench", "--plot", str(bad)], capsys)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+@pytest.mark.parametrize("extra", [[], ["--micro"]])
+def test_full_size_bench_on_cpu_needs_force(extra, capsys):
+    err = _fails(["bench", "--backends", "eager", *extra], capsys)
+    assert "takes hours; use --tiny" in err and "--force" in err
+
+
+def test_step_progress_without_tqdm_prints_lines(monkeypatch, capsys):
+    monkeypatch.setitem(__import__("sys").modules, "tqdm.auto", None)
+    progress = StepProgress(3, "eager", every_s=3600)
+    for _ in range(3):
+        progress.tick()
+    progress.close()
+    assert capsys.readouterr().err == "    eager: 3/3\n"  # throttled: only the last line
+
+
+def test_step_progress_ticks_after_every_warmup_and_timed_step():
+    ticks, calls = [], []
+
+    def step():
+        calls.append(len(ticks))
+        return torch.tensor(1.0)
+
+    timing = time_training_steps(step, DeviceClock(torch.device("cpu")), warmup=2, steps=3,
+                                 on_step=lambda: ticks.append(1))
+    assert len(timing.step_ms) == 3 and len(ticks) == 5
+    assert calls == [0, 0, 1, 2, 3, 4]  # the first (compiling) step, then one tick after each later step

@@ -1,0 +1,229 @@
+"""Every family of the built-in mapping, on a tiny random model, against the unswapped model:
+eagerly (fp32 and bf16, training: loss, logits and every gradient) and under ``backend="twinkle"``
+with ``aot_eager``; what each kernel applies to; what ``models=`` binds; the README's coverage table."""
+
+import importlib
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from family_models import tiny_model
+
+import twinkle_fx
+from twinkle_fx import kernelize_model, undo_kernelize
+from twinkle_fx.builtin import BUILTIN_MODELS, coverage_table, use_builtin_kernels
+from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.testing import record_graphs
+
+FAMILIES = list(BUILTIN_MODELS)
+# fp32: kernels round once where PyTorch rounds per op; bf16: a few bf16 roundings over 2 layers
+TOLERANCE = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=6e-2, rtol=6e-2)}
+
+
+def _one_family_per_kernel_set() -> list[str]:
+    """The first family of each distinct (norm, MLP, rotary) kernel combination: bf16 runs
+    on these only, to keep CI time small (fp32 covers every family)."""
+    seen, picked = set(), []
+    for name, f in BUILTIN_MODELS.items():
+        key = (f.norms and f.norms[1], f.mlps and f.mlps[1], f.rotary)
+        if key not in seen:
+            seen.add(key)
+            picked.append(name)
+    return picked
+
+
+EAGER_CASES = [(f, torch.float32) for f in FAMILIES] + [(f, torch.bfloat16) for f in _one_family_per_kernel_set()]
+
+
+def _expected_swaps(family: str) -> set[str]:
+    f = BUILTIN_MODELS[family]
+    want = {f"{c}->{spec[1]}" for spec in (f.norms, f.mlps) if spec for c in spec[0]}
+    return want | ({f"{f.head}->CausalLMFusedLoss"} if f.head else set())
+
+
+def _step(model, ids, *, compiled=None):
+    out = (model if compiled is None else compiled)(ids, labels=ids)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(out.loss, params, allow_unused=True)
+    return out.loss.detach(), dict(zip([n for n, p in model.named_parameters() if p.requires_grad], grads))
+
+
+def _assert_grads_close(got, want, dtype):
+    assert got.keys() == want.keys()
+    for name, g in got.items():
+        if want[name] is None:
+            assert g is None, name
+            continue
+        torch.testing.assert_close(g, want[name], **TOLERANCE[dtype], msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize(("family", "dtype"), EAGER_CASES, ids=[f"{f}-{str(d)[6:]}" for f, d in EAGER_CASES])
+def test_eager_swaps_match_the_model_in_training(family, dtype):
+    use_builtin_kernels(devices=("cpu",), models=(family,))
+    model = tiny_model(family, dtype=dtype).train()
+    ids = torch.randint(3, 128, (2, 9))
+    want_loss, want_grads = _step(model, ids)
+    with torch.no_grad():
+        want_logits = model.eval()(ids).logits
+    model.train()
+
+    modeling = importlib.import_module(BUILTIN_MODELS[family].module)
+    original_rotary = modeling.apply_rotary_pos_emb
+    kernelize_model(model, mode="train", use_fallback=False)
+    swapped = {f"{type(m).__name__}->{swapped_forward(m).kernel_name}" for m in model.modules() if swapped_forward(m)}
+    assert swapped == _expected_swaps(family)
+    rotary = BUILTIN_MODELS[family].rotary
+    if rotary:
+        assert getattr(modeling.apply_rotary_pos_emb, "__name__", "") == rotary
+    loss, grads = _step(model, ids)
+    torch.testing.assert_close(loss, want_loss, **TOLERANCE[dtype])
+    _assert_grads_close(grads, want_grads, dtype)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(ids).logits, want_logits, **TOLERANCE[dtype])
+    undo_kernelize(model)
+    assert modeling.apply_rotary_pos_emb is original_rotary
+
+
+# MoE families: Dynamo breaks the graph at the experts' data-dependent routing (and aot_eager cannot
+# trace transformers' grouped-mm fallback in training), so they are compiled for inference here.
+_MOE = {"mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"}
+# Known gap: the backend traces a registered function's pattern on example tensors of one rank and
+# width, on which these families' own apply_rotary_pos_emb fails (torch.cat of a 4-D and a 5-D
+# tensor; half-width cos/sin), so under compile their rotary is kept (the report says so); eagerly
+# it is swapped. When pattern tracing learns other example shapes, these asserts fail: move the
+# family out of this set.
+_ROTARY_NOT_TRACED = {"phi3", "glm4", "gpt_oss"}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_swaps_match_the_model(family):
+    use_builtin_kernels(devices=("cpu",), models=(family,), fused_loss=False)
+    model = tiny_model(family)
+    ids = torch.randint(3, 128, (2, 7))
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
+    with record_graphs() as graphs:
+        if family in _MOE:
+            with torch.no_grad():
+                got, want = compiled.eval()(ids).logits, model.eval()(ids).logits
+            torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
+        else:
+            loss, grads = _step(model.train(), ids, compiled=compiled)
+            want_loss, want_grads = _step(model, ids)
+            torch.testing.assert_close(loss, want_loss, **TOLERANCE[torch.float32])
+            _assert_grads_close(grads, want_grads, torch.float32)
+    assert graphs.after, "nothing was compiled"
+    after = "\n".join(graphs.after)
+    f = BUILTIN_MODELS[family]
+    for spec in (f.norms, f.mlps):
+        if spec:
+            assert f"twinkle_layer_{spec[1]}" in after, f"no {spec[1]} swapped under compile"
+    if f.rotary and family not in _ROTARY_NOT_TRACED:
+        assert "twinkle_func_apply_rotary_pos_emb" in after, "rotary not swapped under compile"
+    elif f.rotary:
+        assert "twinkle_func_apply_rotary_pos_emb" not in after, "rotary now swapped: update _ROTARY_NOT_TRACED"
+
+
+def test_function_swaps_are_labelled_with_the_function_found_in_the_model():
+    use_builtin_kernels(devices=("cpu",), models=("gemma", "qwen2"), fused_loss=False)
+    model = tiny_model("gemma").eval()
+    with torch.no_grad():
+        report = twinkle_fx.explain(model, torch.randint(3, 128, (1, 6)))
+    text = str(report)
+    assert "transformers.models.gemma.modeling_gemma.apply_rotary_pos_emb" in text
+    assert "modeling_qwen2.apply_rotary_pos_emb" not in text
+
+
+# ----------------------------------------------------------------------------- what a kernel applies to
+
+
+def test_swiglu_refuses_a_gelu_config_eagerly_and_under_compile(caplog):
+    """Issue 12.5b: a Qwen2 config with hidden_act="gelu_pytorch_tanh" keeps its MLP, with the reason."""
+    use_builtin_kernels(devices=("cpu",), models=("qwen2",), fused_loss=False)
+    model = tiny_model("qwen2", hidden_act="gelu_pytorch_tanh").eval()
+    ids = torch.randint(3, 128, (1, 6))
+    with torch.no_grad():
+        want = model(ids).logits
+    with caplog.at_level(logging.INFO, logger="twinkle_fx"):
+        kernelize_model(model, mode="inference")
+    assert not any(swapped_forward(m) for m in model.modules() if type(m).__name__ == "Qwen2MLP")
+    assert "SwiGLUMLP does not apply to this Qwen2MLP: its act_fn is GELUTanh" in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, want, **TOLERANCE[torch.float32])
+    with pytest.raises(twinkle_fx.KernelSelectionError, match="act_fn is GELUTanh"):
+        kernelize_model(model, mode="inference", use_fallback=False)
+    undo_kernelize(model)
+
+    with torch.no_grad():
+        report = twinkle_fx.explain(model, ids)
+    assert "SwiGLUMLP does not apply to this Qwen2MLP: its act_fn is GELUTanh" in str(report)
+    with torch.no_grad():
+        got = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(ids).logits
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
+
+
+def test_geglu_follows_the_gelu_of_the_config():
+    use_builtin_kernels(devices=("cpu",), models=("gemma",), fused_loss=False)
+    exact = tiny_model("gemma", hidden_act="gelu")  # erf GELU: swapped with approximate="none"
+    ids = torch.randint(3, 128, (1, 6))
+    with torch.no_grad():
+        want = exact(ids).logits
+        kernelize_model(exact, mode="inference")
+        assert swapped_forward(exact.model.layers[0].mlp) is not None
+        torch.testing.assert_close(exact(ids).logits, want, **TOLERANCE[torch.float32])
+    fast = tiny_model("gemma", hidden_act="gelu_fast")  # no kernel computes FastGELU exactly: kept
+    kernelize_model(fast, mode="inference")
+    assert swapped_forward(fast.model.layers[0].mlp) is None
+
+
+# ----------------------------------------------------------------------------- what models= binds
+
+
+def test_models_limits_every_binding_tags_included():
+    from transformers.models.phi3.modeling_phi3 import Phi3RMSNorm
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
+    assert Phi3RMSNorm.__dict__.get("kernel_layer_name", "RMSNorm") == "RMSNorm"  # tagged, or untagged (no kernels)
+    Phi3RMSNorm.kernel_layer_name = Qwen2RMSNorm.kernel_layer_name = "RMSNorm"  # as with `kernels` installed
+    bound = use_builtin_kernels(devices=("cpu",), models=("llama",))
+    assert bound == ["LlamaRMSNorm -> RMSNorm", "LlamaMLP -> SwiGLUMLP", "LlamaForCausalLM -> CausalLMFusedLoss",
+                     "transformers.models.llama.modeling_llama.apply_rotary_pos_emb -> "
+                     "twinkle_triton.apply_rotary_pos_emb"]
+    for family in ("qwen2", "phi3"):
+        model = tiny_model(family)
+        kernelize_model(model, mode="train", use_fallback=False)
+        assert not any(swapped_forward(m) for m in model.modules()), family
+
+
+def test_every_family_binds_only_its_own_classes():
+    for family in FAMILIES:
+        with twinkle_fx.scoped_registry(inherit=False):
+            bound = use_builtin_kernels(devices=("cpu",), models=(family,))
+        f = BUILTIN_MODELS[family]
+        classes = {b.split(" -> ")[0] for b in bound}
+        want = {c for spec in (f.norms, f.mlps) if spec for c in spec[0]} | ({f.head} if f.head else set())
+        want |= {f"{f.module}.apply_rotary_pos_emb"} if f.rotary else set()
+        assert classes == want, family
+
+
+def test_unknown_family_and_string_models():
+    with pytest.raises(ValueError, match="Unknown model family 'gpt2'; built-in families: qwen2, llama"):
+        use_builtin_kernels(models=("gpt2",))
+    with pytest.raises(TypeError, match="pass a sequence"):
+        use_builtin_kernels(models="llama")
+
+
+def test_readme_coverage_table_is_the_mapping():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert coverage_table() in readme, "README's coverage table differs: paste twinkle_fx.builtin.coverage_table()"
+
+
+@pytest.mark.parametrize("family", ["phi3", "deepseek_v3"])
+def test_explain_cli_builds_every_family(family, capsys):
+    """phi3, glm4 and smollm3 default to pad ids beyond the CLI's tiny vocabulary; deepseek_v3 needs
+    as many key/value heads as query heads."""
+    from twinkle_fx.__main__ import main
+
+    assert main(["explain", "--config", family, "--summary", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "swapped" in out and "RMSNorm" in out

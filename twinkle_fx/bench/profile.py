@@ -1,0 +1,108 @@
+"""``twinkle-fx bench --profile DIR``: a few extra steps of each backend under ``torch.profiler``.
+
+For each backend row, ``DIR/<row>/profile_trace.json`` (a Chrome trace: chrome://tracing or
+https://ui.perfetto.dev) and ``DIR/<row>/profile_report.txt``: the top kernels by device time, host
+(wall) vs device (kernels) time per step, and kernel launches per step. The profiled steps run after
+the timed ones, so the profiler's overhead never reaches the reported timings. On the CPU there is no
+device: the report ranks operators by self CPU time and says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .timing import DeviceClock
+
+__all__ = ["ProfileSummary", "device_us", "profile_steps"]
+
+# runtime calls that start work on the GPU (one per kernel; a CUDA graph replay is one launch)
+_LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
+             "hipLaunchKernel", "hipModuleLaunchKernel", "hipExtModuleLaunchKernel")
+_TOP = 15
+
+
+@dataclass
+class ProfileSummary:
+    """What one backend's profiled steps showed (kept in the row's notes and in the JSON)."""
+
+    steps: int
+    host_ms_per_step: float  # wall clock of a step, device work included
+    device_ms_per_step: float | None  # sum of kernel times (None on the CPU)
+    launches_per_step: float | None  # None on the CPU
+    top: list[dict[str, Any]] = field(default_factory=list)  # name, calls, ms (device, or self CPU)
+    trace: str = ""
+    report: str = ""
+
+
+def device_us(event: Any) -> float:
+    """Device time of a kernel (or memcpy/memset) row; 0 for host-side rows (operators, runtime calls),
+    so that summing never counts a kernel twice (once itself, once in the operator that launched it)."""
+    if getattr(event, "device_type", None) not in (None, torch.autograd.DeviceType.CUDA):
+        return 0.0
+    value = getattr(event, "self_device_time_total", None)
+    return float(value if value is not None else getattr(event, "self_cuda_time_total", 0.0))
+
+
+def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *, steps: int, title: str) -> ProfileSummary:
+    """Run ``step`` ``steps`` times under the profiler; write the trace and the report into ``out_dir``."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if clock.cuda else [])
+    walls = []
+    with profile(activities=activities) as prof:
+        for index in range(steps):
+            clock.synchronize()
+            start = time.perf_counter()
+            with record_function(f"step {index}"):
+                step()
+            clock.synchronize()
+            walls.append((time.perf_counter() - start) * 1e3)
+    trace = out_dir / "profile_trace.json"
+    prof.export_chrome_trace(str(trace))
+    averages = prof.key_averages()
+    if clock.cuda:
+        kernels = [(e.key, e.count, device_us(e) / 1e3) for e in averages if device_us(e) > 0]
+        device_ms = sum(ms for _, _, ms in kernels) / steps
+        launches = sum(e.count for e in averages if e.key in _LAUNCHES) / steps
+    else:
+        kernels = [(e.key, e.count, e.self_cpu_time_total / 1e3) for e in averages
+                   if e.self_cpu_time_total > 0 and not e.key.startswith("step ")]
+        device_ms = launches = None
+    kernels.sort(key=lambda k: -k[2])
+    summary = ProfileSummary(
+        steps=steps, host_ms_per_step=sum(walls) / steps, device_ms_per_step=device_ms, launches_per_step=launches,
+        top=[{"name": name, "calls": calls, "ms": ms} for name, calls, ms in kernels[:_TOP]], trace=str(trace),
+        report=str(out_dir / "profile_report.txt"),
+    )
+    Path(summary.report).write_text(format_profile(summary, title=title, device=clock.device))
+    return summary
+
+
+def format_profile(summary: ProfileSummary, *, title: str, device: torch.device) -> str:
+    lines = [f"{title}: {summary.steps} profiled step(s) on {device}", ""]
+    lines.append(f"host (wall) time per step:   {summary.host_ms_per_step:10.3f} ms")
+    if summary.device_ms_per_step is None:
+        lines.append("device time per step:         n/a (no GPU: the CPU profile only)")
+        lines.append("kernel launches per step:     n/a")
+    else:
+        busy = summary.device_ms_per_step / summary.host_ms_per_step if summary.host_ms_per_step else 0.0
+        lines.append(f"device (kernel) time per step:{summary.device_ms_per_step:10.3f} ms  "
+                     f"({busy:.0%} of the wall time: {'device-bound' if busy > 0.8 else 'host-bound (launches, Python)'})")
+        lines.append(f"kernel launches per step:     {summary.launches_per_step:10.1f}")
+    clock = "device time" if summary.device_ms_per_step is not None else "self CPU time"
+    lines += ["", f"top {len(summary.top)} by {clock} (all profiled steps):",
+              f"{'ms':>10}  {'calls':>6}  name"]
+    lines += [f"{row['ms']:10.3f}  {row['calls']:6d}  {row['name'][:110]}" for row in summary.top]
+    lines += ["", f"Chrome trace: {summary.trace} (open in chrome://tracing or https://ui.perfetto.dev)"]
+    return "\n".join(lines) + "\n"
+
+
+def summary_notes(summary: ProfileSummary) -> dict[str, Any]:
+    return asdict(summary)

@@ -1,0 +1,100 @@
+"""``twinkle_fx.compile(model)``: the one call for compiled training and inference.
+
+``torch.compile(model, backend="twinkle")`` rewrites the graph Dynamo captures inside ``model``,
+but the module being compiled is no graph region (its ``forward`` is the frame itself), so a kernel
+bound to the root's class, the built-in fused-loss head of ``*ForCausalLM``, cannot be swapped by
+the rewrite. This call installs that one kernel on the root module first (the eager swap, undoable
+with :func:`twinkle_fx.undo_kernelize`), leaves every submodule to the graph rewrite, and compiles
+with ``backend="twinkle"``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..devices import infer_device, parse_device
+from ..eager.layers import LayerSwap, install_forward
+from ..modes import format_mode, parse_mode
+from ..registry import get_registry
+from ..selection import select_layer_kernel, signature_mismatch
+from ..settings import kernels_disabled
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["compile_model"]
+
+
+def _install_root_kernel(model: torch.nn.Module, device: str, training: bool) -> str | None:
+    """Swap the kernel bound to ``type(model)`` into ``model`` itself; returns why not, or None."""
+    mode = parse_mode("train+compile" if training else "compile")
+    selection = select_layer_kernel(get_registry(), type(model), device, mode)
+    if selection is None:
+        return f"no kernel is bound to {type(model).__qualname__}"
+    reason = selection.reason
+    if selection.choice is not None:
+        reason = signature_mismatch(type(model).forward, selection.choice.call)
+    if reason is not None:
+        return f"{type(model).__qualname__} on {device} ({format_mode(mode)}): {reason}"
+    install_forward(LayerSwap("", model, selection.choice))
+    return None
+
+
+def compile_model(
+    model: torch.nn.Module,
+    *,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    device: str | torch.device | None = None,
+    fused_loss: bool = True,
+) -> torch.nn.Module:
+    """Compile ``model`` with the ``twinkle`` backend, its own registered kernel (the fused-loss head) included.
+
+    Call it as ``twinkle_fx.compile(model, ...)``. Registrations come from the registry as for
+    ``torch.compile(model, backend="twinkle")`` (for example ``use_builtin_kernels()``).
+
+    Args:
+        model (`nn.Module`): the model; with the built-in kernels, a transformers ``*ForCausalLM``.
+        mode (`str`, *optional*): torch.compile's ``mode`` (e.g. ``"reduce-overhead"`` for CUDA graphs),
+            passed through; not together with ``options``.
+        options (`dict`, *optional*): the backend's options (``compiler``, ``mode`` "train" / "inference",
+            ``verify``, ``report``; see the README), passed through.
+        fullgraph (`bool`, defaults to `False`), dynamic (`bool`, *optional*): as for ``torch.compile``.
+        device (`str`, *optional*): the device the kernels are selected for; defaults to the model's.
+        fused_loss (`bool`, defaults to `True`): install the kernel bound to the model's own class (the
+            fused-loss head). In training with labels the loss then comes without logits
+            (``outputs.logits is None``); ``False`` compiles the model as ``torch.compile`` would.
+
+    Returns:
+        The compiled module (``torch.compile``'s ``OptimizedModule``); ``model`` itself carries the
+        head's forward until :func:`twinkle_fx.undo_kernelize` ``(model)``.
+
+    Raises:
+        ValueError: ``mode`` together with ``options`` (as torch.compile), or an unknown device.
+
+    Example:
+        ```python
+        import twinkle_fx
+        from twinkle_fx.builtin import use_builtin_kernels
+
+        use_builtin_kernels()
+        compiled = twinkle_fx.compile(model)          # fused-loss head + backend="twinkle"
+        loss = compiled(input_ids=ids, labels=ids).loss
+        ```
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"twinkle_fx.compile: model is a {type(model).__name__}; pass an nn.Module.")
+    if mode is not None and options is not None:
+        raise ValueError("twinkle_fx.compile: pass either mode= (torch.compile's, e.g. 'reduce-overhead') or "
+                         "options= (the twinkle backend's), not both, as torch.compile requires.")
+    if fused_loss and not kernels_disabled():
+        target = parse_device(device) if device is not None else infer_device(model)
+        training = model.training if options is None or "mode" not in options else "train" in str(options["mode"])
+        why_not = _install_root_kernel(model, target, training)
+        if why_not is not None:
+            logger.info("twinkle_fx.compile: kept the forward of the compiled module: %s", why_not)
+    return torch.compile(model, backend="twinkle", mode=mode, options=options, fullgraph=fullgraph, dynamic=dynamic)

@@ -1,0 +1,147 @@
+"""The Hugging Face ``kernels`` package as a neighbour: its active layer mapping, and the forwards it swapped.
+
+``kernels`` keeps one layer mapping (``kernels.register_kernel_mapping``, scoped with
+``kernels.use_kernel_mapping``) in a context variable: layer name -> device type -> repositories by
+``kernels.Mode``. twinkle_fx reads that mapping whenever it selects a kernel for a layer class, so a
+user's existing mapping serves ``kernelize_model`` and ``torch.compile(model, backend="twinkle")``
+alike (``kernels.kernelize`` itself cannot be used under ``torch.compile``: it swaps forwards before
+compiling). Classes take part the way ``kernels.kernelize`` picks them: by their
+``kernel_layer_name`` (set by ``kernels.use_kernel_forward_from_hub`` and transformers' hub
+decorators), or bound with :func:`~twinkle_fx.register_external_layer`.
+
+Precedence: for a layer name and a device type, twinkle_fx's own registrations win; the ``kernels``
+mapping fills only the (name, device) pairs twinkle_fx has nothing for. ``DISABLE_KERNEL_MAPPING=1``
+(the ``kernels`` switch) makes twinkle_fx ignore the mapping too. The ``kernels`` package is never
+imported here: if nothing imported it, nobody can have registered a mapping.
+
+Example:
+    >>> import kernels                                                          # doctest: +SKIP
+    >>> repo = kernels.LocalLayerRepository(repo_path=Path("kernels/twinkle_triton"), layer_name="RMSNorm")
+    >>> with kernels.use_kernel_mapping({"RMSNorm": {"cuda": repo}}):         # doctest: +SKIP
+    ...     kernelize_model(model, mode="train")           # Qwen2RMSNorm (kernel_layer_name "RMSNorm") swapped
+    ...     compiled = torch.compile(model, backend="twinkle")   # the same mapping inside the graph
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import types
+from typing import Any
+
+import torch
+
+from .devices import ANY_DEVICE, registration_keys
+from .modes import Mode, parse_mode
+from .registry import LayerRegistration
+from .sources import RepoObjectSource
+
+__all__ = ["active_kernels_mapping", "kernels_mapping_registrations", "with_kernels_mapping", "foreign_forward"]
+
+
+def active_kernels_mapping() -> dict[str, Any]:
+    """The ``kernels`` layer mapping in effect in this context (layer name -> device type ->
+    ``kernels`` DeviceRepos); empty when ``kernels`` was never imported or its mapping is disabled."""
+    if "kernels" not in sys.modules or os.environ.get("DISABLE_KERNEL_MAPPING", "0") not in ("", "0"):
+        return {}
+    globals_module = sys.modules.get("kernels.layer.globals")
+    mapping_var = getattr(globals_module, "_KERNEL_MAPPING", None)
+    if mapping_var is None:
+        # kernels 0.17 keeps the mapping in kernels.layer.globals._KERNEL_MAPPING (a ContextVar of
+        # a dict); a release that moves it must not fail silently
+        version = getattr(sys.modules["kernels"], "__version__", "?")
+        raise RuntimeError(
+            f"twinkle_fx cannot read the layer mapping of kernels {version} (kernels.layer.globals._KERNEL_MAPPING "
+            "is gone; twinkle_fx reads kernels 0.17); register the kernels with twinkle_fx instead "
+            "(twinkle_fx.register_layer_kernel(..., repo=<your LayerRepository>)) or set DISABLE_KERNEL_MAPPING=1."
+        )
+    return mapping_var.get()
+
+
+class _MappingSource(RepoObjectSource):
+    """A repository from the ``kernels`` mapping (``LayerRepository``, ``LocalLayerRepository``, ...)."""
+
+    def describe(self) -> str:
+        repo = self.repo
+        # str(LayerRepository) resolves its revision on the Hub: describe it from its fields instead
+        where = getattr(repo, "_repo_id", None) or getattr(repo, "_repo_path", None)
+        pin = getattr(repo, "_revision", None) or getattr(repo, "_version", None)
+        text = f"kernels mapping: {type(repo).__name__}"
+        if where is not None:
+            text += f" {where}" + (f" ({pin})" if pin is not None else "")
+        layer = getattr(repo, "layer_name", None)
+        return text + (f", layer {layer}" if layer else "")
+
+
+# one source per repository object, so a kernel is loaded once however often the mapping is read
+# (kernels' own layer cache is keyed the same way)
+_SOURCES: dict[int, tuple[Any, _MappingSource]] = {}
+_SOURCES_LOCK = threading.Lock()
+
+
+def _source(repo: Any) -> _MappingSource:
+    with _SOURCES_LOCK:
+        entry = _SOURCES.get(id(repo))
+        if entry is None or entry[0] is not repo:
+            entry = (repo, _MappingSource(repo))
+            _SOURCES[id(repo)] = entry
+        return entry[1]
+
+
+def kernels_mapping_registrations(kernel_name: str, device: str) -> dict[str, dict[Mode, LayerRegistration]]:
+    """``device key -> mode -> registration`` from the active ``kernels`` mapping for ``kernel_name``,
+    for the keys that serve ``device`` only (reading the CUDA entry queries the GPU's capability).
+
+    Example:
+        >>> with kernels.use_kernel_mapping({"RMSNorm": {"cpu": repo}}):          # doctest: +SKIP
+        ...     kernels_mapping_registrations("RMSNorm", "cpu")
+        {'cpu': {<Mode.FALLBACK: 16>: LayerRegistration(kernel_name='RMSNorm', device='cpu', ...)}}
+    """
+    by_device = active_kernels_mapping().get(kernel_name)
+    if not by_device:
+        return {}
+    found: dict[str, dict[Mode, LayerRegistration]] = {}
+    for key in registration_keys(device):
+        device_repos = by_device.get(key) if key != ANY_DEVICE else None
+        repos = None if device_repos is None else device_repos.repos
+        if not repos:
+            continue
+        found[key] = {}
+        for kernels_mode, repo in repos.items():
+            mode = parse_mode(kernels_mode, allow_fallback=True)
+            found[key][mode] = LayerRegistration(kernel_name, key, mode, _source(repo))
+    return found
+
+
+def with_kernels_mapping(kernel_name: str, device: str,
+                         registrations: dict[str, dict[Mode, LayerRegistration]]) -> dict[str, dict[Mode, LayerRegistration]]:
+    """``registrations`` (twinkle_fx's, for ``kernel_name``) plus the ``kernels`` mapping's entries for
+    the device keys twinkle_fx has no registration for."""
+    extra = kernels_mapping_registrations(kernel_name, device)
+    if not extra:
+        return registrations
+    merged = dict(registrations)
+    for key, modes in extra.items():
+        merged.setdefault(key, modes)
+    return merged
+
+
+def foreign_forward(module: torch.nn.Module) -> str | None:
+    """Who replaced ``module.forward``, when something other than twinkle_fx did (``kernels.kernelize``
+    binds a kernel layer's ``forward`` to the instance); None for the class's own forward.
+
+    Example:
+        >>> kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")   # doctest: +SKIP
+        >>> foreign_forward(model.model.norm)                                     # doctest: +SKIP
+        'kernels.kernelize (twinkle_triton.layers.RMSNorm.forward)'
+    """
+    forward = module.__dict__.get("forward")
+    if not isinstance(forward, types.MethodType) or forward.__self__ is not module:
+        return None  # the class's forward, or twinkle_fx's own KernelForward (not a method)
+    function = forward.__func__
+    if function is getattr(type(module), "forward", None):
+        return None  # kernels' fallback re-binds the class's own forward
+    owner = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
+    tool = "kernels.kernelize" if isinstance(getattr(type(module), "kernel_layer_name", None), str) else "another tool"
+    return f"{tool} ({owner})"

@@ -228,8 +228,7 @@ def apply_function_kernel(
         return PatchedFunctions()
     patched = _apply(target_module, device_type, wanted, use_fallback, strict, verify)
     if patched._kept:
-        logger.warning("apply_function_kernel kept the original of %d function(s): %s", len(patched._kept),
-                       "; ".join(f"{target}: {reason}" for target, reason in patched._kept))
+        logger.warning("apply_function_kernel: %s", "; ".join(f"kept {target}: {reason}" for target, reason in patched._kept))
     return patched
 
 

@@ -160,11 +160,6 @@ def coverage_notes(model: torch.nn.Module) -> list[str]:
     return notes
 
 
-def _short(reason: str, limit: int = 240) -> str:
-    # the cause usually ends a reason ("... does not exist"), the source description starts it
-    return reason if len(reason) <= limit else f"{reason[:100]} ... {reason[-(limit - 105):]}"
-
-
 def _report(model: torch.nn.Module, plan: _Plan, installed: list[LayerSwap], device: str, mode: Mode,
             registry: KernelRegistry, functions_kept: list[tuple[str, str]]) -> None:
     """INFO per class, DEBUG per module (in install_forward), and one WARNING when nothing of N
@@ -197,11 +192,10 @@ def _report(model: torch.nn.Module, plan: _Plan, installed: list[LayerSwap], dev
 
     kept_count = sum(len(paths) for paths in plan.fallbacks.values())
     if plan.fallbacks or functions_kept:
-        kept = [f"{len(paths)} {cls.__qualname__}: {_short(reason)}" for (cls, reason), paths in plan.fallbacks.items()]
-        kept += [f"{target}: {_short(reason)}" for target, reason in functions_kept]
-        logger.warning("kernelize_model(%s, %s, %s) swapped %d of %d candidate module(s) and kept the original "
-                       "of %d module(s) and %d function(s): %s", model_name, format_mode(mode), device,
-                       plan.candidates - kept_count, plan.candidates, kept_count, len(functions_kept), "; ".join(kept))
+        kept = [f"kept {len(paths)} {cls.__qualname__}: {reason}" for (cls, reason), paths in plan.fallbacks.items()]
+        kept += [f"kept {target}: {reason}" for target, reason in functions_kept]
+        logger.warning("kernelize_model(%s, %s, %s) swapped %d of %d candidate module(s); %s", model_name,
+                       format_mode(mode), device, plan.candidates - kept_count, plan.candidates, "; ".join(kept))
     elif plan.candidates == 0 and registry.layer_kernel_names():
         no_kernel = f"; its layer classes without a kernel: {', '.join(plan.uncovered)}" if plan.uncovered else ""
         logger.warning("kernelize_model(%s, %s, %s) swapped nothing: no module of it is bound to a registered "
@@ -237,9 +231,8 @@ def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallb
         changes.functions, functions_kept = patched._changes, patched._kept
     if plan is None:
         if functions_kept:
-            logger.warning("kernelize_model(None, %s, %s) kept the original of %d function(s): %s", format_mode(mode),
-                           device, len(functions_kept),
-                           "; ".join(f"{target}: {_short(reason)}" for target, reason in functions_kept))
+            logger.warning("kernelize_model(None, %s, %s): %s", format_mode(mode), device,
+                           "; ".join(f"kept {target}: {reason}" for target, reason in functions_kept))
         return changes
     for _, module, _ in plan.stale:
         change = uninstall_forward(module)

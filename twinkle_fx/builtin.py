@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from .devices import parse_devices
 from .registration import register_external_layer, register_function_kernel, register_layer_kernel
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ def use_builtin_kernels(
     import twinkle_triton
     from twinkle_triton import layers
 
+    devices = parse_devices(devices)  # "cpu" is one device, not "c", "p", "u"
     if isinstance(models, str):
         raise TypeError(f"use_builtin_kernels: models={models!r} is a string; pass a sequence, e.g. ({models!r},).")
     unknown = [m for m in models if m not in BUILTIN_MODELS]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .devices import parse_device
-from .registration import _registration_mode, resolve_class
+from .registration import _registration_mode, check_function_target, check_kernel_name, resolve_class
 from .registry import FunctionRegistration, LayerRegistration, get_registry
 from .sources import make_source
 
@@ -28,6 +28,18 @@ def _entries(where: str, value: Any) -> list[tuple[str, Mapping]]:
     if not isinstance(items, (list, tuple)) or not all(isinstance(e, Mapping) for e in items):
         raise ValueError(f"{where}: expected a dict of keyword arguments or a list of them, got {type(value).__name__}.")
     return [(f"{where}[{i}]" if len(items) > 1 else where, entry) for i, entry in enumerate(items)]
+
+
+def _section(config: Mapping, key: str) -> Mapping:
+    value = config.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        example = {"layers": "{'MyKernel': {'layer': MyKernel, 'device': 'cuda'}}",
+                   "external_layers": "{Qwen2MLP: 'MyKernel'}",
+                   "functions": "{'add': {'target_module': 'my_pkg.math_ops', 'func_impl': fast_add}}"}[key]
+        raise ValueError(f"config[{key!r}] must be a dict such as {example}, got {type(value).__name__} {value!r:.60}.")
+    return value
 
 
 def _check_keys(where: str, entry: Mapping, allowed: tuple[str, ...]) -> None:
@@ -95,7 +107,8 @@ def register_kernels(config: Mapping[str, Any]) -> None:
     _check_keys("config", config, _TOP_KEYS)
 
     layers: list[LayerRegistration] = []
-    for kernel_name, value in dict(config.get("layers") or {}).items():
+    for kernel_name, value in dict(_section(config, "layers")).items():
+        check_kernel_name(f"layers[{kernel_name!r}]", kernel_name)
         for where, entry in _entries(f"layers[{kernel_name!r}]", value):
             _check_keys(where, entry, _LAYER_KEYS)
             layers.append(LayerRegistration(
@@ -112,16 +125,19 @@ def register_kernels(config: Mapping[str, Any]) -> None:
             ))
 
     bindings = []
-    for cls, kernel_name in dict(config.get("external_layers") or {}).items():
-        if not isinstance(kernel_name, str) or not kernel_name:
-            raise ValueError(f"external_layers[{cls!r}]: the kernel name must be a non-empty string, got {kernel_name!r}.")
-        bindings.append((resolve_class(cls), kernel_name))
+    for cls, kernel_name in dict(_section(config, "external_layers")).items():
+        check_kernel_name(f"external_layers[{cls!r}]", kernel_name)
+        try:
+            bindings.append((resolve_class(cls), kernel_name))
+        except TypeError as e:
+            raise TypeError(f"external_layers[{cls!r}]: {e}") from e
 
     functions: list[FunctionRegistration] = []
-    for key, value in dict(config.get("functions") or {}).items():
+    for key, value in dict(_section(config, "functions")).items():
         for where, entry in _entries(f"functions[{key!r}]", value):
             _check_keys(where, entry, _FUNCTION_KEYS)
             target_module, func_name = _function_target(where, key, entry.get("target_module"))
+            check_function_target(where, target_module, func_name)
             functions.append(FunctionRegistration(
                 target_module=target_module,
                 func_name=func_name,

@@ -15,6 +15,7 @@ import torch
 
 from .compile.regions import known_modules
 from .compile.report import CompileReport, collect_reports
+from .eager.kernelize import coverage_notes
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
     compiled = torch.compile(target, backend="twinkle", options=merged)
     with known_modules(model), collect_reports() as report:
         compiled(*args, **kwargs)
+    report.notes = coverage_notes(model)
     return report
 
 

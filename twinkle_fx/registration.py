@@ -6,6 +6,8 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .devices import parse_device
 from .modes import Mode, parse_mode
 from .registry import FunctionRegistration, LayerRegistration, get_registry
@@ -16,6 +18,26 @@ __all__ = ["register_layer_kernel", "register_external_layer", "register_functio
 
 def _registration_mode(mode: Any) -> Mode:
     return Mode.FALLBACK if mode is None else parse_mode(mode, allow_fallback=True)
+
+
+def check_kernel_name(where: str, kernel_name: Any) -> str:
+    if not isinstance(kernel_name, str) or not kernel_name.strip():
+        raise ValueError(f"{where}: the kernel name must be a non-empty string, got {kernel_name!r}.")
+    return kernel_name
+
+
+def check_function_target(where: str, target_module: Any, func_name: Any) -> None:
+    """``target_module`` a dotted module path and ``func_name`` one identifier (no dots: the module
+    part belongs in target_module)."""
+    if not isinstance(target_module, str) or not all(part.isidentifier() for part in target_module.split(".")):
+        raise ValueError(f"{where}: target_module must be a dotted module path such as 'my_pkg.math_ops', "
+                         f"got {target_module!r}.")
+    if not isinstance(func_name, str) or not func_name.isidentifier():
+        hint = ""
+        if isinstance(func_name, str) and "." in func_name:
+            module, _, name = func_name.rpartition(".")
+            hint = f" (for {target_module}.{func_name} pass target_module={target_module + '.' + module!r}, func_name={name!r})"
+        raise ValueError(f"{where}: func_name must be the function's name in target_module, got {func_name!r}{hint}.")
 
 
 def register_layer_kernel(
@@ -60,8 +82,7 @@ def register_layer_kernel(
         ...                       package_name="my_kernels", layer_name="Qwen2MLPTrainingKernel",
         ...                       device="cuda", mode="train")  # doctest: +SKIP
     """
-    if not isinstance(kernel_name, str) or not kernel_name:
-        raise ValueError(f"kernel_name must be a non-empty string, got {kernel_name!r}.")
+    check_kernel_name("register_layer_kernel", kernel_name)
     what = f"layer kernel {kernel_name!r}"
     registration = LayerRegistration(
         kernel_name=kernel_name,
@@ -79,17 +100,17 @@ def register_layer_kernel(
 
 def resolve_class(cls: type | str) -> type:
     """A class, or one named by a dotted path ("transformers.models.qwen2.modeling_qwen2.Qwen2MLP")."""
-    if isinstance(cls, type):
-        return cls
+    found: Any = cls
     if isinstance(cls, str) and "." in cls:
         module_name, _, attr = cls.rpartition(".")
         try:
             found = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"Cannot resolve layer class {cls!r}: {type(e).__name__}: {e}") from e
-        if isinstance(found, type):
-            return found
-    raise TypeError(f"Expected an nn.Module class or a dotted path to one, got {cls!r}.")
+    if isinstance(found, type) and issubclass(found, torch.nn.Module):
+        return found
+    raise TypeError(f"Expected an nn.Module class or a dotted path to one, got {cls!r}"
+                    + (f" ({found!r} is no nn.Module class)." if found is not cls else "."))
 
 
 def register_external_layer(cls: type | str, kernel_name: str) -> None:
@@ -104,8 +125,7 @@ def register_external_layer(cls: type | str, kernel_name: str) -> None:
         >>> register_external_layer(Qwen2MLP, "MyAwesomeMLP")
     """
     klass = resolve_class(cls)
-    if not isinstance(kernel_name, str) or not kernel_name:
-        raise ValueError(f"kernel_name for {klass.__qualname__} must be a non-empty string, got {kernel_name!r}.")
+    check_kernel_name(f"register_external_layer({klass.__qualname__})", kernel_name)
     get_registry().bind_layer(klass, kernel_name)
 
 
@@ -147,9 +167,7 @@ def register_function_kernel(
         >>> register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
         ...                          func_impl=fast_add, device="cuda", mode="inference")  # doctest: +SKIP
     """
-    for arg, value in (("func_name", func_name), ("target_module", target_module)):
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"{arg} must be a non-empty string, got {value!r}.")
+    check_function_target("register_function_kernel", target_module, func_name)
     if not isinstance(match_anywhere, bool):
         raise TypeError(f"match_anywhere must be True or False, got {match_anywhere!r}.")
     what = f"function kernel for {target_module}.{func_name}"

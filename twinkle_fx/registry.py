@@ -8,7 +8,10 @@ It holds three tables:
 - function kernels: "module.func" -> device -> mode -> :class:`FunctionRegistration`.
 
 The active registry is per context: :func:`scoped_registry` gives a block its own copy, so tests
-and libraries never leak registrations into each other. All access is guarded by a lock.
+and libraries never leak registrations into each other; threads that have not entered a scope of
+their own see the innermost block open in the process. All access is guarded by a lock.
+
+Registering is pure data: nothing is imported, loaded or traced until a kernel is used.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import contextlib
 import contextvars
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +82,7 @@ _Table = dict[str, dict[str, dict[Mode, object]]]
 def _put(table: _Table, key: str, device: str, mode: Mode, entry: object, label: str) -> None:
     slot = table.setdefault(key, {}).setdefault(device, {})
     if mode in slot:
-        logger.info("twinkle_fx: %s re-registered for %s/%s; the later registration wins (%s)", label, device, format_mode(mode), entry)
+        logger.info("%s re-registered for %s/%s; the later registration wins (%s)", label, device, format_mode(mode), entry)
     slot[mode] = entry
 
 
@@ -110,7 +113,7 @@ class KernelRegistry:
         with self._lock:
             previous = self._bindings.get(cls)
             if previous is not None and previous != kernel_name:
-                logger.info("twinkle_fx: %s was bound to %r, now to %r (later wins)", cls.__qualname__, previous, kernel_name)
+                logger.info("%s was bound to %r, now to %r (later wins)", cls.__qualname__, previous, kernel_name)
             self._bindings[cls] = kernel_name
             self.generation += 1
 
@@ -118,8 +121,6 @@ class KernelRegistry:
         with self._lock:
             _put(self._functions, registration.target, registration.device, registration.mode, registration, f"function kernel for {registration.target}")
             self.generation += 1
-        for hook in list(FUNCTION_REGISTRATION_HOOKS):
-            hook(registration)
 
     # -- reading -----------------------------------------------------------------------------
     def kernel_name_for(self, cls: type) -> str | None:
@@ -183,22 +184,30 @@ class KernelRegistry:
             return f"<KernelRegistry layers={list(self._layers)} bindings={len(self._bindings)} functions={list(self._functions)}>"
 
 
-# Called with each new FunctionRegistration (the compile package traces the reference function
-# here: Dynamo cannot trace from inside a backend).
-FUNCTION_REGISTRATION_HOOKS: list[Callable[[FunctionRegistration], None]] = []
-
 _GLOBAL_REGISTRY = KernelRegistry()
 _ACTIVE_REGISTRY: contextvars.ContextVar[KernelRegistry | None] = contextvars.ContextVar("twinkle_fx_registry", default=None)
+# Scopes open in the process, oldest first: a thread starts with an empty context (no context
+# variable set), so a worker thread started inside a block finds the block's registry here.
+_OPEN_SCOPES: list[KernelRegistry] = []
+_SCOPES_LOCK = threading.Lock()
 
 
 def get_registry() -> KernelRegistry:
-    """The registry in effect here: the innermost :func:`scoped_registry`, else the process-wide one."""
-    return _ACTIVE_REGISTRY.get() or _GLOBAL_REGISTRY
+    """The registry in effect here: the innermost :func:`scoped_registry` of this context, else
+    (a thread that entered none) the innermost one open in the process, else the process-wide one."""
+    active = _ACTIVE_REGISTRY.get()
+    if active is not None:
+        return active
+    with _SCOPES_LOCK:
+        return _OPEN_SCOPES[-1] if _OPEN_SCOPES else _GLOBAL_REGISTRY
 
 
 @contextlib.contextmanager
 def scoped_registry(*, inherit: bool = True) -> Iterator[KernelRegistry]:
     """Make registrations inside the block private to it; they vanish when it exits (also on error).
+
+    Threads started inside the block (which do not inherit context variables) use the block's
+    registry too, unless they enter a scope of their own; so do other threads that entered none.
 
     Args:
         inherit (`bool`, defaults to `True`): start from a copy of the registrations in effect;
@@ -211,11 +220,15 @@ def scoped_registry(*, inherit: bool = True) -> Iterator[KernelRegistry]:
         ...     kernelize_model(model, mode="inference")                                 # doctest: +SKIP
         >>> # here "Fast" is no longer registered
     """
+    if not isinstance(inherit, bool):
+        raise TypeError(f"inherit must be True or False, got {inherit!r}.")
     registry = get_registry().copy() if inherit else KernelRegistry()
     token = _ACTIVE_REGISTRY.set(registry)
+    with _SCOPES_LOCK:
+        _OPEN_SCOPES.append(registry)
     try:
         yield registry
     finally:
+        with _SCOPES_LOCK:
+            _OPEN_SCOPES.remove(registry)
         _ACTIVE_REGISTRY.reset(token)
-
-

@@ -8,21 +8,26 @@ rejected), so the report and the fallback log can say it.
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .devices import registration_keys
+from .devices import registration_keys, triton_interpreter_problem
 from .errors import KernelLoadError
 from .modes import Mode, format_mode, mode_fallback_order
 from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
 from .kernels_mapping import with_kernels_mapping
 
-__all__ = [
-    "KernelChoice", "Selection", "select_layer_kernel", "select_function_kernel", "signature_mismatch", "does_not_apply",
-]
+__all__ = ["KernelChoice", "Selection", "is_layer_target", "select_layer_kernel", "select_function_kernel", "signature_mismatch",
+           "does_not_apply", "KERNEL_DECLARATIONS"]
+
+# Class attributes a layer kernel may declare beyond forward (anything else is state the replaced
+# layer does not have: see _stateless_problem).
+KERNEL_DECLARATIONS = {"has_backward", "can_torch_compile"}
 
 
 @dataclass(frozen=True)
@@ -77,17 +82,50 @@ def capabilities(kernel: Any) -> tuple[bool, bool]:
     return bool(getattr(kernel, "has_backward", True)), bool(getattr(kernel, "can_torch_compile", False))
 
 
+class _Refused(Exception):
+    """A loaded kernel that cannot serve as one (stateful, no signature); the message says why."""
+
+
+def _stateless_problem(cls: type) -> str | None:
+    """Why a layer kernel class is not stateless (as the ``kernels`` package's ``_validate_layer``).
+
+    Its ``forward`` runs with the replaced module as ``self``: state set in an ``__init__``, and
+    members of the kernel class, are not there at call time.
+    """
+    base = torch.nn.Module if issubclass(cls, torch.nn.Module) else object
+    if cls.__init__ is not base.__init__:
+        return (f"layer kernel class {cls.__qualname__} defines __init__: its forward runs on the replaced "
+                "module, which never ran it; keep the state in the layer and drop __init__")
+    base_members = set(dir(base)) | {"forward"}
+    extra = sorted(name for name in dir(cls) if name not in base_members and name not in KERNEL_DECLARATIONS
+                   and not (name.startswith("__") and name.endswith("__")))
+    if extra:
+        return (f"layer kernel class {cls.__qualname__} has members the replaced layer does not have "
+                f"({', '.join(extra)}): its forward runs with the replaced module as self, so self.{extra[0]} "
+                "would not be found; move them into forward or a module-level function")
+    return None
+
+
 def _layer_call(kernel: Any) -> Callable[..., Any]:
+    if isinstance(kernel, torch.nn.Module):
+        kernel = type(kernel)
     if isinstance(kernel, type):
         forward = getattr(kernel, "forward", None)
         if forward is None or forward is torch.nn.Module.forward:
             raise KernelLoadError(f"layer kernel class {kernel.__qualname__} defines no forward().")
+        problem = _stateless_problem(kernel)
+        if problem is not None:
+            raise _Refused(problem)
         return forward
-    if isinstance(kernel, torch.nn.Module):
-        return type(kernel).forward
     if callable(kernel):
         return kernel
     raise KernelLoadError(f"layer kernel {kernel!r} is neither an nn.Module class, an instance, nor a callable.")
+
+
+# A class-based function kernel is instantiated once, so every selection gets the same callable and
+# "already patched with this kernel" holds (weak: an unloaded class takes its instance with it).
+_INSTANCES: "weakref.WeakKeyDictionary[type, Any]" = weakref.WeakKeyDictionary()
+_INSTANCES_LOCK = threading.Lock()
 
 
 def _function_call(kernel: Any) -> Callable[..., Any]:
@@ -95,7 +133,11 @@ def _function_call(kernel: Any) -> Callable[..., Any]:
     # documents' FuncRepositoryProtocol example returns): calling the class would construct it
     if isinstance(kernel, type) and (issubclass(kernel, torch.nn.Module)
                                      or any("__call__" in vars(k) for k in kernel.__mro__ if k is not object)):
-        return kernel()
+        with _INSTANCES_LOCK:
+            instance = _INSTANCES.get(kernel)
+            if instance is None:
+                instance = _INSTANCES[kernel] = kernel()
+        return instance
     if callable(kernel):
         return kernel
     raise KernelLoadError(f"function kernel {kernel!r} is not callable.")
@@ -136,6 +178,13 @@ def _select(
         except KernelLoadError as e:
             # the error already names the source; add which registration it was
             rejected.append(f"[{registration.device}, {format_mode(registration.mode)}] failed to load: {e}")
+            continue
+        except _Refused as e:
+            rejected.append(f"{registration}: {e}")
+            continue
+        problem = triton_interpreter_problem(kernel, device)
+        if problem is not None:
+            rejected.append(f"{registration}: {problem}")
             continue
         has_backward, can_compile = capabilities(kernel)
         if Mode.TRAINING in mode and not has_backward:
@@ -182,6 +231,16 @@ def select_layer_kernel(
     return selection
 
 
+def is_layer_target(registry: KernelRegistry, cls: type) -> bool:
+    """Whether instances of ``cls`` are swap targets: bound explicitly, or carrying a
+    ``kernel_layer_name`` that has registrations (transformers tags many classes; only registered
+    names count). Loads nothing."""
+    kernel_name = registry.kernel_name_for(cls)
+    if kernel_name is None:
+        return False
+    return registry.is_bound(cls) or bool(registry.layer_registrations(kernel_name))
+
+
 def select_function_kernel(
     registry: KernelRegistry,
     target: str,
@@ -225,24 +284,48 @@ def does_not_apply(choice: KernelChoice, module: torch.nn.Module) -> str | None:
     return f"{choice.name} does not apply to this {type(module).__qualname__}: {reason}"
 
 
-def _comparable(fn: Callable[..., Any], drop_self: bool) -> list[tuple[str, Any]]:
+def _same_default(a: Any, b: Any) -> bool:
+    """Whether two default values are the same value (not merely equal-looking: True is not 1)."""
+    if a is b:
+        return True
+    if isinstance(a, bool) or isinstance(b, bool):
+        return False
+    if isinstance(a, (int, float, complex)) and isinstance(b, (int, float, complex)):
+        return a == b
+    if type(a) is type(b) and isinstance(a, (str, bytes)):
+        return a == b
+    if type(a) is type(b) and isinstance(a, tuple):
+        return len(a) == len(b) and all(_same_default(x, y) for x, y in zip(a, b))
+    return False
+
+
+def _parameters(fn: Callable[..., Any], drop_self: bool) -> list[inspect.Parameter]:
     params = list(inspect.signature(fn).parameters.values())
-    if drop_self and params:
-        params = params[1:]
-    return [(p.name, p.kind) for p in params]
+    return params[1:] if drop_self and params else params
 
 
 def signature_mismatch(original: Callable[..., Any], kernel_forward: Callable[..., Any]) -> str | None:
     """Why ``kernel_forward`` cannot replace ``original`` (both ``forward(self, ...)``), or None.
 
-    Parameter names and kinds must agree: callers pass arguments by name.
+    Parameter names, kinds and default values must agree: callers pass arguments by name and rely
+    on the defaults (``scale=1.0`` replacing ``scale=2.0`` would change every call that omits it).
+    A kernel without a Python signature (a builtin) cannot be checked, so it is refused.
     """
     try:
-        ours = _comparable(kernel_forward, drop_self=True)
-        theirs = _comparable(original, drop_self=True)
+        ours = _parameters(kernel_forward, drop_self=True)
     except (TypeError, ValueError):
-        return None  # builtins without signatures: nothing to compare
-    if ours == theirs:
-        return None
-    fmt = lambda ps: ", ".join(name for name, _ in ps)  # noqa: E731
-    return f"forward signature ({fmt(ours)}) differs from the layer's ({fmt(theirs)})"
+        return (f"the kernel's forward {kernel_forward!r} has no Python signature to check against the layer's; "
+                "wrap it in a Python function forward(self, ...)")
+    try:
+        theirs = _parameters(original, drop_self=True)
+    except (TypeError, ValueError):
+        return f"the layer's forward {original!r} has no Python signature to check the kernel against"
+    if [(p.name, p.kind) for p in ours] != [(p.name, p.kind) for p in theirs]:
+        fmt = lambda ps: ", ".join(p.name for p in ps)  # noqa: E731
+        return f"forward signature ({fmt(ours)}) differs from the layer's ({fmt(theirs)})"
+    for mine, layer in zip(ours, theirs):
+        if not _same_default(mine.default, layer.default):
+            show = lambda d: "no default" if d is inspect.Parameter.empty else f"{d!r}"  # noqa: E731
+            return (f"forward parameter {mine.name!r} defaults to {show(mine.default)}, the layer's to "
+                    f"{show(layer.default)}: calls that omit it would compute something else")
+    return None

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
+import os
 import sys
 import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 from .errors import KernelLoadError
 
@@ -248,6 +252,34 @@ class HubSource(KernelSource):
         return _attribute(module, self.attr, self.describe(), prefer_layers=self.is_layer)
 
 
+def _check_source_arguments(what: str, is_layer: bool, impl: Any, impl_arg: str, repo_path: Any, package_name: Any,
+                            attr: Any, revision: Any, version: Any, trust_remote_code: Any) -> None:
+    """Type checks that name the argument, so a wrong type fails here and not deep in a loader."""
+    if impl is not None and not isinstance(impl, type) and not isinstance(impl, torch.nn.Module):
+        if not callable(impl):
+            raise TypeError(f"{what}: {impl_arg}= must be {'an nn.Module class, an instance or ' if is_layer else ''}"
+                            f"a callable, got {type(impl).__name__} {impl!r:.60}.")
+        if is_layer:
+            try:
+                inspect.signature(impl)
+            except (TypeError, ValueError):
+                raise TypeError(f"{what}: layer={impl!r} has no Python signature, so it cannot be checked against "
+                                "the layer's forward; wrap it in def forward(self, ...) or an nn.Module class.") from None
+    if repo_path is not None and not isinstance(repo_path, (str, os.PathLike)):
+        raise TypeError(f"{what}: repo_path must be a path (str or pathlib.Path), got {type(repo_path).__name__} {repo_path!r}.")
+    for name, value in (("package_name", package_name), ("revision", revision),
+                        ("layer_name" if is_layer else "kernel_func_name", attr)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise TypeError(f"{what}: {name} must be a non-empty string, got {type(value).__name__} {value!r}.")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
+        raise TypeError(f"{what}: version must be an int or a version string such as '0.1.0', got "
+                        f"{type(version).__name__} {version!r}.")
+    if not (isinstance(trust_remote_code, bool) or (isinstance(trust_remote_code, (list, tuple))
+                                                    and all(isinstance(o, str) for o in trust_remote_code))):
+        raise TypeError(f"{what}: trust_remote_code must be True, False or a list of organisation names, got "
+                        f"{trust_remote_code!r}.")
+
+
 def make_source(
     *,
     what: str,
@@ -273,6 +305,8 @@ def make_source(
         ValueError: none or several of impl / repo / repo_id / repo_path, both revision and version,
             or a missing ``attr`` for repo_id / repo_path.
     """
+    _check_source_arguments(what, is_layer, impl, impl_arg, repo_path, package_name, attr, revision, version,
+                            trust_remote_code)
     given = [name for name, value in ((impl_arg, impl), ("repo", repo), ("repo_id", repo_id), ("repo_path", repo_path)) if value is not None]
     if len(given) != 1:
         raise ValueError(

@@ -33,6 +33,12 @@ def _bench(*args: str, out: Path) -> subprocess.CompletedProcess:
 
 
 def _png(path: Path) -> None:
+    """A PNG chart where matplotlib (optional) is installed; none (the CLI says so) where it is not."""
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        assert not path.exists(), f"{path} written without matplotlib"
+        return
     assert path.is_file() and path.read_bytes()[:8] == PNG_MAGIC, f"{path} is not a PNG"
 
 
@@ -132,7 +138,10 @@ def test_a_raising_backend_is_a_failed_row_and_the_run_goes_on(monkeypatch):
     assert "broken: failed: RuntimeError: kernel exploded" in table
 
 
-def test_saved_result_is_rendered_again(tmp_path):
+@pytest.mark.parametrize("hide_matplotlib", [False, True])
+def test_saved_result_is_rendered_again(tmp_path, monkeypatch, hide_matplotlib):
+    if hide_matplotlib:  # the optional dependency missing: no PNG, no failure
+        monkeypatch.setitem(sys.modules, "matplotlib", None)
     rows = [_row("eager", 11.93), _row("inductor", 11.93, 150.0, 0.6)]
     annotate_model_rows(rows, dtype=torch.bfloat16)
     workload = {"model": "qwen2", "shape_of": "Qwen2-0.5B", "batch": 4, "seq": 1024, "dtype": "bfloat16",

@@ -1,6 +1,8 @@
 """Verify mode: a kernel that disagrees with the reference is never silently kept."""
 
+import copy
 import logging
+import pickle
 
 import pytest
 import torch
@@ -101,3 +103,109 @@ def test_builtin_kernels_pass_verification_in_training(device):
     assert {("Qwen2RMSNorm", "output"), ("Qwen2RMSNorm", "gradients"), ("Qwen2MLP", "gradients")} <= kinds
     assert any(v.target.endswith("apply_rotary_pos_emb") for v in report)
     assert all(v.passed for v in report), [str(v) for v in report if not v.passed]
+
+
+# -- what a check must catch (issue 12, item 2) ---------------------------------------------------
+
+class Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def _checked(kernel, layer=Double, mode="inference", **kwargs):
+    register_layer_kernel(kernel_name="K", layer=kernel, device="cpu")
+    register_external_layer(layer, "K")
+    module = layer()
+    kernelize_model(module, mode=mode, device="cpu", verify=True, **kwargs)
+    return module
+
+
+def _only_result(module):
+    report = verification_report(module)
+    assert len(report) >= 1
+    return report[-1]
+
+
+@pytest.mark.parametrize("kernel_forward, detail", [
+    (lambda self, x: (x * 2).double(), "dtype torch.float64 vs the reference's torch.float32"),
+    (lambda self, x: (x * 2,), "structure differs"),
+    (lambda self, x: (x * 2).to("meta"), "device meta vs the reference's cpu"),
+    (lambda self, x: (x * 2)[:1], "shape"),
+])
+def test_a_result_that_differs_in_kind_not_value_is_rejected(kernel_forward, detail):
+    module = _checked(kernel_forward)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(module(x), x * 2, rtol=0, atol=0)  # the reference's answer
+    result = _only_result(module)
+    assert not result.passed and detail in result.detail
+
+
+def test_a_detached_output_is_rejected_in_training():
+    module = _checked(lambda self, x: (x * 2).detach(), mode="train")
+    x = torch.randn(3, 4, requires_grad=True)
+    module(x).sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, torch.full_like(x, 2.0))
+    assert "does not require grad" in _only_result(module).detail
+
+
+def test_an_in_place_kernel_cannot_corrupt_the_reference():
+    def in_place(self, x):
+        return x.mul_(2)  # right values, but it writes into its input
+
+    module = _checked(in_place)
+    x = torch.randn(3, 4)
+    before = x.clone()
+    with torch.no_grad():
+        out = module(x)
+    torch.testing.assert_close(out, before * 2, rtol=0, atol=0)  # not 4x: the reference saw the caller's x
+    assert torch.equal(x, before)  # the layer (x * 2) never writes its input
+    result = _only_result(module)
+    assert result.what == "inputs" and not result.passed
+
+
+def test_an_in_place_layer_changes_its_input_once():
+    class AddOneInPlace(torch.nn.Module):
+        def forward(self, x):
+            return x.add_(1)
+
+    module = _checked(lambda self, x: x.add_(1), layer=AddOneInPlace)
+    x = torch.zeros(4)
+    with torch.no_grad():
+        module(x)
+    assert torch.equal(x, torch.ones(4))  # not 2: kernel and reference did not both write it
+    assert all(v.passed for v in verification_report(module))
+
+
+class TripleKernel(torch.nn.Module):
+    def forward(self, x):
+        return x * 3
+
+
+def test_a_rejected_kernel_stays_rejected_in_copies_and_pickles():
+    module = _checked(TripleKernel)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        module(x)
+    for clone in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        with torch.no_grad():
+            torch.testing.assert_close(clone(x), x * 2, rtol=0, atol=0)
+        assert [v.passed for v in verification_report(clone)] == [False]
+
+
+def test_checks_run_when_the_kernelized_model_is_compiled():
+    module = _checked(lambda self, x: x * 3)
+    compiled = torch.compile(module, backend="eager")
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), x * 2, rtol=0, atol=0)
+    assert [v.passed for v in verification_report(module)] == [False]
+
+
+def test_the_check_leaves_the_global_rng_alone():
+    module = _checked(lambda self, x: x * 2, mode="train")
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    module(torch.ones(3, 4, requires_grad=True)).sum().backward()
+    assert [v.what for v in verification_report(module)] == ["output", "gradients"]
+    assert torch.equal(torch.get_rng_state(), state)

@@ -105,6 +105,7 @@ class CompileReport:
     """Everything the backend did while the report was collected (all graphs, all recompiles)."""
 
     graphs: list[GraphReport] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # coverage: kernels bound to nothing, classes without a kernel
 
     @property
     def regions(self) -> list[RegionReport]:
@@ -132,7 +133,7 @@ class CompileReport:
             f"twinkle: {self.graph_count} graph(s), {self.graph_breaks} graph break(s), "
             f"{len(self.swapped)} region(s) swapped, {len(self.not_swapped)} kept; passes took {ms:.1f} ms"
         )
-        return "\n".join([head, *(g.summary() for g in self.graphs)])
+        return "\n".join([head, *(g.summary() for g in self.graphs), *self.notes])
 
     def __str__(self) -> str:
         ms = sum(g.total_ms for g in self.graphs)
@@ -140,7 +141,7 @@ class CompileReport:
             f"twinkle: {self.graph_count} graph(s), {self.graph_breaks} graph break(s), "
             f"{len(self.swapped)} region(s) swapped, {len(self.not_swapped)} kept; passes took {ms:.1f} ms"
         )
-        return "\n".join([head, *(str(g) for g in self.graphs)])
+        return "\n".join([head, *(str(g) for g in self.graphs), *self.notes])
 
 
 _COLLECTORS: contextvars.ContextVar[tuple[CompileReport, ...]] = contextvars.ContextVar("twinkle_fx_reports", default=())

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..devices import parse_device
+from ..devices import check_device_available, parse_device
 from ..errors import KernelSelectionError
 from ..modes import format_mode, parse_mode
 from ..registry import get_registry
@@ -32,7 +32,11 @@ __all__ = ["PatchedFunctions", "apply_function_kernel", "restore_functions", "pa
 
 
 class VerifiedFunction:
-    """A function kernel checked against the original on the first call of each input signature."""
+    """A function kernel checked against the original on the first call of each input signature.
+
+    Its call runs outside any ``torch.compile`` graph (a graph break), so the checks also run in a
+    compiled model; verify mode is for finding wrong kernels, not for speed.
+    """
 
     def __init__(self, kernel: Any, original: Any, verifier: Verifier) -> None:
         self.kernel = kernel
@@ -41,6 +45,7 @@ class VerifiedFunction:
         self.__name__ = getattr(kernel, "__name__", type(kernel).__name__)
         self.__doc__ = getattr(kernel, "__doc__", None)
 
+    @torch.compiler.disable
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         verifier = self.verifier
         if verifier.failed:
@@ -48,12 +53,11 @@ class VerifiedFunction:
         signature = verifier.needs_check(args, kwargs)
         if signature is None:
             return self.kernel(*args, **kwargs)
-        result, _ = verifier.check(signature, lambda: self.kernel(*args, **kwargs),
-                                   lambda: self.original(*args, **kwargs), [], (args, kwargs))
+        result, _ = verifier.check(signature, self.kernel, self.original, [], args, kwargs)
         return result
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Patch:
     module: Any
     func_name: str
@@ -61,22 +65,36 @@ class _Patch:
     replacement: Any
 
 
+@dataclass(frozen=True)
+class _Change:
+    """One change of the ledger, so a scoped undo puts ``before`` back (None: not patched)."""
+
+    target: str
+    before: _Patch | None
+    after: _Patch | None
+
+
 _LEDGER_LOCK = threading.RLock()
 _LEDGER: dict[str, _Patch] = {}
 
 
 class PatchedFunctions(list):
-    """The ``"module.func"`` names patched by one call; also a handle to undo exactly those.
+    """The ``"module.func"`` names patched by one call; also a handle to undo what that call changed.
 
     Example:
         >>> with apply_function_kernel(target_module="my_pkg.math_ops", device="cpu") as patched:
         ...     print(patched)          # ['my_pkg.math_ops.add']   # doctest: +SKIP
-        >>> # originals are back here
+        >>> # what the call patched is back here (a patch an earlier call made stays)
     """
 
+    def __init__(self, targets: list[str] = (), changes: list[_Change] = ()) -> None:
+        super().__init__(targets)
+        self._changes = list(changes)
+        self._kept: list[tuple[str, str]] = []  # (target, why its original was kept)
+
     def restore(self) -> int:
-        """Put back the originals of these functions; returns how many were restored."""
-        return restore_functions(list(self))
+        """Undo what this call changed (where nothing changed it since); returns how many targets."""
+        return _revert(self._changes)
 
     def __enter__(self) -> "PatchedFunctions":
         return self
@@ -98,16 +116,50 @@ def patched_functions() -> list[str]:
         return list(_LEDGER)
 
 
+def _set(target: str, patch: _Patch | None, fallback: _Patch) -> None:
+    """Make ``patch`` the state of ``target`` (None: the original, from ``fallback``)."""
+    if patch is None:
+        setattr(fallback.module, fallback.func_name, fallback.original)
+        _LEDGER.pop(target, None)
+    else:
+        setattr(patch.module, patch.func_name, patch.replacement)
+        _LEDGER[target] = patch
+
+
+def _revert(changes: list[_Change]) -> int:
+    reverted = 0
+    with _LEDGER_LOCK:
+        for change in reversed(changes):
+            current = _LEDGER.get(change.target)
+            if current is not change.after:
+                continue  # changed again since: that later change owns the state now
+            if change.after is not None and getattr(change.after.module, change.after.func_name) is not change.after.replacement:
+                continue  # replaced by something else: not ours to touch
+            _set(change.target, change.before, change.after or change.before)
+            logger.info("restored %s", change.target)
+            reverted += 1
+    return reverted
+
+
 def restore_functions(targets: list[str] | None = None) -> int:
-    """Restore the original of each patched target (all when ``targets`` is None)."""
+    """Restore the original of each patched target (all when ``targets`` is None).
+
+    A function that something else replaced after twinkle_fx patched it is left as it is (a
+    WARNING names it); twinkle_fx forgets its patch.
+    """
     restored = 0
     with _LEDGER_LOCK:
         for target in list(_LEDGER) if targets is None else targets:
             patch = _LEDGER.pop(target, None)
             if patch is None:
                 continue
+            current = getattr(patch.module, patch.func_name, None)
+            if current is not patch.replacement:
+                logger.warning("%s was replaced by %r after twinkle_fx patched it; left as it is (restore it with "
+                               "the tool that replaced it)", target, current)
+                continue
             setattr(patch.module, patch.func_name, patch.original)
-            logger.info("twinkle_fx: restored %s", target)
+            logger.info("restored %s", target)
             restored += 1
     return restored
 
@@ -116,11 +168,16 @@ def _fail(message: str, strict: bool) -> None:
     if strict:
         raise ValueError(message)
     warnings.warn(message, stacklevel=3)
-    logger.warning("twinkle_fx: %s", message)
+    logger.warning("%s", message)
 
 
 def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}.")
 
 
 def apply_function_kernel(
@@ -133,6 +190,9 @@ def apply_function_kernel(
     verify: bool = False,
 ) -> PatchedFunctions:
     """Patch every registered function of ``target_module`` (all modules when None) with its kernel.
+
+    A target that is patched already but has no usable kernel now (another mode, or registrations
+    that changed) gets its original back.
 
     Args:
         target_module (`str`, *optional*): only targets in this module.
@@ -156,18 +216,37 @@ def apply_function_kernel(
         >>> apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="inference")  # doctest: +SKIP
         ['my_pkg.math_ops.add']
     """
+    if target_module is not None and not isinstance(target_module, str):
+        raise TypeError(f"target_module must be a dotted module path or None, got {target_module!r}.")
+    for name, value in (("use_fallback", use_fallback), ("strict", strict), ("verify", verify)):
+        _check_bool(name, value)
     device_type = parse_device(device if device is not None else _default_device())
+    check_device_available(device_type)
     wanted = parse_mode(mode)
     if kernels_disabled():
-        logger.info("twinkle_fx: %s is set: no function kernels applied", DISABLE_ENV)
+        logger.info("%s is set: no function kernels applied", DISABLE_ENV)
         return PatchedFunctions()
+    patched = _apply(target_module, device_type, wanted, use_fallback, strict, verify)
+    if patched._kept:
+        logger.warning("apply_function_kernel: %s", "; ".join(f"kept {target}: {reason}" for target, reason in patched._kept))
+    return patched
+
+
+def _apply(target_module: str | None, device_type: str, wanted: Any, use_fallback: bool, strict: bool,
+           verify: bool) -> PatchedFunctions:
     registry = get_registry()
     targets = registry.function_targets(target_module)
     if not targets:
-        _fail(f"no function kernels are registered{' for ' + target_module if target_module else ''}", strict)
+        where = ""
+        if target_module:
+            where = f" for {target_module}"
+            if target_module in registry.function_targets():
+                where += " (pass the module, not 'module.function', as target_module)"
+        _fail(f"no function kernels are registered{where}", strict)
         return PatchedFunctions()
 
     plan: list[tuple[str, Any, str, Any]] = []
+    unusable: list[tuple[str, str]] = []
     for target in targets:
         module_name, func_name = target.rsplit(".", 1)
         try:
@@ -180,14 +259,26 @@ def apply_function_kernel(
             continue
         selection = select_function_kernel(registry, target, device_type, wanted)
         if selection.choice is None:
-            if not use_fallback:
-                raise KernelSelectionError(f"{selection} (use_fallback=False)")
-            logger.info("twinkle_fx: fallback: kept %s: %s", target, selection.reason)
+            unusable.append((target, selection.reason or ""))
             continue
         plan.append((target, module, func_name, selection.choice))
 
+    changes: list[_Change] = []
     patched = PatchedFunctions()
     with _LEDGER_LOCK:
+        for target, reason in unusable:
+            stale = _LEDGER.get(target)
+            if stale is not None and getattr(stale.module, stale.func_name) is stale.replacement:
+                # a kernel an earlier call installed does not serve this call: the original again
+                _set(target, None, stale)
+                changes.append(_Change(target, stale, None))
+                logger.info("restored %s: the kernel installed earlier does not apply now (%s)", target, reason)
+        if unusable and not use_fallback:
+            target, reason = unusable[0]
+            raise KernelSelectionError(
+                f"{target} on {device_type} ({format_mode(wanted)}): no kernel: {reason} (use_fallback=False; "
+                "nothing was patched" + (f", {len(changes)} earlier patch(es) that do not apply were restored)"
+                                         if changes else ")"))
         for target, module, func_name, choice in plan:
             current = _LEDGER.get(target)
             if (current is not None and getattr(current.replacement, "kernel", current.replacement) is choice.call
@@ -200,11 +291,14 @@ def apply_function_kernel(
             if verify:
                 replacement = VerifiedFunction(choice.call, original, Verifier(target, str(choice.registration.source.describe()),
                                                                               use_fallback=use_fallback))
-            setattr(module, func_name, replacement)
-            _LEDGER[target] = _Patch(module, func_name, original, replacement)
-            logger.info("twinkle_fx: patched %s -> %s [%s, %s]", target, choice.registration.source.describe(),
+            after = _Patch(module, func_name, original, replacement)
+            _set(target, after, after)
+            changes.append(_Change(target, current, after))
+            logger.info("patched %s -> %s [%s, %s]", target, choice.registration.source.describe(),
                         device_type, format_mode(wanted))
             patched.append(target)
+    patched._changes = changes
+    patched._kept = unusable
     if strict and not patched:
         raise ValueError(f"strict=True: no function was patched{' in ' + target_module if target_module else ''}.")
     return patched
@@ -215,3 +309,4 @@ def function_verifications() -> list[Verification]:
     with _LEDGER_LOCK:
         patches = list(_LEDGER.values())
     return [v for p in patches if isinstance(p.replacement, VerifiedFunction) for v in p.replacement.verifier.results]
+

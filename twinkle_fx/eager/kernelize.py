@@ -4,24 +4,40 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..devices import infer_device, parse_device
+from ..devices import check_device_available, check_model_device, infer_device, parse_device
 from ..errors import KernelSelectionError
 from ..modes import Mode, format_mode, parse_mode
-from ..registry import get_registry
-from ..selection import does_not_apply, select_layer_kernel, signature_mismatch
+from ..registry import KernelRegistry, get_registry
+from ..selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
 from ..settings import DISABLE_ENV, kernels_disabled
-from .functions import apply_function_kernel, function_verifications, restore_functions
-from .layers import LayerSwap, install_forward, restore_layers, swapped_forward
+from .functions import _apply, _revert, function_verifications
+from .functions import _Change as FunctionChange
+from .functions import restore_functions
+from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, revert_changes,
+                     swapped_forward, uninstall_forward)
 from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernelize_model", "undo_kernelize", "kernelized", "verification_report"]
+__all__ = ["kernelize_model", "undo_kernelize", "kernelized", "verification_report", "coverage_notes"]
+
+
+def _check_model(model: Any, function: str) -> None:
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{function}: model must be a torch.nn.Module or None, got {type(model).__name__} {model!r:.60}.")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}.")
 
 
 def _resolve_mode(model: torch.nn.Module | None, mode: Any) -> Mode:
@@ -31,47 +47,209 @@ def _resolve_mode(model: torch.nn.Module | None, mode: Any) -> Mode:
         p.requires_grad for p in model.parameters()
     )
     inferred = Mode.TRAINING if training else Mode.INFERENCE
-    logger.info("twinkle_fx: mode not given; using %r (model.training=%s)", format_mode(inferred),
+    logger.info("mode not given; using %r (model.training=%s)", format_mode(inferred),
                 None if model is None else model.training)
     return inferred
 
 
 def _resolve_device(model: torch.nn.Module | None, device: Any) -> str:
-    if device is not None:
-        return parse_device(device)
-    if model is not None:
-        return infer_device(model)
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if device is None:
+        device_type = infer_device(model) if model is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device_type = parse_device(device)
+        if model is not None:
+            check_model_device(model, device_type)
+    check_device_available(device_type)
+    return device_type
 
 
-def _plan_layers(model: torch.nn.Module, device: str, mode: Mode, use_fallback: bool) -> list[LayerSwap]:
+# Class names that mark a transformers layer a kernel usually replaces: listed when a model has
+# no kernel for them, so a user of an uncovered family learns it from the log.
+_LAYER_SUFFIXES = ("Norm", "MLP", "Attention", "ForCausalLM", "Experts", "SparseMoeBlock")
+_REPORTED_UNCOVERED: set[tuple[str, tuple[str, ...]]] = set()
+# registry -> layer kernel names already warned about (weak: a scope that ends takes its names along)
+_WARNED_UNBOUND: "weakref.WeakKeyDictionary[KernelRegistry, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def _looks_like_layer(cls: type) -> bool:
+    if isinstance(getattr(cls, "kernel_layer_name", None), str):
+        return True
+    return cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(_LAYER_SUFFIXES)
+
+
+@dataclass
+class _Plan:
+    """What one ``kernelize_model`` call will do, decided before anything changes."""
+
+    swaps: list[LayerSwap] = field(default_factory=list)
+    stale: list[tuple[str, torch.nn.Module, str]] = field(default_factory=list)  # (path, module, why)
+    fallbacks: dict[tuple[type, str], list[str]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    candidates: int = 0
+    uncovered: list[str] = field(default_factory=list)
+    unbound: list[str] = field(default_factory=list)
+
+
+def _selection_for(registry: KernelRegistry, cls: type, device: str, mode: Mode) -> tuple[Selection | None, str | None]:
+    selection = select_layer_kernel(registry, cls, device, mode)
+    if selection is None:
+        return None, None
+    reason = selection.reason
+    if selection.choice is not None:
+        mismatch = signature_mismatch(cls.forward, selection.choice.call)
+        if mismatch is not None:
+            reason = f"{selection.choice}: {mismatch}"
+    return selection, reason
+
+
+def _plan_layers(model: torch.nn.Module, device: str, mode: Mode) -> _Plan:
     registry = get_registry()
-    plan: list[LayerSwap] = []
-    fallbacks: dict[tuple[type, str], list[str]] = {}
+    plan = _Plan()
+    by_class: dict[type, tuple[Selection | None, str | None]] = {}  # one selection per class, not per module
+    bound_names = set(registry.bindings().values())
     for path, module in model.named_modules():
-        selection = select_layer_kernel(registry, type(module), device, mode)
+        cls = type(module)
+        if cls not in by_class:
+            by_class[cls] = _selection_for(registry, cls, device, mode)
+            name = getattr(cls, "kernel_layer_name", None)
+            if isinstance(name, str):
+                bound_names.add(name)
+        selection, reason = by_class[cls]
+        current = swapped_forward(module)
+        where = path or "<model>"
         if selection is None:
+            if current is not None:
+                plan.stale.append((where, module, f"{cls.__qualname__} is no longer bound to a registered kernel"))
             continue
-        reason = selection.reason
-        if selection.choice is not None:
-            reason = signature_mismatch(type(module).forward, selection.choice.call)
-            if reason is not None:
-                reason = f"{selection.choice}: {reason}"
-            else:
-                reason = does_not_apply(selection.choice, module)
+        plan.candidates += 1
         if reason is None:
-            plan.append(LayerSwap(path, module, selection.choice))
+            reason = does_not_apply(selection.choice, module)  # per module: it reads the module's attributes
+        if reason is None:
+            plan.swaps.append(LayerSwap(path, module, selection.choice))
             continue
-        if not use_fallback:
-            raise KernelSelectionError(
-                f"{path or '<model>'} ({type(module).__qualname__}) on {device} ({format_mode(mode)}): {reason} "
-                "(use_fallback=False; nothing was swapped)"
-            )
-        fallbacks.setdefault((type(module), reason), []).append(path or "<model>")
-    for (cls, reason), paths in fallbacks.items():
-        logger.info("twinkle_fx: fallback: kept the original forward of %d %s module(s) (%s%s): %s",
-                    len(paths), cls.__qualname__, ", ".join(paths[:3]), ", ..." if len(paths) > 3 else "", reason)
+        plan.fallbacks.setdefault((cls, reason), []).append(where)
+        plan.errors.append(f"{where} ({cls.__qualname__}) on {device} ({format_mode(mode)}): {reason}")
+        if current is not None:
+            plan.stale.append((where, module, f"{current.kernel_name} does not serve it now: {reason}"))
+    plan.uncovered = sorted({cls.__name__ for cls, (selection, _) in by_class.items()
+                             if selection is None and _looks_like_layer(cls)})
+    plan.unbound = sorted(set(registry.layer_kernel_names()) - bound_names)
     return plan
+
+
+def coverage_notes(model: torch.nn.Module) -> list[str]:
+    """What the registrations leave out for ``model``: layer kernels no class is bound to, and the
+    model's layer classes that no kernel serves (for ``explain`` and reports).
+
+    Example:
+        >>> register_layer_kernel(kernel_name="linear", layer=FastLinear, device="cpu")  # doctest: +SKIP
+        >>> coverage_notes(torch.nn.Sequential(torch.nn.Linear(8, 8)))                    # doctest: +SKIP
+        ["layer kernel 'linear' is registered but no class is bound to it: register_external_layer(nn.Linear, 'linear')"]
+    """
+    registry = get_registry()
+    classes = {type(m) for m in model.modules()}
+    bound = set(registry.bindings().values()) | {
+        name for cls in classes if isinstance(name := getattr(cls, "kernel_layer_name", None), str)}
+    notes = [f"layer kernel {name!r} is registered but no class is bound to it: bind the class it replaces, e.g. "
+             f"register_external_layer(nn.Linear, {name!r})"
+             for name in sorted(set(registry.layer_kernel_names()) - bound)]
+    uncovered = sorted(cls.__name__ for cls in classes
+                       if _looks_like_layer(cls) and not is_layer_target(registry, cls))
+    if uncovered:
+        notes.append(f"layer classes of {type(model).__name__} without a kernel: {', '.join(uncovered)}")
+    return notes
+
+
+def _report(model: torch.nn.Module, plan: _Plan, installed: list[LayerSwap], device: str, mode: Mode,
+            registry: KernelRegistry, functions_kept: list[tuple[str, str]]) -> None:
+    """INFO per class, DEBUG per module (in install_forward), and one WARNING when nothing of N
+    candidates was swapped or some fell back."""
+    model_name = type(model).__qualname__
+    per_class = Counter((type(s.module).__qualname__, str(s.choice)) for s in installed)
+    for (cls_name, kernel), count in per_class.items():
+        logger.info("swapped %d %s module(s) -> %s", count, cls_name, kernel)
+    for (cls, reason), paths in plan.fallbacks.items():
+        logger.info("fallback: kept the original forward of %d %s module(s) (%s%s): %s", len(paths),
+                    cls.__qualname__, ", ".join(paths[:3]), ", ..." if len(paths) > 3 else "", reason)
+    for where, _, why in plan.stale:
+        logger.debug("restored the original forward of %s: %s", where, why)
+    if plan.stale:
+        logger.info("restored the original forward of %d module(s) whose earlier kernel does not apply now",
+                    len(plan.stale))
+
+    warned = _WARNED_UNBOUND.setdefault(registry, set())
+    for name in plan.unbound:
+        if name not in warned:
+            warned.add(name)
+            logger.warning("layer kernel %r is registered, but no class is bound to it and no class of %s carries "
+                           "kernel_layer_name=%r, so it swaps nothing; bind the layer class it replaces, e.g. "
+                           "register_external_layer(nn.Linear, %r)", name, model_name, name, name)
+    if plan.uncovered:
+        key = (type(model).__qualname__, tuple(plan.uncovered))
+        if key not in _REPORTED_UNCOVERED:
+            _REPORTED_UNCOVERED.add(key)
+            logger.info("layer classes of %s without a kernel: %s", model_name, ", ".join(plan.uncovered))
+
+    kept_count = sum(len(paths) for paths in plan.fallbacks.values())
+    if plan.fallbacks or functions_kept:
+        kept = [f"kept {len(paths)} {cls.__qualname__}: {reason}" for (cls, reason), paths in plan.fallbacks.items()]
+        kept += [f"kept {target}: {reason}" for target, reason in functions_kept]
+        logger.warning("kernelize_model(%s, %s, %s) swapped %d of %d candidate module(s); %s", model_name,
+                       format_mode(mode), device, plan.candidates - kept_count, plan.candidates, "; ".join(kept))
+    elif plan.candidates == 0 and registry.layer_kernel_names():
+        no_kernel = f"; its layer classes without a kernel: {', '.join(plan.uncovered)}" if plan.uncovered else ""
+        logger.warning("kernelize_model(%s, %s, %s) swapped nothing: no module of it is bound to a registered "
+                       "layer kernel (%s)%s", model_name, format_mode(mode), device,
+                       ", ".join(registry.layer_kernel_names()), no_kernel)
+
+
+@dataclass
+class _Changes:
+    """Everything one call changed, for :func:`kernelized` to put back."""
+
+    layers: list[LayerChange] = field(default_factory=list)
+    functions: list[FunctionChange] = field(default_factory=list)
+
+
+def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallback: bool,
+               verify: bool = False) -> _Changes:
+    """Plan and apply; returns what changed, so a scoped undo restores exactly that."""
+    registry = get_registry()
+    changes = _Changes()
+    plan = _plan_layers(model, device, mode) if model is not None else None
+    if plan is not None and plan.errors and not use_fallback:
+        # nothing new is installed; a kernel an earlier call installed that does not serve this
+        # call must not keep running either
+        for _, module, _ in plan.stale:
+            uninstall_forward(module)
+        removed = f"; removed the kernel an earlier call installed on {len(plan.stale)} module(s)" if plan.stale else ""
+        raise KernelSelectionError(f"{plan.errors[0]} (use_fallback=False; nothing was swapped{removed})")
+    functions_kept: list[tuple[str, str]] = []
+    if registry.function_targets():
+        # functions next, still before any layer is touched: a function error leaves nothing half-applied
+        patched = _apply(None, device, mode, use_fallback, False, verify)
+        changes.functions, functions_kept = patched._changes, patched._kept
+    if plan is None:
+        if functions_kept:
+            logger.warning("kernelize_model(None, %s, %s): %s", format_mode(mode), device,
+                           "; ".join(f"kept {target}: {reason}" for target, reason in functions_kept))
+        return changes
+    for _, module, _ in plan.stale:
+        change = uninstall_forward(module)
+        if change is not None:
+            changes.layers.append(change)
+    installed = []
+    for swap in plan.swaps:
+        verifier = None
+        if verify:
+            target = f"{swap.path or '<model>'} ({type(swap.module).__qualname__})"
+            verifier = Verifier(target, swap.choice.name, use_fallback=use_fallback)
+        change = install_forward(swap, verifier)
+        if change is not None:
+            changes.layers.append(change)
+        installed.append(swap)
+    _report(model, plan, installed, device, mode, registry, functions_kept)
+    return changes
 
 
 def kernelize_model(
@@ -86,64 +264,56 @@ def kernelize_model(
 
     Each module whose class is bound to a kernel name gets that kernel's forward (on this instance
     only; the class and the state_dict keys are unchanged); then every registered function target
-    is patched (see :func:`apply_function_kernel`). Everything is planned before anything changes,
-    so an error leaves the model untouched. Kernelizing twice is a no-op; :func:`undo_kernelize`
-    restores everything.
+    is patched (see :func:`apply_function_kernel`). Everything is planned before anything changes.
+    Kernelizing twice is a no-op; kernelizing again in another mode or after the registrations
+    changed leaves exactly what this call selects (a kernel an earlier call installed that does not
+    serve this one is removed, as ``kernels.kernelize`` does); :func:`undo_kernelize` restores
+    everything.
+
+    A WARNING says when the call swapped nothing of its candidates or kept some originals (with the
+    reasons), and once when a registered layer kernel has no class bound to it; INFO lines sum up
+    per class, DEBUG lines name each module.
 
     Args:
         model (`nn.Module`, *optional*): `None` patches functions only.
         mode (*optional*): "train", "inference", "compile", "train+compile" (or a `Mode`). Defaults to
             "train" when the model is in training mode with grad enabled, else "inference".
         device (*optional*): defaults to the device of the model's parameters ("cuda" if available
-            when there is no model).
-        use_fallback (`bool`, defaults to `True`): keep the original forward/function (logged once,
-            with the reason) when no kernel fits or it cannot be loaded; `False` raises.
+            when there is no model). It must be the device the weights are on.
+        use_fallback (`bool`, defaults to `True`): keep the original forward/function (logged, with the
+            reason) when no kernel fits or it cannot be loaded; `False` raises, swaps nothing new and
+            removes the kernels an earlier call installed that do not fit.
         verify (`bool`, defaults to `False`): on the first call of each swapped layer and function per
             input signature, also run the original and compare outputs (and gradients when training)
             with dtype-aware tolerances; a mismatch is logged with its max error and the original is
-            used from then on (``use_fallback=False``: raises KernelVerificationError). See
+            used from then on (``use_fallback=False``: raises KernelVerificationError). Verified
+            forwards run outside ``torch.compile`` graphs, so the checks run there too. See
             :func:`verification_report`.
 
     Returns:
         The same ``model`` (or None).
 
     Raises:
-        ValueError: unknown mode or device; KernelSelectionError: no usable kernel and use_fallback=False.
+        TypeError: ``model`` is no nn.Module, or a flag is not a bool.
+        ValueError: unknown mode or device, a device the weights are not on, or a GPU device without a GPU.
+        KernelSelectionError: no usable kernel and ``use_fallback=False``.
 
     Example:
         >>> register_external_layer(Qwen2MLP, "MyAwesomeMLP")                     # doctest: +SKIP
         >>> model = kernelize_model(model, mode="train", device="cuda", use_fallback=True)  # doctest: +SKIP
         >>> undo_kernelize(model)                                                  # doctest: +SKIP
     """
+    _check_model(model, "kernelize_model")
+    _check_bool("use_fallback", use_fallback)
+    _check_bool("verify", verify)
     wanted = _resolve_mode(model, mode)
     device_type = _resolve_device(model, device)
     if kernels_disabled():
-        logger.info("twinkle_fx: %s is set: kernelize_model leaves the model unchanged", DISABLE_ENV)
+        logger.info("%s is set: kernelize_model leaves the model unchanged", DISABLE_ENV)
         return model
 
     _kernelize(model, wanted, device_type, use_fallback, verify)
     return model
-
-
-def _kernelize(
-    model: torch.nn.Module | None, mode: Mode, device: str, use_fallback: bool, verify: bool = False
-) -> tuple[list, list]:
-    """Plan and apply; returns (swapped modules, patched function names) for a scoped undo."""
-    plan = _plan_layers(model, device, mode, use_fallback) if model is not None else []
-    patched: list[str] = []
-    if get_registry().function_targets():
-        # functions next, still before any layer is touched: a function error leaves nothing half-applied
-        patched = apply_function_kernel(device=device, mode=mode, use_fallback=use_fallback, strict=False,
-                                        verify=verify)
-    swapped = []
-    for swap in plan:
-        verifier = None
-        if verify:
-            target = f"{swap.path or '<model>'} ({type(swap.module).__qualname__})"
-            verifier = Verifier(target, swap.choice.name, use_fallback=use_fallback)
-        if install_forward(swap, verifier):
-            swapped.append(swap.module)
-    return swapped, patched
 
 
 def verification_report(model: torch.nn.Module | None = None) -> list[Verification]:
@@ -155,6 +325,7 @@ def verification_report(model: torch.nn.Module | None = None) -> list[Verificati
         >>> for v in verification_report(model): print(v)              # doctest: +SKIP
         model.layers.0.mlp (Qwen2MLP) -> SwiGLUMLP [float32[2, 9, 64]; grad] output: max error 2.4e-07 ok
     """
+    _check_model(model, "verification_report")
     results: list[Verification] = []
     if model is not None:
         for module in model.modules():
@@ -167,11 +338,30 @@ def verification_report(model: torch.nn.Module | None = None) -> list[Verificati
 def undo_kernelize(model: torch.nn.Module | None = None) -> None:
     """Restore the original forward of every swapped module in ``model`` and every patched function.
 
-    Function patches are process-wide (they change module attributes), so their undo is too.
+    Function patches are process-wide (they change module attributes), so their undo is too. A
+    forward that another tool installed over a twinkle_fx kernel afterwards (``kernels.kernelize``,
+    say) is left to that tool: a WARNING names the modules.
+
+    Example:
+        >>> kernelize_model(model, mode="inference")   # doctest: +SKIP
+        >>> undo_kernelize(model)                       # doctest: +SKIP
     """
+    _check_model(model, "undo_kernelize")
     if model is not None:
-        count = restore_layers(model.modules())
-        logger.info("twinkle_fx: restored %d layer forward(s) of %s", count, type(model).__qualname__)
+        named = {id(m): path or "<model>" for path, m in model.named_modules()}
+        foreign = foreign_forwards(m for m in model.modules())
+        count = sum(uninstall_forward(m) is not None for m in model.modules())
+        logger.info("restored %d layer forward(s) of %s", count, type(model).__qualname__)
+        if foreign:
+            names = ", ".join(f"{named[id(m)]} ({type(m).__qualname__})" for m, _ in foreign[:3])
+            logger.warning(
+                "undo_kernelize(%s): %d module(s) run a forward twinkle_fx did not install (%s%s: %r); something "
+                "replaced its kernel after kernelize_model (kernels.kernelize?). Left as it is: undo it with that "
+                "tool, or reload the model; restored the %d twinkle_fx forward(s) still in place",
+                type(model).__qualname__, len(foreign), names, ", ..." if len(foreign) > 3 else "", foreign[0][1],
+                count)
+            for module, _ in foreign:
+                forget(module)
     restore_functions()
 
 
@@ -184,20 +374,24 @@ def kernelized(
     *,
     verify: bool = False,
 ) -> Iterator[torch.nn.Module | None]:
-    """``kernelize_model`` for the duration of a block; what it swapped is restored on exit (also on error).
+    """``kernelize_model`` for the duration of a block; on exit (also on error) exactly what it
+    changed is put back: a kernel an outer :func:`kernelize_model` or ``kernelized`` installed stays.
 
     Example:
         >>> with kernelized(model, mode="inference") as fast:   # doctest: +SKIP
         ...     logits = fast(input_ids).logits
     """
+    _check_model(model, "kernelized")
+    _check_bool("use_fallback", use_fallback)
+    _check_bool("verify", verify)
     if kernels_disabled():
         yield kernelize_model(model, mode=mode, device=device, use_fallback=use_fallback, verify=verify)
         return
     wanted = _resolve_mode(model, mode)
     device_type = _resolve_device(model, device)
-    swapped, patched = _kernelize(model, wanted, device_type, use_fallback, verify)
+    changes = _kernelize(model, wanted, device_type, use_fallback, verify)
     try:
         yield model
     finally:
-        restore_layers(swapped)
-        restore_functions(list(patched))
+        revert_changes(changes.layers)
+        _revert(changes.functions)

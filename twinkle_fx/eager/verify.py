@@ -1,9 +1,14 @@
 """Verify mode: the first call of a swapped layer or function (per input signature) also runs the
 reference and compares outputs, and in training the gradients, with dtype-aware tolerances.
 
-A kernel that disagrees is never silently kept: the mismatch is logged with its maximum error and
-the reference takes over (or :class:`~twinkle_fx.errors.KernelVerificationError` is raised when
-``use_fallback=False``). Every check is recorded as a :class:`Verification`.
+A kernel that disagrees is never silently kept: the mismatch is logged with what differed (values
+and their maximum error, dtype, device, shape, output structure, a lost gradient, an input it
+changed) and the reference takes over (or :class:`~twinkle_fx.errors.KernelVerificationError` is
+raised when ``use_fallback=False``). Every check is recorded as a :class:`Verification`.
+
+The kernel runs on copies of the input tensors and the reference on the caller's own, so an
+in-place kernel cannot corrupt the reference and an in-place layer changes its input once.
+State outside tensors (a KV-cache object, say) is shared by both runs.
 """
 
 from __future__ import annotations
@@ -32,21 +37,26 @@ TOLERANCES = {
     torch.float16: (5e-3, 5e-3),
 }
 
+_COTANGENT_SEED = 0  # test gradients come from a private generator: the user's RNG stream is untouched
+
 
 @dataclass(frozen=True)
 class Verification:
-    """One comparison of a kernel with its reference."""
+    """One comparison of a kernel with its reference; ``detail`` says what differed."""
 
     target: str
     kernel: str
     signature: str
-    what: str  # "output" or "gradients"
+    what: str  # "output", "inputs" or "gradients"
     max_error: float
     passed: bool
+    detail: str = ""
 
     def __str__(self) -> str:
         verdict = "ok" if self.passed else "MISMATCH"
-        return f"{self.target} -> {self.kernel} [{self.signature}] {self.what}: max error {self.max_error:.3g} {verdict}"
+        detail = f" ({self.detail})" if self.detail else ""
+        return (f"{self.target} -> {self.kernel} [{self.signature}] {self.what}: max error {self.max_error:.3g} "
+                f"{verdict}{detail}")
 
 
 def _signature(args: tuple, kwargs: dict) -> str:
@@ -57,27 +67,66 @@ def _signature(args: tuple, kwargs: dict) -> str:
     return ", ".join(parts) + ("; grad" if torch.is_grad_enabled() else "")
 
 
-def _max_error(ours: Any, reference: Any) -> tuple[float, bool]:
-    """Largest absolute difference over the tensors of two results, and whether all are within tolerance."""
-    ours_leaves, reference_leaves = pytree.tree_leaves(ours), pytree.tree_leaves(reference)
-    if len(ours_leaves) != len(reference_leaves):
-        return float("inf"), False
-    worst, passed = 0.0, True
-    for a, b in zip(ours_leaves, reference_leaves):
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # objects without a usable ==: the same type is all that can be said
+        return True
+
+
+def compare(ours: Any, reference: Any, *, check_grad: bool = False) -> tuple[float, str | None]:
+    """``(largest absolute difference, what differs or None)`` between two results.
+
+    Structure, non-tensor values, dtype, device and shape must agree exactly; values within the
+    dtype's tolerance, with the same non-finite positions. With ``check_grad``, an output the
+    reference connects to the autograd graph must be connected in ours too.
+    """
+    ours_leaves, ours_spec = pytree.tree_flatten(ours)
+    ref_leaves, ref_spec = pytree.tree_flatten(reference)
+    if ours_spec != ref_spec:
+        return float("inf"), f"structure differs: {ours_spec} vs the reference's {ref_spec}"
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(ours_leaves, ref_leaves)):
+        where = f"leaf {i}: " if len(ref_leaves) > 1 else ""
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-            if (a is None) != (b is None):
-                return float("inf"), False
+            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or not _same_value(a, b):
+                return float("inf"), f"{where}{a!r:.60} vs the reference's {b!r:.60}"
             continue
-        if a.shape != b.shape:
-            return float("inf"), False
+        for what, x, y in (("dtype", a.dtype, b.dtype), ("device", a.device, b.device), ("shape", a.shape, b.shape)):
+            if x != y:
+                return float("inf"), f"{where}{what} {x} vs the reference's {y}"
+        if check_grad and b.requires_grad and not a.requires_grad:
+            return float("inf"), f"{where}does not require grad (detached?): the layers before it would get no gradient"
         if a.numel() == 0:
             continue
         a64, b64 = a.detach().double(), b.detach().double()
+        finite = torch.isfinite(b64)
+        if not torch.equal(torch.isfinite(a64), finite):
+            return float("inf"), f"{where}non-finite values where the reference has finite ones (or the reverse)"
         atol, rtol = TOLERANCES.get(b.dtype, TOLERANCES[torch.float32])
-        error = (a64 - b64).abs()
+        error = (a64 - b64).abs().where(finite, torch.zeros((), dtype=torch.float64, device=a64.device))
         worst = max(worst, error.max().item())
-        passed = passed and bool((error <= atol + rtol * b64.abs()).all()) and bool(torch.isfinite(a64).eq(torch.isfinite(b64)).all())
-    return worst, passed
+        if not bool((error <= atol + rtol * b64.abs().where(finite, torch.zeros_like(b64))).all()):
+            return worst, f"{where}values differ beyond atol={atol:g}, rtol={rtol:g}"
+    return worst, None
+
+
+def _cloned(tree: Any) -> Any:
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), tree)
+
+
+def _cotangents(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    generators: dict[torch.device, torch.Generator] = {}
+    cotangents = []
+    for t in outputs:
+        if t.device not in generators:
+            generators[t.device] = torch.Generator(device=t.device).manual_seed(_COTANGENT_SEED)
+        cotangents.append(torch.randn(t.shape, generator=generators[t.device], dtype=t.dtype, device=t.device))
+    return cotangents
 
 
 def _gradients(outputs: Any, wrt: list[torch.Tensor], cotangents: list[torch.Tensor]) -> list[torch.Tensor | None]:
@@ -86,7 +135,11 @@ def _gradients(outputs: Any, wrt: list[torch.Tensor], cotangents: list[torch.Ten
 
 
 class Verifier:
-    """Checks one swapped target against its reference on the first call of each input signature."""
+    """Checks one swapped target against its reference on the first call of each input signature.
+
+    Copies and pickles keep the results and a rejection (``failed``), so a copied model never runs
+    a kernel its original rejected.
+    """
 
     def __init__(self, target: str, kernel: str, *, use_fallback: bool) -> None:
         self.target = target
@@ -97,10 +150,18 @@ class Verifier:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def needs_check(self, args: tuple, kwargs: dict) -> str | None:
-        """The signature to check, or None when it was checked already (or tracing is under way)."""
-        if torch.compiler.is_compiling():
-            return None
+        """The signature to check, or None when it was checked already."""
         signature = _signature(args, kwargs)
         with self._lock:
             if signature in self._seen:
@@ -111,36 +172,61 @@ class Verifier:
     def check(
         self,
         signature: str,
-        run_kernel: Callable[[], Any],
-        run_reference: Callable[[], Any],
+        run_kernel: Callable[..., Any],
+        run_reference: Callable[..., Any],
         parameters: list[torch.Tensor],
-        inputs: tuple,
+        args: tuple,
+        kwargs: dict,
     ) -> tuple[Any, bool]:
-        """Run both; returns ``(result to use, kernel passed)``. Raises on mismatch without fallback."""
-        ours = run_kernel()
-        reference = run_reference()
-        error, passed = _max_error(ours, reference)
-        self._record(signature, "output", error, passed)
-        if passed and torch.is_grad_enabled():
+        """Run both on ``args``/``kwargs``; returns ``(result to use, kernel passed)``.
+
+        Raises:
+            KernelVerificationError: on a mismatch (or a kernel error) with ``use_fallback=False``.
+        """
+        kernel_inputs = _cloned((args, kwargs))
+        try:
+            ours = run_kernel(*kernel_inputs[0], **kernel_inputs[1])
+        except Exception as e:
+            reference = run_reference(*args, **kwargs)
+            return self._reject(signature, "output", float("inf"), f"the kernel raised {type(e).__name__}: {e}",
+                                reference, cause=e)
+        reference = run_reference(*args, **kwargs)
+        grad = torch.is_grad_enabled()
+        error, problem = compare(ours, reference, check_grad=grad)
+        self._record(signature, "output", error, problem)
+        if problem is not None:
+            return self._reject(signature, "output", error, problem, reference)
+        error, problem = compare(kernel_inputs, (args, kwargs))
+        if problem is not None:
+            self._record(signature, "inputs", error, f"the kernel changed its inputs differently: {problem}")
+            return self._reject(signature, "inputs", error, f"the kernel changed its inputs differently: {problem}",
+                                reference)
+        if grad:
             outputs = [t for t in pytree.tree_leaves(ours) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if outputs:
-                wrt = parameters + [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
-                if wrt:
-                    cotangents = [torch.randn_like(t) for t in outputs]
-                    error, passed = _max_error(_gradients(ours, wrt, cotangents), _gradients(reference, wrt, cotangents))
-                    self._record(signature, "gradients", error, passed)
-        if passed:
-            return ours, True
+            wrt = parameters + [t for t in pytree.tree_leaves((args, kwargs))
+                                if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outputs and wrt:
+                cotangents = _cotangents(outputs)
+                error, problem = compare(_gradients(ours, wrt, cotangents), _gradients(reference, wrt, cotangents))
+                self._record(signature, "gradients", error, problem)
+                if problem is not None:
+                    return self._reject(signature, "gradients", error, problem, reference)
+        return ours, True
+
+    def _reject(self, signature: str, what: str, error: float, problem: str, reference: Any,
+                cause: BaseException | None = None) -> tuple[Any, bool]:
+        if cause is not None:
+            self._record(signature, what, error, problem)
         self.failed = True
-        message = (f"verify: {self.target} -> {self.kernel} differs from the reference on [{signature}] "
-                   f"(max error {error:.3g})")
+        message = (f"verify: {self.target} -> {self.kernel} differs from the reference on [{signature}]: "
+                   f"{what}: {problem} (max error {error:.3g})")
         if not self.use_fallback:
-            raise KernelVerificationError(message + " (use_fallback=False)")
-        logger.warning("twinkle_fx: %s; using the reference from now on", message)
+            raise KernelVerificationError(message + " (use_fallback=False)") from cause
+        logger.warning("%s; using the reference from now on", message)
         return reference, False
 
-    def _record(self, signature: str, what: str, error: float, passed: bool) -> None:
-        verification = Verification(self.target, self.kernel, signature, what, error, passed)
+    def _record(self, signature: str, what: str, error: float, problem: str | None) -> None:
+        verification = Verification(self.target, self.kernel, signature, what, error, problem is None, problem or "")
         with self._lock:
             self.results.append(verification)
-        logger.info("twinkle_fx: verified %s", verification)
+        logger.info("verified %s", verification)

@@ -54,17 +54,17 @@ def test_unknown_family():
         use_builtin_kernels(models=("gpt2",))
 
 
-@pytest.mark.parametrize("family", list(BUILTIN_MODELS))
-def test_builtin_decoder_layers_match_the_model(family):
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_builtin_decoder_layers_match_the_model(family, device):
     """decoder_layers=True adds the residual-add + norm fusion; the loss and gradients still match."""
-    bound = use_builtin_kernels(devices=("cpu",), models=(family,), fused_loss=False, decoder_layers=True)
-    prefix = BUILTIN_MODELS[family][1]
+    bound = use_builtin_kernels(devices=(device,), models=(family,), fused_loss=False, decoder_layers=True)
+    prefix = BUILTIN_MODELS[family].head.removesuffix("ForCausalLM")
     assert f"{prefix}DecoderLayer -> DecoderLayer" in bound
     torch.manual_seed(0)
     config = CONFIGS[family](hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=128, max_position_embeddings=64, head_dim=16)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    input_ids = torch.randint(0, 128, (2, 9))
+    model = transformers.AutoModelForCausalLM.from_config(config).to(device)
+    input_ids = torch.randint(0, 128, (2, 9), device=device)
     ref = model(input_ids, labels=input_ids)
     ref.loss.backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}

@@ -114,7 +114,7 @@ def use_builtin_kernels(
     ``"SwiGLUMLP"``, ``"GeGLUMLP"``, ...) for every device in ``devices`` and binds exactly the classes
     :data:`BUILTIN_MODELS` lists for ``models``; each family's ``apply_rotary_pos_emb`` gets the
     ``twinkle_triton`` rotary of its variant (partial, interleaved, half-width angles). Nothing else
-    is reached: the kernels declare ``binds_by_tag = False``, so classes of other families carrying
+    is reached: the kernels are registered with ``binds_by_tag=False``, so classes of other families carrying
     transformers' ``kernel_layer_name`` tag (``"RMSNorm"``) are left alone. Each kernel states what it
     applies to (activation, norm attributes, weight shape); a module it does not apply to (say a
     Qwen2 config with ``hidden_act="gelu_pytorch_tanh"``) keeps its forward, with the reason in the
@@ -160,11 +160,14 @@ def use_builtin_kernels(
     for device in devices:
         for kernel_name in _LAYER_KERNELS:
             if kernel_name in used:
-                register_layer_kernel(kernel_name=kernel_name, layer=getattr(layers, kernel_name), device=device)
+                register_layer_kernel(kernel_name=kernel_name, layer=getattr(layers, kernel_name), device=device,
+                                      binds_by_tag=False)
         if fused_loss and any(f.head for f in families):
-            register_layer_kernel(kernel_name="CausalLMFusedLoss", layer=layers.CausalLMFusedLoss, device=device)
+            register_layer_kernel(kernel_name="CausalLMFusedLoss", layer=layers.CausalLMFusedLoss, device=device,
+                                  binds_by_tag=False)
         if decoder_layers:  # mode "train" serves eager training and inference, never compile
-            register_layer_kernel(kernel_name="DecoderLayer", layer=layers.DecoderLayer, device=device, mode="train")
+            register_layer_kernel(kernel_name="DecoderLayer", layer=layers.DecoderLayer, device=device, mode="train",
+                                  binds_by_tag=False)
     bound = []
     for family in families:
         modeling = importlib.import_module(family.module)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .devices import parse_device
+from .errors import check_flag
 from .registration import _registration_mode, check_function_target, check_kernel_name, resolve_class
 from .registry import FunctionRegistration, LayerRegistration, get_registry
 from .sources import make_source
@@ -18,7 +19,7 @@ __all__ = ["register_kernels"]
 
 _TOP_KEYS = ("layers", "external_layers", "functions")
 _LAYER_KEYS = ("layer", "repo", "repo_id", "repo_path", "package_name", "layer_name", "revision", "version",
-               "device", "mode", "trust_remote_code")
+               "device", "mode", "trust_remote_code", "binds_by_tag")
 _FUNCTION_KEYS = ("target_module", "func_impl", "repo", "repo_id", "repo_path", "package_name", "kernel_func_name", "revision",
                   "version", "device", "mode", "trust_remote_code", "match_anywhere")
 
@@ -46,12 +47,6 @@ def _check_keys(where: str, entry: Mapping, allowed: tuple[str, ...]) -> None:
     unknown = [k for k in entry if k not in allowed]
     if unknown:
         raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(allowed)}.")
-
-
-def _match_anywhere(where: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{where}: match_anywhere must be True or False, got {value!r}.")
-    return value
 
 
 def _function_target(where: str, key: Any, target_module: Any) -> tuple[str, str]:
@@ -122,6 +117,7 @@ def register_kernels(config: Mapping[str, Any]) -> None:
                     revision=entry.get("revision"), version=entry.get("version"),
                     trust_remote_code=entry.get("trust_remote_code", False), impl_arg="layer",
                 ),
+                binds_by_tag=check_flag(f"{where}: binds_by_tag", entry.get("binds_by_tag", True)),
             ))
 
     bindings = []
@@ -150,7 +146,7 @@ def register_kernels(config: Mapping[str, Any]) -> None:
                     revision=entry.get("revision"), version=entry.get("version"),
                     trust_remote_code=entry.get("trust_remote_code", False), impl_arg="func_impl",
                 ),
-                match_anywhere=_match_anywhere(where, entry.get("match_anywhere", False)),
+                match_anywhere=check_flag(f"{where}: match_anywhere", entry.get("match_anywhere", False)),
             ))
 
     registry = get_registry()

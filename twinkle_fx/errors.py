@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["TwinkleError", "KernelLoadError", "KernelSelectionError", "KernelVerificationError"]
 
 
@@ -19,3 +21,10 @@ class KernelSelectionError(TwinkleError):
 
 class KernelVerificationError(TwinkleError):
     """A kernel's output differed from the reference and ``use_fallback=False``."""
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` if it is a bool; a TypeError naming ``name`` otherwise (``"no"`` is not False)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}.")
+    return value

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from .devices import parse_device
+from .errors import check_flag
 from .modes import Mode, parse_mode
 from .registry import FunctionRegistration, LayerRegistration, get_registry
 from .sources import make_source
@@ -54,6 +55,7 @@ def register_layer_kernel(
     device: str | None = None,
     mode: Any = None,
     trust_remote_code: bool | list[str] = False,
+    binds_by_tag: bool = True,
 ) -> LayerRegistration:
     """Register a layer kernel under ``kernel_name`` for one device and mode.
 
@@ -70,6 +72,9 @@ def register_layer_kernel(
         mode (*optional*): "train", "inference", "compile", "train+compile"; `None` serves any mode.
         trust_remote_code (`bool | list[str]`, defaults to `False`): passed to the `kernels` loader
             for repos outside the organisations it trusts.
+        binds_by_tag (`bool`, defaults to `True`): also serve classes that carry transformers'
+            ``kernel_layer_name`` tag equal to ``kernel_name`` (the Hugging Face convention); `False`
+            serves only classes bound with :func:`register_external_layer`.
 
     Returns:
         The :class:`LayerRegistration`. Registering the same name, device and mode again replaces it (logged).
@@ -93,6 +98,7 @@ def register_layer_kernel(
             package_name=package_name, attr=layer_name or kernel_name, revision=revision, version=version,
             trust_remote_code=trust_remote_code, impl_arg="layer",
         ),
+        binds_by_tag=check_flag("binds_by_tag", binds_by_tag),
     )
     get_registry().add_layer(registration)
     return registration
@@ -168,8 +174,7 @@ def register_function_kernel(
         ...                          func_impl=fast_add, device="cuda", mode="inference")  # doctest: +SKIP
     """
     check_function_target("register_function_kernel", target_module, func_name)
-    if not isinstance(match_anywhere, bool):
-        raise TypeError(f"match_anywhere must be True or False, got {match_anywhere!r}.")
+    check_flag("match_anywhere", match_anywhere)
     what = f"function kernel for {target_module}.{func_name}"
     registration = FunctionRegistration(
         target_module=target_module,

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import check_flag
 from .modes import Mode, format_mode
 from .sources import KernelSource
 
@@ -46,6 +47,10 @@ class LayerRegistration:
     device: str
     mode: Mode
     source: KernelSource
+    # False: serves only classes bound with register_external_layer, not classes that merely carry
+    # transformers' kernel_layer_name tag (the built-in mapping: the tag "RMSNorm" sits on ~130
+    # classes of differing semantics, and models= must limit what it reaches)
+    binds_by_tag: bool = True
 
     def __str__(self) -> str:
         return f"{self.kernel_name} [{self.device}, {format_mode(self.mode)}] from {self.source.describe()}"
@@ -220,8 +225,7 @@ def scoped_registry(*, inherit: bool = True) -> Iterator[KernelRegistry]:
         ...     kernelize_model(model, mode="inference")                                 # doctest: +SKIP
         >>> # here "Fast" is no longer registered
     """
-    if not isinstance(inherit, bool):
-        raise TypeError(f"inherit must be True or False, got {inherit!r}.")
+    check_flag("inherit", inherit)
     registry = get_registry().copy() if inherit else KernelRegistry()
     token = _ACTIVE_REGISTRY.set(registry)
     with _SCOPES_LOCK:

@@ -223,8 +223,8 @@ def select_layer_kernel(
         return None
     target = f"{cls.__qualname__} -> {kernel_name}"
     selection = _select(target, registrations, device, mode, _layer_call, allow_uncompilable)
-    if selection.choice is not None and not registry.is_bound(cls) and not _declared(selection.choice, "binds_by_tag", True):
-        # a kernel declaring binds_by_tag=False serves only classes bound to it explicitly: the tag
+    if selection.choice is not None and not registry.is_bound(cls) and not selection.choice.registration.binds_by_tag:
+        # registered with binds_by_tag=False: only classes bound explicitly are served, the tag
         # (transformers puts kernel_layer_name="RMSNorm" on ~130 classes of differing semantics)
         # does not make this class a target
         return None

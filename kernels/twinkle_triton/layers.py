@@ -8,9 +8,10 @@ Each layer also states what it applies to, for loaders that ask (twinkle_fx does
 ``torch.compile``), as attributes of its ``forward`` (class members other than ``has_backward`` /
 ``can_torch_compile`` would make ``kernels.kernelize`` refuse the layer):
 ``forward.applies_to(module)`` returns why the kernel does not compute what ``module`` computes
-(another activation, norm variant or layout), or None; ``forward.binds_by_tag = False``: the layer
-serves only classes bound to it explicitly, not every class carrying transformers'
-``kernel_layer_name`` tag (``"RMSNorm"`` tags about 130 classes whose norms round differently).
+(another activation, norm variant or layout), or None. (Which classes a kernel serves is the
+loader's business: twinkle_fx's built-in mapping registers these layers with ``binds_by_tag=False``,
+since transformers' ``kernel_layer_name`` tag ``"RMSNorm"`` sits on about 130 classes whose norms
+round differently.)
 """
 
 import torch
@@ -29,7 +30,6 @@ def _declares(applies_to):
 
     def mark(forward):
         forward.applies_to = applies_to
-        forward.binds_by_tag = False
         return forward
 
     return mark

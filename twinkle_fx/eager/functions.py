@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..devices import check_device_available, parse_device
-from ..errors import KernelSelectionError
+from ..errors import KernelSelectionError, check_flag
 from ..modes import format_mode, parse_mode
 from ..registry import get_registry
 from ..selection import select_function_kernel
@@ -175,11 +175,6 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}.")
-
-
 def apply_function_kernel(
     target_module: str | None = None,
     *,
@@ -219,7 +214,7 @@ def apply_function_kernel(
     if target_module is not None and not isinstance(target_module, str):
         raise TypeError(f"target_module must be a dotted module path or None, got {target_module!r}.")
     for name, value in (("use_fallback", use_fallback), ("strict", strict), ("verify", verify)):
-        _check_bool(name, value)
+        check_flag(name, value)
     device_type = parse_device(device if device is not None else _default_device())
     check_device_available(device_type)
     wanted = parse_mode(mode)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..devices import check_device_available, check_model_device, infer_device, parse_device
-from ..errors import KernelSelectionError
+from ..errors import KernelSelectionError, check_flag
 from ..modes import Mode, format_mode, parse_mode
 from ..registry import KernelRegistry, get_registry
 from ..selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
@@ -33,11 +33,6 @@ __all__ = ["kernelize_model", "undo_kernelize", "kernelized", "verification_repo
 def _check_model(model: Any, function: str) -> None:
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"{function}: model must be a torch.nn.Module or None, got {type(model).__name__} {model!r:.60}.")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}.")
 
 
 def _resolve_mode(model: torch.nn.Module | None, mode: Any) -> Mode:
@@ -304,8 +299,8 @@ def kernelize_model(
         >>> undo_kernelize(model)                                                  # doctest: +SKIP
     """
     _check_model(model, "kernelize_model")
-    _check_bool("use_fallback", use_fallback)
-    _check_bool("verify", verify)
+    check_flag("use_fallback", use_fallback)
+    check_flag("verify", verify)
     wanted = _resolve_mode(model, mode)
     device_type = _resolve_device(model, device)
     if kernels_disabled():
@@ -382,8 +377,8 @@ def kernelized(
         ...     logits = fast(input_ids).logits
     """
     _check_model(model, "kernelized")
-    _check_bool("use_fallback", use_fallback)
-    _check_bool("verify", verify)
+    check_flag("use_fallback", use_fallback)
+    check_flag("verify", verify)
     if kernels_disabled():
         yield kernelize_model(model, mode=mode, device=device, use_fallback=use_fallback, verify=verify)
         return

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+OPTIONAL_INTEGRATIONS = ("datasets", "trl", "accelerate")
 BLOCKS = re.findall(r"^```python\n(.*?)^```$", (ROOT / "README.md").read_text(), flags=re.S | re.M)
 
 
@@ -31,6 +32,11 @@ def test_readme_block_runs(block, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
     try:
         exec(compile(block, "README.md block", "exec"), {"__name__": "__readme__"})
+    except ModuleNotFoundError as e:
+        # the trainer recipes need the test extra's datasets/trl/accelerate (CI has them; the GPU machine not)
+        if e.name not in OPTIONAL_INTEGRATIONS:
+            raise
+        pytest.skip(f"README block needs {e.name} (pip install twinkle_fx[test])")
     finally:
         for name in names:
             if name in saved:

@@ -49,6 +49,19 @@ def device() -> str:
 
 
 @pytest.fixture(autouse=True)
+def _triton_interpret_as_it_was():
+    """A test that switches the Triton interpreter on in-process (``bench --tiny``, ``check --tiny``
+    run in-process) must not leave it on: Triton decides per kernel at definition, so every kernel
+    Inductor generated afterwards would run through the interpreter on a GPU machine."""
+    before = os.environ.get("TRITON_INTERPRET")
+    yield
+    if before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = before
+
+
+@pytest.fixture(autouse=True)
 def _isolated_registry():
     """Every test gets its own registry and leaves no function patched: nothing leaks between tests."""
     from twinkle_fx import scoped_registry

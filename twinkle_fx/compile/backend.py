@@ -81,7 +81,9 @@ def twinkle_backend(
         logger.info("twinkle_fx: %s is set: graph left unchanged", DISABLE_ENV)
     else:
         _warn_if_nothing_registered(ctx.registry)
-        with active_policy(opts.swap_policy):  # measured per-op swap decisions (swap_policy.py)
+        # measured per-op decisions (swap_policy.py) compare with Inductor's generated code: they
+        # apply when Inductor is the inner compiler, and every region is swapped otherwise
+        with active_policy(opts.swap_policy if opts.compiler == "inductor" else "always"):
             _run_passes(ctx, report)
         _fuse_projections(ctx, opts, report)  # horizontal GEMM fusion (last: sees unswapped linears)
     gm.graph.lint()

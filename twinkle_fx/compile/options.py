@@ -32,8 +32,9 @@ class BackendOptions:
             ``mode="reduce-overhead"`` (which cannot be given together with ``options=``).
         fuse_projections (`bool` or `"auto"`, defaults to `"auto"`): one GEMM for the linears that
             read the same input (q/k/v, gate/up); "auto" where measured to pay, see :mod:`.gemm_fusion`.
-        swap_policy (`str`, defaults to `"measured"`): "measured" keeps Inductor's code where a kernel
-            was measured slower at that shape (:mod:`.swap_policy`); "always" swaps every region.
+        swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
+            Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
+            table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).
     """
 
     compiler: str = "inductor"
@@ -44,7 +45,7 @@ class BackendOptions:
     inductor: dict = field(default_factory=dict)
     cudagraphs: bool = False
     fuse_projections: bool | str = "auto"
-    swap_policy: str = "measured"
+    swap_policy: str = "always"
 
     def describe_mode(self) -> str:
         return "auto" if self.mode is None else format_mode(self.mode)

@@ -3,8 +3,10 @@
 Inductor fuses the ops around a region (the residual add before an RMSNorm, the casts after it)
 into the same kernel; a swapped region is a separate kernel that Inductor cannot fuse with. Where
 the measurement below found the kernel slower than Inductor's own code for the same region at
-that size, the backend keeps the region unswapped (``options={"swap_policy": "measured"}``, the
-default) and the report says why; ``swap_policy="always"`` swaps every region that can be.
+that size, the backend keeps the region unswapped (``options={"swap_policy": "measured"}``) and the
+report says why. The default, ``swap_policy="always"``, swaps every region that can be: the table
+comes from one H100 and per-op timings, and was not yet shown to win on a whole training step.
+Only under Inductor (the comparison is with its code): other inner compilers swap every region.
 
 The size of a region is the number of rows of its first tensor argument (its numel over its last
 dimension: tokens for a norm or an MLP; batch x heads x tokens for rotary's q).
@@ -68,7 +70,7 @@ DECISIONS: tuple[Decision, ...] = (
              "(1.18x at 32)", min_rows=512),
 )
 
-_policy: contextvars.ContextVar[str] = contextvars.ContextVar("twinkle_swap_policy", default="measured")
+_policy: contextvars.ContextVar[str] = contextvars.ContextVar("twinkle_swap_policy", default="always")
 
 
 @contextlib.contextmanager

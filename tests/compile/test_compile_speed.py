@@ -167,9 +167,10 @@ def test_gemm_fusion_groups_only_linears_of_the_same_input():
 def test_swap_policy_keeps_inductor_where_measured_slower():
     table = (Decision("RMSNorm", "cuda", "inference", 64, "0.8x at 32 rows"),)
     decode, prefill = torch.empty(1, 32, 896), torch.empty(1, 2048, 896)
-    assert "measured slower" in keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, decode, table)
-    assert keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, prefill, table) is None
-    assert keep_inductor_reason("RMSNorm", "cuda", Mode.TRAINING, decode, table) is None
-    assert keep_inductor_reason("RMSNorm", "cpu", Mode.INFERENCE, decode, table) is None
-    with active_policy("always"):
-        assert keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, decode, table) is None
+    # the default swaps everything; "measured" is opt-in
+    assert keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, decode, table) is None
+    with active_policy("measured"):
+        assert "measured slower" in keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, decode, table)
+        assert keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, prefill, table) is None
+        assert keep_inductor_reason("RMSNorm", "cuda", Mode.TRAINING, decode, table) is None
+        assert keep_inductor_reason("RMSNorm", "cpu", Mode.INFERENCE, decode, table) is None

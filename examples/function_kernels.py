@@ -1,4 +1,5 @@
-"""Function kernels, eagerly: the documentation's example, run as written (device "cpu" here).
+"""Function kernels, eagerly: the documentation's example, run as written (on the GPU, or on the CPU
+through the Triton interpreter where there is none).
 
     python examples/function_kernels.py
 """
@@ -16,7 +17,7 @@ from my_pkg.fast_ops import MulRepo, fast_add
 register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add,
                          device=DEVICE, mode="inference")
 register_function_kernel(func_name="mul", target_module="my_pkg.math_ops", repo=MulRepo(),
-                         device="cpu", mode="compile")          # repo.load() returns the kernel
+                         device=DEVICE, mode="compile")         # repo.load() returns the kernel
 register_function_kernel(func_name="silu_and_mul", target_module="my_pkg.activations",
                          repo_id="kernels-community/activation", revision="main")  # or version=
 

@@ -18,6 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+# gloo runs CPU processes, so the kernels run through the Triton interpreter: not on a GPU run
+pytestmark = pytest.mark.interpreter
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "examples"))
 import train_distributed  # noqa: E402
@@ -49,7 +52,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gloo") / "runs.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    # no GPU visible: train_distributed then takes gloo on the CPU even on a machine with one
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(_free_port()), str(HERE / "gloo_runs.py"), str(out),
                *(f"{name}={flags}" for name, flags in RUNS.items())]

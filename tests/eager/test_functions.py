@@ -1,4 +1,8 @@
-"""Function kernels: register, apply, strictness, fallback, undo."""
+"""Function kernels: register, apply, strictness, fallback, undo.
+
+``fast_add`` is a Triton kernel: it is registered for, and applied on, the device of the run (``device``),
+since a Triton kernel on the CPU needs the interpreter; ``other_device`` names a device the run does not use.
+"""
 
 import logging
 import warnings
@@ -20,100 +24,107 @@ ORIGINAL_ADD = math_ops.add
 ORIGINAL_MUL = math_ops.mul
 
 
-def test_apply_patches_and_returns_names_and_module_callers_see_the_kernel():
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu",
+def other_device(device: str) -> str:
+    """A device this run does not use: kernels registered for it are never selected here."""
+    return "cuda" if device == "cpu" else "cpu"
+
+
+def test_apply_patches_and_returns_names_and_module_callers_see_the_kernel(device):
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device=device,
                              mode="inference")
-    patched = apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="inference")
+    patched = apply_function_kernel(target_module="my_pkg.math_ops", device=device, mode="inference")
     assert patched == ["my_pkg.math_ops.add"]
     assert math_ops.add is fast_add
-    a, b = torch.randn(37), torch.randn(37)
+    a, b = torch.randn(37, device=device), torch.randn(37, device=device)
     torch.testing.assert_close(math_ops.scaled_sum(a, b), (a + b) * 0.5)
     assert patched.restore() == 1
     assert math_ops.add is ORIGINAL_ADD
 
 
-def test_handle_is_a_context_manager():
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
-    with apply_function_kernel(target_module="my_pkg.math_ops", device="cpu") as patched:
+def test_handle_is_a_context_manager(device):
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device=device)
+    with apply_function_kernel(target_module="my_pkg.math_ops", device=device) as patched:
         assert math_ops.add is fast_add and patched == ["my_pkg.math_ops.add"]
     assert math_ops.add is ORIGINAL_ADD
 
 
-def test_apply_twice_keeps_the_true_original():
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
-    apply_function_kernel(target_module="my_pkg.math_ops", device="cpu")
-    apply_function_kernel(target_module="my_pkg.math_ops", device="cpu")
+def test_apply_twice_keeps_the_true_original(device):
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device=device)
+    apply_function_kernel(target_module="my_pkg.math_ops", device=device)
+    apply_function_kernel(target_module="my_pkg.math_ops", device=device)
     restore_functions()
     assert math_ops.add is ORIGINAL_ADD and patched_functions() == []
 
 
-def test_repo_object_compile_registration_serves_inference():
-    register_function_kernel(func_name="mul", target_module="my_pkg.math_ops", repo=MulRepo(), device="cpu",
+def test_repo_object_compile_registration_serves_inference(device):
+    register_function_kernel(func_name="mul", target_module="my_pkg.math_ops", repo=MulRepo(), device=device,
                              mode="compile")
-    assert apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="inference") == ["my_pkg.math_ops.mul"]
+    assert apply_function_kernel(target_module="my_pkg.math_ops", device=device, mode="inference") == ["my_pkg.math_ops.mul"]
     assert math_ops.mul is not ORIGINAL_MUL
 
 
-def test_training_never_uses_a_function_without_backward(caplog):
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+def test_training_never_uses_a_function_without_backward(caplog, device):
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device=device)
     with caplog.at_level(logging.INFO, logger="twinkle_fx"):
-        assert apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="train") == []
+        assert apply_function_kernel(target_module="my_pkg.math_ops", device=device, mode="train") == []
     assert math_ops.add is ORIGINAL_ADD
     assert any("has_backward=False" in r.getMessage() for r in caplog.records)
     with pytest.raises(KernelSelectionError, match="has_backward=False"):
-        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="train", use_fallback=False)
+        apply_function_kernel(target_module="my_pkg.math_ops", device=device, mode="train", use_fallback=False)
 
 
-def test_use_fallback_false_patches_nothing_when_one_target_fails():
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
-    register_function_kernel(func_name="mul", target_module="my_pkg.math_ops", func_impl=fast_add, device="cuda")
-    with pytest.raises(KernelSelectionError, match="no kernel for device 'cpu'"):
-        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", use_fallback=False)
+def test_use_fallback_false_patches_nothing_when_one_target_fails(device):
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device=device)
+    register_function_kernel(func_name="mul", target_module="my_pkg.math_ops", func_impl=fast_add,
+                             device=other_device(device))
+    with pytest.raises(KernelSelectionError, match=f"no kernel for device '{device}'"):
+        apply_function_kernel(target_module="my_pkg.math_ops", device=device, use_fallback=False)
     assert math_ops.add is ORIGINAL_ADD
 
 
-def test_target_module_not_importable():
-    register_function_kernel(func_name="f", target_module="my_pkg.no_such_module", func_impl=fast_add, device="cpu")
+def test_target_module_not_importable(device):
+    register_function_kernel(func_name="f", target_module="my_pkg.no_such_module", func_impl=fast_add, device=device)
     with pytest.raises(ValueError, match="'my_pkg.no_such_module'.*cannot be imported"):
-        apply_function_kernel(target_module="my_pkg.no_such_module", device="cpu", strict=True)
+        apply_function_kernel(target_module="my_pkg.no_such_module", device=device, strict=True)
     with pytest.warns(UserWarning, match="cannot be imported"):
-        assert apply_function_kernel(target_module="my_pkg.no_such_module", device="cpu") == []
+        assert apply_function_kernel(target_module="my_pkg.no_such_module", device=device) == []
 
 
-def test_missing_function_is_an_error_when_strict_and_never_created():
-    register_function_kernel(func_name="sub", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+def test_missing_function_is_an_error_when_strict_and_never_created(device):
+    register_function_kernel(func_name="sub", target_module="my_pkg.math_ops", func_impl=fast_add, device=device)
     with pytest.raises(ValueError, match="has no attribute 'sub'"):
-        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", strict=True)
+        apply_function_kernel(target_module="my_pkg.math_ops", device=device, strict=True)
     with pytest.warns(UserWarning, match="has no attribute 'sub'"):
-        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu")
+        apply_function_kernel(target_module="my_pkg.math_ops", device=device)
     assert not hasattr(math_ops, "sub")
 
 
-def test_strict_raises_when_nothing_was_patched():
+def test_strict_raises_when_nothing_was_patched(device):
     with pytest.raises(ValueError, match="no function kernels are registered for my_pkg.math_ops"):
-        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", strict=True)
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cuda")
+        apply_function_kernel(target_module="my_pkg.math_ops", device=device, strict=True)
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add,
+                             device=other_device(device))
     with pytest.raises(ValueError, match="no function was patched"):
-        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", strict=True)
+        apply_function_kernel(target_module="my_pkg.math_ops", device=device, strict=True)
 
 
-def test_kernelize_model_none_patches_functions_and_undo_restores():
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
-    kernelize_model(model=None, mode="inference", device="cpu")
+def test_kernelize_model_none_patches_functions_and_undo_restores(device):
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device=device)
+    kernelize_model(model=None, mode="inference", device=device)
     assert math_ops.add is fast_add
     undo_kernelize()
     assert math_ops.add is ORIGINAL_ADD
 
 
-def test_function_kernel_from_local_repo_and_hub(offline_hub, local_repo):
+def test_function_kernel_from_local_repo_and_hub(offline_hub, local_repo, device):
     register_function_kernel(func_name="silu_and_mul", target_module="my_pkg.activations",
                              repo_id="kernels-community/activation", revision="main")
     import my_pkg.activations as activations
 
     original = activations.silu_and_mul
-    x = torch.randn(3, 2 * 7)
+    x = torch.randn(3, 2 * 7, device=device)
     expected = original(x)
-    assert apply_function_kernel(target_module="my_pkg.activations", device="cpu") == ["my_pkg.activations.silu_and_mul"]
+    assert apply_function_kernel(target_module="my_pkg.activations", device=device) == ["my_pkg.activations.silu_and_mul"]
     assert activations.silu_and_mul is not original
     torch.testing.assert_close(activations.silu_and_mul(x), expected)
 
@@ -129,8 +140,8 @@ def test_function_registration_errors():
         register_function_kernel(func_name="add", target_module="", func_impl=fast_add)
 
 
-def test_no_warnings_on_the_happy_path():
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
+def test_no_warnings_on_the_happy_path(device):
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device=device)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", strict=True)
+        apply_function_kernel(target_module="my_pkg.math_ops", device=device, strict=True)

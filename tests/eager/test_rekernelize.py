@@ -33,8 +33,8 @@ class ZeroKernel(torch.nn.Module):
         return x * 0
 
 
-def _bind(kernel, mode=None, name="FastGelu"):
-    register_layer_kernel(kernel_name=name, layer=kernel, device="cpu", mode=mode)
+def _bind(kernel, mode=None, name="FastGelu", device="cpu"):
+    register_layer_kernel(kernel_name=name, layer=kernel, device=device, mode=mode)
     register_external_layer(Gelu, name)
 
 
@@ -69,22 +69,24 @@ def test_an_empty_scope_reverts_to_the_original_forward():
     assert "forward" not in model[1].__dict__ and not uses_tanh(model[1])
 
 
-def test_a_function_kernel_that_does_not_serve_the_new_mode_is_restored():
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
-    apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="inference")
+def test_a_function_kernel_that_does_not_serve_the_new_mode_is_restored(device):
+    # fast_add is a Triton kernel: registered for the device of the run (on the CPU it needs the interpreter)
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device=device)
+    apply_function_kernel(target_module="my_pkg.math_ops", device=device, mode="inference")
     assert math_ops.add is fast_add
-    apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="train")  # fast_add has no backward
+    apply_function_kernel(target_module="my_pkg.math_ops", device=device, mode="train")  # fast_add has no backward
     assert math_ops.add is ORIGINAL_ADD
 
 
-def test_kernelized_inside_kernelize_model_keeps_the_outer_function_patch():
-    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device="cpu")
-    _bind(TanhGeluKernel)
-    model = model_with_gelus()
+def test_kernelized_inside_kernelize_model_keeps_the_outer_function_patch(device):
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add, device=device)
+    _bind(TanhGeluKernel, device=device)
+    model = model_with_gelus().to(device)  # kernelize_model takes the device from the model
     kernelize_model(model, mode="inference")
     with kernelized(model, mode="inference"):
         assert math_ops.add is fast_add
-    assert math_ops.add is fast_add and uses_tanh(model[1])  # the block changed nothing, so it restores nothing
+    # the block changed nothing, so it restores nothing
+    assert math_ops.add is fast_add and uses_tanh(model[1], torch.linspace(-3, 3, 16, device=device))
 
 
 def test_nested_kernelized_ends_on_the_outer_kernel():

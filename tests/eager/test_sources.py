@@ -38,11 +38,11 @@ def _write_package(root, name="my_kernels", layers=TANH_LAYERS, init="from . imp
     return root
 
 
-def _swap_with(**source):
-    register_layer_kernel(kernel_name="FastGelu", device="cpu", **source)
+def _swap_with(device="cpu", **source):
+    register_layer_kernel(kernel_name="FastGelu", device=device, **source)
     register_external_layer(Gelu, "FastGelu")
     module = Gelu()
-    kernelize_model(module, mode="inference", device="cpu", use_fallback=False)
+    kernelize_model(module, mode="inference", device=device, use_fallback=False)
     return module
 
 
@@ -142,9 +142,10 @@ def test_registration_argument_errors(kwargs, message):
         register_layer_kernel(kernel_name="K", **kwargs)
 
 
-def test_hub_kernel_from_offline_cache_through_kernels_get_kernel(offline_hub):
-    module = _swap_with(repo_id="kernels-community/activation", layer_name="SiluAndMul", revision="main")
-    x = torch.randn(4, 10)
+def test_hub_kernel_from_offline_cache_through_kernels_get_kernel(offline_hub, device):
+    # a Triton kernel: on the device of the run (on the CPU it needs the interpreter)
+    module = _swap_with(device, repo_id="kernels-community/activation", layer_name="SiluAndMul", revision="main")
+    x = torch.randn(4, 10, device=device)
     torch.testing.assert_close(module(x), torch.nn.functional.silu(x[:, :5]) * x[:, 5:])
 
 

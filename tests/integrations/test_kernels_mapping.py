@@ -9,6 +9,7 @@ from pathlib import Path
 import kernels
 import pytest
 import torch
+from device_under_test import DEVICE  # "cuda" on a GPU machine, "cpu" (Triton interpreter) otherwise
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
@@ -18,7 +19,6 @@ from twinkle_fx.eager.layers import swapped_forward
 from twinkle_fx.kernels_mapping import foreign_forward, kernels_mapping_registrations
 
 REPO = Path(__file__).resolve().parents[2] / "kernels" / "twinkle_triton"
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Shared by the documentation scripts: makes ``examples/`` importable and provides what the
-documents leave to the reader: ``DEVICE`` (for ``device="cuda"`` where no GPU is present) and
+documents leave to the reader: ``DEVICE`` (the machine's device, for the documents' ``device="cuda"``
+and ``device="cpu"``: CUDA when a GPU is present, else the CPU through the Triton interpreter) and
 ``LOCAL_REPO`` (for ``"/path/to/local/repo"``).
 
 Each script holds one code block of a document in ``docs/seeds/`` as written, with only the

@@ -3,7 +3,7 @@
     python examples/docs/user_scenarios_3.py
 """
 
-from _setup import DEVICE  # noqa: F401  (the block names its device itself: "cpu")
+from _setup import DEVICE
 
 # --- the document's block ---
 from twinkle_fx.function import register_function_kernel, apply_function_kernel
@@ -18,7 +18,7 @@ register_function_kernel(
     func_name="add",
     target_module=TARGET_MODULE,
     func_impl=fast_add,
-    device="cpu",
+    device=DEVICE,
     mode="inference",
 )
 
@@ -37,7 +37,7 @@ register_function_kernel(
     func_name="mul",
     target_module=TARGET_MODULE,
     repo=MyFuncRepo(),
-    device="cpu",
+    device=DEVICE,
     mode="compile",
 )
 
@@ -47,13 +47,13 @@ register_function_kernel(
     target_module="my_pkg.activations",
     repo_id="kernels-community/activation",
     revision="main",  # or version="0.1.0"
-    device="cpu",
+    device=DEVICE,
     mode="inference",
 )
 
 applied = apply_function_kernel(
     target_module=TARGET_MODULE,
-    device="cpu",
+    device=DEVICE,
     mode="inference",
     use_fallback=True,
     strict=False,
@@ -66,7 +66,7 @@ from twinkle_fx import kernelize_model
 import torch.nn as nn
 
 model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
-kernelize_model(model=model, mode="inference", device="cpu", use_fallback=True)
+kernelize_model(model=model, mode="inference", device=DEVICE, use_fallback=True)
 # --- end of the block ---
 
 import torch  # noqa: E402
@@ -74,8 +74,8 @@ import torch  # noqa: E402
 import my_pkg.activations  # noqa: E402
 import my_pkg.math_ops  # noqa: E402
 
-x = torch.ones(3)
+x = torch.ones(3, device=DEVICE)
 print("add(1, 1):", my_pkg.math_ops.add(x, x).tolist(), "mul(1, 1):", my_pkg.math_ops.mul(x, x).tolist())
-y = torch.randn(4, 16)
+y = torch.randn(4, 16, device=DEVICE)
 print("silu_and_mul from the Hub matches:",
       torch.allclose(my_pkg.activations.silu_and_mul(y), nn.functional.silu(y[:, :8]) * y[:, 8:], atol=1e-5))

@@ -7,6 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,7 @@ def test_python_block_registers_checks_and_benchmarks(capsys):
     assert re.search(r"speed-up over torch.add: \d+\.\d\dx", out)
 
 
+@pytest.mark.interpreter  # the README's commands, as written, are `--tiny`: the CPU through the Triton interpreter
 def test_commands(tmp_path, monkeypatch, capsys):
     from twinkle_fx.__main__ import main
 

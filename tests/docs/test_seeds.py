@@ -30,6 +30,7 @@ SUBSTITUTIONS = (
     ('device="cuda"', "device=DEVICE"),                          # the machine's device
     ('"device": "cuda"', '"device": DEVICE'),
     ("device='cuda'", "device=DEVICE"),
+    ('device="cpu"', "device=DEVICE"),                           # user-scenarios.md scenario 3 names the CPU
     ('"cuda": LayerRepository(', "DEVICE: LayerRepository("),
     ("from nanovllm.kernels import benchmark_kernel", "from twinkle_fx import benchmark_kernel"),
     ("nanovllm.layers.custom_mlp", "twinkle_triton.custom_mlp"),
@@ -73,6 +74,12 @@ def test_every_block_is_in_its_script_as_written(document):
 
 
 def _run(script: str, capsys, monkeypatch, tmp_path) -> str:
+    import _setup
+    from device_under_test import DEVICE
+
+    # the scripts pick their device as the suite does (examples/_common.py); a module first imported
+    # while something had switched the interpreter on in-process would have picked the CPU for good
+    assert _setup.DEVICE == DEVICE, f"the scripts run on {_setup.DEVICE}, the suite on {DEVICE}"
     monkeypatch.chdir(tmp_path)  # scripts that write files (trace.json) write them here
     runpy.run_path(str(SCRIPTS / f"{script}.py"), run_name="__main__")
     return capsys.readouterr().out

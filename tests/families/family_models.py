@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import transformers
+from device_under_test import DEVICE
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=128, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -36,9 +37,11 @@ def tiny_config(family: str, **overrides) -> transformers.PretrainedConfig:
     return config
 
 
-def tiny_model(family: str, *, dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> torch.nn.Module:
-    """A randomly initialised ``*ForCausalLM`` of ``family``; norm weights are randomised too, so a
-    kernel that ignored a weight or an offset would show."""
+def tiny_model(family: str, *, dtype: torch.dtype = torch.float32, seed: int = 0, device: str | torch.device = DEVICE,
+               **overrides) -> torch.nn.Module:
+    """A randomly initialised ``*ForCausalLM`` of ``family`` on ``device`` (the suite's: CUDA on a GPU
+    machine, else the CPU); norm weights are randomised too, so a kernel that ignored a weight or an
+    offset would show. Weights are drawn on the CPU, so they are the same whatever the device."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config(family, **overrides))
     with torch.no_grad():
@@ -46,4 +49,4 @@ def tiny_model(family: str, *, dtype: torch.dtype = torch.float32, seed: int = 0
             if p.dim() == 1:
                 p.copy_(torch.randn_like(p) * 0.2 + (0.0 if "norm" in name and family.startswith("gemma") else 1.0)
                         if "norm" in name else torch.randn_like(p) * 0.1)
-    return model.to(dtype)
+    return model.to(device=device, dtype=dtype)

@@ -59,10 +59,10 @@ def _assert_grads_close(got, want, dtype):
 
 
 @pytest.mark.parametrize(("family", "dtype"), EAGER_CASES, ids=[f"{f}-{str(d)[6:]}" for f, d in EAGER_CASES])
-def test_eager_swaps_match_the_model_in_training(family, dtype):
-    use_builtin_kernels(devices=("cpu",), models=(family,))
+def test_eager_swaps_match_the_model_in_training(family, dtype, device):
+    use_builtin_kernels(devices=(device,), models=(family,))
     model = tiny_model(family, dtype=dtype).train()
-    ids = torch.randint(3, 128, (2, 9))
+    ids = torch.randint(3, 128, (2, 9), device=device)
     want_loss, want_grads = _step(model, ids)
     with torch.no_grad():
         want_logits = model.eval()(ids).logits
@@ -97,10 +97,10 @@ _ROTARY_NOT_TRACED = {"phi3", "glm4", "gpt_oss"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_compiled_swaps_match_the_model(family):
-    use_builtin_kernels(devices=("cpu",), models=(family,), fused_loss=False)
+def test_compiled_swaps_match_the_model(family, device):
+    use_builtin_kernels(devices=(device,), models=(family,), fused_loss=False)
     model = tiny_model(family)
-    ids = torch.randint(3, 128, (2, 7))
+    ids = torch.randint(3, 128, (2, 7), device=device)
     compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
     with record_graphs() as graphs:
         if family in _MOE:
@@ -124,11 +124,11 @@ def test_compiled_swaps_match_the_model(family):
         assert "twinkle_func_apply_rotary_pos_emb" not in after, "rotary now swapped: update _ROTARY_NOT_TRACED"
 
 
-def test_function_swaps_are_labelled_with_the_function_found_in_the_model():
-    use_builtin_kernels(devices=("cpu",), models=("gemma", "qwen2"), fused_loss=False)
+def test_function_swaps_are_labelled_with_the_function_found_in_the_model(device):
+    use_builtin_kernels(devices=(device,), models=("gemma", "qwen2"), fused_loss=False)
     model = tiny_model("gemma").eval()
     with torch.no_grad():
-        report = twinkle_fx.explain(model, torch.randint(3, 128, (1, 6)))
+        report = twinkle_fx.explain(model, torch.randint(3, 128, (1, 6), device=device))
     text = str(report)
     assert "transformers.models.gemma.modeling_gemma.apply_rotary_pos_emb" in text
     assert "modeling_qwen2.apply_rotary_pos_emb" not in text
@@ -137,11 +137,11 @@ def test_function_swaps_are_labelled_with_the_function_found_in_the_model():
 # ----------------------------------------------------------------------------- what a kernel applies to
 
 
-def test_swiglu_refuses_a_gelu_config_eagerly_and_under_compile(caplog):
+def test_swiglu_refuses_a_gelu_config_eagerly_and_under_compile(caplog, device):
     """Issue 12.5b: a Qwen2 config with hidden_act="gelu_pytorch_tanh" keeps its MLP, with the reason."""
-    use_builtin_kernels(devices=("cpu",), models=("qwen2",), fused_loss=False)
+    use_builtin_kernels(devices=(device,), models=("qwen2",), fused_loss=False)
     model = tiny_model("qwen2", hidden_act="gelu_pytorch_tanh").eval()
-    ids = torch.randint(3, 128, (1, 6))
+    ids = torch.randint(3, 128, (1, 6), device=device)
     with torch.no_grad():
         want = model(ids).logits
     with caplog.at_level(logging.INFO, logger="twinkle_fx"):
@@ -162,10 +162,10 @@ def test_swiglu_refuses_a_gelu_config_eagerly_and_under_compile(caplog):
     torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
 
 
-def test_geglu_follows_the_gelu_of_the_config():
-    use_builtin_kernels(devices=("cpu",), models=("gemma",), fused_loss=False)
+def test_geglu_follows_the_gelu_of_the_config(device):
+    use_builtin_kernels(devices=(device,), models=("gemma",), fused_loss=False)
     exact = tiny_model("gemma", hidden_act="gelu")  # erf GELU: swapped with approximate="none"
-    ids = torch.randint(3, 128, (1, 6))
+    ids = torch.randint(3, 128, (1, 6), device=device)
     with torch.no_grad():
         want = exact(ids).logits
         kernelize_model(exact, mode="inference")
@@ -179,13 +179,13 @@ def test_geglu_follows_the_gelu_of_the_config():
 # ----------------------------------------------------------------------------- what models= binds
 
 
-def test_models_limits_every_binding_tags_included():
+def test_models_limits_every_binding_tags_included(device):
     from transformers.models.phi3.modeling_phi3 import Phi3RMSNorm
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
     assert Phi3RMSNorm.__dict__.get("kernel_layer_name", "RMSNorm") == "RMSNorm"  # tagged, or untagged (no kernels)
     Phi3RMSNorm.kernel_layer_name = Qwen2RMSNorm.kernel_layer_name = "RMSNorm"  # as with `kernels` installed
-    bound = use_builtin_kernels(devices=("cpu",), models=("llama",))
+    bound = use_builtin_kernels(devices=(device,), models=("llama",))
     assert bound == ["LlamaRMSNorm -> RMSNorm", "LlamaMLP -> SwiGLUMLP", "LlamaForCausalLM -> CausalLMFusedLoss",
                      "transformers.models.llama.modeling_llama.apply_rotary_pos_emb -> "
                      "twinkle_triton.apply_rotary_pos_emb"]
@@ -195,10 +195,10 @@ def test_models_limits_every_binding_tags_included():
         assert not any(swapped_forward(m) for m in model.modules()), family
 
 
-def test_every_family_binds_only_its_own_classes():
+def test_every_family_binds_only_its_own_classes(device):
     for family in FAMILIES:
         with twinkle_fx.scoped_registry(inherit=False):
-            bound = use_builtin_kernels(devices=("cpu",), models=(family,))
+            bound = use_builtin_kernels(devices=(device,), models=(family,))
         f = BUILTIN_MODELS[family]
         classes = {b.split(" -> ")[0] for b in bound}
         want = {c for spec in (f.norms, f.mlps) if spec for c in spec[0]} | ({f.head} if f.head else set())
@@ -219,11 +219,11 @@ def test_readme_coverage_table_is_the_mapping():
 
 
 @pytest.mark.parametrize("family", ["phi3", "deepseek_v3"])
-def test_explain_cli_builds_every_family(family, capsys):
+def test_explain_cli_builds_every_family(family, capsys, device):
     """phi3, glm4 and smollm3 default to pad ids beyond the CLI's tiny vocabulary; deepseek_v3 needs
     as many key/value heads as query heads."""
     from twinkle_fx.__main__ import main
 
-    assert main(["explain", "--config", family, "--summary", "--device", "cpu"]) == 0
+    assert main(["explain", "--config", family, "--summary", "--device", device]) == 0
     out = capsys.readouterr().out
     assert "swapped" in out and "RMSNorm" in out

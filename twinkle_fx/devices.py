@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["parse_device", "parse_devices", "registration_keys", "infer_device", "check_device_available",
            "check_model_device", "triton_interpreter_problem", "ANY_DEVICE"]
@@ -93,10 +97,13 @@ def check_device_available(device_type: str) -> None:
 def check_model_device(model: torch.nn.Module, device_type: str) -> None:
     """Refuse kernelizing a model for another device than the one its weights are on.
 
-    A model on the meta device (weights not loaded yet) may be kernelized for any device.
+    A model on the meta device (weights not loaded yet) may be kernelized for any device, and one on
+    the CPU for an accelerator, with a WARNING: kernelizing first and moving the model afterwards is
+    how the Hugging Face ``kernels`` documents (and ours) write it; calling it before the move would
+    hand CPU tensors to GPU kernels.
 
     Raises:
-        ValueError: naming both devices and the two ways out.
+        ValueError: weights on an accelerator and another device asked for, naming both and the two ways out.
     """
     for tensor in model.parameters():
         break
@@ -106,9 +113,14 @@ def check_model_device(model: torch.nn.Module, device_type: str) -> None:
         return
     actual = tensor.device.type
     wanted = "cuda" if device_type == "rocm" else ("mps" if device_type == "metal" else device_type)
-    if actual != wanted:
-        raise ValueError(f"device={device_type!r} but {type(model).__name__}'s weights are on {actual!r}: move the "
-                         f"model first (model.to({wanted!r})) or pass device={actual!r}.")
+    if actual == wanted:
+        return
+    if actual == "cpu":
+        logger.warning("kernelized %s for device=%r while its weights are on the CPU: move it (model.to(%r)) "
+                       "before calling it", type(model).__name__, device_type, wanted)
+        return
+    raise ValueError(f"device={device_type!r} but {type(model).__name__}'s weights are on {actual!r}: move the "
+                     f"model first (model.to({wanted!r})) or pass device={actual!r}.")
 
 
 # package -> (len(sys.modules) when scanned, found): rescanned only after more modules were imported

@@ -4,6 +4,8 @@ the model is on, Triton kernels that need the interpreter on the CPU."""
 import sys
 import types
 
+import logging
+
 import pytest
 import torch
 import triton
@@ -87,11 +89,22 @@ def test_a_builtin_returned_by_a_repo_is_refused_at_swap_time():
         kernelize_model(module, mode="inference", device="cpu", use_fallback=False)
 
 
-def test_cuda_for_a_cpu_model_is_refused_up_front():
+@pytest.mark.gpu
+def test_cuda_for_a_cpu_model_warns_to_move_it(caplog):
+    # the documents' order: kernelize for the GPU, then move the model
     register_layer_kernel(kernel_name="K", layer=ScaleOneKernel, device="cuda")
     model = model_with_gelus()
-    with pytest.raises(ValueError, match=r"weights are on 'cpu': move the model first \(model.to\('cuda'\)\) or pass device='cpu'"):
+    with caplog.at_level(logging.WARNING):
         kernelize_model(model, mode="inference", device="cuda")
+    assert "weights are on the CPU: move it (model.to('cuda')) before calling it" in caplog.text
+
+
+@pytest.mark.gpu
+def test_cpu_for_a_cuda_model_is_refused_up_front():
+    register_layer_kernel(kernel_name="K", layer=ScaleOneKernel, device="cpu")
+    model = model_with_gelus().cuda()
+    with pytest.raises(ValueError, match=r"weights are on 'cuda': move the model first \(model.to\('cpu'\)\) or pass device='cuda'"):
+        kernelize_model(model, mode="inference", device="cpu")
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 

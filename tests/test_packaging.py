@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from device_under_test import DEVICE, INTERPRETED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,18 +76,21 @@ def test_twinkle_fx_works_without_the_kernels_package():
         import twinkle_fx
         from twinkle_fx.builtin import use_builtin_kernels
 
-        use_builtin_kernels(devices=("cpu",))
+        use_builtin_kernels(devices=("DEVICE",))
         torch.manual_seed(0)
         config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=128)
-        model = twinkle_fx.kernelize_model(Qwen2ForCausalLM(config), mode="train", device="cpu")
-        ids = torch.randint(0, 128, (2, 8))
+        model = twinkle_fx.kernelize_model(Qwen2ForCausalLM(config).to("DEVICE"), mode="train", device="DEVICE")
+        ids = torch.randint(0, 128, (2, 8), device="DEVICE")
         model(input_ids=ids, labels=ids).loss.backward()
         swapped = sum(type(m.__dict__.get("forward")).__name__ == "KernelForward" for m in model.modules())
         print("kernels imported:", "kernels" in sys.modules, "swapped:", swapped)
-    """)
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")]))
+    """).replace("DEVICE", DEVICE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")]))
+    if INTERPRETED:
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "kernels imported: False swapped: 8" in proc.stdout  # 5 norms, 2 MLPs, the fused-loss head

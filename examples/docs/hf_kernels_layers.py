@@ -39,7 +39,8 @@ class MyModel(nn.Module):
 
     def __init__(self, *args):
         super().__init__()
-        self.proj = nn.Linear(16, 32)
+        # "..." stands for the user's own arguments; built on the machine's device, as a user would
+        self.proj = nn.Linear(16, 32, device=DEVICE)
         self.decorated = DecoratedSiluAndMul()
         self.external = SiluAndMul()
 

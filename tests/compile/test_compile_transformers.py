@@ -63,12 +63,17 @@ rms_norm_backward_2 = torch.ops.twinkle.rms_norm_backward.default(v11, v12, prim
     def test_report_lists_the_swaps(self):
         register_qwen2_kernels()
         report = twinkle_fx.explain(tiny("qwen2"), input_ids())
-        region_lines = report.summary().replace(f"[{DEVICE}, ", "[<device>, ").splitlines()[2:]  # after the headers
+        lines = report.summary().replace(f"[{DEVICE}, ", "[<device>, ").splitlines()[2:]  # after the headers
+        # which transformers classes carry a kernel tag depends on its version (SiLUActivation does in some):
+        # the coverage note is checked for what every version has, the rewrite is pinned
+        uncovered = [line for line in lines if line.startswith("layer classes of Qwen2ForCausalLM without a kernel: ")]
+        self.assertEqual(len(uncovered), 1, lines)
+        self.assertTrue({"Qwen2Attention", "Qwen2ForCausalLM"} <= set(uncovered[0].split(": ", 1)[1].split(", ")))
+        region_lines = [line for line in lines if line not in uncovered]
         self.assertExpectedInline("\n".join(region_lines), """\
   swapped 5 x layer Qwen2RMSNorm -> RMSNorm: RMSNorm [<device>, any] from impl RMSNorm (custom op call)  [model.layers.0.input_layernorm, model.layers.0.post_attention_layernorm, model.layers.1.input_layernorm, ... (5 in all)]
   swapped 2 x layer Qwen2MLP -> SwiGLUMLP: SwiGLUMLP [<device>, any] from impl SwiGLUMLP (custom op call)  [model.layers.0.mlp, model.layers.1.mlp]
-  swapped 2 x function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb: transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb [<device>, any] from impl apply_rotary_pos_emb (custom op call, matched a call)  [model.layers.0.self_attn (k_embed), model.layers.1.self_attn (k_embed_1)]
-layer classes of Qwen2ForCausalLM without a kernel: Qwen2Attention, Qwen2ForCausalLM, SiLUActivation""")
+  swapped 2 x function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb: transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb [<device>, any] from impl apply_rotary_pos_emb (custom op call, matched a call)  [model.layers.0.self_attn (k_embed), model.layers.1.self_attn (k_embed_1)]""")
         self.assertEqual(report.graph_count, 1)
         self.assertEqual(report.not_swapped, [])
 

@@ -122,13 +122,18 @@ def test_get_local_kernel_loads_the_package_folder():
     assert module.rms_norm(torch.ones(1, 32), torch.ones(32)).shape == (1, 32)
 
 
-def test_kernelize_swaps_qwen2_rms_norm_through_a_local_layer_repository():
+class _TaggedQwen2RMSNorm(Qwen2RMSNorm):
+    # transformers tags Qwen2RMSNorm itself only with some versions of its kernels integration
+    kernel_layer_name = "RMSNorm"
+
+
+def test_kernelize_swaps_qwen2_rms_norm_through_a_local_layer_repository(device):
     repo = kernels.LocalLayerRepository(repo_path=PACKAGE_DIR, layer_name="RMSNorm")
-    model = torch.nn.Sequential(Qwen2RMSNorm(32, eps=1e-6))
-    x = torch.randn(3, 32)
+    model = torch.nn.Sequential(_TaggedQwen2RMSNorm(32, eps=1e-6)).to(device)
+    x = torch.randn(3, 32, device=device)
     want = model(x)
-    with kernels.use_kernel_mapping({"RMSNorm": {"cpu": repo}}, inherit_mapping=False):
-        kernels.kernelize(model, mode=kernels.Mode.TRAINING, device="cpu")
+    with kernels.use_kernel_mapping({"RMSNorm": {device: repo}}, inherit_mapping=False):
+        kernels.kernelize(model, mode=kernels.Mode.TRAINING, device=device)
     assert model[0].forward.__func__.__qualname__ == "RMSNorm.forward"
     assert_close(model(x), want, torch.float32, "kernelized RMSNorm")
 

@@ -58,9 +58,29 @@ def load_hub_kernel(
         raise KernelLoadError(f"{where}: kernels.get_kernel failed ({type(e).__name__}: {e}); {_hint(e)}.") from e
 
 
+_NETWORK_ERRORS = ("ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "MaxRetryError",
+                   "NameResolutionError", "OfflineModeIsEnabled", "gaierror")
+
+
+def _network_failure(error: BaseException) -> bool:
+    """Whether the Hub could not be reached: a connection error anywhere in the exception's chain.
+    kernels 0.17 checks the publisher's trust first, so with the network down its error speaks of
+    trust_remote_code while the cause is the connection."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ConnectionError) or type(error).__name__ in _NETWORK_ERRORS:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def _hint(error: Exception) -> str:
-    """What to do about a ``kernels.get_kernel`` failure, from its (kernels 0.17.2) message."""
+    """What to do about a ``kernels.get_kernel`` failure, from its (kernels 0.17.2) message and cause."""
     text = str(error)
+    if _network_failure(error):
+        return ("the Hugging Face Hub could not be reached (network down, a proxy, or a DNS failure): check the "
+                "connection, or set HF_HUB_OFFLINE=1 to use the local cache")
     if "trust_remote_code" in text:
         return "pass trust_remote_code=True, or a list of repo ids, to load kernels from publishers the Hub does not trust"
     if "Cannot parse metadata" in text or "build variant" in text or "metadata.json" in text:

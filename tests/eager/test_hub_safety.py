@@ -165,3 +165,23 @@ def test_malformed_hub_cache_entry_is_refused_with_the_reason(tmp_path, empty_of
         source.load()
     assert repo_id in str(error.value) and "kernels.get_kernel failed" in str(error.value)
     assert "found but refused" in str(error.value) and "not in the local cache" not in str(error.value)
+
+
+def test_network_failure_is_named_as_such_not_as_untrusted_publisher(monkeypatch):
+    # kernels 0.17 checks the publisher's trust first: with the network down its error mentions
+    # trust_remote_code, while the cause is the connection
+    from twinkle_fx import hub
+    from twinkle_fx.errors import KernelLoadError
+
+    class Kernels:
+        @staticmethod
+        def get_kernel(repo_id, **kwargs):
+            try:
+                raise ConnectionError("Max retries exceeded with url: /api/models/org/kernel")
+            except ConnectionError as e:
+                raise ValueError("cannot check whether org/kernel is trusted; pass trust_remote_code=True") from e
+
+    monkeypatch.setattr(hub, "_kernels_package", lambda where: Kernels)
+    with pytest.raises(KernelLoadError, match="the Hugging Face Hub could not be reached") as info:
+        hub.load_hub_kernel("org/kernel", revision=None, version=None, trust_remote_code=False, where="K")
+    assert "publishers the Hub does not trust" not in str(info.value)

@@ -188,7 +188,7 @@ def use_builtin_kernels(
                 register_function_kernel(func_name="apply_rotary_pos_emb", target_module=family.module,
                                          func_impl=getattr(twinkle_triton, family.rotary), device=device)
             bound.append(f"{family.module}.apply_rotary_pos_emb -> twinkle_triton.{family.rotary}")
-    logger.info("twinkle_fx: built-in kernels for %s on %s", ", ".join(models), ", ".join(devices))
+    logger.info("built-in kernels for %s on %s", ", ".join(models), ", ".join(devices))
     return bound
 
 

@@ -78,7 +78,7 @@ def twinkle_backend(
         recorder.before.append(readable(gm))
     reference = verification.snapshot(gm) if opts.verify or _has_lifted_scalars(ctx) else None
     if kernels_disabled():
-        logger.info("twinkle_fx: %s is set: graph left unchanged", DISABLE_ENV)
+        logger.info("%s is set: graph left unchanged", DISABLE_ENV)
     else:
         _warn_if_nothing_registered(ctx.registry)
         # measured per-op decisions (swap_policy.py) compare with Inductor's generated code: they
@@ -91,9 +91,9 @@ def twinkle_backend(
     if opts.verify and reference is not None and gm.code != report.code_before:
         mismatch = verification.compare(reference, gm, ctx.example_inputs)
         if mismatch is not None and mismatch.startswith("not checked"):
-            logger.warning("twinkle_fx: verify=True but the rewrite was %s", mismatch)
+            logger.warning("verify=True but the rewrite was %s", mismatch)
         elif mismatch is not None:
-            logger.warning("twinkle_fx: verify failed (%s); compiling the original graph", mismatch)
+            logger.warning("verify failed (%s); compiling the original graph", mismatch)
             for region in report.regions:
                 if region.swapped:
                     region.reason = f"verify failed for the rewritten graph: {mismatch}"
@@ -144,7 +144,7 @@ def _check_scalars(
             return compiled(*args)
         if not noted:
             noted = True
-            logger.info("twinkle_fx: %s: a lifted float attribute differs from the value its kernels were compiled "
+            logger.info("%s: a lifted float attribute differs from the value its kernels were compiled "
                         "for (%s); such calls run the graph without swaps", report.summary().splitlines()[0], baked)
         return _call(original, list(inputs))
 
@@ -210,7 +210,7 @@ def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
     if _WARNED_EMPTY.get(registry) == registry.generation:
         return
     _WARNED_EMPTY[registry] = registry.generation
-    logger.warning("twinkle_fx: backend='twinkle' found no registered kernels, so it compiles the model unchanged; "
+    logger.warning("backend='twinkle' found no registered kernels, so it compiles the model unchanged; "
                    "register kernels first (twinkle_fx.builtin.use_builtin_kernels() for transformers models).")
 
 
@@ -264,7 +264,7 @@ def _warn_if_nothing_swapped(report: GraphReport) -> None:
         reason = (region.reason or "?").split(";")[0]
         reasons[reason[:120]] = reasons.get(reason[:120], 0) + 1
     shown = "; ".join(f"{n} x {reason}" for reason, n in reasons.items())
-    logger.warning("twinkle_fx: backend='twinkle' swapped none of the %d candidate region(s) of a graph: %s",
+    logger.warning("backend='twinkle' swapped none of the %d candidate region(s) of a graph: %s",
                    len(report.regions), shown)
 
 

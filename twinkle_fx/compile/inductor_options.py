@@ -181,7 +181,7 @@ def _recording_inner_compile(graph_index: int, requested: bool) -> Callable[...,
             if reason is None and info is not None and info.cudagraph_fail_reasons:
                 reason = "; ".join(info.cudagraph_fail_reasons)
         status = CudaGraphStatus(graph_index, kind, requested, used, reason)
-        logger.info("twinkle_fx: %s", status)
+        logger.info("%s", status)
         for report in _collectors:
             report.graphs.append(status)
         return compiled

@@ -174,9 +174,9 @@ def pattern_for(registry: KernelRegistry, target: str) -> TracedPattern | str:
         result: TracedPattern | str = trace_function(target, reference)
     except Exception as e:  # every rank failed: the reasons are in the message
         result = f"Dynamo could not trace {target} on example inputs ({e})"
-        logger.info("twinkle_fx: no pattern for %s: %s", target, result)
+        logger.info("no pattern for %s: %s", target, result)
     else:
-        logger.info("twinkle_fx: traced the pattern of %s in %.1f ms", target, (time.perf_counter() - start) * 1e3)
+        logger.info("traced the pattern of %s in %.1f ms", target, (time.perf_counter() - start) * 1e3)
     with _LOCK:
         for registration in registrations:
             registration.compile_cache["pattern"] = (reference, result)

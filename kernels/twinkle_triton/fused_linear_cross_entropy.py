@@ -766,7 +766,7 @@ def fused_linear_cross_entropy(
 def fused_linear_cross_entropy_reference(
     x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None = None, ignore_index: int = -100,
     reduction: str = "mean", *, label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None,
-    strategy: str | None = None, chunk_size: int | None = None, filter_eps: float | str | None = "auto",
+    strategy: str | None = None, chunk_size: int | None = None, filter_eps: float | str | None = None,
     fp32_accumulation: bool = False,
 ) -> Tensor:
     """Plain PyTorch ``fused_linear_cross_entropy`` (materialises the logits; strategy, chunk_size,

@@ -235,9 +235,7 @@ def run_inference_bench(options: InferenceBenchOptions, progress: Callable[[str]
         kind="inference",
         environment=describe_environment(options.device),
         workload={
-            "model": workload.name,
-            "shape_of": workload.shape_of + (" (tiny config)" if options.tiny else ""),
-            "config": workload.summary(tiny=options.tiny),
+            **workload.describe(tiny=options.tiny),
             "prefill": f"1 x {options.prefill} tokens, no cache, logits of the last position",
             "decode": f"{options.decode_batch} sequences x 1 token, static KV cache of {options.context} tokens",
             "dtype": str(options.dtype).removeprefix("torch."),

@@ -163,9 +163,7 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
         kind="model",
         environment=describe_environment(options.device),
         workload={
-            "model": workload.name,
-            "shape_of": workload.shape_of + (" (tiny config)" if options.tiny else ""),
-            "config": workload.summary(tiny=options.tiny),
+            **workload.describe(tiny=options.tiny),
             "batch": options.batch,
             "seq": options.seq,
             "tokens_per_step": options.batch * options.seq,

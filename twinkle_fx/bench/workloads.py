@@ -46,6 +46,11 @@ class Workload:
                 "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
         return {key: config[key] for key in keys if key in config}
 
+    def describe(self, *, tiny: bool = False) -> dict[str, Any]:
+        """The workload's part of a saved result: name, the model it has the shape of, its size."""
+        return {"model": self.name, "shape_of": self.shape_of + (" (tiny config)" if tiny else ""),
+                "config": self.summary(tiny=tiny)}
+
     def config_kwargs(self, *, tiny: bool = False) -> dict[str, Any]:
         config = dict(self.config)
         if tiny:

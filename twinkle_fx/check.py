@@ -40,6 +40,8 @@ import math
 import runpy
 import statistics
 import sys
+import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -521,6 +523,7 @@ def _check_one(target: _Target, device: torch.device, dtypes: list[torch.dtype],
                         mode="train" if Mode.TRAINING in target.mode else "inference")
     runner = _Runner(target, device, dtypes, tiny, compiled, warmup, iters)
     sizes = _sizes(tiny)
+    started = time.perf_counter()
     if target.kind == "layer":
         mismatch = signature_mismatch(target.original.forward, choice.call)
         if mismatch is not None:
@@ -543,7 +546,7 @@ def _check_one(target: _Target, device: torch.device, dtypes: list[torch.dtype],
         f"{what}, {len(check.correctness)} cases ({len(sizes)} sizes x {', '.join(str(d).removeprefix('torch.') for d in dtypes)}), "
         f"worst error {worst:.3g} of the tolerance" +
         "".join(f"; FAILED {c.dtype} {c.shape}: {c.error or f'fwd {c.forward_error:.3g}, bwd {c.backward_error}'}" for c in bad[:3]))
-    progress(f"    correctness: {check.verdicts['correctness']}")
+    progress(f"    correctness: {check.verdicts['correctness']} ({len(check.correctness)} cases, {_since(started)})")
 
     interpreted = device.type == "cpu"
     timed_sizes = sizes[-1:] if interpreted else sizes
@@ -554,6 +557,7 @@ def _check_one(target: _Target, device: torch.device, dtypes: list[torch.dtype],
         for item in ("speed-up", "sizes", "memory"):
             check.verdicts[item], check.notes[item] = FAIL, f"timing raised {type(e).__name__}: {e}"
         check.speed.clear()
+    progress(f"    eager timing: {len(check.speed)} size(s) ({_since(started)})")
     can_compile = compiled and choice.can_torch_compile and check.speed
     compile_error = None
     if can_compile:
@@ -566,6 +570,7 @@ def _check_one(target: _Target, device: torch.device, dtypes: list[torch.dtype],
         except Exception as e:  # noqa: BLE001 - a kernel that breaks torch.compile is a finding
             compile_error = f"compiled timing raised {type(e).__name__}: {e}"
         torch._dynamo.reset()
+        progress(f"    compiled timing: {'failed' if compile_error else 'done'} ({_since(started)})")
     if not check.speed:
         return _finish(check, runner, choice, sizes, dtypes, tiny)
     eager = [s for s in check.speed if s.what.startswith("eager")]
@@ -598,10 +603,16 @@ def _check_one(target: _Target, device: torch.device, dtypes: list[torch.dtype],
     return _finish(check, runner, choice, sizes, dtypes, tiny)
 
 
+def _since(started: float) -> str:
+    return f"{time.perf_counter() - started:.0f} s"
+
+
 def _finish(check: KernelCheck, runner: "_Runner", choice: KernelChoice, sizes, dtypes, tiny: bool) -> KernelCheck:
     """The items that do not depend on the timings: fallback, profiler, documented."""
     check.verdicts["fallback"], check.notes["fallback"] = runner.fallback()
-    check.profile = runner.profile(*sizes[-1], dtypes[0])
+    with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here, nothing lost
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        check.profile = runner.profile(*sizes[-1], dtypes[0])
     check.verdicts["profiler"] = PASS if check.profile else WARN
     check.notes["profiler"] = (f"top rows by {'device' if runner.clock.cuda else 'self CPU'} time of "
                                f"{1 if tiny else 3} call(s):")
@@ -738,7 +749,10 @@ def check_kernels(
     checks = []
     for index, target in enumerate(targets, 1):
         progress(f"[{index}/{len(targets)}] {target.choice.name} vs {target.name}")
-        checks.append(_check_one(target, device, resolved, tiny, compiled, warmup, iters, progress))
+        started = time.perf_counter()
+        check = _check_one(target, device, resolved, tiny, compiled, warmup, iters, progress)
+        checks.append(check)
+        progress(f"    done in {_since(started)}: " + ", ".join(f"{item} {check.verdicts.get(item, '-')}" for item in CHECKLIST))
     from .bench.environment import describe_environment
 
     return CheckReport(device=str(device), tiny=tiny, dtypes=[str(d).removeprefix("torch.") for d in resolved],

@@ -150,6 +150,10 @@ def _hooked(submodules: list[torch.nn.Module]) -> bool:
     return False
 
 
+def _fixed_ptrs(modules: list[torch.nn.Module]) -> tuple:
+    return tuple(_data_ptr(t) for m in modules for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
+
+
 class _Step:
     """One block call of a recorded sequence: its graphs and static tensors."""
 
@@ -161,8 +165,8 @@ class _Step:
         self.in_spec = in_spec
         self.training = training
         self.submodules = [m for m in module.modules() if m is not module]
-        self.fixed = [*module.parameters(), *module.buffers()]
-        self.fixed_ptrs = tuple(map(_data_ptr, self.fixed))
+        self.all_modules = [module, *self.submodules]
+        self.fixed_ptrs = _fixed_ptrs(self.all_modules)  # the graphs read parameters and buffers in place
         self.grad_params = [p for p in module.parameters() if p.requires_grad] if training else []
         self.static_in: list[torch.Tensor] = []
         self.owned_in: list[bool] = []  # False: the static input is another step's tensor (read only)
@@ -212,7 +216,7 @@ class _Pass:
         self.cursor = 0
         self.eager = False
         self.stack: list[tuple[int, weakref.ref]] = []  # replayed training steps awaiting their backward
-        self.copied: dict[int, tuple[int, int]] = {}  # id(static input) -> (source ptr, version) copied in
+        self.copied: dict[int, tuple[weakref.ref, int]] = {}  # id(static input) -> (source, version) copied in
 
     def pending(self) -> bool:
         return any((token := ref()) is not None and not token.done for _, ref in self.stack)
@@ -248,6 +252,8 @@ class GraphSet:
         self.last_training: _Pass | None = None
         self.status = GraphStatus()
         self._logged: set[str] = set()
+        # parameters per block, read at its first call and again when it is recorded
+        self._params: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def _eager(self, reason: str) -> None:
@@ -258,8 +264,12 @@ class GraphSet:
 
     def _begin(self) -> _Pass:
         previous = self.active
-        if previous is not None and previous.seq is not None and previous.seq.recording and not previous.seq.training:
-            self._seal(previous.seq)
+        if previous is not None and previous.seq is not None and previous.seq.recording:
+            seq = previous.seq
+            if not seq.steps:
+                self._fail(seq, "no block of the pass could be recorded")
+            elif not seq.training:
+                self._seal(seq)
         new = _Pass(self)
         last = self.last_training
         if last is not None and last.pending():
@@ -303,8 +313,11 @@ class GraphSet:
             if reason is not None:
                 raise _Decline(reason)
             tensors, in_spec = _flatten_call(args, kwargs)
+            params = self._params.get(module)
+            if params is None:
+                params = self._params[module] = list(module.parameters())
             training = torch.is_grad_enabled() and (any(t.requires_grad for t in tensors)
-                                                    or any(q.requires_grad for q in module.parameters()))
+                                                    or any(q.requires_grad for q in params))
             signature = (training, in_spec, tuple(map(_meta, tensors)))
             step, recording = self._next_step(p, fn, module, signature, in_spec, training)
             if recording:
@@ -375,6 +388,7 @@ class GraphSet:
                 dropout = _has_dropout(module)
                 if dropout:
                     raise _Decline(dropout)
+            self._params[module] = list(module.parameters())
             step = _Step(fn, module, signature, in_spec, training)
             seq.steps.append(step)
             return step, True
@@ -385,7 +399,7 @@ class GraphSet:
             raise _Decline("the block calls differ from the recorded pass (shapes, arguments or order)")
         if _hooked(step.submodules):
             raise _Decline("hooks on a submodule of the block (a graph would not call them)")
-        if tuple(map(_data_ptr, step.fixed)) != step.fixed_ptrs:
+        if _fixed_ptrs(step.all_modules) != step.fixed_ptrs:
             reason = "a parameter or buffer of a block moved to other memory"
             self._fail(seq, reason)
             raise _Decline(reason)

@@ -41,9 +41,11 @@ else runs the block's ordinary forward, which is always correct, with the reason
 What a caller must know: the outputs of a graphed block are its static tensors, overwritten when the
 block runs again (the next step), as with ``torch.compile(mode="reduce-overhead")``; a block with
 forward hooks (``output_hidden_states``) gets clones instead. Gradients of the block's parameters
-are handed to autograd without a copy: ``param.grad`` may be the graph's gradient buffer; before
-the next replay writes that buffer, a ``.grad`` still pointing to it is moved to its own memory
-(gradient accumulation stays exact).
+are handed to autograd without a copy: ``param.grad`` may be the graph's gradient buffer, valid
+until the next forward of the model; when that forward starts, a ``.grad`` still pointing to such a
+buffer is moved to its own memory (gradient accumulation stays exact; ``zero_grad(set_to_none=True)``,
+the optimizers' default, makes that free). A reference to ``param.grad`` kept elsewhere across
+steps would see the buffer change.
 """
 
 from __future__ import annotations
@@ -244,6 +246,8 @@ class GraphSet:
 
     def __init__(self, blocks: list[torch.nn.Module], device: torch.device) -> None:
         self.first = weakref.ref(blocks[0])
+        self.block_params = list({id(q): q for b in blocks for q in b.parameters()}.values())
+        self.grad_buffers: set[int] = set()  # data pointers of the parameters' gradient buffers of all graphs
         self.device = device
         self.pool = None
         self.sequences: dict[tuple, _Sequence] = {}
@@ -280,8 +284,20 @@ class GraphSet:
             if seq is not None and seq.recording and seq.failed is None:
                 self._fail(seq, "the backward did not reach every recorded block in reverse order")
             self.last_training = None
+        if self.grad_buffers:
+            self._own_grads()
         self.active = new
         return new
+
+    def _own_grads(self) -> None:
+        """A parameter's .grad that still is a graph's gradient buffer (autograd kept it without a
+        copy) gets its own memory before any replay: the pool reuses that buffer's memory for other
+        graphs' work (forward temporaries, another signature), which would overwrite an
+        accumulating gradient."""
+        for param in self.block_params:
+            grad = param.grad
+            if grad is not None and _data_ptr(grad) in self.grad_buffers:
+                param.grad = grad.clone()
 
     def _seal(self, seq: _Sequence) -> None:
         seq.recording = False
@@ -440,10 +456,14 @@ class GraphSet:
         step.capture_in = [s.detach().requires_grad_(True) if rg else s
                            for s, rg in zip(step.static_in, step.grad_mask)]
         args, kwargs = _rebuild_call(step.in_spec, step.capture_in)
+        # the parameters' AccumulateGrad nodes made now, on this stream: made inside the capture they
+        # would belong to the capture stream, and every backward of this pass would sync with it
+        accumulators = [q.view_as(q).grad_fn.next_functions[0][0] for q in step.grad_params]
         graph = torch.cuda.CUDAGraph()
         with torch.set_grad_enabled(step.training), torch.cuda.graph(graph, pool=self.pool):
             out = step.fn(step.module, *args, **kwargs)
         step.fwd = graph
+        del accumulators
         outs: list[torch.Tensor] = []
         step.out_spec = _spec(out, outs)
         step.static_out = [o.detach() for o in outs]
@@ -474,6 +494,7 @@ class GraphSet:
         step.static_grad_out = static_grad_out
         step.static_grads = tuple(None if g is None else g.detach() for g in grads_in)
         step.bwd = graph
+        self.grad_buffers.update(_data_ptr(g) for g in step.static_grads[sum(step.grad_mask):] if g is not None)
         for g in step.static_grads[:sum(step.grad_mask)]:  # the previous block's incoming gradient: read in place
             if g is not None:
                 seq.statics[_data_ptr(g)] = g
@@ -533,10 +554,6 @@ class _Replay(torch.autograd.Function):
                 for g, s in zip(grads, step.static_grad_out):
                     if s is not None and _data_ptr(g) != _data_ptr(s):
                         s.copy_(g)
-                # a .grad that is still the gradient buffer of the last replay gets its own memory first
-                for param, buffer in zip(step.grad_params, step.static_grads[sum(step.grad_mask):]):
-                    if buffer is not None and param.grad is not None and _data_ptr(param.grad) == _data_ptr(buffer):
-                        param.grad = param.grad.clone()
                 step.bwd.replay()
                 token.done = True
                 while p.stack and ((t := p.stack[-1][1]()) is None or t.done):  # recomputed or dropped steps

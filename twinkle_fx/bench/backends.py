@@ -11,6 +11,8 @@ twinkle            ``twinkle_fx.compile(model)`` with the built-in kernels regis
                    head on the compiled module, then ``torch.compile(model, backend="twinkle")``
 kernelize+twinkle  ``kernelize_model(model, mode="train+compile")`` (fused-loss head), then twinkle
 kernelize          ``twinkle_fx.kernelize_model(model, mode="train")`` with the built-in kernels, decoder layers too
+kernelize+cudagraphs  the same with ``cuda_graphs=True``: each decoder layer's forward and backward replayed
+                   from CUDA graphs
 liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(model=model)``
 liger+inductor     the same, then ``torch.compile``
 =================  ==========================================================================
@@ -148,17 +150,25 @@ def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
     return prepare
 
 
-@contextlib.contextmanager
-def _kernelize(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
-    from twinkle_fx import kernelize_model, undo_kernelize
+def _kernelize(cuda_graphs: bool = False):
+    @contextlib.contextmanager
+    def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
+        from twinkle_fx import kernelize_model, undo_kernelize
+        from twinkle_fx.eager.graphs import graph_status
 
-    # decoder layers too: residual add + post-attention norm in one kernel (eager only, see use_builtin_kernels)
-    with _builtin_kernels(family, device, decoder_layers=True) as bound:
-        kernelize_model(model, mode="train" if model.training else "inference", device=device)
-        try:
-            yield Prepared(model, {"builtin_kernels": bound, **_swap_notes(model)})
-        finally:
-            undo_kernelize(model)  # function patches are process-wide
+        # decoder layers too: residual add + post-attention norm in one kernel (eager only, see use_builtin_kernels)
+        with _builtin_kernels(family, device, decoder_layers=True) as bound:
+            kernelize_model(model, mode="train" if model.training else "inference", device=device,
+                            cuda_graphs=cuda_graphs)
+            prepared = Prepared(model, {"builtin_kernels": bound, **_swap_notes(model)})
+            try:
+                yield prepared
+            finally:
+                if cuda_graphs:
+                    prepared.notes["cuda_graphs"] = str(graph_status(model))
+                undo_kernelize(model)  # function patches are process-wide
+
+    return prepare
 
 
 _ABSENT = object()
@@ -216,7 +226,9 @@ BACKENDS: dict[str, Backend] = {
                 _twinkle(False)),
         Backend("kernelize+twinkle", 'kernelize_model(model, mode="train+compile"), then backend="twinkle"',
                 _twinkle(True)),
-        Backend("kernelize", 'kernelize_model(model, mode="train"), built-in kernels', _kernelize),
+        Backend("kernelize", 'kernelize_model(model, mode="train"), built-in kernels', _kernelize()),
+        Backend("kernelize+cudagraphs", 'kernelize_model(model, mode="train", cuda_graphs=True), built-in kernels',
+                _kernelize(cuda_graphs=True)),
         Backend("liger", "apply_liger_kernel_to_<model>(model=model)", _liger(compiled=False)),
         # compilespeed (issue 15): CUDA graphs and horizontal GEMM fusion in the training step
         Backend("inductor+cudagraphs", 'torch.compile(model, mode="reduce-overhead")', _inductor_cudagraphs),

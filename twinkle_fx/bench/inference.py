@@ -17,6 +17,9 @@ torch.compile's ``mode="reduce-overhead"``):
 ===================  ==========================================================================
 eager                the model as built
 kernelize            ``kernelize_model(model, mode="inference")`` with the built-in kernels
+kernelize+cudagraphs ``kernelize_model(model, mode="inference", cuda_graphs=True)``, decoder layers bound too:
+                     each decoder layer replayed from a CUDA graph (the decode step, whose layers get
+                     the KV cache object, runs them without graphs)
 inductor             ``torch.compile(model)``
 inductor+cudagraphs  ``torch.compile(model, mode="reduce-overhead")``
 twinkle              ``torch.compile(model, backend="twinkle")``
@@ -104,21 +107,31 @@ def _eager(model: torch.nn.Module, family: str, device: torch.device, options) -
     yield Prepared(model)
 
 
-@contextlib.contextmanager
-def _kernelize(model: torch.nn.Module, family: str, device: torch.device, options) -> Iterator[Prepared]:
-    from twinkle_fx import kernelize_model, undo_kernelize
+def _kernelize(cuda_graphs: bool = False):
+    @contextlib.contextmanager
+    def prepare(model: torch.nn.Module, family: str, device: torch.device, options) -> Iterator[Prepared]:
+        from twinkle_fx import kernelize_model, undo_kernelize
+        from twinkle_fx.eager.graphs import graph_status
 
-    with _builtin_kernels(family, device) as bound:
-        kernelize_model(model, mode="inference", device=device)
-        try:
-            yield Prepared(model, {"builtin_kernels": bound})
-        finally:
-            undo_kernelize(model)
+        # with CUDA graphs the decoder layers are bound too (residual add + norm in one kernel), as in training
+        with _builtin_kernels(family, device, decoder_layers=cuda_graphs) as bound:
+            kernelize_model(model, mode="inference", device=device, cuda_graphs=cuda_graphs)
+            prepared = Prepared(model, {"builtin_kernels": bound})
+            try:
+                yield prepared
+            finally:
+                if cuda_graphs:
+                    prepared.notes["cuda_graphs"] = str(graph_status(model))
+                undo_kernelize(model)
+
+    return prepare
 
 
 INFERENCE_BACKENDS: dict[str, tuple[str, Callable[..., Any]]] = {
     "eager": ("the model as built", _eager),
-    "kernelize": ('kernelize_model(model, mode="inference"), built-in kernels', _kernelize),
+    "kernelize": ('kernelize_model(model, mode="inference"), built-in kernels', _kernelize()),
+    "kernelize+cudagraphs": ('kernelize_model(model, mode="inference", cuda_graphs=True), built-in kernels and '
+                             'decoder layers', _kernelize(cuda_graphs=True)),
     "inductor": ("torch.compile(model)", _compiled(None, False)),
     "inductor+cudagraphs": ('torch.compile(model, mode="reduce-overhead")', _compiled(None, True)),
     "twinkle": ('torch.compile(model, backend="twinkle")', _compiled("twinkle", False)),
@@ -263,6 +276,7 @@ def format_inference_table(result: BenchResult) -> str:
     notes += [f"  {r.backend}: WRONG: logits rel. error prefill {r.prefill_rel_error:.2e}, decode "
               f"{r.decode_rel_error:.2e}" for r in result.rows if r.status == "wrong"]
     notes += [f"  {r.backend}: {r.notes['cudagraphs']}" for r in result.rows if r.notes.get("cudagraphs")]
+    notes += [f"  {r.backend}: {r.notes['cuda_graphs']}" for r in result.rows if r.notes.get("cuda_graphs")]
     notes += [f"  {r.backend}: {_compile_summary(r.notes)}" for r in result.rows if r.notes.get("graphs") is not None]
     w = result.workload
     title = f"{w['model']} ({w['shape_of']}), {w['dtype']}, no grad; prefill {w['prefill']}; decode {w['decode']}"

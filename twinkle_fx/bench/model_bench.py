@@ -114,6 +114,7 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
         step_ms=timing.step_ms,
         host_ms=statistics.median(timing.host_ms) if timing.host_ms else None,
         peak_gib=_gib(timing.peak_bytes),
+        peak_reserved_gib=_gib(timing.peak_reserved_bytes),
         first_step_peak_gib=_gib(timing.first_step_peak_bytes),
         resident_gib=_gib(timing.resident_bytes),
         first_step_s=timing.first_step_s,

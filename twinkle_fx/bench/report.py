@@ -91,14 +91,14 @@ def _table(header: list[str], body: list[list[str]], right: set[int]) -> str:
 
 def _model_table(result: BenchResult) -> str:
     memory_na = "n/a" if result.environment.get("device_type") != "cuda" else "-"
-    header = ["backend", "tok/s", "ms/step", "host ms", "peak GiB", "1st step s", "1st loss", "speed/eager",
-              "speed/ind", "mem/eager", "mem/ind", "1st/ind", "status"]
+    header = ["backend", "tok/s", "ms/step", "host ms", "peak GiB", "reserved GiB", "1st step s", "1st loss",
+              "speed/eager", "speed/ind", "mem/eager", "mem/ind", "1st/ind", "status"]
     body = []
     for r in result.rows:
         e, i = r.vs_eager, r.vs_inductor
         body.append([
             r.backend, _fmt(r.tokens_per_s, ",.0f"), _fmt(r.ms_per_step, ".1f"), _fmt(r.host_ms, ".1f"),
-            _fmt(r.peak_gib, ".2f", memory_na),
+            _fmt(r.peak_gib, ".2f", memory_na), _fmt(r.peak_reserved_gib, ".2f", memory_na),
             _fmt(r.first_step_s, ".2f"), _fmt(r.first_loss, ".5f"),
             _fmt(e.get("throughput"), ".2f"),
             _fmt(i.get("throughput"), ".2f"), _fmt(e.get("memory"), ".2f"), _fmt(i.get("memory"), ".2f"),
@@ -108,11 +108,14 @@ def _model_table(result: BenchResult) -> str:
     notes += [f"  {r.backend}: WRONG: {r.loss_check}" for r in result.rows if r.status == "wrong"]
     notes += [f"  {r.backend}: {_swap_summary(r.notes)}" for r in result.rows if r.notes.get("swapped_layers") is not None]
     notes += [f"  {r.backend}: {_compile_summary(r.notes)}" for r in result.rows if r.notes.get("graphs") is not None]
+    notes += [f"  {r.backend}: {r.notes['cuda_graphs']}" for r in result.rows if r.notes.get("cuda_graphs")]
     w = result.workload
     title = (f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']}, {w['dtype']}, "
              f"{w['step']}; {w['steps']} timed steps after {w['warmup']} warm-up")
-    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(1, 12))),
-                      "  host ms: host time of a step with the device running behind it; near ms/step = host-bound"])
+    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(1, 13))),
+                      "  host ms: host time of a step with the device running behind it; near ms/step = host-bound",
+                      "  reserved GiB: held by the allocator at the peak (CUDA-graph pools included: their replays "
+                      "allocate nothing, so peak GiB misses what a graph writes)"])
     return text + ("\n\n" + "\n".join(notes) if notes else "")
 
 

@@ -33,6 +33,9 @@ class ModelRow:
     # ms_per_step when the host is the bottleneck
     host_ms: float | None = None
     peak_gib: float | None = None  # allocator peak over the timed steps
+    # reserved by the allocator at its peak: what the device gave up, CUDA-graph pools included (their
+    # replays allocate nothing, so peak_gib misses the activations a graph writes)
+    peak_reserved_gib: float | None = None
     first_step_peak_gib: float | None = None
     resident_gib: float | None = None  # allocated before the first step (weights, inputs)
     first_step_s: float | None = None  # first call, compilation included (host clock)

@@ -101,6 +101,15 @@ class DeviceClock:
         self.synchronize()
         return torch.cuda.max_memory_allocated(self.device)
 
+    def peak_reserved(self) -> int | None:
+        """Bytes the allocator held from the device at its peak since :meth:`reset_peak` (cached
+        blocks and CUDA-graph pools included: a graph's replays allocate nothing, so its
+        activations count here, not in :meth:`peak`); None on the CPU."""
+        if not self.cuda:
+            return None
+        self.synchronize()
+        return torch.cuda.max_memory_reserved(self.device)
+
 
 @dataclass
 class StepTiming:
@@ -111,6 +120,7 @@ class StepTiming:
     step_ms: list[float] = field(default_factory=list)
     host_ms: list[float] = field(default_factory=list)  # host side of the timed steps (DeviceClock.host_ms)
     peak_bytes: int | None = None  # over the timed steps
+    peak_reserved_bytes: int | None = None  # idem, reserved by the allocator (CUDA-graph pools included)
     first_step_peak_bytes: int | None = None  # over the first (compiling) step
     resident_bytes: int | None = None  # allocated before the first step: weights, inputs
 
@@ -151,6 +161,7 @@ def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *,
     clock.reset_peak()
     timing.step_ms = clock.each_ms(step, steps, after_each=on_step)
     timing.peak_bytes = clock.peak()
+    timing.peak_reserved_bytes = clock.peak_reserved()
     timing.host_ms = [clock.host_ms(step) for _ in range(min(steps, 5))]
     return timing
 

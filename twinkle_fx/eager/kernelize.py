@@ -21,8 +21,9 @@ from ..settings import DISABLE_ENV, kernels_disabled
 from .functions import _apply, _revert, function_verifications
 from .functions import _Change as FunctionChange
 from .functions import restore_functions
-from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, revert_changes,
-                     swapped_forward, uninstall_forward)
+from .graphs import GraphSet, block_modules
+from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, install_graphs,
+                     revert_changes, swapped_forward, uninstall_forward)
 from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)
@@ -206,8 +207,40 @@ class _Changes:
     functions: list[FunctionChange] = field(default_factory=list)
 
 
+def _check_graphs_option(model: torch.nn.Module | None, mode: Mode, verify: bool, cuda_graphs: bool,
+                         function: str) -> None:
+    check_flag("cuda_graphs", cuda_graphs)
+    if not cuda_graphs:
+        return
+    if model is None:
+        raise ValueError(f"{function}: cuda_graphs=True needs a model (its decoder layers are graphed).")
+    if Mode.TORCH_COMPILE in mode:
+        raise ValueError(f"{function}: cuda_graphs=True is for eager models; under torch.compile use "
+                         f'mode="reduce-overhead" (got mode {format_mode(mode)!r}).')
+    if verify:
+        raise ValueError(f"{function}: cuda_graphs=True and verify=True do not combine: verify mode compares "
+                         "every new signature with the original forward; verify first, then graph.")
+
+
+def _install_graphs(model: torch.nn.Module, device: str, changes: _Changes) -> None:
+    """Run the model's decoder layers through CUDA graphs (see :mod:`twinkle_fx.eager.graphs`)."""
+    if device != "cuda":
+        logger.warning("kernelize_model(cuda_graphs=True): CUDA graphs need a CUDA device; %s is on %s, so its "
+                       "layers run without them", type(model).__qualname__, device)
+        return
+    blocks, reason = block_modules(model)
+    if reason is not None:
+        logger.warning("kernelize_model(cuda_graphs=True): %s; nothing is graphed", reason)
+        return
+    graphs = GraphSet([m for _, m in blocks], torch.device(device))
+    for path, module in blocks:
+        changes.layers.append(install_graphs(path, module, graphs))
+    logger.info("CUDA graphs for %d %s module(s) (recorded on the second pass of each input signature)",
+                len(blocks), type(blocks[0][1]).__qualname__)
+
+
 def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallback: bool,
-               verify: bool = False) -> _Changes:
+               verify: bool = False, cuda_graphs: bool = False) -> _Changes:
     """Plan and apply; returns what changed, so a scoped undo restores exactly that."""
     registry = get_registry()
     changes = _Changes()
@@ -244,6 +277,8 @@ def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallb
             changes.layers.append(change)
         installed.append(swap)
     _report(model, plan, installed, device, mode, registry, functions_kept)
+    if cuda_graphs:
+        _install_graphs(model, device, changes)
     return changes
 
 
@@ -254,6 +289,7 @@ def kernelize_model(
     use_fallback: bool = True,
     *,
     verify: bool = False,
+    cuda_graphs: bool = False,
 ) -> torch.nn.Module | None:
     """Swap registered kernels into ``model`` and patch registered functions.
 
@@ -284,13 +320,23 @@ def kernelize_model(
             used from then on (``use_fallback=False``: raises KernelVerificationError). Verified
             forwards run outside ``torch.compile`` graphs, so the checks run there too. See
             :func:`verification_report`.
+        cuda_graphs (`bool`, defaults to `False`): also run each decoder layer (the classes
+            ``model._no_split_modules`` names) through CUDA graphs, forward and backward, recorded on
+            the second forward of each input signature and replayed after; for eager training and
+            inference of static shapes, where the host is the bottleneck. A call the graphs cannot
+            serve (new shapes beyond the recorded ones, a KV cache object, hooks inside the layer,
+            autocast, dropout while training, a forward before the previous backward) runs the
+            layer's ordinary forward, counted with its reason in
+            :func:`~twinkle_fx.eager.graphs.graph_status`. A layer's outputs are overwritten when it
+            runs again. On the CPU it logs why nothing is graphed. See :mod:`twinkle_fx.eager.graphs`.
 
     Returns:
         The same ``model`` (or None).
 
     Raises:
         TypeError: ``model`` is no nn.Module, or a flag is not a bool.
-        ValueError: unknown mode or device, a device the weights are not on, or a GPU device without a GPU.
+        ValueError: unknown mode or device, a device the weights are not on, a GPU device without a GPU,
+            or ``cuda_graphs=True`` with a compile mode, with ``verify=True`` or without a model.
         KernelSelectionError: no usable kernel and ``use_fallback=False``.
 
     Example:
@@ -302,12 +348,13 @@ def kernelize_model(
     check_flag("use_fallback", use_fallback)
     check_flag("verify", verify)
     wanted = _resolve_mode(model, mode)
+    _check_graphs_option(model, wanted, verify, cuda_graphs, "kernelize_model")
     device_type = _resolve_device(model, device)
     if kernels_disabled():
         logger.info("%s is set: kernelize_model leaves the model unchanged", DISABLE_ENV)
         return model
 
-    _kernelize(model, wanted, device_type, use_fallback, verify)
+    _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
     return model
 
 
@@ -368,6 +415,7 @@ def kernelized(
     use_fallback: bool = True,
     *,
     verify: bool = False,
+    cuda_graphs: bool = False,
 ) -> Iterator[torch.nn.Module | None]:
     """``kernelize_model`` for the duration of a block; on exit (also on error) exactly what it
     changed is put back: a kernel an outer :func:`kernelize_model` or ``kernelized`` installed stays.
@@ -380,11 +428,13 @@ def kernelized(
     check_flag("use_fallback", use_fallback)
     check_flag("verify", verify)
     if kernels_disabled():
-        yield kernelize_model(model, mode=mode, device=device, use_fallback=use_fallback, verify=verify)
+        yield kernelize_model(model, mode=mode, device=device, use_fallback=use_fallback, verify=verify,
+                              cuda_graphs=cuda_graphs)
         return
     wanted = _resolve_mode(model, mode)
+    _check_graphs_option(model, wanted, verify, cuda_graphs, "kernelized")
     device_type = _resolve_device(model, device)
-    changes = _kernelize(model, wanted, device_type, use_fallback, verify)
+    changes = _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
     try:
         yield model
     finally:

@@ -26,12 +26,13 @@ from typing import Any
 import torch
 
 from ..selection import KernelChoice
+from .graphs import GraphedForward, GraphSet
 from .verify import Verifier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KernelForward", "LayerSwap", "LayerChange", "install_forward", "restore_layers", "revert_changes",
-           "swapped_forward", "foreign_forwards"]
+__all__ = ["KernelForward", "LayerSwap", "LayerChange", "install_forward", "install_graphs", "restore_layers",
+           "revert_changes", "swapped_forward", "foreign_forwards"]
 
 _MISSING = object()  # "no instance-level forward": the class's forward is the one to go back to
 
@@ -44,22 +45,28 @@ class KernelForward(functools.partial):
         kernel_name: the registered kernel name.
         previous: the instance-level forward it replaced (None: the class's ``forward``).
         verifier: the :class:`~twinkle_fx.eager.verify.Verifier` in verify mode, else None.
+        graphs: the model's :class:`~twinkle_fx.eager.graphs.GraphSet` when this module's forward runs
+            through CUDA graphs (``kernelize_model(..., cuda_graphs=True)``), else None.
     """
 
     fn: Callable[..., Any]
     kernel_name: str
     previous: Any
     verifier: Verifier | None
+    graphs: GraphSet | None
 
     @classmethod
     def make(cls, module: torch.nn.Module, fn: Callable[..., Any], kernel_name: str, previous: Any = None,
-             verifier: Verifier | None = None) -> "KernelForward":
+             verifier: Verifier | None = None, graphs: GraphSet | None = None) -> "KernelForward":
         call = fn if verifier is None else CheckedForward(fn, verifier)
+        if graphs is not None:
+            call = GraphedForward(call, graphs)
         forward = cls(call, module)
         forward.fn = fn
         forward.kernel_name = kernel_name
         forward.previous = previous
         forward.verifier = verifier
+        forward.graphs = graphs
         return forward
 
     @property
@@ -82,7 +89,8 @@ class KernelForward(functools.partial):
         return type(self.module).forward(self.module, *args, **kwargs)
 
     def __repr__(self) -> str:
-        return f"<twinkle_fx kernel forward {self.kernel_name} of {type(self.module).__qualname__}>"
+        graphs = " (CUDA graphs)" if self.graphs is not None else ""
+        return f"<twinkle_fx kernel forward {self.kernel_name} of {type(self.module).__qualname__}{graphs}>"
 
 
 class CheckedForward:
@@ -160,12 +168,30 @@ def install_forward(swap: LayerSwap, verifier: Verifier | None = None) -> LayerC
     module, choice = swap.module, swap.choice
     before = module.__dict__.get("forward", _MISSING)
     current = swapped_forward(module)
-    if current is not None and current.fn is choice.call and (current.verifier is None) == (verifier is None):
+    if current is not None and current.fn is choice.call and (current.verifier is None) == (verifier is None) \
+            and current.graphs is None:
         return None
     previous = current.previous if current is not None else (None if before is _MISSING else before)
     forward = KernelForward.make(module, choice.call, choice.name, previous, verifier)
     _set_forward(module, forward)
     logger.debug("swapped %s (%s) -> %s", swap.path or "<model>", type(module).__qualname__, choice)
+    return LayerChange(module, before, forward)
+
+
+def install_graphs(path: str, module: torch.nn.Module, graphs: GraphSet) -> LayerChange:
+    """Run ``module``'s forward (its kernel's, or the original when no kernel is installed) through
+    ``graphs``; returns the change."""
+    before = module.__dict__.get("forward", _MISSING)
+    current = swapped_forward(module)
+    if current is not None:
+        forward = KernelForward.make(module, current.fn, current.kernel_name, current.previous, current.verifier,
+                                     graphs)
+    else:
+        previous = None if before is _MISSING else before
+        fn = type(module).forward if previous is None else (lambda self, *a, **k: previous(*a, **k))
+        forward = KernelForward.make(module, fn, "original forward", previous, None, graphs)
+    _set_forward(module, forward)
+    logger.debug("CUDA graphs for %s (%s)", path or "<model>", type(module).__qualname__)
     return LayerChange(module, before, forward)
 
 

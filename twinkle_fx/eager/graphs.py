@@ -1,0 +1,624 @@
+"""CUDA graphs for the decoder layers of an eager model: ``kernelize_model(model, cuda_graphs=True)``.
+
+An eager training step of a small model is bound by the host: every kernel launch and every
+autograd node costs Python and driver time, and a Qwen2-0.5B step at 4 x 1024 keeps the GPU busy
+for about 29 ms of an 80-90 ms step (README, Performance). A CUDA graph replays a recorded
+sequence of launches with one call, so the host time of a decoder layer becomes a few dozen
+microseconds whatever it launches.
+
+What is graphed: each module of the model's repeated block (the classes ``model._no_split_modules``
+names, e.g. ``Qwen2DecoderLayer``), forward and (when training) backward, per input signature
+(shapes, strides, dtypes, ``requires_grad`` of the tensor arguments, the values of the others).
+
+How (the same construction as ``torch.cuda.make_graphed_callables``, recorded during a real step so
+that the capture order is the order of execution):
+
+1. the first pass (a pass starts when the first block is called) of a new signature runs eagerly:
+   it compiles the Triton kernels and initialises cuBLAS outside any capture;
+2. the second pass records: each block's forward is captured (on static input tensors) and
+   replayed; when the backward reaches a block, its backward (``torch.autograd.grad`` of the
+   captured forward) is captured and replayed. All graphs of a model share one memory pool, and
+   forward activations are freed to the pool when their backward is captured, so later captures
+   reuse that memory exactly as an eager step would (peak memory close to eager's);
+3. later passes replay: a block copies its inputs into the static ones (nothing is copied when the
+   input already is the static tensor, as the previous block's output is), replays the forward
+   graph and returns the static outputs; the backward copies the incoming gradient and replays.
+
+Because the graphs share memory, they are replayed only in the order they were captured. Anything
+else runs the block's ordinary forward, which is always correct, with the reason counted in
+:func:`graph_status` and logged once:
+
+- a call whose signature or module differs from the recorded sequence (dynamic shapes, a new batch
+  size: a new sequence is recorded for up to ``MAX_SEQUENCES`` signatures);
+- a pass that starts while the backward of the previous training pass is still outstanding (a
+  second forward before ``backward``), or a backward in another order (that block's backward then
+  recomputes its forward from the static inputs, like activation checkpointing);
+- the CPU, ``torch.compile`` tracing, another CUDA-graph capture in progress, autocast, gradient
+  checkpointing, hooks on a block's submodules (a graph would not call them), dropout with p > 0
+  while training, arguments that are not tensors or plain values (a KV cache object);
+- a capture that fails (the error is logged; the signature is not tried again).
+
+What a caller must know: the outputs of a graphed block are its static tensors, overwritten when the
+block runs again (the next step), as with ``torch.compile(mode="reduce-overhead")``; a block with
+forward hooks (``output_hidden_states``) gets clones instead. Gradients of the block's parameters
+are handed to autograd without a copy: ``param.grad`` may be the graph's gradient buffer, valid
+until the next forward of the model; when that forward starts, a ``.grad`` still pointing to such a
+buffer is moved to its own memory (gradient accumulation stays exact; ``zero_grad(set_to_none=True)``,
+the optimizers' default, makes that free). A reference to ``param.grad`` kept elsewhere across
+steps would see the buffer change.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.nn.modules import module as _nn_module
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GraphSet", "GraphedForward", "GraphStatus", "graph_status", "block_modules", "MAX_SEQUENCES"]
+
+# Distinct call sequences (signatures) recorded per model; all share one memory pool, so the cost of
+# another one is its static inputs and outputs, not another copy of the activations.
+MAX_SEQUENCES = 8
+# Eager passes of a signature before it is recorded (Triton compiles and cuBLAS initialises there).
+WARMUP_PASSES = 1
+
+_TENSOR = object()  # placeholder of a tensor in an argument spec
+_data_ptr = torch.Tensor.data_ptr
+
+
+class _Decline(Exception):
+    """This call cannot be graphed; the message is the reason (counted and logged once)."""
+
+
+def _spec(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """A hashable description of ``value`` with its tensors replaced by ``_TENSOR`` (appended to ``tensors``)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _TENSOR
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return (kind, value)
+    if kind in (tuple, list):
+        return (kind, tuple(_spec(v, tensors) for v in value))
+    raise _Decline(f"an argument of type {kind.__qualname__} (only tensors and plain values are graphed)")
+
+
+def _rebuild(spec: Any, tensors) -> Any:
+    if spec is _TENSOR:
+        return next(tensors)
+    kind, value = spec
+    if kind is tuple or kind is list:
+        return kind(_rebuild(s, tensors) for s in value)
+    return value
+
+
+def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], tuple]:
+    tensors: list[torch.Tensor] = []
+    spec = (tuple(_spec(a, tensors) for a in args), tuple((k, _spec(v, tensors)) for k, v in kwargs.items()))
+    return tensors, spec
+
+
+def _rebuild_call(spec: tuple, tensors) -> tuple[tuple, dict]:
+    it = iter(tensors)
+    args = tuple(_rebuild(s, it) for s in spec[0])
+    kwargs = {k: _rebuild(s, it) for k, s in spec[1]}
+    return args, kwargs
+
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
+
+
+def block_modules(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Module]], str | None]:
+    """The model's repeated blocks (modules of the classes ``model._no_split_modules`` names), in
+    model order, or ``([], reason)``."""
+    names = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    if not names:
+        return [], (f"{type(model).__name__} names no repeated block (transformers' _no_split_modules); "
+                    "CUDA graphs are made per decoder layer")
+    blocks = [(path, m) for path, m in model.named_modules() if type(m).__name__ in names]
+    if not blocks:
+        return [], f"no module of {type(model).__name__} is one of its blocks {sorted(names)}"
+    return blocks, None
+
+
+def _has_dropout(module: torch.nn.Module) -> str | None:
+    for path, sub in module.named_modules():
+        p = sub.p if isinstance(sub, torch.nn.modules.dropout._DropoutNd) else getattr(sub, "attention_dropout", 0.0)
+        if isinstance(p, (int, float)) and p > 0:
+            return f"dropout p={p} in {path or type(module).__name__} while training"
+    return None
+
+
+def _global_hooks() -> bool:
+    return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
+                or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks)
+
+
+def _hooked(submodules: list[torch.nn.Module]) -> bool:
+    for m in submodules:
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            return True
+    return False
+
+
+def _fixed_ptrs(modules: list[torch.nn.Module]) -> tuple:
+    return tuple(_data_ptr(t) for m in modules for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
+
+
+class _Step:
+    """One block call of a recorded sequence: its graphs and static tensors."""
+
+    def __init__(self, fn: Callable[..., Any], module: torch.nn.Module, signature: tuple, in_spec: tuple,
+                 training: bool) -> None:
+        self.fn = fn
+        self.module = module
+        self.signature = signature
+        self.in_spec = in_spec
+        self.training = training
+        self.submodules = [m for m in module.modules() if m is not module]
+        self.all_modules = [module, *self.submodules]
+        self.fixed_ptrs = _fixed_ptrs(self.all_modules)  # the graphs read parameters and buffers in place
+        self.grad_params = [p for p in module.parameters() if p.requires_grad] if training else []
+        self.static_in: list[torch.Tensor] = []
+        self.owned_in: list[bool] = []  # False: the static input is another step's tensor (read only)
+        self.grad_mask: list[bool] = []
+        self.static_out: list[torch.Tensor] = []
+        self.out_spec: Any = None
+        self.fwd: torch.cuda.CUDAGraph | None = None
+        self.bwd: torch.cuda.CUDAGraph | None = None
+        self.capture_in: list[torch.Tensor] = []   # leaves the forward was captured on (until the backward capture)
+        self.capture_out: list[torch.Tensor] = []  # outputs with the captured autograd graph (idem)
+        self.static_grad_out: list[torch.Tensor | None] = []
+        self.static_grads: tuple = ()
+        self.first_sources: list | None = None  # set by the recording call, which copied the inputs in already
+
+
+class _Sequence:
+    """The block calls of one pass signature, in capture order."""
+
+    def __init__(self, training: bool) -> None:
+        self.training = training
+        self.steps: list[_Step] = []
+        self.recording = True
+        self.failed: str | None = None
+        # static outputs and gradient buffers (held, so an address names one tensor): a later step whose
+        # input is one of them reads it in place
+        self.statics: dict[int, torch.Tensor] = {}
+        # id(source tensor) -> (weak source, static copy): a later step given the same tensor (the rotary
+        # cos/sin every layer gets) reads the earlier step's copy
+        self.sources: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+
+
+class _Token:
+    """Lives as long as one replayed step's autograd node (weakly referenced by its pass)."""
+
+    __slots__ = ("done", "__weakref__")
+
+    def __init__(self) -> None:
+        self.done = False
+
+
+class _Pass:
+    """One forward through the blocks (and, when training, its backward)."""
+
+    def __init__(self, graphs: "GraphSet") -> None:
+        self.graphs = graphs
+        self.seq: _Sequence | None = None
+        self.cursor = 0
+        self.eager = False
+        self.stack: list[tuple[int, weakref.ref]] = []  # replayed training steps awaiting their backward
+        self.copied: dict[int, tuple[weakref.ref, int]] = {}  # id(static input) -> (source, version) copied in
+
+    def pending(self) -> bool:
+        return any((token := ref()) is not None and not token.done for _, ref in self.stack)
+
+
+@dataclass
+class GraphStatus:
+    """What the CUDA graphs of one model did: see :func:`graph_status`."""
+
+    sequences: int = 0
+    steps: int = 0
+    replays: Counter = field(default_factory=Counter)  # "forward" / "backward" / "recompute" block calls
+    eager: Counter = field(default_factory=Counter)    # reason -> passes whose blocks ran eagerly from then on
+
+    def __str__(self) -> str:
+        lines = [f"CUDA graphs: {self.sequences} sequence(s), {self.steps} block call(s) recorded; replays "
+                 f"{self.replays['forward']} forward, {self.replays['backward']} backward"
+                 + (f", {self.replays['recompute']} backward recomputed" if self.replays['recompute'] else "")]
+        lines += [f"  {count} pass(es) eager: {reason}" for reason, count in self.eager.most_common()]
+        return "\n".join(lines)
+
+
+class GraphSet:
+    """The CUDA graphs of one model's blocks: one memory pool, the recorded sequences, the current pass."""
+
+    def __init__(self, blocks: list[torch.nn.Module], device: torch.device) -> None:
+        self.first = weakref.ref(blocks[0])
+        self.block_params = list({id(q): q for b in blocks for q in b.parameters()}.values())
+        self.grad_buffers: set[int] = set()  # data pointers of the parameters' gradient buffers of all graphs
+        self.device = device
+        self.pool = None
+        self.sequences: dict[tuple, _Sequence] = {}
+        self.attempts: Counter = Counter()
+        self.active: _Pass | None = None
+        self.last_training: _Pass | None = None
+        self.status = GraphStatus()
+        self._logged: set[str] = set()
+        # parameters per block, read at its first call and again when it is recorded
+        self._params: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+    def _eager(self, reason: str) -> None:
+        self.status.eager[reason] += 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            logger.info("CUDA graphs: a block runs without its graph: %s", reason)
+
+    def _begin(self) -> _Pass:
+        previous = self.active
+        if previous is not None and previous.seq is not None and previous.seq.recording:
+            seq = previous.seq
+            if not seq.steps:
+                self._fail(seq, "no block of the pass could be recorded")
+            elif not seq.training:
+                self._seal(seq)
+        new = _Pass(self)
+        last = self.last_training
+        if last is not None and last.pending():
+            new.eager = True
+            self._eager("a forward started before the backward of the previous training forward ran")
+        elif last is not None:
+            seq = last.seq
+            if seq is not None and seq.recording and seq.failed is None:
+                self._fail(seq, "the backward did not reach every recorded block in reverse order")
+            self.last_training = None
+        if self.grad_buffers:
+            self._own_grads()
+        self.active = new
+        return new
+
+    def _own_grads(self) -> None:
+        """A parameter's .grad that still is a graph's gradient buffer (autograd kept it without a
+        copy) gets its own memory before any replay: the pool reuses that buffer's memory for other
+        graphs' work (forward temporaries, another signature), which would overwrite an
+        accumulating gradient."""
+        for param in self.block_params:
+            grad = param.grad
+            if grad is not None and _data_ptr(grad) in self.grad_buffers:
+                param.grad = grad.clone()
+
+    def _seal(self, seq: _Sequence) -> None:
+        seq.recording = False
+        self.status.sequences += 1
+        self.status.steps += len(seq.steps)
+        logger.info("CUDA graphs: recorded %d %s block call(s)", len(seq.steps),
+                    "training (forward + backward)" if seq.training else "inference")
+
+    def _fail(self, seq: _Sequence, reason: str) -> None:
+        if seq.failed is None:
+            seq.failed = reason
+            seq.recording = False
+            seq.steps.clear()
+            seq.statics.clear()
+            seq.sources.clear()
+            logger.warning("CUDA graphs: recording failed (%s); retried at most once, else the blocks of "
+                           "this signature stay eager", reason)
+        for key, value in list(self.sequences.items()):
+            if value is seq:
+                del self.sequences[key]
+
+    # -- the forward -----------------------------------------------------------------------------
+    def call(self, fn: Callable[..., Any], module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        p = self._begin() if module is self.first() else self.active
+        if p is None or p.eager:
+            return fn(module, *args, **kwargs)
+        try:
+            reason = self._static_reason(module)
+            if reason is not None:
+                raise _Decline(reason)
+            tensors, in_spec = _flatten_call(args, kwargs)
+            params = self._params.get(module)
+            if params is None:
+                params = self._params[module] = list(module.parameters())
+            training = torch.is_grad_enabled() and (any(t.requires_grad for t in tensors)
+                                                    or any(q.requires_grad for q in params))
+            signature = (training, in_spec, tuple(map(_meta, tensors)))
+            step, recording = self._next_step(p, fn, module, signature, in_spec, training)
+            if recording:
+                try:
+                    self._capture_forward(p.seq, step, tensors)
+                except Exception as e:  # noqa: BLE001 - logged with the error; the block runs eagerly
+                    self._fail(p.seq, f"capturing the forward of {type(module).__name__} raised {e!r}")
+                    raise _Decline("the capture failed (see the warning)") from e
+            else:
+                self._check_inputs(p, step, tensors)
+        except _Decline as e:
+            p.eager = True
+            self._eager(str(e))
+            return fn(module, *args, **kwargs)
+        index = p.cursor
+        p.cursor += 1
+        self.status.replays["forward"] += 1
+        if step.training:
+            token = _Token()
+            p.stack.append((index, weakref.ref(token)))
+            self.last_training = p
+            outs = _Replay.apply(self, p, step, token, len(tensors), *tensors, *step.grad_params)
+        else:  # nothing requires grad: the copies record no autograd history
+            _copy_inputs(p, step, tensors)
+            step.fwd.replay()
+            outs = step.static_out
+        if module._forward_hooks:  # a hook may keep the output (output_hidden_states): give it its own memory
+            outs = [o.clone() for o in outs]
+        return _rebuild(step.out_spec, iter(outs))
+
+    @staticmethod
+    def _static_reason(module: torch.nn.Module) -> str | None:
+        if torch.cuda.is_current_stream_capturing():
+            return "another CUDA graph capture is in progress"
+        if torch.is_autocast_enabled("cuda"):
+            return "autocast is enabled (its cast cache is not graph-safe)"
+        if torch.is_inference_mode_enabled():
+            return "torch.inference_mode (use torch.no_grad)"
+        if module.training and getattr(module, "gradient_checkpointing", False):
+            return "gradient checkpointing recomputes the block in the backward"
+        if _global_hooks():
+            return "global module hooks are registered"
+        return None
+
+    def _next_step(self, p: _Pass, fn, module, signature, in_spec, training) -> tuple[_Step, bool]:
+        if p.seq is None:
+            key = (id(module), signature)
+            seq = self.sequences.get(key)
+            if seq is None:
+                self.attempts[key] += 1
+                if self.attempts[key] <= WARMUP_PASSES:
+                    raise _Decline("warm-up pass of a new input signature")
+                if self.attempts[key] > WARMUP_PASSES + 2:
+                    raise _Decline("this input signature could not be recorded (see the warning)")
+                if len(self.sequences) >= MAX_SEQUENCES:
+                    raise _Decline(f"more than {MAX_SEQUENCES} input signatures (dynamic shapes?)")
+                seq = self.sequences[key] = _Sequence(training)
+            elif seq.recording:
+                raise _Decline("the recording of this signature did not finish")
+            p.seq = seq
+        seq = p.seq
+        if seq.recording:
+            if any(s.module is module for s in seq.steps):
+                raise _Decline("a block ran twice in one pass")
+            if _hooked([m for m in module.modules() if m is not module]):
+                raise _Decline("hooks on a submodule of the block (a graph would not call them)")
+            if module.training and training:
+                dropout = _has_dropout(module)
+                if dropout:
+                    raise _Decline(dropout)
+            self._params[module] = list(module.parameters())
+            step = _Step(fn, module, signature, in_spec, training)
+            seq.steps.append(step)
+            return step, True
+        if p.cursor >= len(seq.steps):
+            raise _Decline("more block calls than the recorded pass had")
+        step = seq.steps[p.cursor]
+        if step.module is not module or step.fn is not fn or step.signature != signature:
+            raise _Decline("the block calls differ from the recorded pass (shapes, arguments or order)")
+        if _hooked(step.submodules):
+            raise _Decline("hooks on a submodule of the block (a graph would not call them)")
+        if _fixed_ptrs(step.all_modules) != step.fixed_ptrs:
+            reason = "a parameter or buffer of a block moved to other memory"
+            self._fail(seq, reason)
+            raise _Decline(reason)
+        return step, False
+
+    @staticmethod
+    def _check_inputs(p: _Pass, step: _Step, tensors: list[torch.Tensor]) -> None:
+        """A static input another step owns is read only: its source must be what that step copied."""
+        for t, s, owned in zip(tensors, step.static_in, step.owned_in):
+            if owned or _data_ptr(t) == _data_ptr(s):
+                continue
+            copied = p.copied.get(id(s))
+            if copied is None or copied[0]() is not t or copied[1] != t._version:
+                raise _Decline("an input shared with an earlier block changed between the blocks")
+
+    # -- captures --------------------------------------------------------------------------------
+    def _capture_forward(self, seq: _Sequence, step: _Step, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            shared = seq.statics.get(_data_ptr(t))
+            if shared is None:
+                source = seq.sources.get(id(t))
+                if source is not None and source[0]() is t:
+                    shared = source[1]
+            if shared is not None and _meta(shared)[:3] == _meta(t)[:3]:
+                step.static_in.append(shared)
+                step.owned_in.append(False)
+            else:
+                static = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                with torch.no_grad():
+                    static.copy_(t)
+                step.static_in.append(static)
+                step.owned_in.append(True)
+                seq.sources[id(t)] = (weakref.ref(t), static)
+            step.grad_mask.append(step.training and t.requires_grad)
+        step.first_sources = [(weakref.ref(t), t._version) for t in tensors]
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        step.capture_in = [s.detach().requires_grad_(True) if rg else s
+                           for s, rg in zip(step.static_in, step.grad_mask)]
+        args, kwargs = _rebuild_call(step.in_spec, step.capture_in)
+        # the parameters' AccumulateGrad nodes made now, on this stream: made inside the capture they
+        # would belong to the capture stream, and every backward of this pass would sync with it
+        accumulators = [q.view_as(q).grad_fn.next_functions[0][0] for q in step.grad_params]
+        graph = torch.cuda.CUDAGraph()
+        with torch.set_grad_enabled(step.training), torch.cuda.graph(graph, pool=self.pool):
+            out = step.fn(step.module, *args, **kwargs)
+        step.fwd = graph
+        del accumulators
+        outs: list[torch.Tensor] = []
+        step.out_spec = _spec(out, outs)
+        step.static_out = [o.detach() for o in outs]
+        if step.training:
+            step.capture_out = outs
+        for o in step.static_out:  # the next block's input is this output: read in place
+            seq.statics[_data_ptr(o)] = o
+
+    def _capture_backward(self, seq: _Sequence, step: _Step, grads: tuple) -> None:
+        static_grad_out: list[torch.Tensor | None] = []
+        for o, g in zip(step.capture_out, grads):
+            if not o.requires_grad:
+                static_grad_out.append(None)
+                continue
+            shared = seq.statics.get(_data_ptr(g))
+            if shared is not None and _meta(shared)[:3] == _meta(g)[:3]:
+                static_grad_out.append(shared)
+            else:
+                static = torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device=g.device)
+                static.copy_(g)
+                static_grad_out.append(static)
+        outs = [o for o in step.capture_out if o.requires_grad]
+        grad_outs = [g for g in static_grad_out if g is not None]
+        targets = [c for c, rg in zip(step.capture_in, step.grad_mask) if rg] + step.grad_params
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            grads_in = torch.autograd.grad(outs, targets, grad_outputs=grad_outs, allow_unused=True)
+        step.static_grad_out = static_grad_out
+        step.static_grads = tuple(None if g is None else g.detach() for g in grads_in)
+        step.bwd = graph
+        self.grad_buffers.update(_data_ptr(g) for g in step.static_grads[sum(step.grad_mask):] if g is not None)
+        for g in step.static_grads[:sum(step.grad_mask)]:  # the previous block's incoming gradient: read in place
+            if g is not None:
+                seq.statics[_data_ptr(g)] = g
+        step.capture_in, step.capture_out = [], []  # frees the captured autograd graph (its memory to the pool)
+
+
+def _copy_inputs(p: _Pass, step: _Step, tensors: list[torch.Tensor]) -> None:
+    first = step.first_sources
+    if first is not None:  # the recording call copied them in before the capture
+        step.first_sources = None
+        for s, owned, source in zip(step.static_in, step.owned_in, first):
+            if owned:
+                p.copied[id(s)] = source
+        return
+    for t, s, owned in zip(tensors, step.static_in, step.owned_in):
+        if not owned:
+            continue
+        ptr = _data_ptr(t)
+        if ptr != _data_ptr(s):
+            copied = p.copied.get(id(s))
+            if copied is None or copied[0]() is not t or copied[1] != t._version:
+                s.copy_(t)
+        p.copied[id(s)] = (weakref.ref(t), t._version)
+
+
+class _Replay(torch.autograd.Function):
+    """A training step's replay as one autograd node: the forward graph now, the backward graph
+    (captured on the first backward of a recording pass) when autograd reaches it."""
+
+    @staticmethod
+    def forward(ctx, graphs: GraphSet, p: _Pass, step: _Step, token: _Token, n_inputs: int, *tensors):
+        _copy_inputs(p, step, list(tensors[:n_inputs]))
+        step.fwd.replay()
+        ctx.graphs, ctx.p, ctx.step, ctx.token, ctx.n_inputs = graphs, p, step, token, n_inputs
+        ctx.index = p.stack[-1][0]
+        return tuple(o.detach() for o in step.static_out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        graphs, p, step, token = ctx.graphs, ctx.p, ctx.step, ctx.token
+        none = (None,) * 5
+        n_inputs = ctx.n_inputs
+        in_order = not token.done and p.stack and p.stack[-1][0] == ctx.index
+        seq = p.seq
+        if in_order:
+            p.stack.pop()
+            if step.bwd is None:
+                if seq.recording and seq.failed is None:
+                    try:
+                        graphs._capture_backward(seq, step, grads)
+                    except Exception as e:  # noqa: BLE001 - logged with the error, recomputed eagerly
+                        graphs._fail(seq, f"capturing the backward of {type(step.module).__name__} raised {e!r}")
+                else:
+                    in_order = False
+            if in_order and step.bwd is not None:
+                for g, s in zip(grads, step.static_grad_out):
+                    if s is not None and _data_ptr(g) != _data_ptr(s):
+                        s.copy_(g)
+                step.bwd.replay()
+                token.done = True
+                while p.stack and ((t := p.stack[-1][1]()) is None or t.done):  # recomputed or dropped steps
+                    p.stack.pop()
+                graphs.status.replays["backward"] += 1
+                if seq.recording and not p.stack and seq.failed is None:
+                    graphs._seal(seq)
+                # fresh aliases: autograd may then keep a parameter's gradient buffer as its .grad (no copy)
+                it = iter([None if g is None else g.detach() for g in step.static_grads])
+                dyn = tuple(next(it) if rg else None for rg in step.grad_mask)
+                dyn += (None,) * (n_inputs - len(dyn))
+                return none + dyn + tuple(it)
+        # out of order (or a second backward): recompute the forward from the static inputs
+        if seq is not None and seq.recording and seq.failed is None:
+            graphs._fail(seq, "a block's backward ran out of the recorded order")
+        token.done = True
+        graphs.status.replays["recompute"] += 1
+        return none + _recompute(step, grads, n_inputs)
+
+
+def _recompute(step: _Step, grads: tuple, n_inputs: int) -> tuple:
+    with torch.enable_grad():
+        inputs = [s.detach().requires_grad_(rg) for s, rg in zip(step.static_in, step.grad_mask)]
+        args, kwargs = _rebuild_call(step.in_spec, inputs)
+        outs: list[torch.Tensor] = []
+        _spec(step.fn(step.module, *args, **kwargs), outs)
+        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+        targets = [i for i, rg in zip(inputs, step.grad_mask) if rg] + step.grad_params
+        result = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)
+    it = iter(result)
+    dyn = tuple(next(it) if rg else None for rg in step.grad_mask)
+    dyn += (None,) * (n_inputs - len(dyn))
+    return dyn + tuple(it)
+
+
+class GraphedForward:
+    """The function of a :class:`~twinkle_fx.eager.layers.KernelForward` with CUDA graphs: ``fn``
+    (the kernel's or the original forward) run through the model's :class:`GraphSet`."""
+
+    def __init__(self, fn: Callable[..., Any], graphs: GraphSet) -> None:
+        self.fn = fn
+        self.graphs = graphs
+
+    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return self.fn(module, *args, **kwargs)
+        return self.graphs.call(self.fn, module, args, kwargs)
+
+
+def graph_status(model: torch.nn.Module) -> GraphStatus | None:
+    """What the CUDA graphs of ``model`` (``kernelize_model(model, cuda_graphs=True)``) did so far:
+    recorded sequences, replays, and the block calls that ran eagerly with their reasons; None when
+    the model has no CUDA graphs.
+
+    Example:
+        >>> kernelize_model(model, mode="train", cuda_graphs=True)      # doctest: +SKIP
+        >>> for _ in range(3): model(ids, labels=ids).loss.backward()   # doctest: +SKIP
+        >>> print(graph_status(model))                                  # doctest: +SKIP
+        CUDA graphs: 1 sequence(s), 24 block call(s) recorded; replays 48 forward, 48 backward
+          1 pass(es) eager: warm-up pass of a new input signature
+    """
+    from .layers import swapped_forward
+
+    for module in model.modules():
+        forward = swapped_forward(module)
+        if forward is not None and forward.graphs is not None:
+            return forward.graphs.status
+    return None

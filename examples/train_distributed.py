@@ -1,24 +1,42 @@
 """Data-parallel training of a Qwen2ForCausalLM with twinkle_fx kernels: DDP or FSDP2, on N GPUs or CPU processes.
 
 Every rank builds the same model from the same seed, takes its own shard of the same global batch
-(``--batch`` rows per rank; the global batch depends only on ``--seed``, the step and
-``batch x world size``), so the losses of a 2-process run equal those of a 1-process run with twice
-the ``--batch``. Prints the loss of each step (averaged over ranks), global tokens/s, and at the end
-what twinkle_fx swapped on each rank.
+(``--batch`` rows per rank and micro-step; the global batch depends only on ``--seed``, the
+micro-step and ``batch x world size``), so the losses of a 2-process run equal those of a 1-process
+run with twice the ``--batch``. At the end rank 0 prints ONE table for the run: global tokens/s and
+ms/step (steps after the first two), the peak GPU memory of every rank, the loss of every step
+(averaged over ranks and micro-steps) and what twinkle_fx swapped on each rank.
 
-Backends: ``eager``; ``inductor`` (plain ``torch.compile``); ``twinkle`` (``torch.compile(model,
-backend="twinkle")`` with the built-in kernels; ``--compiler`` picks its inner compiler);
-``kernelize`` (``kernelize_model`` with the built-in kernels, eager); ``kernelize+twinkle`` (both: the
-fused-loss head only comes from the eager swap, the compiled root module being no graph region).
-The compiled backends compile
-the DDP- or FSDP2-wrapped model, so DDP's graph splitting at bucket boundaries (Dynamo's
-DDPOptimizer) is part of what runs.
+Backends: ``eager``; ``inductor`` (plain ``torch.compile``); ``twinkle`` (``twinkle_fx.compile``:
+the fused-loss head installed on the model, everything else rewritten by ``backend="twinkle"``;
+``--compiler`` picks its inner compiler); ``kernelize`` (``kernelize_model`` with the built-in
+kernels, eager, the head included); ``kernelize+twinkle`` (both: the eager swaps, head included,
+then ``backend="twinkle"`` compiles the rest). ``--no-fused-loss`` leaves the head unbound for all.
+Whole-model compilation compiles the DDP- or FSDP2-wrapped model, so DDP's graph splitting at
+bucket boundaries (Dynamo's DDPOptimizer, ``--optimize-ddp``) is part of what runs; ``--regional``
+compiles each decoder layer instead (``twinkle_fx.compile.regional.compile_layers``: one small
+graph all layers share, the head installed eagerly on the uncompiled root).
+
+Options a training run needs: ``--mixed-precision`` (FSDP2's MixedPrecisionPolicy: fp32 master
+weights, bf16 parameters in compute, fp32 gradient reduction), ``--checkpoint`` (activation
+checkpointing of every decoder layer), ``--accum N`` (gradient accumulation: N micro-steps per
+optimizer step, gradients synchronised on the last), ``--compiled-autograd`` (DDP: the backward
+captured by compiled autograd, gradients reduced by DDP's Python reducer).
 
 Run on GPUs (NCCL), the reference size:
 
     torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel fsdp2 --backend twinkle
-    torchrun --nproc_per_node 1 examples/train_distributed.py --size reference --parallel ddp --backend twinkle --batch 8
+    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle --regional
+    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel fsdp2 --backend twinkle \
+        --regional --mixed-precision
+
+The single-GPU baselines of a 2-GPU run (the same per-GPU batch for speed, the 2-GPU global batch
+for the losses), then the 2-GPU run compared with them:
+
+    python examples/train_distributed.py --size reference --parallel none --backend twinkle --compare-single 2 \
+        --out single.json
+    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle \
+        --baseline single.json --out ddp.json
 
 Without a GPU (gloo on CPU, the Triton kernels through the interpreter), the tiny size (the default):
 
@@ -28,12 +46,13 @@ Without a GPU (gloo on CPU, the Triton kernels through the interpreter), the tin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # NVLink multicast (NVLS) stays off on the GPU machines; it must be set before NCCL initialises.
@@ -61,20 +80,28 @@ SIZES: dict[str, dict[str, Any]] = {
 DEFAULT_SHAPE = {"tiny": (1, 8), "small": (4, 256), "reference": (4, 1024)}
 
 
+BACKENDS = ("eager", "inductor", "twinkle", "kernelize", "kernelize+twinkle")
+COMPILED = ("inductor", "twinkle", "kernelize+twinkle")
+
+
 @dataclass
 class RankSwaps:
-    """What twinkle_fx swapped on one rank: compile-report regions or kernelized modules/functions."""
+    """What twinkle_fx swapped on one rank: compile-report regions and eagerly swapped modules/functions."""
 
     rank: int
     graphs: int = 0
     graph_breaks: int = 0
-    swapped: dict[str, int] = field(default_factory=dict)  # "layer Qwen2RMSNorm -> RMSNorm -> RMSNorm": count
+    swapped: dict[str, int] = field(default_factory=dict)  # "layer Qwen2RMSNorm -> RMSNorm": count
     kept: dict[str, int] = field(default_factory=dict)  # "<target>: <reason>": count
     graphs_with_swaps: int = 0
 
     @property
     def total(self) -> int:
         return sum(self.swapped.values())
+
+    def short(self) -> str:
+        """``97 (26 graphs)``: swaps, and the compiled graphs when there are any."""
+        return f"{self.total}" + (f" ({self.graphs} graph(s), {self.graphs_with_swaps} with swaps)" if self.graphs else "")
 
     def __str__(self) -> str:
         head = f"rank {self.rank}: {self.total} swap(s)"
@@ -88,7 +115,7 @@ class RankSwaps:
 
 @dataclass
 class RunResult:
-    """What rank 0 reports (``--json`` writes it)."""
+    """What rank 0 reports (``--out`` writes it)."""
 
     args: dict[str, Any]
     world_size: int
@@ -96,51 +123,109 @@ class RunResult:
     losses: list[float]
     tokens_per_s: list[float]
     swaps: list[RankSwaps]
+    step_ms: list[float] = field(default_factory=list)
+    peak_gib: list[float | None] = field(default_factory=list)  # per rank: torch.cuda.max_memory_allocated
+
+    @property
+    def steady_ms(self) -> float:
+        """Mean step time after the first two steps (compilation, warm-up), or over all when fewer."""
+        steady = self.step_ms[2:] or self.step_ms
+        return sum(steady) / len(steady)
 
     @property
     def steady_tokens_per_s(self) -> float:
-        """Mean over steps after the first two (compilation, warm-up), or over all when fewer."""
-        steady = self.tokens_per_s[2:] or self.tokens_per_s
-        return sum(steady) / len(steady)
+        """Global tokens per second over the steps after the first two (or all when fewer)."""
+        a = self.args
+        return a["batch"] * self.world_size * a["seq"] * a["accum"] / (self.steady_ms / 1e3)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "steady_ms": self.steady_ms, "steady_tokens_per_s": self.steady_tokens_per_s}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=tuple(SIZES), default="tiny")
-    parser.add_argument("--parallel", choices=("ddp", "fsdp2"), default="ddp")
-    parser.add_argument("--backend", choices=("eager", "inductor", "twinkle", "kernelize", "kernelize+twinkle"),
-                        default="twinkle")
+    parser.add_argument("--parallel", choices=("ddp", "fsdp2", "none"), default="ddp",
+                        help="none: one process, no wrapper and no process group (the single-GPU baseline)")
+    parser.add_argument("--backend", choices=BACKENDS, default="twinkle")
     parser.add_argument("--compiler", choices=("inductor", "aot_eager", "eager"), default="inductor",
-                        help="inner compiler of --backend twinkle (default inductor)")
+                        help="inner compiler of the twinkle backends (default inductor)")
+    parser.add_argument("--regional", action="store_true",
+                        help="compile each decoder layer instead of the whole model (compiled backends)")
+    parser.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
+                        help="leave the LM head + loss unswapped (bind no fused-loss head)")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=None, help="sequences per rank (default: 4 for reference)")
+    parser.add_argument("--batch", type=int, default=None, help="sequences per rank and micro-step (default: 4 for reference)")
     parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: 1024 for reference)")
+    parser.add_argument("--accum", type=int, default=1, help="gradient accumulation: micro-steps per optimizer step")
     parser.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
-                        help="parameter dtype (default: bf16 on GPU, fp32 on CPU)")
+                        help="parameter dtype (default: bf16 on GPU, fp32 on CPU; fp32 with --mixed-precision)")
+    parser.add_argument("--mixed-precision", action="store_true",
+                        help="FSDP2 MixedPrecisionPolicy: fp32 master weights, bf16 compute, fp32 gradient reduction")
+    parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bucket-cap-mb", type=float, default=None,
                         help="DDP bucket size; small values give several buckets, so DDPOptimizer splits the graph")
-    parser.add_argument("--optimize-ddp", choices=("ddp_optimizer", "no_optimization"), default="ddp_optimizer",
-                        help="compiled DDP: split the graph at bucket boundaries (torch's default) or compile it whole")
-    parser.add_argument("--report", action="store_true", help="rank 0 prints the twinkle compile report of every graph")
-    parser.add_argument("--json", default=None, help="rank 0 writes the result here")
+    parser.add_argument("--optimize-ddp", choices=("ddp_optimizer", "no_optimization", "python_reducer"), default=None,
+                        help="compiled DDP: split the graph at bucket boundaries (torch's default), compile it whole, "
+                             "or reduce in compiled autograd (python_reducer, the default with --compiled-autograd)")
+    parser.add_argument("--compiled-autograd", action="store_true",
+                        help="capture the backward with compiled autograd (torch._dynamo.config.compiled_autograd)")
+    parser.add_argument("--compare-single", type=int, default=None, metavar="WORLD",
+                        help="with --parallel none: run twice, with --batch (the speed baseline of a WORLD-GPU run) "
+                             "and with WORLD x --batch (its global batch: the loss baseline)")
+    parser.add_argument("--baseline", default=None, help="a --compare-single --out file: the table compares with it")
+    parser.add_argument("--report", action="store_true", help="every rank prints its twinkle compile report, once")
+    parser.add_argument("--out", default=None, help="rank 0 writes the runs and tables here (JSON)")
     args = parser.parse_args(argv)
     batch, seq = DEFAULT_SHAPE[args.size]
     args.batch = args.batch or batch
     args.seq = args.seq or seq
+    compiled = args.backend in COMPILED
+    if args.regional and not compiled:
+        parser.error(f"--regional compiles decoder layers: it needs a compiled --backend ({', '.join(COMPILED)}), "
+                     f"not {args.backend}")
+    if args.mixed_precision and args.parallel != "fsdp2":
+        parser.error("--mixed-precision is FSDP2's MixedPrecisionPolicy: use it with --parallel fsdp2 "
+                     "(DDP and none train in --dtype)")
+    if args.mixed_precision and args.dtype == "bf16":
+        parser.error("--mixed-precision keeps fp32 master weights: leave --dtype out (or fp32)")
+    if args.compiled_autograd:
+        if not compiled or args.parallel == "fsdp2":
+            parser.error("--compiled-autograd needs a compiled --backend and --parallel ddp or none")
+        if args.optimize_ddp in ("ddp_optimizer", "no_optimization"):
+            parser.error(f"--compiled-autograd works with --optimize-ddp python_reducer, not {args.optimize_ddp} "
+                         "(torch._dynamo.config.optimize_ddp says so)")
+        args.optimize_ddp = args.optimize_ddp or "python_reducer"
+    elif args.optimize_ddp == "python_reducer":
+        parser.error("--optimize-ddp python_reducer needs --compiled-autograd")
+    args.optimize_ddp = args.optimize_ddp or "ddp_optimizer"
+    if args.compare_single is not None and (args.parallel != "none" or args.compare_single < 2):
+        parser.error("--compare-single WORLD (>= 2) runs the single-device baselines: use it with --parallel none")
+    for name in ("steps", "batch", "seq", "accum"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     return args
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
-    """The process group from torchrun's environment: NCCL on this rank's GPU, else gloo on CPU."""
-    if torch.cuda.is_available():
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        device = torch.device("cuda", local_rank)
+def init_distributed(parallel: str = "ddp") -> tuple[int, int, torch.device]:
+    """The process group from torchrun's environment: NCCL on this rank's GPU, else gloo on CPU.
+
+    ``parallel="none"`` makes no process group: one process, on GPU ``LOCAL_RANK`` (0 without torchrun).
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if parallel == "none":
+        if int(os.environ.get("WORLD_SIZE", 1)) != 1:
+            raise SystemExit("--parallel none runs one process: launch it without torchrun or with --nproc_per_node 1")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return 0, 1, device
+    if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     else:
-        device = torch.device("cpu")
         dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size(), device
 
@@ -158,7 +243,7 @@ def build_model(size: str, dtype: torch.dtype, device: torch.device, seed: int) 
 
 
 def global_batch(step: int, rows: int, seq: int, vocab: int, seed: int) -> torch.Tensor:
-    """Step ``step``'s global batch (on CPU), learnable: each row counts up from a random start by a
+    """Micro-step ``step``'s global batch (on CPU), learnable: each row counts up from a random start by a
     random stride in 1..7 (mod vocab), so the loss falls as the model picks the rule up."""
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
     start = torch.randint(0, vocab, (rows, 1), generator=generator)
@@ -166,22 +251,51 @@ def global_batch(step: int, rows: int, seq: int, vocab: int, seed: int) -> torch
     return (start + stride * torch.arange(seq)) % vocab
 
 
-def wrap(model: torch.nn.Module, parallel: str, device: torch.device, bucket_cap_mb: float | None) -> torch.nn.Module:
-    if parallel == "ddp":
+def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    if args.parallel == "none":
+        return model
+    if args.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        kwargs = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    kwargs = {}
+    if args.mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # one FSDP group per decoder layer, the root holds the (tied) embedding / LM head and final norm
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 
-def kernel_swaps_eager(rank: int, model: torch.nn.Module) -> RankSwaps:
+def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
+    """``--backend`` / ``--regional``: what the training loop calls (``wrapped`` itself when regional or eager)."""
+    import twinkle_fx
+    from twinkle_fx.compile.regional import compile_layers
+
+    options = {"compiler": args.compiler}
+    if args.regional:
+        # the layers are compiled in place (nn.Module.compile): the wrappers keep working on them
+        if args.backend == "inductor":
+            for layer in model.model.layers:
+                layer.compile()
+        else:  # twinkle: the head installed on the uncompiled root; kernelize+twinkle: kernelize did it
+            compile_layers(model, layers=model.model.layers, options=options, fused_loss=args.fused_loss)
+        return wrapped
+    if args.backend == "inductor":
+        return torch.compile(wrapped)
+    if args.backend == "twinkle":
+        # the head on the model (DDP's .module; FSDP2's root is the model), the rest by the backend
+        return twinkle_fx.compile(wrapped, options=options, fused_loss=args.fused_loss)
+    if args.backend == "kernelize+twinkle":
+        return torch.compile(wrapped, backend="twinkle", options=options)
+    return wrapped
+
+
+def kernel_swaps_eager(model: torch.nn.Module) -> dict[str, int]:
     from twinkle_fx.eager.functions import patched_functions
     from twinkle_fx.eager.layers import swapped_forward
 
@@ -191,7 +305,7 @@ def kernel_swaps_eager(rank: int, model: torch.nn.Module) -> RankSwaps:
         if (forward := swapped_forward(module)) is not None
     )
     swapped.update(f"patched {name}" for name in patched_functions())
-    return RankSwaps(rank, swapped=dict(swapped))
+    return dict(swapped)
 
 
 def kernel_swaps_compiled(rank: int, report) -> RankSwaps:
@@ -203,67 +317,97 @@ def kernel_swaps_compiled(rank: int, report) -> RankSwaps:
     )
 
 
-def train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> RunResult:
-    """Build, wrap, prepare (``--backend``), train ``--steps`` steps; the process group must exist.
+def _gather(value: Any, world: int) -> list[Any]:
+    if not dist.is_initialized():
+        return [value]
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, value)
+    return everyone
 
-    Registrations are private to the call and kernelize is undone at the end, so a process can run
-    several configurations one after another.
+
+def _skip_sync(wrapped: torch.nn.Module, model: torch.nn.Module, args: argparse.Namespace, sync: bool):
+    """Gradient accumulation: no gradient reduction on the micro-steps before the last."""
+    if args.parallel == "ddp" and not sync:
+        return wrapped.no_sync()  # an OptimizedModule passes the attribute to the DDP module
+    if args.parallel == "fsdp2":
+        model.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
+
+
+def train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> RunResult:
+    """Build, wrap, prepare (``--backend``), train ``--steps`` steps; the process group must exist
+    (unless ``--parallel none``).
+
+    Registrations are private to the call and the eager swaps are undone at the end, so a process
+    can run several configurations one after another.
     """
     import twinkle_fx
     from twinkle_fx.builtin import use_builtin_kernels
     from twinkle_fx.compile import collect_reports
 
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or ("bf16" if device.type == "cuda" else "fp32")]
+    default = "fp32" if args.mixed_precision or device.type != "cuda" else "bf16"
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or default]
     torch._dynamo.reset()
-    with (torch._dynamo.config.patch(optimize_ddp=args.optimize_ddp), twinkle_fx.scoped_registry(),
-          collect_reports() as report):
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    patches = dict(optimize_ddp=args.optimize_ddp, compiled_autograd=args.compiled_autograd)
+    with torch._dynamo.config.patch(**patches), twinkle_fx.scoped_registry(), collect_reports() as report:
         kernelize = args.backend.startswith("kernelize")
-        if args.backend != "eager" and args.backend != "inductor":
-            use_builtin_kernels(devices=(device.type,), models=("qwen2",))
+        if args.backend not in ("eager", "inductor"):
+            use_builtin_kernels(devices=(device.type,), models=("qwen2",), fused_loss=args.fused_loss)
         model = build_model(args.size, dtype, device, args.seed)
+        if args.checkpoint:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if kernelize:
-            # kernelize+twinkle: the compiled root module is no graph region, so the fused-loss head
-            # (CausalLMFusedLoss on *ForCausalLM) only comes from the eager swap
             mode = "train+compile" if args.backend.endswith("twinkle") else "train"
             twinkle_fx.kernelize_model(model, mode=mode, device=device.type)
-        wrapped = wrap(model, args.parallel, device, args.bucket_cap_mb)
-        if args.backend == "inductor":
-            wrapped = torch.compile(wrapped)
-        elif args.backend.endswith("twinkle"):
-            wrapped = torch.compile(wrapped, backend="twinkle", options={"compiler": args.compiler})
+        if args.regional:  # layers compiled before fully_shard / DDP wrap them (the modules stay)
+            compile_model(model, model, args)
+            wrapped = run = wrap(model, args, device)
+        else:
+            wrapped = wrap(model, args, device)
+            run = compile_model(model, wrapped, args)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        losses, tokens_per_s = [], []
+        losses, tokens_per_s, step_ms = [], [], []
         try:
             for step in range(args.steps):
-                batch = global_batch(step, args.batch * world, args.seq, model.config.vocab_size, args.seed)
-                input_ids = batch[rank * args.batch:(rank + 1) * args.batch].to(device)
+                micro = [global_batch(step * args.accum + m, args.batch * world, args.seq, model.config.vocab_size,
+                                      args.seed)[rank * args.batch:(rank + 1) * args.batch].to(device)
+                         for m in range(args.accum)]
                 _sync(device)
                 start = time.perf_counter()
-                loss = wrapped(input_ids=input_ids, labels=input_ids).loss
-                loss.backward()
+                total = torch.zeros((), device=device)
+                for m, input_ids in enumerate(micro):
+                    with _skip_sync(wrapped, model, args, sync=m == args.accum - 1):
+                        loss = run(input_ids=input_ids, labels=input_ids).loss
+                        (loss / args.accum).backward()
+                    total += loss.detach().float()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                mean_loss = loss.detach().float()
-                dist.all_reduce(mean_loss)  # SUM: gloo has no AVG
+                if world > 1:
+                    dist.all_reduce(total)  # SUM: gloo has no AVG
                 _sync(device)
                 elapsed = time.perf_counter() - start
-                losses.append(mean_loss.item() / world)
-                tokens_per_s.append(args.batch * world * args.seq / elapsed)
+                losses.append(total.item() / world / args.accum)
+                step_ms.append(elapsed * 1e3)
+                tokens_per_s.append(args.batch * world * args.seq * args.accum / elapsed)
                 if rank == 0:
                     print(f"step {step:3d}  loss {losses[-1]:.6f}  {tokens_per_s[-1]:,.0f} tokens/s  "
                           f"({elapsed * 1e3:.1f} ms)", flush=True)
-            if args.report and rank == 0 and args.backend.endswith("twinkle"):
-                print(report.summary(), flush=True)
             mine = kernel_swaps_compiled(rank, report)
-            if kernelize:
-                mine.swapped.update(kernel_swaps_eager(rank, model).swapped)
+            for what, n in kernel_swaps_eager(model).items():  # kernelize, or the head on the root
+                mine.swapped[what] = mine.swapped.get(what, 0) + n
+            if args.report:
+                # once per rank: one summary over all of this rank's graphs (DDP's pieces included)
+                print(f"rank {rank} twinkle_fx report:\n{report.summary()}", flush=True)
         finally:
-            if kernelize:
-                twinkle_fx.undo_kernelize(model)  # function patches are process-wide
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, asdict(mine))
+            twinkle_fx.undo_kernelize(model)  # function patches are process-wide; the head is an eager swap
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    everyone = _gather((asdict(mine), peak), world)
     torch._dynamo.reset()
-    return RunResult(vars(args), world, str(device), losses, tokens_per_s, [RankSwaps(**s) for s in everyone])
+    return RunResult(vars(args).copy(), world, str(device), losses, tokens_per_s,
+                     [RankSwaps(**s) for s, _ in everyone], step_ms, [p for _, p in everyone])
 
 
 def _sync(device: torch.device) -> None:
@@ -271,26 +415,99 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def describe(result: RunResult) -> str:
+    """One line naming the run: ``ddp x 2 · twinkle (inductor), regional · bf16 · 4 x 1024 per rank``."""
+    a = result.args
+    where = "1 device, no wrapper" if a["parallel"] == "none" else f"{a['parallel']} x {result.world_size}"
+    backend = a["backend"] + (f" ({a['compiler']})" if a["backend"].endswith("twinkle") else "")
+    backend += ", regional" if a["regional"] else ""
+    backend += "" if a["fused_loss"] else ", no fused-loss head"
+    precision = "mixed bf16/fp32" if a["mixed_precision"] else (a["dtype"] or ("bf16" if "cuda" in result.device else "fp32"))
+    parts = [where, backend, precision, f"{a['batch']} x {a['seq']} per rank"]
+    parts += [f"accum {a['accum']}"] if a["accum"] > 1 else []
+    parts += ["activation checkpointing"] if a["checkpoint"] else []
+    if a["parallel"] == "ddp" and a["backend"] in COMPILED:
+        parts.append(f"optimize_ddp {a['optimize_ddp']}")
+    parts += ["compiled autograd"] if a["compiled_autograd"] else []
+    return " · ".join(parts)
+
+
+def _short(what: str) -> str:
+    """``layer Qwen2RMSNorm -> RMSNorm`` -> ``RMSNorm``; ``function ...apply_rotary_pos_emb`` -> ``apply_rotary_pos_emb``."""
+    return what.split(" -> ")[-1].rsplit(".", 1)[-1]
+
+
+def table(result: RunResult, baseline: list[RunResult] = ()) -> str:
+    """The run's table (markdown); with ``baseline`` (single-device runs), the speed-up over the one
+    with this run's per-rank batch and the loss difference from the one with its global batch."""
+    a = result.args
+    peak = ", ".join("-" if p is None else f"{p:.2f}" for p in result.peak_gib)
+    rows = [
+        ("tokens/s (global, steps 3+)", f"{result.steady_tokens_per_s:,.0f}"),
+        ("ms/step", f"{result.steady_ms:.1f}"),
+        ("first step s (compile)", f"{result.step_ms[0] / 1e3:.1f}"),
+        ("peak GiB per GPU (rank 0, 1, ...)", peak),
+        ("loss per step", ", ".join(f"{x:.4f}" for x in result.losses)),
+        ("swaps per rank", "; ".join(f"r{s.rank}: {s.short()}" for s in result.swaps)),
+    ]
+    first = result.swaps[0]
+    if first.swapped:
+        rows.append(("swapped (rank 0)", ", ".join(f"{n} x {_short(w)}" for w, n in sorted(first.swapped.items()))))
+    if first.kept:
+        rows.append(("kept (rank 0)", "; ".join(f"{n} x {w}" for w, n in sorted(first.kept.items()))))
+    same = ("seq", "accum", "steps", "seed", "size", "lr")
+    for ref in baseline:
+        r = ref.args
+        if ref.world_size != 1 or any(r[k] != a[k] for k in same) or ref is result:
+            continue
+        if r["batch"] == a["batch"]:
+            rows.append((f"vs 1 device, {r['batch']} x {r['seq']} ({r['backend']}{', regional' if r['regional'] else ''})",
+                         f"{result.steady_tokens_per_s / ref.steady_tokens_per_s:.2f}x "
+                         f"({ref.steady_tokens_per_s:,.0f} tokens/s)"))
+        if r["batch"] == a["batch"] * result.world_size and len(ref.losses) == len(result.losses):
+            diff = max(abs(x - y) for x, y in zip(result.losses, ref.losses))
+            rel = max(abs(x - y) / abs(y) for x, y in zip(result.losses, ref.losses))
+            rows.append((f"losses vs 1 device, global batch {r['batch']} x {r['seq']}",
+                         f"max |diff| {diff:.2e} (relative {rel:.1e})"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"| {describe(result)} | |", "|---|---|", *(f"| {k.ljust(width)} | {v} |" for k, v in rows)]
+    return "\n".join(lines)
+
+
+def load_baseline(path: str) -> list[RunResult]:
+    with open(path) as f:
+        runs = json.load(f)["runs"]
+    keep = {f.name for f in fields(RunResult)}
+    return [RunResult(**{**{k: v for k, v in run.items() if k in keep},
+                         "swaps": [RankSwaps(**s) for s in run["swaps"]]}) for run in runs]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rank, world, device = init_distributed()
+    baseline = load_baseline(args.baseline) if args.baseline else []
+    rank, world, device = init_distributed(args.parallel)
     try:
+        configs = [args]
+        if args.compare_single:
+            configs.append(argparse.Namespace(**{**vars(args), "batch": args.batch * args.compare_single}))
+        results = []
+        for config in configs:
+            if rank == 0:
+                print(f"{config.parallel} x {world} on {device.type}, backend {config.backend}, size {config.size}, "
+                      f"batch {config.batch} x {config.seq} per rank", flush=True)
+            results.append(train(config, rank, world, device))
         if rank == 0:
-            print(f"{args.parallel} x {world} on {device.type}, backend {args.backend}"
-                  f"{' (' + args.compiler + ')' if args.backend.endswith('twinkle') else ''}, size {args.size}, "
-                  f"batch {args.batch} x {args.seq} per rank", flush=True)
-        result = train(args, rank, world, device)
-        if rank == 0:
-            print(f"tokens/s (global, mean of steps 2+): {result.steady_tokens_per_s:,.0f}")
-            print("twinkle_fx swaps per rank:")
-            for swaps in result.swaps:
-                print(swaps)
-            if args.json:
-                payload = {**asdict(result), "steady_tokens_per_s": result.steady_tokens_per_s}
-                with open(args.json, "w") as f:
-                    json.dump(payload, f, indent=1)
+            tables = [table(result, [*baseline, *results]) for result in results]
+            print("\n\n".join(tables), flush=True)
+            if args.out:
+                versions = {"torch": torch.__version__,
+                            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+                with open(args.out, "w") as f:
+                    json.dump({"versions": versions, "runs": [r.to_json() for r in results], "tables": tables}, f,
+                              indent=1)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 

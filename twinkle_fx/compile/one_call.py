@@ -58,7 +58,8 @@ def compile_model(
     ``torch.compile(model, backend="twinkle")`` (for example ``use_builtin_kernels()``).
 
     Args:
-        model (`nn.Module`): the model; with the built-in kernels, a transformers ``*ForCausalLM``.
+        model (`nn.Module`): the model; with the built-in kernels, a transformers ``*ForCausalLM``, or
+            one wrapped in ``DistributedDataParallel`` (the head goes into ``model.module``) or ``fully_shard``.
         mode (`str`, *optional*): torch.compile's ``mode`` (e.g. ``"reduce-overhead"`` for CUDA graphs),
             passed through; not together with ``options``.
         options (`dict`, *optional*): the backend's options (``compiler``, ``mode`` "train" / "inference",
@@ -92,9 +93,11 @@ def compile_model(
         raise ValueError("twinkle_fx.compile: pass either mode= (torch.compile's, e.g. 'reduce-overhead') or "
                          "options= (the twinkle backend's), not both, as torch.compile requires.")
     if fused_loss and not kernels_disabled():
-        target = parse_device(device) if device is not None else infer_device(model)
-        training = model.training if options is None or "mode" not in options else "train" in str(options["mode"])
-        why_not = _install_root_kernel(model, target, training)
+        # DistributedDataParallel(model): the head is the wrapped model's (DDP's forward calls it)
+        root = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+        target = parse_device(device) if device is not None else infer_device(root)
+        training = root.training if options is None or "mode" not in options else "train" in str(options["mode"])
+        why_not = _install_root_kernel(root, target, training)
         if why_not is not None:
             logger.info("twinkle_fx.compile: kept the forward of the compiled module: %s", why_not)
     return torch.compile(model, backend="twinkle", mode=mode, options=options, fullgraph=fullgraph, dynamic=dynamic)

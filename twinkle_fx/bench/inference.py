@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ..tolerances import tolerance
 from .backends import BackendUnavailable, Prepared, _builtin_kernels, _compile_notes, _import_piece
 from .environment import describe_environment
 from .model_bench import free_device_memory
@@ -47,8 +48,6 @@ from .workloads import build_model, get_workload
 
 __all__ = ["INFERENCE_BACKENDS", "InferenceBenchOptions", "run_inference_bench", "format_inference_table"]
 
-# relative L2 error of last-position logits against eager's
-LOGITS_RTOL = {torch.float32: 1e-3, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 
 
 @dataclass(frozen=True)
@@ -194,7 +193,8 @@ def _run_backend(name: str, options: InferenceBenchOptions, clock: DeviceClock,
     elif reference:
         row.prefill_rel_error = _rel_error(prefill_out, reference["prefill"])
         row.decode_rel_error = _rel_error(decode_out, reference["decode"])
-        if max(row.prefill_rel_error, row.decode_rel_error) > LOGITS_RTOL.get(options.dtype, 1e-3):
+        # relative L2 error of the last-position logits against eager's
+        if max(row.prefill_rel_error, row.decode_rel_error) > tolerance(options.dtype).logits_rtol:
             row.status = "wrong"
     return row
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..tolerances import tolerance
 from .environment import describe_environment
 from .model_bench import free_device_memory
 from .report import annotate_micro_rows
@@ -33,10 +34,6 @@ __all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
 
 MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger", "cce")
 
-# Relative L2 error (|a - b| / |b| over a whole output or gradient) allowed against the reference:
-# bf16 keeps 8 bits of mantissa (rounding 2^-9 ~ 2e-3 per element); fused kernels round fewer
-# intermediates than the reference, so they differ by a few roundings, not by percents.
-MICRO_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 
 @dataclass
@@ -319,10 +316,12 @@ class _Case:
             moved = None if inputs.bytes_fwd is None else inputs.bytes_fwd + inputs.bytes_bwd
             flops = None if inputs.flops_fwd is None else inputs.flops_fwd + inputs.flops_bwd
         gbps = None if moved is None else moved / (ms * 1e-3) / 1e9
-        tolerance = MICRO_RTOL.get(opts.dtype, 2e-2)
+        # relative L2 error (|a - b| / |b| over a whole output or gradient) against the reference,
+        # within the dtype's rtol: fused kernels round fewer intermediates, a few roundings apart
+        allowed = tolerance(opts.dtype).rtol
         return MicroRow(
             self.case.op, phase, impl.name, inputs.shape,
-            status="ok" if error <= tolerance else "wrong",
+            status="ok" if error <= allowed else "wrong",
             ms=ms, bytes_moved=moved, gbps=gbps,
             copy_fraction=None if gbps is None else gbps / self.copy_gbps,
             flops=flops, tflops=None if flops is None else flops / (ms * 1e-3) / 1e12,

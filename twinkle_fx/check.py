@@ -701,9 +701,12 @@ def check_kernels(
         ValueError: an unknown dtype, or a negative warmup / iters below 1.
 
     Example:
+        >>> import twinkle_triton
+        >>> from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
         >>> from twinkle_fx import check_kernels, register_external_layer, register_layer_kernel
-        >>> register_layer_kernel(kernel_name="RMSNorm", layer=twinkle_triton.layers.RMSNorm, device="cpu")  # doctest: +SKIP
-        >>> register_external_layer(Qwen2RMSNorm, "RMSNorm")                                   # doctest: +SKIP
+        >>> _ = register_layer_kernel(kernel_name="RMSNorm", layer=twinkle_triton.layers.RMSNorm, device="cpu")
+        >>> register_external_layer(Qwen2RMSNorm, "RMSNorm")
+        >>> # not run by the doctest test: it times every size and dtype (tests/docs/test_check.py runs it)
         >>> report = check_kernels(device="cpu", tiny=True)                                    # doctest: +SKIP
         >>> print(report)                                                                      # doctest: +SKIP
     """

@@ -86,13 +86,14 @@ def register_kernels(config: Mapping[str, Any]) -> None:
     disagree are an error).
 
     Example:
+        >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
         >>> register_kernels({
         ...     "layers": {"MyAwesomeMLP": [
         ...         {"repo_path": "/path/to/local/repo", "package_name": "my_kernels",
         ...          "layer_name": "Qwen2MLPTrainingKernel", "device": "cuda", "mode": "train"}]},
         ...     "external_layers": {"transformers.models.qwen2.modeling_qwen2.Qwen2MLP": "MyAwesomeMLP"},
         ...     "functions": {"add": {"target_module": "my_pkg.math_ops", "func_impl": fast_add, "device": "cuda"}},
-        ... })  # doctest: +SKIP
+        ... })
 
     Raises:
         ValueError / TypeError: naming the entry and the key; nothing is registered then.

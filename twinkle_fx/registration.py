@@ -28,7 +28,7 @@ __all__ = ["register_layer_kernel", "register_external_layer", "register_functio
 
 
 def _registration_mode(mode: Any) -> Mode:
-    return Mode.FALLBACK if mode is None else parse_mode(mode, allow_fallback=True)
+    return Mode.ANY if mode is None else parse_mode(mode, allow_fallback=True)
 
 
 def check_kernel_name(where: str, kernel_name: Any) -> str:
@@ -95,7 +95,8 @@ def register_layer_kernel(
     Example:
         >>> register_layer_kernel(kernel_name="MyAwesomeMLP", repo_path="/path/to/local/repo",
         ...                       package_name="my_kernels", layer_name="Qwen2MLPTrainingKernel",
-        ...                       device="cuda", mode="train")  # doctest: +SKIP
+        ...                       device="cuda", mode="train")  # lazy: the repo is read when a model needs it
+        LayerRegistration(kernel_name='MyAwesomeMLP', device='cuda', mode=<Mode.TRAINING: 2>, source=<LocalRepoSource ...>, ...)
     """
     registration = layer_registration(dict(locals()), where="register_layer_kernel",
                                       what=f"layer kernel {kernel_name!r}")
@@ -188,8 +189,11 @@ def register_function_kernel(
             ops, dangerous for one op: a registered ``add(x, y)`` would take every residual add.
 
     Example:
-        >>> register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
-        ...                          func_impl=fast_add, device="cuda", mode="inference")  # doctest: +SKIP
+        >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
+        >>> registration = register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
+        ...                                         func_impl=fast_add, device="cuda", mode="inference")
+        >>> registration.target
+        'my_pkg.math_ops.add'
     """
     registration = function_registration(dict(locals()), where="register_function_kernel",
                                          what=f"function kernel for {target_module}.{func_name}")

@@ -289,11 +289,15 @@ def does_not_apply(choice: KernelChoice, module: torch.nn.Module) -> str | None:
     ``kernels`` refuses layer classes with members beyond ``has_backward``/``can_torch_compile``.)
 
     Example:
-        >>> def silu_only(module):                                             # doctest: +SKIP
+        >>> def silu_only(module):
         ...     return None if isinstance(module.act_fn, nn.SiLU) else f"act_fn is {module.act_fn}"
-        >>> class SwiGLUMLP(nn.Module):                                        # doctest: +SKIP
+        >>> class SwiGLUMLP(nn.Module):
         ...     def forward(self, x): ...
         ...     forward.applies_to = silu_only
+        >>> mlp = nn.Module()
+        >>> mlp.act_fn = nn.GELU()
+        >>> print(SwiGLUMLP.forward.applies_to(mlp))
+        act_fn is GELU(approximate='none')
     """
     check = _declared(choice, "applies_to", None)
     if check is None:

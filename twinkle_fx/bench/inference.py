@@ -207,6 +207,7 @@ def run_inference_bench(options: InferenceBenchOptions, progress: Callable[[str]
         >>> options = InferenceBenchOptions(model="qwen2", backends=["eager", "kernelize"], prefill=32,
         ...                                 decode_batch=2, context=16, dtype=torch.float32, steps=2,
         ...                                 warmup=1, device=torch.device("cpu"), tiny=True)
+        >>> # not run by the doctest test: benchmarks take tens of seconds even tiny (tests/bench runs them)
         >>> result = run_inference_bench(options)                                # doctest: +SKIP
     """
     workload = get_workload(options.model)

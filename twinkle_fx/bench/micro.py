@@ -411,6 +411,7 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
     Example:
         >>> options = MicroBenchOptions(impls=["eager", "twinkle"], dtype=torch.float32, reps=2, warmup=1,
         ...                             device=torch.device("cpu"), tiny=True)
+        >>> # not run by the doctest test: benchmarks take tens of seconds even tiny (tests/bench runs them)
         >>> result = run_micro_bench(options)                                   # doctest: +SKIP
     """
     clock = DeviceClock(options.device)

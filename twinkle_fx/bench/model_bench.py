@@ -143,6 +143,7 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
         >>> options = ModelBenchOptions(model="qwen2", backends=["eager", "kernelize"], batch=2, seq=32,
         ...                             dtype=torch.float32, steps=2, warmup=1, device=torch.device("cpu"),
         ...                             tiny=True)
+        >>> # not run by the doctest test: benchmarks take tens of seconds even tiny (tests/bench runs them)
         >>> result = run_model_bench(options)                                   # doctest: +SKIP
     """
     workload = get_workload(options.model)

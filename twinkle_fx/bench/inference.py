@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ..tolerances import tolerance
-from .backends import BackendUnavailable, Prepared, _builtin_kernels, _compile_notes, _import_piece
+from .backends import BackendUnavailable, Prepared, _builtin_kernels, _compile_notes
 from .environment import describe_environment
 from .model_bench import free_device_memory
 from .results import BenchResult, InferenceRow
@@ -79,7 +79,6 @@ def _compiled(backend: str | None, cudagraphs: bool):
                 yield prepared
             prepared.notes["cudagraphs"] = cudagraphs_report.summary() if cudagraphs else None
             return
-        _import_piece("twinkle_fx.compile.backend", 'torch.compile backend "twinkle" (twinkle_fx.compile)')
         from twinkle_fx.compile import collect_reports
 
         kwargs: dict[str, Any] = {"options": {**(options or {}), "cudagraphs": True} if cudagraphs else options}

@@ -368,26 +368,20 @@ def _measure_copy(options: MicroBenchOptions, clock: DeviceClock) -> MicroRow:
                     gbps=moved / (ms * 1e-3) / 1e9, copy_fraction=1.0)
 
 
-def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOptions, twinkle_triton,
-                     twinkle_error: str | None, liger, liger_error: str | None) -> tuple[_Impl | None, list[_Impl]]:
+def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOptions,
+                     liger, liger_error: str | None) -> tuple[_Impl, list[_Impl]]:
     """(the reference, the implementations asked for, in order); an unavailable one carries why."""
-    reference_fn = getattr(twinkle_triton, f"{case.op}_reference", None) if twinkle_triton else None
-    missing_ref = (f"twinkle_triton is not available yet ({twinkle_error})" if twinkle_triton is None
-                   else f"twinkle_triton.{case.op}_reference is not available yet")
-    reference = None if reference_fn is None else _Impl("eager", reference_fn, inputs.args)
+    import twinkle_triton  # installed with twinkle_fx; every op has its <op>_reference
+
+    reference_fn = getattr(twinkle_triton, f"{case.op}_reference")
+    reference = _Impl("eager", reference_fn, inputs.args)
     impls: list[_Impl] = []
     for name in options.impls:
         if name in ("eager", "inductor"):
-            if reference_fn is None:
-                impls.append(_Impl(name, None, (), error=missing_ref))
-            else:
-                fn = reference_fn if name == "eager" else torch.compile(reference_fn, dynamic=False)
-                impls.append(_Impl(name, fn, inputs.args))
+            fn = reference_fn if name == "eager" else torch.compile(reference_fn, dynamic=False)
+            impls.append(_Impl(name, fn, inputs.args))
         elif name == "twinkle":
-            fn = getattr(twinkle_triton, case.op, None) if twinkle_triton else None
-            error = None if fn is not None else (f"twinkle_triton.{case.op} is not available yet"
-                                                 if twinkle_triton else missing_ref)
-            impls.append(_Impl(name, fn, inputs.args, error=error))
+            impls.append(_Impl(name, getattr(twinkle_triton, case.op), inputs.args))
         elif name == "liger" and case.liger is not None:  # no row where Liger has no such op
             if liger is None:
                 impls.append(_Impl(name, None, (), error=liger_error))
@@ -416,7 +410,6 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
     """
     clock = DeviceClock(options.device)
     cases = [c for c in MICRO_CASES if not options.ops or c.op in options.ops]
-    twinkle_triton, twinkle_error = _import("twinkle_triton", not_installed="twinkle_triton is not installed")
     liger, liger_error = (_import("liger_kernel.transformers.functional",
                                                   not_installed="liger-kernel not installed (pip install liger-kernel)")
                           if "liger" in options.impls else (None, None))
@@ -428,17 +421,16 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
         torch.manual_seed(options.seed)
         inputs = case.make(options.tiny, options.device, options.dtype)
         progress(f"[{index}/{len(cases)}] {case.op}: {inputs.shape}")
-        reference, impls = _implementations(case, inputs, options, twinkle_triton, twinkle_error, liger, liger_error)
+        reference, impls = _implementations(case, inputs, options, liger, liger_error)
         runner = _Case(case, inputs, options, clock, copy.gbps)
-        expected, missing = None, ("unavailable", f"twinkle_triton.{case.op}_reference is not available yet")
-        if reference is not None:
-            try:
-                expected = runner.run_once(reference)
-            except Exception as e:  # noqa: BLE001 - without a reference no implementation can be checked
-                missing = ("failed", f"{case.op}_reference raised {type(e).__name__}: {e}")
+        expected, failure = None, None
+        try:
+            expected = runner.run_once(reference)
+        except Exception as e:  # noqa: BLE001 - without a reference no implementation can be checked
+            failure = f"{case.op}_reference raised {type(e).__name__}: {e}"
         for impl in impls:
             if expected is None and impl.error is None:
-                new_rows = [MicroRow(case.op, phase, impl.name, inputs.shape, status=missing[0], error=missing[1])
+                new_rows = [MicroRow(case.op, phase, impl.name, inputs.shape, status="failed", error=failure)
                             for phase in PHASES]
             else:
                 new_rows = runner.rows(impl, expected)

@@ -53,9 +53,6 @@ def _training_step(model: torch.nn.Module, input_ids: torch.Tensor, labels: torc
     return step
 
 
-# a missing module of the project itself is work in progress, not a failure of the backend
-_PROJECT_MODULES = ("twinkle_fx", "twinkle_triton")
-
 
 def _gib(n: int | None) -> float | None:
     return None if n is None else n / GIB
@@ -98,11 +95,6 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
             notes = {**notes, "profile": profiled}
     except BackendUnavailable as e:
         return ModelRow(name, status="unavailable", error=str(e))
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith(_PROJECT_MODULES):
-            return ModelRow(name, status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-        return ModelRow(name, status="unavailable", error=f"a twinkle_fx piece is not available yet: {e}",
-                        traceback=traceback.format_exc())
     except Exception as e:  # noqa: BLE001 - a failing backend is a result, the run goes on
         return ModelRow(name, status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
     tokens = options.batch * options.seq

@@ -182,7 +182,7 @@ def wrap(model: torch.nn.Module, parallel: str, device: torch.device, bucket_cap
 
 
 def kernel_swaps_eager(rank: int, model: torch.nn.Module) -> RankSwaps:
-    from twinkle_fx.eager.functions import patched_functions
+    from twinkle_fx.function import patched_functions
     from twinkle_fx.eager.layers import swapped_forward
 
     swapped = Counter(

@@ -34,7 +34,7 @@ MODULES = (
     "twinkle_fx.hub",
     "twinkle_fx.testing",
     "twinkle_fx.benchmark",
-    "twinkle_fx.eager.functions",
+    "twinkle_fx.eager.function_patches",
     "twinkle_fx.eager.kernelize",
     "twinkle_fx.bench",
     "twinkle_fx.bench.micro",

@@ -472,7 +472,7 @@ class _Runner:
     def fallback(self) -> tuple[str, str]:
         """Swap through twinkle_fx, undo, and check the original is back exactly."""
         from .eager import kernelize_model, undo_kernelize
-        from .eager.functions import apply_function_kernel
+        from .eager.function_patches import apply_function_kernel
 
         rows, width = _sizes(self.tiny)[0]
         inputs = self.inputs(rows, width, self.dtypes[0])

@@ -13,7 +13,7 @@ Example:
     1
 """
 
-from .eager.functions import PatchedFunctions, apply_function_kernel, patched_functions, restore_functions
+from .eager.function_patches import PatchedFunctions, apply_function_kernel, patched_functions, restore_functions
 from .registration import register_function_kernel
 
 __all__ = ["register_function_kernel", "apply_function_kernel", "restore_functions", "patched_functions", "PatchedFunctions"]

@@ -71,7 +71,7 @@ def _builtin_kernels(family: str, device: torch.device, **options: Any) -> Itera
 
 def _swap_notes(model: torch.nn.Module) -> dict[str, Any]:
     """How many modules got each kernel, and which functions are patched (what kernelize did)."""
-    from twinkle_fx.eager.functions import patched_functions
+    from twinkle_fx.function import patched_functions
     from twinkle_fx.eager.layers import swapped_forward
 
     layers = Counter(

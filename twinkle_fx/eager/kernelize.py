@@ -18,9 +18,9 @@ from ..modes import Mode, format_mode, parse_mode
 from ..registry import KernelRegistry, get_registry
 from ..selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
 from ..settings import DISABLE_ENV, kernels_disabled
-from .functions import _apply, _revert, function_verifications
-from .functions import _Change as FunctionChange
-from .functions import restore_functions
+from .function_patches import _apply, _revert, function_verifications
+from .function_patches import _Change as FunctionChange
+from .function_patches import restore_functions
 from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, revert_changes,
                      swapped_forward, uninstall_forward)
 from .verify import Verification, Verifier

@@ -296,7 +296,7 @@ def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argpar
 
 
 def kernel_swaps_eager(model: torch.nn.Module) -> dict[str, int]:
-    from twinkle_fx.eager.functions import patched_functions
+    from twinkle_fx.function import patched_functions
     from twinkle_fx.eager.layers import swapped_forward
 
     swapped = Counter(

@@ -2,13 +2,17 @@
 
 One registry serves both paths:
 
+>>> from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 >>> from twinkle_fx import kernelize_model, register_layer_kernel, register_external_layer
->>> register_layer_kernel(kernel_name="MyAwesomeMLP", repo_path="/path/to/local/repo",
-...                       package_name="my_kernels", layer_name="Qwen2MLPTrainingKernel",
-...                       device="cuda", mode="train")                    # doctest: +SKIP
->>> register_external_layer(Qwen2MLP, "MyAwesomeMLP")                     # doctest: +SKIP
->>> model = kernelize_model(model, mode="train", device="cuda")           # eager swap  # doctest: +SKIP
->>> compiled = torch.compile(model, backend="twinkle")                    # graph rewrite  # doctest: +SKIP
+>>> registration = register_layer_kernel(kernel_name="MyAwesomeMLP", repo_path="/path/to/local/repo",
+...                                      package_name="my_kernels", layer_name="Qwen2MLPTrainingKernel",
+...                                      device="cuda", mode="train")   # lazy: nothing is loaded yet
+>>> register_external_layer(Qwen2MLP, "MyAwesomeMLP")
+
+then, with a model and the repo on a GPU machine (not run here)::
+
+    model = kernelize_model(model, mode="train", device="cuda")   # eager swap
+    compiled = torch.compile(model, backend="twinkle")             # graph rewrite
 """
 
 from .config import register_kernels

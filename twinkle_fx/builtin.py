@@ -142,7 +142,8 @@ def use_builtin_kernels(
     Example:
         >>> from twinkle_fx import kernelize_model
         >>> from twinkle_fx.builtin import use_builtin_kernels
-        >>> use_builtin_kernels(models=("gemma",))             # doctest: +SKIP
+        >>> # not run by the doctest test: it imports and traces transformers' Gemma (seconds)
+        >>> use_builtin_kernels(models=("gemma",))  # doctest: +SKIP
         ['GemmaRMSNorm -> GemmaRMSNorm', 'GemmaMLP -> GeGLUMLP', ...]
         >>> model = kernelize_model(model, mode="train")        # doctest: +SKIP
     """

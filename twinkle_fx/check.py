@@ -6,8 +6,8 @@ For each target (a layer class bound to a kernel name, or a registered function)
 ===============  ==========================================================================================
 correctness      outputs and gradients (inputs and parameters) of the kernel vs the original, for several
                  sizes (odd ones included) and dtypes against an fp64 run of the original: the kernel's
-                 error norm within PyTorch's own (same dtype) plus twinkle_fx's verify tolerances (fp32
-                 1e-4, bf16 3e-2, fp16 5e-3); an inference-only kernel is checked forward only
+                 error norm within PyTorch's own (same dtype) plus the tolerances of
+                 :mod:`twinkle_fx.tolerances`; an inference-only kernel is checked forward only
 speed-up         median time of the original / the kernel (forward + backward when the kernel has one),
                  eager at every size, and both under ``torch.compile`` (Inductor) where the kernel can
                  compile; the guide's bar is 1.2x. Under the Triton interpreter (CPU) times say nothing
@@ -50,10 +50,10 @@ from typing import Any
 import torch
 
 from .bench.timing import DeviceClock
-from .eager.verify import TOLERANCES
 from .modes import Mode
 from .registry import KernelRegistry, get_registry
 from .selection import KernelChoice, select_function_kernel, select_layer_kernel, signature_mismatch
+from .tolerances import tolerance
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ def _error(ours: torch.Tensor, original: torch.Tensor, truth: torch.Tensor) -> f
     while their error norms matched PyTorch's)."""
     if ours.shape != truth.shape:
         return math.inf
-    atol, rtol = TOLERANCES.get(original.dtype, TOLERANCES[torch.float32])
+    tol = tolerance(original.dtype)
     a, o, t = ours.detach().double(), original.detach().double(), truth.detach().double()
     if not t.numel():
         return 0.0
@@ -317,7 +317,7 @@ def _error(ours: torch.Tensor, original: torch.Tensor, truth: torch.Tensor) -> f
     if (a.isnan() & ~both_nan).any() or (a.isinf() & ~(a == t)).any():
         return math.inf
     a, o, t = (v.masked_fill(both_nan, 0.0).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0) for v in (a, o, t))
-    allowed = atol * math.sqrt(t.numel()) + rtol * float(t.norm()) + float((o - t).norm())
+    allowed = tol.atol * math.sqrt(t.numel()) + tol.rtol * float(t.norm()) + float((o - t).norm())
     return float((a - t).norm()) / allowed
 
 
@@ -474,7 +474,7 @@ class _Runner:
     def fallback(self) -> tuple[str, str]:
         """Swap through twinkle_fx, undo, and check the original is back exactly."""
         from .eager import kernelize_model, undo_kernelize
-        from .eager.functions import apply_function_kernel
+        from .eager.function_patches import apply_function_kernel
 
         rows, width = _sizes(self.tiny)[0]
         inputs = self.inputs(rows, width, self.dtypes[0])
@@ -712,9 +712,12 @@ def check_kernels(
         ValueError: an unknown dtype, or a negative warmup / iters below 1.
 
     Example:
+        >>> import twinkle_triton
+        >>> from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
         >>> from twinkle_fx import check_kernels, register_external_layer, register_layer_kernel
-        >>> register_layer_kernel(kernel_name="RMSNorm", layer=twinkle_triton.layers.RMSNorm, device="cpu")  # doctest: +SKIP
-        >>> register_external_layer(Qwen2RMSNorm, "RMSNorm")                                   # doctest: +SKIP
+        >>> _ = register_layer_kernel(kernel_name="RMSNorm", layer=twinkle_triton.layers.RMSNorm, device="cpu")
+        >>> register_external_layer(Qwen2RMSNorm, "RMSNorm")
+        >>> # not run by the doctest test: it times every size and dtype (tests/docs/test_check.py runs it)
         >>> report = check_kernels(device="cpu", tiny=True)                                    # doctest: +SKIP
         >>> print(report)                                                                      # doctest: +SKIP
     """

@@ -9,19 +9,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .devices import parse_device
-from .errors import check_flag
-from .registration import _registration_mode, check_function_target, check_kernel_name, resolve_class
+from .registration import (
+    FUNCTION_KEYWORDS,
+    LAYER_KEYWORDS,
+    check_kernel_name,
+    function_registration,
+    layer_registration,
+    resolve_class,
+)
 from .registry import FunctionRegistration, LayerRegistration, get_registry
-from .sources import make_source
 
 __all__ = ["register_kernels"]
 
 _TOP_KEYS = ("layers", "external_layers", "functions")
-_LAYER_KEYS = ("layer", "repo", "repo_id", "repo_path", "package_name", "layer_name", "revision", "version",
-               "device", "mode", "trust_remote_code", "binds_by_tag")
-_FUNCTION_KEYS = ("target_module", "func_impl", "repo", "repo_id", "repo_path", "package_name", "kernel_func_name", "revision",
-                  "version", "device", "mode", "trust_remote_code", "match_anywhere")
 
 
 def _entries(where: str, value: Any) -> list[tuple[str, Mapping]]:
@@ -86,13 +86,14 @@ def register_kernels(config: Mapping[str, Any]) -> None:
     disagree are an error).
 
     Example:
+        >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
         >>> register_kernels({
         ...     "layers": {"MyAwesomeMLP": [
         ...         {"repo_path": "/path/to/local/repo", "package_name": "my_kernels",
         ...          "layer_name": "Qwen2MLPTrainingKernel", "device": "cuda", "mode": "train"}]},
         ...     "external_layers": {"transformers.models.qwen2.modeling_qwen2.Qwen2MLP": "MyAwesomeMLP"},
         ...     "functions": {"add": {"target_module": "my_pkg.math_ops", "func_impl": fast_add, "device": "cuda"}},
-        ... })  # doctest: +SKIP
+        ... })
 
     Raises:
         ValueError / TypeError: naming the entry and the key; nothing is registered then.
@@ -105,20 +106,8 @@ def register_kernels(config: Mapping[str, Any]) -> None:
     for kernel_name, value in dict(_section(config, "layers")).items():
         check_kernel_name(f"layers[{kernel_name!r}]", kernel_name)
         for where, entry in _entries(f"layers[{kernel_name!r}]", value):
-            _check_keys(where, entry, _LAYER_KEYS)
-            layers.append(LayerRegistration(
-                kernel_name=kernel_name,
-                device=parse_device(entry.get("device"), allow_any=True),
-                mode=_registration_mode(entry.get("mode")),
-                source=make_source(
-                    what=where, is_layer=True, impl=entry.get("layer"), repo=entry.get("repo"),
-                    repo_id=entry.get("repo_id"), repo_path=entry.get("repo_path"),
-                    package_name=entry.get("package_name"), attr=entry.get("layer_name") or kernel_name,
-                    revision=entry.get("revision"), version=entry.get("version"),
-                    trust_remote_code=entry.get("trust_remote_code", False), impl_arg="layer",
-                ),
-                binds_by_tag=check_flag(f"{where}: binds_by_tag", entry.get("binds_by_tag", True)),
-            ))
+            arguments = LAYER_KEYWORDS.complete(where, entry, kernel_name=kernel_name)
+            layers.append(layer_registration(arguments, where=where, flag_prefix=f"{where}: "))
 
     bindings = []
     for cls, kernel_name in dict(_section(config, "external_layers")).items():
@@ -131,23 +120,9 @@ def register_kernels(config: Mapping[str, Any]) -> None:
     functions: list[FunctionRegistration] = []
     for key, value in dict(_section(config, "functions")).items():
         for where, entry in _entries(f"functions[{key!r}]", value):
-            _check_keys(where, entry, _FUNCTION_KEYS)
-            target_module, func_name = _function_target(where, key, entry.get("target_module"))
-            check_function_target(where, target_module, func_name)
-            functions.append(FunctionRegistration(
-                target_module=target_module,
-                func_name=func_name,
-                device=parse_device(entry.get("device"), allow_any=True),
-                mode=_registration_mode(entry.get("mode")),
-                source=make_source(
-                    what=where, is_layer=False, impl=entry.get("func_impl"), repo=entry.get("repo"),
-                    repo_id=entry.get("repo_id"), repo_path=entry.get("repo_path"),
-                    package_name=entry.get("package_name"), attr=entry.get("kernel_func_name") or func_name,
-                    revision=entry.get("revision"), version=entry.get("version"),
-                    trust_remote_code=entry.get("trust_remote_code", False), impl_arg="func_impl",
-                ),
-                match_anywhere=check_flag(f"{where}: match_anywhere", entry.get("match_anywhere", False)),
-            ))
+            arguments = FUNCTION_KEYWORDS.complete(where, entry)
+            arguments["target_module"], arguments["func_name"] = _function_target(where, key, entry.get("target_module"))
+            functions.append(function_registration(arguments, where=where, flag_prefix=f"{where}: "))
 
     registry = get_registry()
     for registration in layers:

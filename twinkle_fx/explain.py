@@ -42,6 +42,7 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
         region, the kernel chosen or the reason, graph breaks, pass times and the graph diffs.
 
     Example:
+        >>> # not run by the doctest test: it compiles a whole model (tests/compile/test_compile_explain.py does)
         >>> report = twinkle_fx.explain(model, input_ids)      # doctest: +SKIP
         >>> print(report)                                     # doctest: +SKIP
     """

@@ -1,14 +1,19 @@
 """Function kernels: register a replacement for ``module.func`` and apply it.
 
 Example:
-    >>> from twinkle_fx.function import register_function_kernel, apply_function_kernel
-    >>> register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
-    ...                          func_impl=fast_add, device="cpu", mode="inference")  # doctest: +SKIP
+    >>> from twinkle_fx.function import register_function_kernel, apply_function_kernel, restore_functions
+    >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
+    >>> _ = register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
+    ...                              func_impl=fast_add, device="cpu", mode="inference")
     >>> patched = apply_function_kernel(target_module="my_pkg.math_ops", device="cpu",
-    ...                                 mode="inference", use_fallback=True, strict=False)  # doctest: +SKIP
+    ...                                 mode="inference", use_fallback=True, strict=False)
+    >>> patched
+    ['my_pkg.math_ops.add']
+    >>> restore_functions()
+    1
 """
 
-from .eager.functions import PatchedFunctions, apply_function_kernel, patched_functions, restore_functions
+from .eager.function_patches import PatchedFunctions, apply_function_kernel, patched_functions, restore_functions
 from .registration import register_function_kernel
 
 __all__ = ["register_function_kernel", "apply_function_kernel", "restore_functions", "patched_functions", "PatchedFunctions"]

@@ -122,7 +122,8 @@ def kernelize(
             ``kernels`` form).
 
     Example:
-        >>> model = kernelize(model, needs_torch_compile=True, use_fallback=False)  # doctest: +SKIP
+        >>> model = nn.Sequential(nn.Linear(4, 4)).eval()
+        >>> model = kernelize(model, device="cpu", needs_torch_compile=True, use_fallback=False)
     """
     if mode is None:
         mode = Mode.TRAINING if (model.training if needs_backward is None else needs_backward) else Mode.INFERENCE

@@ -14,12 +14,15 @@ mapping fills only the (name, device) pairs twinkle_fx has nothing for. ``DISABL
 (the ``kernels`` switch) makes twinkle_fx ignore the mapping too. The ``kernels`` package is never
 imported here: if nothing imported it, nobody can have registered a mapping.
 
-Example:
-    >>> import kernels                                                          # doctest: +SKIP
-    >>> repo = kernels.LocalLayerRepository(repo_path=Path("kernels/twinkle_triton"), layer_name="RMSNorm")
-    >>> with kernels.use_kernel_mapping({"RMSNorm": {"cuda": repo}}):         # doctest: +SKIP
-    ...     kernelize_model(model, mode="train")           # Qwen2RMSNorm (kernel_layer_name "RMSNorm") swapped
-    ...     compiled = torch.compile(model, backend="twinkle")   # the same mapping inside the graph
+Example::
+
+    import kernels
+    repo = kernels.LocalLayerRepository(repo_path=Path("kernels/twinkle_triton"), layer_name="RMSNorm")
+    with kernels.use_kernel_mapping({"RMSNorm": {"cuda": repo}}):
+        kernelize_model(model, mode="train")           # Qwen2RMSNorm (kernel_layer_name "RMSNorm") swapped
+        compiled = torch.compile(model, backend="twinkle")   # the same mapping inside the graph
+
+(:func:`kernels_mapping_registrations` has a runnable example of the mapping as twinkle_fx reads it.)
 """
 
 from __future__ import annotations
@@ -94,9 +97,12 @@ def kernels_mapping_registrations(kernel_name: str, device: str) -> dict[str, di
     for the keys that serve ``device`` only (reading the CUDA entry queries the GPU's capability).
 
     Example:
-        >>> with kernels.use_kernel_mapping({"RMSNorm": {"cpu": repo}}):          # doctest: +SKIP
+        >>> import kernels, twinkle_triton
+        >>> from pathlib import Path
+        >>> repo = kernels.LocalLayerRepository(repo_path=Path(twinkle_triton.__file__).parent, layer_name="RMSNorm")
+        >>> with kernels.use_kernel_mapping({"RMSNorm": {"cpu": repo}}):
         ...     kernels_mapping_registrations("RMSNorm", "cpu")
-        {'cpu': {<Mode.FALLBACK: 16>: LayerRegistration(kernel_name='RMSNorm', device='cpu', ...)}}
+        {'cpu': {<Mode.ANY: 1>: LayerRegistration(kernel_name='RMSNorm', device='cpu', ...)}}
     """
     by_device = active_kernels_mapping().get(kernel_name)
     if not by_device:

@@ -16,10 +16,19 @@ __all__ = ["Mode", "parse_mode", "mode_fallback_order", "format_mode"]
 class Mode(enum.Flag):
     """What a kernel registration is for, or what a swap asks for.
 
-    ``FALLBACK`` marks a registration that serves any mode (the default when none is given).
+    ``ANY`` marks a registration that serves any mode (the default when none is given); a swap
+    never asks for it. ``FALLBACK`` is the same member under Hugging Face ``kernels``' name for it
+    (``kernels.Mode.FALLBACK`` converts to it), kept so code written against either name works.
+
+    Example:
+        >>> Mode.FALLBACK is Mode.ANY
+        True
+        >>> parse_mode("train+compile")
+        <Mode.TRAINING|TORCH_COMPILE: 10>
     """
 
-    FALLBACK = enum.auto()
+    ANY = enum.auto()
+    FALLBACK = ANY  # kernels.Mode's name; see the docstring
     TRAINING = enum.auto()
     INFERENCE = enum.auto()
     TORCH_COMPILE = enum.auto()
@@ -33,7 +42,8 @@ _WORDS = {
     "eval": Mode.INFERENCE,
     "compile": Mode.TORCH_COMPILE,
     "torch_compile": Mode.TORCH_COMPILE,
-    "fallback": Mode.FALLBACK,
+    "any": Mode.ANY,
+    "fallback": Mode.ANY,
 }
 
 VALID_MODE_STRINGS = ("train", "inference", "compile", "train+compile", "inference+compile")
@@ -45,10 +55,10 @@ def parse_mode(mode: Any, *, allow_fallback: bool = False) -> Mode:
     Args:
         mode: ``"train"``, ``"inference"``, ``"compile"``, ``"train+compile"`` (``|`` works too),
             a :class:`Mode`, or a ``kernels.Mode``.
-        allow_fallback: accept ``Mode.FALLBACK`` (registrations only).
+        allow_fallback: accept ``Mode.ANY`` (``"any"``; registrations only).
 
     Returns:
-        The mode, always with exactly one of TRAINING / INFERENCE set (or FALLBACK alone).
+        The mode, always with exactly one of TRAINING / INFERENCE set (or ANY alone).
 
     Raises:
         ValueError: unknown words, or a contradictory combination such as ``"train+inference"``.
@@ -83,12 +93,12 @@ def parse_mode(mode: Any, *, allow_fallback: bool = False) -> Mode:
 
 
 def _validated(flag: Mode, original: Any, allow_fallback: bool) -> Mode:
-    if flag == Mode.FALLBACK:
+    if flag == Mode.ANY:
         if not allow_fallback:
-            raise ValueError(f"Mode {original!r} (FALLBACK) is only valid for registrations, not for a swap.")
+            raise ValueError(f"Mode {original!r} (ANY, 'any mode') is only valid for registrations, not for a swap.")
         return flag
-    if Mode.FALLBACK in flag:
-        raise ValueError(f"Mode {original!r}: FALLBACK cannot be combined with other modes.")
+    if Mode.ANY in flag:
+        raise ValueError(f"Mode {original!r}: ANY ('any mode') cannot be combined with other modes.")
     if Mode.TRAINING in flag and Mode.INFERENCE in flag:
         raise ValueError(f"Mode {original!r}: a kernel mode is either training or inference, not both.")
     if flag == Mode.TORCH_COMPILE:
@@ -107,15 +117,15 @@ _FALLBACK_ORDER = {
         Mode.INFERENCE | Mode.TORCH_COMPILE,
         Mode.TRAINING,
         Mode.TRAINING | Mode.TORCH_COMPILE,
-        Mode.FALLBACK,
+        Mode.ANY,
     ),
-    Mode.TRAINING: (Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE, Mode.FALLBACK),
+    Mode.TRAINING: (Mode.TRAINING, Mode.TRAINING | Mode.TORCH_COMPILE, Mode.ANY),
     Mode.INFERENCE | Mode.TORCH_COMPILE: (
         Mode.INFERENCE | Mode.TORCH_COMPILE,
         Mode.TRAINING | Mode.TORCH_COMPILE,
-        Mode.FALLBACK,
+        Mode.ANY,
     ),
-    Mode.TRAINING | Mode.TORCH_COMPILE: (Mode.TRAINING | Mode.TORCH_COMPILE, Mode.FALLBACK),
+    Mode.TRAINING | Mode.TORCH_COMPILE: (Mode.TRAINING | Mode.TORCH_COMPILE, Mode.ANY),
 }
 
 
@@ -126,7 +136,7 @@ def mode_fallback_order(mode: Mode) -> tuple[Mode, ...]:
 
 def format_mode(mode: Mode) -> str:
     """The user-facing spelling: ``"train+compile"``, ``"inference"``, ``"any"``."""
-    if mode == Mode.FALLBACK:
+    if mode == Mode.ANY:
         return "any"
     words = ["train" if Mode.TRAINING in mode else "inference"]
     if Mode.TORCH_COMPILE in mode:

@@ -1,8 +1,17 @@
-"""Public registration functions: they validate their arguments and write to the active registry."""
+"""Public registration functions: they validate their arguments and write to the active registry.
+
+The signatures of :func:`register_layer_kernel` and :func:`register_function_kernel` are the one
+spec of the registration keywords (names, types, defaults): :data:`LAYER_KEYWORDS` and
+:data:`FUNCTION_KEYWORDS` read them, and :func:`~twinkle_fx.config.register_kernels` checks and
+completes its entries with them, then builds through the same :func:`layer_registration` /
+:func:`function_registration` the single calls use.
+"""
 
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +23,12 @@ from .modes import Mode, parse_mode
 from .registry import FunctionRegistration, LayerRegistration, get_registry
 from .sources import make_source
 
-__all__ = ["register_layer_kernel", "register_external_layer", "register_function_kernel", "resolve_class"]
+__all__ = ["register_layer_kernel", "register_external_layer", "register_function_kernel", "resolve_class",
+           "KeywordSpec", "LAYER_KEYWORDS", "FUNCTION_KEYWORDS", "layer_registration", "function_registration"]
 
 
 def _registration_mode(mode: Any) -> Mode:
-    return Mode.FALLBACK if mode is None else parse_mode(mode, allow_fallback=True)
+    return Mode.ANY if mode is None else parse_mode(mode, allow_fallback=True)
 
 
 def check_kernel_name(where: str, kernel_name: Any) -> str:
@@ -85,23 +95,32 @@ def register_layer_kernel(
     Example:
         >>> register_layer_kernel(kernel_name="MyAwesomeMLP", repo_path="/path/to/local/repo",
         ...                       package_name="my_kernels", layer_name="Qwen2MLPTrainingKernel",
-        ...                       device="cuda", mode="train")  # doctest: +SKIP
+        ...                       device="cuda", mode="train")  # lazy: the repo is read when a model needs it
+        LayerRegistration(kernel_name='MyAwesomeMLP', device='cuda', mode=<Mode.TRAINING: 2>, source=<LocalRepoSource ...>, ...)
     """
-    check_kernel_name("register_layer_kernel", kernel_name)
-    what = f"layer kernel {kernel_name!r}"
-    registration = LayerRegistration(
-        kernel_name=kernel_name,
-        device=parse_device(device, allow_any=True),
-        mode=_registration_mode(mode),
-        source=make_source(
-            what=what, is_layer=True, impl=layer, repo=repo, repo_id=repo_id, repo_path=repo_path,
-            package_name=package_name, attr=layer_name or kernel_name, revision=revision, version=version,
-            trust_remote_code=trust_remote_code, impl_arg="layer",
-        ),
-        binds_by_tag=check_flag("binds_by_tag", binds_by_tag),
-    )
+    registration = layer_registration(dict(locals()), where="register_layer_kernel",
+                                      what=f"layer kernel {kernel_name!r}")
     get_registry().add_layer(registration)
     return registration
+
+
+def layer_registration(arguments: Mapping[str, Any], *, where: str, what: str | None = None,
+                       flag_prefix: str = "") -> LayerRegistration:
+    """Validate and build (not add) a :class:`LayerRegistration` from all of
+    :func:`register_layer_kernel`'s keywords (``LAYER_KEYWORDS.complete`` fills the defaults)."""
+    a = arguments
+    check_kernel_name(where, a["kernel_name"])
+    return LayerRegistration(
+        kernel_name=a["kernel_name"],
+        device=parse_device(a["device"], allow_any=True),
+        mode=_registration_mode(a["mode"]),
+        source=make_source(
+            what=what or where, is_layer=True, impl=a["layer"], repo=a["repo"], repo_id=a["repo_id"],
+            repo_path=a["repo_path"], package_name=a["package_name"], attr=a["layer_name"] or a["kernel_name"],
+            revision=a["revision"], version=a["version"], trust_remote_code=a["trust_remote_code"], impl_arg="layer",
+        ),
+        binds_by_tag=check_flag(f"{flag_prefix}binds_by_tag", a["binds_by_tag"]),
+    )
 
 
 def resolve_class(cls: type | str) -> type:
@@ -170,23 +189,74 @@ def register_function_kernel(
             ops, dangerous for one op: a registered ``add(x, y)`` would take every residual add.
 
     Example:
-        >>> register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
-        ...                          func_impl=fast_add, device="cuda", mode="inference")  # doctest: +SKIP
+        >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
+        >>> registration = register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
+        ...                                         func_impl=fast_add, device="cuda", mode="inference")
+        >>> registration.target
+        'my_pkg.math_ops.add'
     """
-    check_function_target("register_function_kernel", target_module, func_name)
-    check_flag("match_anywhere", match_anywhere)
-    what = f"function kernel for {target_module}.{func_name}"
-    registration = FunctionRegistration(
-        target_module=target_module,
-        func_name=func_name,
-        device=parse_device(device, allow_any=True),
-        mode=_registration_mode(mode),
+    registration = function_registration(dict(locals()), where="register_function_kernel",
+                                         what=f"function kernel for {target_module}.{func_name}")
+    get_registry().add_function(registration)
+    return registration
+
+
+def function_registration(arguments: Mapping[str, Any], *, where: str, what: str | None = None,
+                          flag_prefix: str = "") -> FunctionRegistration:
+    """Validate and build (not add) a :class:`FunctionRegistration` from all of
+    :func:`register_function_kernel`'s keywords (``FUNCTION_KEYWORDS.complete`` fills the defaults)."""
+    a = arguments
+    check_function_target(where, a["target_module"], a["func_name"])
+    match_anywhere = check_flag(f"{flag_prefix}match_anywhere", a["match_anywhere"])
+    return FunctionRegistration(
+        target_module=a["target_module"],
+        func_name=a["func_name"],
+        device=parse_device(a["device"], allow_any=True),
+        mode=_registration_mode(a["mode"]),
         source=make_source(
-            what=what, is_layer=False, impl=func_impl, repo=repo, repo_id=repo_id, repo_path=repo_path,
-            package_name=package_name, attr=kernel_func_name or func_name, revision=revision,
-            version=version, trust_remote_code=trust_remote_code, impl_arg="func_impl",
+            what=what or where, is_layer=False, impl=a["func_impl"], repo=a["repo"], repo_id=a["repo_id"],
+            repo_path=a["repo_path"], package_name=a["package_name"], attr=a["kernel_func_name"] or a["func_name"],
+            revision=a["revision"], version=a["version"], trust_remote_code=a["trust_remote_code"],
+            impl_arg="func_impl",
         ),
         match_anywhere=match_anywhere,
     )
-    get_registry().add_function(registration)
-    return registration
+
+
+class KeywordSpec:
+    """The keywords of a registration function, read from its signature: the one place they are
+    named and given defaults. ``register_kernels`` entries are checked against it.
+
+    Example:
+        >>> LAYER_KEYWORDS.complete("layers['MyMLP']", {"layer": object, "device": "cuda"}, kernel_name="MyMLP")["mode"] is None
+        True
+        >>> LAYER_KEYWORDS.complete("layers['MyMLP']", {"devcie": "cuda"}, kernel_name="MyMLP")
+        Traceback (most recent call last):
+        ...
+        ValueError: layers['MyMLP']: unknown key 'devcie'; valid keys: layer, repo, repo_id, ...
+    """
+
+    def __init__(self, function: Callable[..., Any], *, keyed_by: str) -> None:
+        self.function = function
+        self.keyed_by = keyed_by  # the keyword a register_kernels entry takes from its key
+        parameters = inspect.signature(function).parameters.values()
+        self.defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+        self.entry_keys = tuple(p.name for p in parameters if p.name != keyed_by)
+
+    def complete(self, where: str, entry: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
+        """``entry`` with every keyword (defaults filled in, ``fixed`` on top).
+
+        Raises:
+            ValueError: an unknown key, naming it, ``where`` and the valid keys.
+        """
+        unknown = [k for k in entry if k not in self.entry_keys]
+        if unknown:
+            raise ValueError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(self.entry_keys)}.")
+        return {**self.defaults, **entry, **fixed}
+
+    def __repr__(self) -> str:
+        return f"KeywordSpec({self.function.__name__}: {', '.join(self.entry_keys)})"
+
+
+LAYER_KEYWORDS = KeywordSpec(register_layer_kernel, keyed_by="kernel_name")
+FUNCTION_KEYWORDS = KeywordSpec(register_function_kernel, keyed_by="func_name")

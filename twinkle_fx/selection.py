@@ -22,7 +22,7 @@ from .modes import Mode, format_mode, mode_fallback_order
 from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
 from .kernels_mapping import with_kernels_mapping
 
-__all__ = ["KernelChoice", "Selection", "is_layer_target", "select_layer_kernel", "select_function_kernel", "signature_mismatch",
+__all__ = ["KernelChoice", "Selection", "is_layer_target", "layer_target", "select_layer_kernel", "select_function_kernel", "signature_mismatch",
            "does_not_apply", "KERNEL_DECLARATIONS"]
 
 # Class attributes a layer kernel may declare beyond forward (anything else is state the replaced
@@ -213,32 +213,52 @@ def select_layer_kernel(
         allow_uncompilable: let a kernel with ``can_torch_compile=False`` through in compile mode
             (the backend wraps such kernels opaquely and says so in its report).
     """
-    kernel_name = registry.kernel_name_for(cls)
-    if kernel_name is None:
+    target = layer_target(registry, cls, device=device)
+    if target is None:
         return None
-    # the Hugging Face kernels mapping in effect (use_kernel_mapping) fills devices twinkle_fx has nothing for
-    registrations = with_kernels_mapping(kernel_name, device, registry.layer_registrations(kernel_name))
-    if not registrations and not registry.is_bound(cls):
-        # transformers tags many classes with kernel_layer_name; only registered names are targets
-        return None
-    target = f"{cls.__qualname__} -> {kernel_name}"
-    selection = _select(target, registrations, device, mode, _layer_call, allow_uncompilable)
-    if selection.choice is not None and not registry.is_bound(cls) and not selection.choice.registration.binds_by_tag:
-        # registered with binds_by_tag=False: only classes bound explicitly are served, the tag
-        # (transformers puts kernel_layer_name="RMSNorm" on ~130 classes of differing semantics)
-        # does not make this class a target
+    kernel_name, registrations = target
+    selection = _select(f"{cls.__qualname__} -> {kernel_name}", registrations, device, mode, _layer_call,
+                        allow_uncompilable)
+    if selection.choice is not None and not _serves(registry, cls, selection.choice.registration):
         return None
     return selection
 
 
-def is_layer_target(registry: KernelRegistry, cls: type) -> bool:
-    """Whether instances of ``cls`` are swap targets: bound explicitly, or carrying a
-    ``kernel_layer_name`` that has registrations (transformers tags many classes; only registered
-    names count). Loads nothing."""
+def _serves(registry: KernelRegistry, cls: type, registration: LayerRegistration) -> bool:
+    # A class bound explicitly is served by every registration of its kernel name; a class that only
+    # carries the name as transformers' kernel_layer_name tag only by registrations with
+    # binds_by_tag=True (transformers puts kernel_layer_name="RMSNorm" on ~130 classes of differing
+    # semantics, so the built-in kernels register with binds_by_tag=False).
+    return registration.binds_by_tag or registry.is_bound(cls)
+
+
+def layer_target(registry: KernelRegistry, cls: type, *,
+                 device: str | None = None) -> tuple[str, dict[str, dict[Mode, LayerRegistration]]] | None:
+    """The rule that makes a layer class a swap target, for eager swaps, the compile backend and
+    reports alike: ``(kernel name, its registrations)`` when instances of ``cls`` are targets, else
+    None. A class is a target when it (or a base) is bound with :func:`register_external_layer`, or
+    carries a ``kernel_layer_name`` tag with a registration that binds by tag (``binds_by_tag=True``);
+    transformers tags many classes, so a tag without such a registration makes no target. Loads nothing.
+
+    Args:
+        device (`str`, *optional*): also count the Hugging Face ``kernels`` mapping in effect
+            (``use_kernel_mapping``) for this device; it fills devices twinkle_fx has nothing for.
+    """
     kernel_name = registry.kernel_name_for(cls)
     if kernel_name is None:
-        return False
-    return registry.is_bound(cls) or bool(registry.layer_registrations(kernel_name))
+        return None
+    registrations = registry.layer_registrations(kernel_name)
+    if device is not None:
+        registrations = with_kernels_mapping(kernel_name, device, registrations)
+    if not any(_serves(registry, cls, r) for modes in registrations.values() for r in modes.values()) \
+            and not registry.is_bound(cls):
+        return None
+    return kernel_name, registrations
+
+
+def is_layer_target(registry: KernelRegistry, cls: type) -> bool:
+    """Whether instances of ``cls`` are swap targets (:func:`layer_target`'s rule). Loads nothing."""
+    return layer_target(registry, cls) is not None
 
 
 def select_function_kernel(
@@ -269,11 +289,15 @@ def does_not_apply(choice: KernelChoice, module: torch.nn.Module) -> str | None:
     ``kernels`` refuses layer classes with members beyond ``has_backward``/``can_torch_compile``.)
 
     Example:
-        >>> def silu_only(module):                                             # doctest: +SKIP
+        >>> def silu_only(module):
         ...     return None if isinstance(module.act_fn, nn.SiLU) else f"act_fn is {module.act_fn}"
-        >>> class SwiGLUMLP(nn.Module):                                        # doctest: +SKIP
+        >>> class SwiGLUMLP(nn.Module):
         ...     def forward(self, x): ...
         ...     forward.applies_to = silu_only
+        >>> mlp = nn.Module()
+        >>> mlp.act_fn = nn.GELU()
+        >>> print(SwiGLUMLP.forward.applies_to(mlp))
+        act_fn is GELU(approximate='none')
     """
     check = _declared(choice, "applies_to", None)
     if check is None:

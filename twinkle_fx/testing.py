@@ -12,7 +12,7 @@ Example:
     ...         with record_graphs() as graphs:
     ...             torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(x)
     ...         self.assertExpectedInline(graphs.diff(), '''...''')
-    ...         self.assertExpectedInline(graphs.forward[0], '''...''')     # doctest: +SKIP
+    ...         self.assertExpectedInline(graphs.forward[0], '''...''')
 """
 
 from __future__ import annotations

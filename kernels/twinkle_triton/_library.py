@@ -29,8 +29,10 @@ step waited on the host. The Triton interpreter (``TRITON_INTERPRET=1``, CPU) ke
 inside torch.compile. ``TWINKLE_TRITON_OP=0``/``1`` overrides the choice (read once, at import).
 """
 
+import inspect
 import os
 import threading
+import typing
 from collections.abc import Callable, Sequence
 
 import torch
@@ -164,3 +166,83 @@ def define_op(
         if backward is not None:
             op.register_autograd(backward, setup_context=setup_context)
     return TwinkleOp(name, op, impl, backward, setup_context)
+
+
+def define_differentiable_op(
+    name: str,
+    impl: Callable,
+    *,
+    fake: Callable,
+    backward: Callable,
+    backward_fake: Callable,
+    saved: Sequence[str],
+    gradients: Callable[[tuple, list], tuple] | None = None,
+    inline_kernels: bool = True,
+) -> TwinkleOp:
+    """Define ``twinkle::<name>`` and ``twinkle::<name>_backward`` with the autograd wiring between
+    them generated from a declaration, instead of a hand-written ``setup_context`` and backward.
+
+    ``backward(*output_gradients, *saved)`` is the backward op's impl (type-annotated, like ``impl``):
+    it receives the gradient of each output of ``impl``, then the values named in ``saved``: names of
+    ``impl``'s parameters (tensors, ``Tensor | None`` included, are kept with ``save_for_backward``,
+    other values on the context) or ``"output"`` / ``"output[i]"`` for (one of) its outputs. Its
+    results (a tensor or a tuple) are by default the gradients of ``impl``'s tensor parameters, in
+    order, and every other parameter gets None; ``gradients(results, saved_values)`` maps them to one
+    entry per parameter instead (for gradients shared by two inputs, or inputs that get none).
+    mul_add and fused_linear_cross_entropy wire their autograd by hand (:func:`define_op`): the first
+    needs its inputs' shapes without keeping the tensors alive, the second ignores some outputs' gradients.
+
+    Example:
+        ```python
+        _rms_norm_op = define_differentiable_op(
+            "rms_norm", _rms_norm_impl, fake=_rms_norm_fake,
+            backward=_rms_norm_backward_impl, backward_fake=_rms_norm_backward_fake,
+            saved=("x", "weight", "eps"),   # backward(grad, x, weight, eps) -> (grad_x, grad_weight)
+        )
+        ```
+    """
+    parameters = list(inspect.signature(impl).parameters)
+    hints = typing.get_type_hints(impl)
+    is_tensor = [_is_tensor_hint(hints.get(p)) for p in parameters]
+    layout: list[tuple[bool, int, bool]] = []  # (from the outputs, index, kept as a tensor)
+    for item in saved:
+        if item == "output" or item.startswith("output["):
+            layout.append((True, int(item[7:-1]) if item != "output" else -1, True))
+        elif item in parameters:
+            i = parameters.index(item)
+            layout.append((False, i, is_tensor[i]))
+        else:
+            raise ValueError(f"define_differentiable_op({name!r}): saved names {item!r}, which is neither a "
+                             f"parameter of {impl.__name__} ({', '.join(parameters)}) nor 'output[i]'.")
+    tensor_positions = tuple(i for i, t in enumerate(is_tensor) if t)
+    n_inputs = len(parameters)
+    backward_op = define_op(f"{name}_backward", backward, fake=backward_fake, inline_kernels=inline_kernels)
+
+    def setup_context(ctx, inputs, output):
+        tensors, others = [], []
+        for from_output, i, as_tensor in layout:
+            value = (output if i < 0 else output[i]) if from_output else inputs[i]
+            (tensors if as_tensor else others).append(value)
+        ctx.save_for_backward(*tensors)
+        ctx.others = others
+
+    def autograd_backward(ctx, *output_gradients):
+        tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
+        values = [next(tensors) if as_tensor else next(others) for _, _, as_tensor in layout]
+        results = backward_op(*output_gradients, *values)
+        results = results if isinstance(results, tuple) else (results,)
+        if gradients is not None:
+            return tuple(gradients(results, values))
+        grads = [None] * n_inputs
+        for position, grad in zip(tensor_positions, results):
+            grads[position] = grad
+        return tuple(grads)
+
+    autograd_backward.__name__ = f"{name}_autograd_backward"
+    return define_op(name, impl, fake=fake, backward=autograd_backward, setup_context=setup_context,
+                     inline_kernels=inline_kernels)
+
+
+def _is_tensor_hint(hint) -> bool:
+    """``Tensor`` or ``Tensor | None`` (``Optional[Tensor]``)."""
+    return hint is torch.Tensor or torch.Tensor in typing.get_args(hint)

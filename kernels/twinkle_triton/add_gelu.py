@@ -16,7 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import cdiv, compute_dtype, elementwise_block
-from ._library import define_op, wrap_triton
+from ._library import define_differentiable_op, wrap_triton
 
 _APPROXIMATIONS = ("none", "tanh")
 
@@ -112,24 +112,9 @@ def _add_gelu_backward_fake(grad: Tensor, x: Tensor, bias: Tensor, approximate: 
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(bias, memory_format=torch.contiguous_format)
 
 
-_add_gelu_backward_op = define_op("add_gelu_backward", _add_gelu_backward_impl, fake=_add_gelu_backward_fake)
-
-
-def _add_gelu_setup_context(ctx, inputs, output):
-    x, bias, approximate = inputs
-    ctx.save_for_backward(x, bias)
-    ctx.approximate = approximate
-
-
-def _add_gelu_backward(ctx, grad):
-    x, bias = ctx.saved_tensors
-    grad_x, grad_bias = _add_gelu_backward_op(grad, x, bias, ctx.approximate)
-    return grad_x, grad_bias, None
-
-
-_add_gelu_op = define_op(
+_add_gelu_op = define_differentiable_op(
     "add_gelu", _add_gelu_impl, fake=_add_gelu_fake,
-    backward=_add_gelu_backward, setup_context=_add_gelu_setup_context,
+    backward=_add_gelu_backward_impl, backward_fake=_add_gelu_backward_fake, saved=("x", "bias", "approximate"),
 )
 
 

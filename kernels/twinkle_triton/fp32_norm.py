@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import compute_dtype, persistent_programs, row_block, rows
-from ._library import define_op, wrap_triton
+from ._library import define_differentiable_op, wrap_triton
 
 
 @triton.jit
@@ -150,26 +150,10 @@ def _rms_norm_fp32_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, eps: f
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
-_rms_norm_fp32_backward_op = define_op(
-    "rms_norm_fp32_backward", _rms_norm_fp32_backward_impl, fake=_rms_norm_fp32_backward_fake
-)
-
-
-def _rms_norm_fp32_setup_context(ctx, inputs, output):
-    x, weight, eps, offset = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps, ctx.offset = eps, offset
-
-
-def _rms_norm_fp32_backward(ctx, grad):
-    x, weight = ctx.saved_tensors
-    grad_x, grad_weight = _rms_norm_fp32_backward_op(grad, x, weight, ctx.eps, ctx.offset)
-    return grad_x, grad_weight, None, None
-
-
-_rms_norm_fp32_op = define_op(
+_rms_norm_fp32_op = define_differentiable_op(
     "rms_norm_fp32", _rms_norm_fp32_impl, fake=_rms_norm_fp32_fake,
-    backward=_rms_norm_fp32_backward, setup_context=_rms_norm_fp32_setup_context,
+    backward=_rms_norm_fp32_backward_impl, backward_fake=_rms_norm_fp32_backward_fake,
+    saved=("x", "weight", "eps", "offset"),
 )
 
 
@@ -219,35 +203,23 @@ def _layer_norm_fake(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float)
 
 
 def _layer_norm_backward_impl(
-    grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, eps: float
+    grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _launch_bwd(grad, x, weight, has_bias, eps, 0.0, True, "layer_norm")
+    return _launch_bwd(grad, x, weight, bias is not None, eps, 0.0, True, "layer_norm")
 
 
 def _layer_norm_backward_fake(
-    grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, eps: float
+    grad: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight), torch.empty_like(weight)
 
 
-_layer_norm_backward_op = define_op("layer_norm_backward", _layer_norm_backward_impl, fake=_layer_norm_backward_fake)
-
-
-def _layer_norm_setup_context(ctx, inputs, output):
-    x, weight, bias, eps = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.has_bias, ctx.eps = bias is not None, eps
-
-
-def _layer_norm_backward(ctx, grad):
-    x, weight = ctx.saved_tensors
-    grad_x, grad_weight, grad_bias = _layer_norm_backward_op(grad, x, weight, ctx.has_bias, ctx.eps)
-    return grad_x, grad_weight, grad_bias if ctx.has_bias else None, None
-
-
-_layer_norm_op = define_op(
+_layer_norm_op = define_differentiable_op(
     "layer_norm", _layer_norm_impl, fake=_layer_norm_fake,
-    backward=_layer_norm_backward, setup_context=_layer_norm_setup_context,
+    backward=_layer_norm_backward_impl, backward_fake=_layer_norm_backward_fake,
+    saved=("x", "weight", "bias", "eps"),
+    # without a bias the backward op's third result is zeros: the missing input gets None
+    gradients=lambda grads, saved: (grads[0], grads[1], grads[2] if saved[2] is not None else None, None),
 )
 
 

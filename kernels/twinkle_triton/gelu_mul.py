@@ -7,88 +7,16 @@
 (fp64 for fp64) and round once; PyTorch's ``F.gelu(g) * u`` rounds twice in half precision.
 
 Backward, one kernel from one read of grad, gate and up: d/dgate = grad * up * gelu'(gate),
-d/dup = grad * gelu(gate).
+d/dup = grad * gelu(gate). The kernels are :mod:`._gated`'s, shared with SwiGLU (:mod:`.silu_and_mul`).
 """
 
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, elementwise_block, interpreting, rows
-from ._library import define_op, wrap_triton
-from .add_gelu import _gelu_terms
+from ._gated import GELU_APPROXIMATIONS, packed_backward_impl, packed_impl, separate_backward_impl, separate_impl
+from ._library import define_differentiable_op
 
-_APPROXIMATIONS = ("none", "tanh")
-
-
-@triton.jit
-def _gelu_mul_fwd_kernel(
-    gate_ptr, up_ptr, out_ptr, gate_row_stride, up_row_stride, n_cols,
-    APPROX_TANH: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
-):
-    # Grid (rows, column blocks), rows on axis 0 (its limit is 2**31 - 1), as silu_mul.
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    g = tl.load(gate_ptr + row * gate_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    u = tl.load(up_ptr + row * up_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    value, _ = _gelu_terms(g, APPROX_TANH)
-    tl.store(out_ptr + row * n_cols + cols, (value * u).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _gelu_mul_bwd_kernel(
-    grad_ptr, gate_ptr, up_ptr, grad_gate_ptr, grad_up_ptr,
-    grad_row_stride, gate_row_stride, up_row_stride, grad_gate_row_stride, grad_up_row_stride, n_cols,
-    APPROX_TANH: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    grad = tl.load(grad_ptr + row * grad_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    g = tl.load(gate_ptr + row * gate_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    u = tl.load(up_ptr + row * up_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    value, slope = _gelu_terms(g, APPROX_TANH)
-    tl.store(grad_gate_ptr + row * grad_gate_row_stride + cols, (grad * u * slope).to(grad_gate_ptr.dtype.element_ty),
-             mask=mask)
-    tl.store(grad_up_ptr + row * grad_up_row_stride + cols, (grad * value).to(grad_up_ptr.dtype.element_ty), mask=mask)
-
-
-def _row_grid(n_rows: int, n_cols: int) -> tuple[tuple[int, int], int, int]:
-    block, num_warps = elementwise_block()
-    if interpreting():
-        block = triton.next_power_of_2(max(n_cols, 1))
-    return (n_rows, triton.cdiv(n_cols, block)), block, num_warps
-
-
-def _launch_fwd(gate: Tensor, up: Tensor, out: Tensor, approximate: str) -> None:
-    """gate, up: 2D with unit last stride; out: contiguous, ``rows x d`` elements."""
-    n_rows, n_cols = gate.shape
-    if n_rows == 0 or n_cols == 0:
-        return
-    grid, block, num_warps = _row_grid(n_rows, n_cols)
-    wrap_triton(_gelu_mul_fwd_kernel)[grid](
-        gate, up, out, gate.stride(0), up.stride(0), n_cols,
-        APPROX_TANH=approximate == "tanh", BLOCK=block, COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps,
-    )
-
-
-def _launch_bwd(
-    grad: Tensor, gate: Tensor, up: Tensor, grad_gate: Tensor, grad_up: Tensor,
-    grad_gate_row_stride: int, grad_up_row_stride: int, approximate: str,
-) -> None:
-    """grad_gate/grad_up: rows of unit last stride at the given row strides (they may be the two
-    halves of one tensor)."""
-    n_rows, n_cols = gate.shape
-    if n_rows == 0 or n_cols == 0:
-        return
-    grid, block, num_warps = _row_grid(n_rows, n_cols)
-    wrap_triton(_gelu_mul_bwd_kernel)[grid](
-        grad, gate, up, grad_gate, grad_up,
-        grad.stride(0), gate.stride(0), up.stride(0), grad_gate_row_stride, grad_up_row_stride, n_cols,
-        APPROX_TANH=approximate == "tanh", BLOCK=block, COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps,
-    )
+_APPROXIMATIONS = tuple(GELU_APPROXIMATIONS)
 
 
 def _check_approximate(op: str, approximate: str) -> None:
@@ -100,10 +28,7 @@ def _check_approximate(op: str, approximate: str) -> None:
 
 
 def _gelu_mul_impl(gate: Tensor, up: Tensor, approximate: str) -> Tensor:
-    out = gate.new_empty(gate.shape)
-    if gate.numel():
-        _launch_fwd(rows(gate), rows(up), out, approximate)
-    return out
+    return separate_impl(gate, up, GELU_APPROXIMATIONS[approximate])
 
 
 def _gelu_mul_fake(gate: Tensor, up: Tensor, approximate: str) -> Tensor:
@@ -111,35 +36,16 @@ def _gelu_mul_fake(gate: Tensor, up: Tensor, approximate: str) -> Tensor:
 
 
 def _gelu_mul_backward_impl(grad: Tensor, gate: Tensor, up: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
-    grad_gate, grad_up = gate.new_empty(gate.shape), up.new_empty(up.shape)
-    if gate.numel():
-        n = gate.shape[-1]
-        _launch_bwd(rows(grad), rows(gate), rows(up), grad_gate, grad_up, n, n, approximate)
-    return grad_gate, grad_up
+    return separate_backward_impl(grad, gate, up, GELU_APPROXIMATIONS[approximate])
 
 
 def _gelu_mul_backward_fake(grad: Tensor, gate: Tensor, up: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
     return gate.new_empty(gate.shape), up.new_empty(up.shape)
 
 
-_gelu_mul_backward_op = define_op("gelu_mul_backward", _gelu_mul_backward_impl, fake=_gelu_mul_backward_fake)
-
-
-def _gelu_mul_setup_context(ctx, inputs, output):
-    gate, up, approximate = inputs
-    ctx.save_for_backward(gate, up)
-    ctx.approximate = approximate
-
-
-def _gelu_mul_backward(ctx, grad):
-    gate, up = ctx.saved_tensors
-    grad_gate, grad_up = _gelu_mul_backward_op(grad, gate, up, ctx.approximate)
-    return grad_gate, grad_up, None
-
-
-_gelu_mul_op = define_op(
+_gelu_mul_op = define_differentiable_op(
     "gelu_mul", _gelu_mul_impl, fake=_gelu_mul_fake,
-    backward=_gelu_mul_backward, setup_context=_gelu_mul_setup_context,
+    backward=_gelu_mul_backward_impl, backward_fake=_gelu_mul_backward_fake, saved=("gate", "up", "approximate"),
 )
 
 
@@ -180,18 +86,8 @@ def gelu_mul_reference(gate: Tensor, up: Tensor, approximate: str = "tanh") -> T
 # ----------------------------------------------------------------------------- gelu_and_mul
 
 
-def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
-    x2 = rows(x)
-    d = x2.shape[1] // 2
-    return x2[:, :d], x2[:, d:]
-
-
 def _gelu_and_mul_impl(x: Tensor, approximate: str) -> Tensor:
-    out = x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
-    if x.numel():
-        gate, up = _halves(x)
-        _launch_fwd(gate, up, out, approximate)
-    return out
+    return packed_impl(x, GELU_APPROXIMATIONS[approximate])
 
 
 def _gelu_and_mul_fake(x: Tensor, approximate: str) -> Tensor:
@@ -199,37 +95,16 @@ def _gelu_and_mul_fake(x: Tensor, approximate: str) -> Tensor:
 
 
 def _gelu_and_mul_backward_impl(grad: Tensor, x: Tensor, approximate: str) -> Tensor:
-    grad_x = x.new_empty(x.shape)
-    if x.numel():
-        gate, up = _halves(x)
-        grad_gate, grad_up = _halves(grad_x)
-        _launch_bwd(rows(grad), gate, up, grad_gate, grad_up, x.shape[-1], x.shape[-1], approximate)
-    return grad_x
+    return packed_backward_impl(grad, x, GELU_APPROXIMATIONS[approximate])
 
 
 def _gelu_and_mul_backward_fake(grad: Tensor, x: Tensor, approximate: str) -> Tensor:
     return x.new_empty(x.shape)
 
 
-_gelu_and_mul_backward_op = define_op(
-    "gelu_and_mul_backward", _gelu_and_mul_backward_impl, fake=_gelu_and_mul_backward_fake
-)
-
-
-def _gelu_and_mul_setup_context(ctx, inputs, output):
-    x, approximate = inputs
-    ctx.save_for_backward(x)
-    ctx.approximate = approximate
-
-
-def _gelu_and_mul_backward(ctx, grad):
-    (x,) = ctx.saved_tensors
-    return _gelu_and_mul_backward_op(grad, x, ctx.approximate), None
-
-
-_gelu_and_mul_op = define_op(
+_gelu_and_mul_op = define_differentiable_op(
     "gelu_and_mul", _gelu_and_mul_impl, fake=_gelu_and_mul_fake,
-    backward=_gelu_and_mul_backward, setup_context=_gelu_and_mul_setup_context,
+    backward=_gelu_and_mul_backward_impl, backward_fake=_gelu_and_mul_backward_fake, saved=("x", "approximate"),
 )
 
 

@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows
-from ._library import define_op, wrap_triton
+from ._library import define_differentiable_op, wrap_triton
 
 # Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8
 # warps, the old kernel, took 144 us for rms_norm and 163-186 us for add_rms_norm):
@@ -174,26 +174,9 @@ def _rms_norm_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, eps: float)
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
-_rms_norm_backward_op = define_op(
-    "rms_norm_backward", _rms_norm_backward_impl, fake=_rms_norm_backward_fake
-)
-
-
-def _rms_norm_setup_context(ctx, inputs, output):
-    x, weight, eps = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps = eps
-
-
-def _rms_norm_backward(ctx, grad):
-    x, weight = ctx.saved_tensors
-    grad_x, grad_weight = _rms_norm_backward_op(grad, x, weight, ctx.eps)
-    return grad_x, grad_weight, None
-
-
-_rms_norm_op = define_op(
+_rms_norm_op = define_differentiable_op(
     "rms_norm", _rms_norm_impl, fake=_rms_norm_fake,
-    backward=_rms_norm_backward, setup_context=_rms_norm_setup_context,
+    backward=_rms_norm_backward_impl, backward_fake=_rms_norm_backward_fake, saved=("x", "weight", "eps"),
 )
 
 
@@ -251,27 +234,12 @@ def _add_rms_norm_backward_fake(
     return torch.empty_like(summed, memory_format=torch.contiguous_format), torch.empty_like(weight)
 
 
-_add_rms_norm_backward_op = define_op(
-    "add_rms_norm_backward", _add_rms_norm_backward_impl, fake=_add_rms_norm_backward_fake
-)
-
-
-def _add_rms_norm_setup_context(ctx, inputs, output):
-    _, _, weight, eps = inputs
-    ctx.save_for_backward(output[1], weight)
-    ctx.eps = eps
-
-
-def _add_rms_norm_backward(ctx, grad_normed, grad_sum):
-    summed, weight = ctx.saved_tensors
-    grad_summed, grad_weight = _add_rms_norm_backward_op(grad_normed, grad_sum, summed, weight, ctx.eps)
-    # d(x + residual)/dx = d(x + residual)/d(residual) = identity: both get the same gradient.
-    return grad_summed, grad_summed, grad_weight, None
-
-
-_add_rms_norm_op = define_op(
+_add_rms_norm_op = define_differentiable_op(
     "add_rms_norm", _add_rms_norm_impl, fake=_add_rms_norm_fake,
-    backward=_add_rms_norm_backward, setup_context=_add_rms_norm_setup_context,
+    backward=_add_rms_norm_backward_impl, backward_fake=_add_rms_norm_backward_fake,
+    saved=("output[1]", "weight", "eps"),  # the sum x + residual, the norm's input
+    # d(x + residual)/dx = d(x + residual)/d(residual) = identity: both get the same gradient.
+    gradients=lambda grads, _: (grads[0], grads[0], grads[1], None),
 )
 
 

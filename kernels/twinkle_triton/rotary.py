@@ -24,60 +24,82 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import compute_dtype, next_power_of_2
-from ._library import define_op, wrap_triton
+from ._library import define_differentiable_op, wrap_triton
 
 
 @triton.jit
 def _rotate_heads(
-    src_ptr, dst_ptr, cos1, cos2, sin1, sin2, b, s, n_heads,
-    src_sb, src_sh, src_ss, dst_sb, dst_sh, dst_ss, half,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
+    src_ptr, dst_ptr, cos_a, cos_b, sin_a, sin_b, b, s, n_heads,
+    src_sb, src_sh, src_ss, dst_sb, dst_sh, dst_ss, half, head_dim, rotary_dim,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
 ):
     heads = tl.arange(0, BLOCK_H)[:, None]
-    cols = tl.arange(0, BLOCK_HALF)[None, :]
-    mask = (heads < n_heads) & (cols < half)
-    src = src_ptr + b * src_sb + s * src_ss + heads * src_sh + cols
-    x1 = tl.load(src, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    x2 = tl.load(src + half, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    if TRANSPOSE:
-        # Rotation^T: grad_x1 = g1 * cos1 + g2 * sin2, grad_x2 = g2 * cos2 - g1 * sin1.
-        out1 = x1 * cos1 + x2 * sin2
-        out2 = x2 * cos2 - x1 * sin1
+    pairs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (heads < n_heads) & (pairs < half)
+    if INTERLEAVED:
+        col_a = 2 * pairs
+        col_b = 2 * pairs + 1
     else:
-        out1 = x1 * cos1 - x2 * sin1
-        out2 = x2 * cos2 + x1 * sin2
-    dst = dst_ptr + b * dst_sb + s * dst_ss + heads * dst_sh + cols
-    tl.store(dst, out1.to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + half, out2.to(dst_ptr.dtype.element_ty), mask=mask)
+        col_a = pairs
+        col_b = pairs + half
+    src = src_ptr + b * src_sb + s * src_ss + heads * src_sh
+    dst = dst_ptr + b * dst_sb + s * dst_ss + heads * dst_sh
+    xa = tl.load(src + col_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    xb = tl.load(src + col_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    if TRANSPOSE:
+        # Rotation^T: grad_xa = ga * cos_a + gb * sin_b, grad_xb = gb * cos_b - ga * sin_a.
+        out_a = xa * cos_a + xb * sin_b
+        out_b = xb * cos_b - xa * sin_a
+    else:
+        out_a = xa * cos_a - xb * sin_a
+        out_b = xb * cos_b + xa * sin_b
+    tl.store(dst + col_a, out_a.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + col_b, out_b.to(dst_ptr.dtype.element_ty), mask=mask)
+    if BLOCK_PASS > 0:  # the columns past rotary_dim are copied (their gradient passes through too)
+        cols = rotary_dim + tl.arange(0, BLOCK_PASS)[None, :]
+        pass_mask = (heads < n_heads) & (cols < head_dim)
+        tl.store(dst + cols, tl.load(src + cols, mask=pass_mask, other=0.0), mask=pass_mask)
 
 
 @triton.jit
 def _rotary_embedding_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
-    seq_len, n_q_heads, n_k_heads, half,
+    seq_len, n_q_heads, n_k_heads, half, head_dim, rotary_dim,
     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
     qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
     cos_sb, cos_ss, sin_sb, sin_ss,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr, SHARED_ANGLE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
 ):
+    # Pair (a, b) of each head rotates by the angles (cos_a, sin_a), (cos_b, sin_b): columns (i, i + half)
+    # at angles i and i + half for rotate_half; the rotary_variants layouts set the constexprs.
     pid = tl.program_id(0).to(tl.int64)
     b = pid // seq_len
     s = pid % seq_len
-    cols = tl.arange(0, BLOCK_HALF)[None, :]
-    col_mask = cols < half
-    cos_row = cos_ptr + b * cos_sb + s * cos_ss + cols
-    sin_row = sin_ptr + b * sin_sb + s * sin_ss + cols
-    cos1 = tl.load(cos_row, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
-    cos2 = tl.load(cos_row + half, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
-    sin1 = tl.load(sin_row, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
-    sin2 = tl.load(sin_row + half, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
-    _rotate_heads(q_ptr, q_out_ptr, cos1, cos2, sin1, sin2, b, s, n_q_heads,
-                  q_sb, q_sh, q_ss, qo_sb, qo_sh, qo_ss, half,
-                  BLOCK_HQ, BLOCK_HALF, COMPUTE_DTYPE, TRANSPOSE)
-    _rotate_heads(k_ptr, k_out_ptr, cos1, cos2, sin1, sin2, b, s, n_k_heads,
-                  k_sb, k_sh, k_ss, ko_sb, ko_sh, ko_ss, half,
-                  BLOCK_HK, BLOCK_HALF, COMPUTE_DTYPE, TRANSPOSE)
+    pairs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = pairs < half
+    if SHARED_ANGLE:
+        angle_a = pairs
+        angle_b = pairs
+    elif INTERLEAVED:
+        angle_a = 2 * pairs
+        angle_b = 2 * pairs + 1
+    else:
+        angle_a = pairs
+        angle_b = pairs + half
+    cos_row = cos_ptr + b * cos_sb + s * cos_ss
+    sin_row = sin_ptr + b * sin_sb + s * sin_ss
+    cos_a = tl.load(cos_row + angle_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    cos_b = tl.load(cos_row + angle_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    sin_a = tl.load(sin_row + angle_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    sin_b = tl.load(sin_row + angle_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    _rotate_heads(q_ptr, q_out_ptr, cos_a, cos_b, sin_a, sin_b, b, s, n_q_heads,
+                  q_sb, q_sh, q_ss, qo_sb, qo_sh, qo_ss, half, head_dim, rotary_dim,
+                  BLOCK_HQ, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COMPUTE_DTYPE, TRANSPOSE)
+    _rotate_heads(k_ptr, k_out_ptr, cos_a, cos_b, sin_a, sin_b, b, s, n_k_heads,
+                  k_sb, k_sh, k_ss, ko_sb, ko_sh, ko_ss, half, head_dim, rotary_dim,
+                  BLOCK_HK, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COMPUTE_DTYPE, TRANSPOSE)
 
 
 def _bhsd_strides(t: Tensor, unsqueeze_dim: int) -> tuple[int, int, int]:
@@ -98,7 +120,11 @@ def _cos_sin_rows(t: Tensor, unsqueeze_dim: int, batch: int, seq_len: int, dim: 
     return t, (t.stride(0) if t.shape[0] != 1 else 0), (t.stride(1) if t.shape[1] != 1 else 0)
 
 
-def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, transpose: bool):
+def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, transpose: bool, *,
+            rotary_dim: int | None = None, interleaved: bool = False, shared_angle: bool = False):
+    """Rotate q and k (or, transposed, their gradients). ``rotary_dim`` (default: the head dim)
+    columns rotate, the rest are copied; ``interleaved`` pairs columns (2i, 2i+1) instead of
+    (i, i + rotary_dim/2); ``shared_angle`` uses entry i of cos/sin for both columns of pair i."""
     # Host cost matters here: the GPU work is ~25 us at Llama-8B shapes (B 4, S 1024), so the
     # wrapper reads strides as numbers instead of building views.
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
@@ -110,12 +136,15 @@ def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, 
     if k.stride(-1) != 1:
         k = k.contiguous()
     shape = q.shape
-    batch, n_q_heads, seq_len, dim = (shape[0], shape[1], shape[2], shape[3]) if unsqueeze_dim == 1 else (
+    batch, n_q_heads, seq_len, head_dim = (shape[0], shape[1], shape[2], shape[3]) if unsqueeze_dim == 1 else (
         shape[0], shape[2], shape[1], shape[3])
     n_k_heads = k.shape[unsqueeze_dim]
-    cos, cos_sb, cos_ss = _cos_sin_rows(cos, unsqueeze_dim, batch, seq_len, dim)
-    sin, sin_sb, sin_ss = _cos_sin_rows(sin, unsqueeze_dim, batch, seq_len, dim)
-    half = dim // 2
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    cos_width = cos.shape[-1]
+    cos, cos_sb, cos_ss = _cos_sin_rows(cos, unsqueeze_dim, batch, seq_len, cos_width)
+    sin, sin_sb, sin_ss = _cos_sin_rows(sin, unsqueeze_dim, batch, seq_len, cos_width)
+    half = rotary_dim // 2
+    block_pass = next_power_of_2(head_dim - rotary_dim) if head_dim > rotary_dim else 0
     block_hq = next_power_of_2(n_q_heads)
     block_hk = next_power_of_2(n_k_heads)
     block_half = next_power_of_2(half)
@@ -123,12 +152,13 @@ def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, 
     num_warps = 4 if (block_hq + block_hk) * block_half * 2 <= 4096 else 8
     wrap_triton(_rotary_embedding_kernel)[(batch * seq_len,)](
         q, k, cos, sin, q_out, k_out,
-        seq_len, n_q_heads, n_k_heads, half,
+        seq_len, n_q_heads, n_k_heads, half, head_dim, rotary_dim,
         *_bhsd_strides(q, unsqueeze_dim), *_bhsd_strides(k, unsqueeze_dim),
         *_bhsd_strides(q_out, unsqueeze_dim), *_bhsd_strides(k_out, unsqueeze_dim),
         cos_sb, cos_ss, sin_sb, sin_ss,
-        BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_HALF=block_half,
-        COMPUTE_DTYPE=compute_dtype(q.dtype), TRANSPOSE=transpose, num_warps=num_warps,
+        BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
+        INTERLEAVED=interleaved, SHARED_ANGLE=shared_angle, COMPUTE_DTYPE=compute_dtype(q.dtype),
+        TRANSPOSE=transpose, num_warps=num_warps,
     )
     return q_out, k_out
 
@@ -153,26 +183,11 @@ def _rotary_embedding_backward_fake(
     return torch.empty_like(grad_q), torch.empty_like(grad_k)
 
 
-_rotary_embedding_backward_op = define_op(
-    "rotary_embedding_backward", _rotary_embedding_backward_impl, fake=_rotary_embedding_backward_fake
-)
-
-
-def _rotary_embedding_setup_context(ctx, inputs, output):
-    _, _, cos, sin, unsqueeze_dim = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.unsqueeze_dim = unsqueeze_dim
-
-
-def _rotary_embedding_backward(ctx, grad_q, grad_k):
-    cos, sin = ctx.saved_tensors
-    grad_q, grad_k = _rotary_embedding_backward_op(grad_q, grad_k, cos, sin, ctx.unsqueeze_dim)
-    return grad_q, grad_k, None, None, None
-
-
-_rotary_embedding_op = define_op(
+_rotary_embedding_op = define_differentiable_op(
     "rotary_embedding", _rotary_embedding_impl, fake=_rotary_embedding_fake,
-    backward=_rotary_embedding_backward, setup_context=_rotary_embedding_setup_context,
+    backward=_rotary_embedding_backward_impl, backward_fake=_rotary_embedding_backward_fake,
+    saved=("cos", "sin", "unsqueeze_dim"),
+    gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (see the module docstring)
 )
 
 

@@ -6,108 +6,21 @@ Qwen2MLP/LlamaMLP, which avoids concatenating them first. Both compute in fp32 (
 round once; PyTorch's ``F.silu(g) * u`` rounds twice in half precision.
 
 Backward, with s = sigmoid(g): d/dg = grad * u * s * (1 + g * (1 - s)), d/du = grad * silu(g);
-one kernel writes both from one read of grad, g and u.
+one kernel writes both from one read of grad, g and u. The kernels are :mod:`._gated`'s, shared
+with GeGLU (:mod:`.gelu_mul`).
 """
 
 import torch
-import triton
-import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, compute_dtype, elementwise_block, interpreting, next_power_of_2, rows
-from ._library import define_op, wrap_triton
-
-
-@triton.jit
-def _silu_and_mul_fwd_kernel(
-    gate_ptr, up_ptr, out_ptr, gate_row_stride, up_row_stride, n_cols,
-    BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
-):
-    # Grid (rows, column blocks): rows on axis 0, whose limit is 2**31 - 1 (axis 1 allows 65535).
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    g = tl.load(gate_ptr + row * gate_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    u = tl.load(up_ptr + row * up_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    out = g * tl.sigmoid(g) * u
-    tl.store(out_ptr + row * n_cols + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _silu_and_mul_bwd_kernel(
-    grad_ptr, gate_ptr, up_ptr, grad_gate_ptr, grad_up_ptr,
-    grad_row_stride, gate_row_stride, up_row_stride, grad_gate_row_stride, grad_up_row_stride, n_cols,
-    BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    grad = tl.load(grad_ptr + row * grad_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    g = tl.load(gate_ptr + row * gate_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    u = tl.load(up_ptr + row * up_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    s = tl.sigmoid(g)
-    grad_g = grad * u * s * (1.0 + g * (1.0 - s))
-    grad_u = grad * g * s
-    tl.store(grad_gate_ptr + row * grad_gate_row_stride + cols, grad_g.to(grad_gate_ptr.dtype.element_ty), mask=mask)
-    tl.store(grad_up_ptr + row * grad_up_row_stride + cols, grad_u.to(grad_up_ptr.dtype.element_ty), mask=mask)
-
-
-def _row_grid(n_rows: int, n_cols: int) -> tuple[tuple[int, int], int, int]:
-    block, num_warps = elementwise_block()
-    if interpreting():
-        block = next_power_of_2(max(n_cols, 1))
-    return (n_rows, cdiv(n_cols, block)), block, num_warps
-
-
-# Outputs are passed as the freshly allocated tensors themselves, not as 2D views of them, with
-# their row strides as numbers: a traced launch (triton_op) that writes into a view costs
-# functionalization a copy back into the base.
-
-
-def _launch_fwd(gate: Tensor, up: Tensor, out: Tensor) -> None:
-    """gate, up: 2D with unit last stride; out: contiguous, ``rows x d`` elements."""
-    n_rows, n_cols = gate.shape
-    if n_rows == 0 or n_cols == 0:
-        return
-    grid, block, num_warps = _row_grid(n_rows, n_cols)
-    wrap_triton(_silu_and_mul_fwd_kernel)[grid](
-        gate, up, out, gate.stride(0), up.stride(0), n_cols,
-        BLOCK=block, COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps,
-    )
-
-
-def _launch_bwd(
-    grad: Tensor, gate: Tensor, up: Tensor, grad_gate: Tensor, grad_up: Tensor,
-    grad_gate_row_stride: int, grad_up_row_stride: int,
-) -> None:
-    """grad, gate, up: 2D with unit last stride; grad_gate/grad_up: rows of unit last stride at the
-    given row strides (they may be the two halves of one tensor)."""
-    n_rows, n_cols = gate.shape
-    if n_rows == 0 or n_cols == 0:
-        return
-    grid, block, num_warps = _row_grid(n_rows, n_cols)
-    wrap_triton(_silu_and_mul_bwd_kernel)[grid](
-        grad, gate, up, grad_gate, grad_up,
-        grad.stride(0), gate.stride(0), up.stride(0), grad_gate_row_stride, grad_up_row_stride, n_cols,
-        BLOCK=block, COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps,
-    )
-
+from ._gated import SILU, packed_backward_impl, packed_impl, separate_backward_impl, separate_impl
+from ._library import define_differentiable_op
 
 # ----------------------------------------------------------------------------- silu_and_mul
 
 
-def _halves(x: Tensor) -> tuple[Tensor, Tensor]:
-    x2 = rows(x)
-    d = x2.shape[1] // 2
-    return x2[:, :d], x2[:, d:]
-
-
 def _silu_and_mul_impl(x: Tensor) -> Tensor:
-    d = x.shape[-1] // 2
-    out = x.new_empty((*x.shape[:-1], d))
-    gate, up = _halves(x)
-    _launch_fwd(gate, up, out)
-    return out
+    return packed_impl(x, SILU)
 
 
 def _silu_and_mul_fake(x: Tensor) -> Tensor:
@@ -115,34 +28,16 @@ def _silu_and_mul_fake(x: Tensor) -> Tensor:
 
 
 def _silu_and_mul_backward_impl(grad: Tensor, x: Tensor) -> Tensor:
-    grad_x = x.new_empty(x.shape)
-    gate, up = _halves(x)
-    grad_gate, grad_up = _halves(grad_x)
-    _launch_bwd(rows(grad), gate, up, grad_gate, grad_up, x.shape[-1], x.shape[-1])
-    return grad_x
+    return packed_backward_impl(grad, x, SILU)
 
 
 def _silu_and_mul_backward_fake(grad: Tensor, x: Tensor) -> Tensor:
     return x.new_empty(x.shape)
 
 
-_silu_and_mul_backward_op = define_op(
-    "silu_and_mul_backward", _silu_and_mul_backward_impl, fake=_silu_and_mul_backward_fake
-)
-
-
-def _silu_and_mul_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
-
-
-def _silu_and_mul_backward(ctx, grad):
-    (x,) = ctx.saved_tensors
-    return _silu_and_mul_backward_op(grad, x)
-
-
-_silu_and_mul_op = define_op(
+_silu_and_mul_op = define_differentiable_op(
     "silu_and_mul", _silu_and_mul_impl, fake=_silu_and_mul_fake,
-    backward=_silu_and_mul_backward, setup_context=_silu_and_mul_setup_context,
+    backward=_silu_and_mul_backward_impl, backward_fake=_silu_and_mul_backward_fake, saved=("x",),
 )
 
 
@@ -181,10 +76,7 @@ def silu_and_mul_reference(x: Tensor) -> Tensor:
 
 
 def _silu_mul_impl(gate: Tensor, up: Tensor) -> Tensor:
-    out = gate.new_empty(gate.shape)
-    if gate.numel():
-        _launch_fwd(rows(gate), rows(up), out)
-    return out
+    return separate_impl(gate, up, SILU)
 
 
 def _silu_mul_fake(gate: Tensor, up: Tensor) -> Tensor:
@@ -192,32 +84,16 @@ def _silu_mul_fake(gate: Tensor, up: Tensor) -> Tensor:
 
 
 def _silu_mul_backward_impl(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
-    grad_gate, grad_up = gate.new_empty(gate.shape), up.new_empty(up.shape)
-    if gate.numel():
-        n = gate.shape[-1]
-        _launch_bwd(rows(grad), rows(gate), rows(up), grad_gate, grad_up, n, n)
-    return grad_gate, grad_up
+    return separate_backward_impl(grad, gate, up, SILU)
 
 
 def _silu_mul_backward_fake(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Tensor]:
     return gate.new_empty(gate.shape), up.new_empty(up.shape)
 
 
-_silu_mul_backward_op = define_op("silu_mul_backward", _silu_mul_backward_impl, fake=_silu_mul_backward_fake)
-
-
-def _silu_mul_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _silu_mul_backward(ctx, grad):
-    gate, up = ctx.saved_tensors
-    return _silu_mul_backward_op(grad, gate, up)
-
-
-_silu_mul_op = define_op(
+_silu_mul_op = define_differentiable_op(
     "silu_mul", _silu_mul_impl, fake=_silu_mul_fake,
-    backward=_silu_mul_backward, setup_context=_silu_mul_setup_context,
+    backward=_silu_mul_backward_impl, backward_fake=_silu_mul_backward_fake, saved=("gate", "up"),
 )
 
 

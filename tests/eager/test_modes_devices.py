@@ -39,6 +39,8 @@ def test_fallback_only_for_registrations():
         parse_mode("fallback")
     assert parse_mode("fallback", allow_fallback=True) == Mode.FALLBACK
     assert format_mode(Mode.FALLBACK) == "any"
+    # "any mode" is the meaning; FALLBACK (Hugging Face kernels' name) stays as an alias of ANY
+    assert Mode.FALLBACK is Mode.ANY and parse_mode("any", allow_fallback=True) is Mode.ANY
     assert format_mode(parse_mode("compile")) == "inference+compile"
 
 

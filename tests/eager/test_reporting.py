@@ -106,3 +106,34 @@ def test_a_clean_kernelize_prints_nothing_at_warning(caplog, mode):
     with caplog.at_level(logging.WARNING):
         kernelize_model(model_with_gelus(), mode=mode)
     assert _warnings(caplog) == []
+
+
+class TaggedDouble(torch.nn.Module):
+    kernel_layer_name = "TagOnly"  # as transformers' hub decorator tags a class
+
+    def forward(self, x):
+        return x * 2
+
+
+class DoubleKernel(torch.nn.Module):
+    def forward(self, x):
+        return x + x
+
+
+def test_swaps_and_coverage_notes_share_one_target_rule():
+    """A tag alone does not make a class a target for a kernel registered with binds_by_tag=False,
+    for the eager swap and for the coverage notes alike; binding the class does, for both."""
+    from twinkle_fx import get_registry
+    from twinkle_fx.eager.kernelize import coverage_notes
+    from twinkle_fx.modes import Mode
+    from twinkle_fx.selection import is_layer_target, select_layer_kernel
+
+    register_layer_kernel(kernel_name="TagOnly", layer=DoubleKernel, device="cpu", binds_by_tag=False)
+    registry, model = get_registry(), torch.nn.Sequential(TaggedDouble())
+    assert not is_layer_target(registry, TaggedDouble)
+    assert select_layer_kernel(registry, TaggedDouble, "cpu", Mode.INFERENCE) is None
+    assert any("TaggedDouble" in note for note in coverage_notes(model))
+    register_external_layer(TaggedDouble, "TagOnly")
+    assert is_layer_target(registry, TaggedDouble)
+    assert select_layer_kernel(registry, TaggedDouble, "cpu", Mode.INFERENCE).choice is not None
+    assert not any("TaggedDouble" in note for note in coverage_notes(model))

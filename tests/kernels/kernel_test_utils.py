@@ -8,25 +8,21 @@ rounds intermediate results in half precision, so the two can differ by more tha
 tolerance where the reference itself is off (e.g. a weight gradient summed over rows). Each result
 is therefore compared with the *truth* (the reference run on fp64 copies of the inputs) and may be
 off by the dtype's tolerance plus the reference's own error at that element: "no worse than
-PyTorch's own result in this dtype, up to one tolerance".
+PyTorch's own result in this dtype, up to one tolerance". The tolerances are the library's
+(:mod:`twinkle_fx.tolerances`, which says how they were chosen), the ones verify mode and
+``twinkle_fx check`` apply to the same kernels.
 """
 
 import torch
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+from twinkle_fx.tolerances import tolerance
 
-# (rtol, atol) per dtype.
-TOLERANCES = {
-    torch.float32: (1e-4, 1e-5),
-    torch.float64: (1e-7, 1e-9),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 2e-2),
-}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def assert_close(actual, expected, dtype: torch.dtype, what: str) -> None:
     """Plain comparison with the tolerances of ``dtype``."""
-    rtol, atol = TOLERANCES[dtype]
+    rtol, atol = tolerance(dtype).rtol, tolerance(dtype).atol
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what} ({dtype}): {m}")
 
 
@@ -35,7 +31,7 @@ def assert_as_accurate(actual, reference, truth, dtype: torch.dtype, what: str) 
     assert actual.shape == reference.shape and actual.dtype == reference.dtype, (
         f"{what}: got {tuple(actual.shape)} {actual.dtype}, reference {tuple(reference.shape)} {reference.dtype}"
     )
-    rtol, atol = TOLERANCES[dtype]
+    rtol, atol = tolerance(dtype).rtol, tolerance(dtype).atol
     truth = truth.double()
     err = (actual.double() - truth).abs()
     allowed = atol + rtol * truth.abs() + (reference.double() - truth).abs()

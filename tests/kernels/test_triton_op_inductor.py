@@ -28,12 +28,12 @@ INLINE_OPS = {
     "silu_mul": (
         tt.silu_mul,
         lambda dt: (torch.randn(4, 64, 384, dtype=dt), torch.randn(4, 64, 384, dtype=dt)),
-        ("_silu_and_mul_fwd_kernel", "_silu_and_mul_bwd_kernel"),
+        ("_gated_act_fwd_kernel", "_gated_act_bwd_kernel"),
     ),
     "silu_and_mul": (
         tt.silu_and_mul,
         lambda dt: (torch.randn(4, 64, 768, dtype=dt),),
-        ("_silu_and_mul_fwd_kernel", "_silu_and_mul_bwd_kernel"),
+        ("_gated_act_fwd_kernel", "_gated_act_bwd_kernel"),
     ),
     "rotary_embedding": (
         # q and k as transformers builds them: transposed views of projections (GQA: 4 vs 2 heads).

@@ -9,6 +9,7 @@ Example:
     >>> from twinkle_fx.bench import ModelBenchOptions, run_model_bench, format_table
     >>> options = ModelBenchOptions(model="qwen2", backends=["eager", "inductor"], batch=4, seq=1024,
     ...                             dtype=torch.bfloat16, steps=20, warmup=3, device=torch.device("cuda"))
+    >>> # not run by the doctest test: a GPU benchmark of minutes
     >>> print(format_table(run_model_bench(options)))                          # doctest: +SKIP
 """
 

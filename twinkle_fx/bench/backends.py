@@ -19,8 +19,8 @@ liger+inductor     the same, then ``torch.compile``
 
 For a model in eval mode (``--inference``) the kernelize modes are "inference" and "compile".
 
-A backend whose pieces are missing (liger-kernel not installed, a twinkle_fx part not written yet)
-raises :class:`BackendUnavailable` with a message saying what is missing.
+A backend whose optional package is missing (liger-kernel not installed) raises
+:class:`BackendUnavailable` with a message saying what is missing.
 """
 
 from __future__ import annotations
@@ -58,24 +58,12 @@ class Backend:
     """``prepare(model, family, device)``: ``family`` is the transformers model type (qwen2, llama, ...)."""
 
 
-def _import_piece(module: str, what: str):
-    """Import ``module`` or raise BackendUnavailable naming the missing piece (not a bare traceback)."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        missing = e.name or module
-        raise BackendUnavailable(f"{what} is not available yet (cannot import {missing!r})") from e
-
-
 @contextlib.contextmanager
 def _builtin_kernels(family: str, device: torch.device, **options: Any) -> Iterator[list[str]]:
     """The built-in kernels of model ``family`` registered for ``device`` in a private registry
     scope for the duration of the block; yields what was bound."""
-    builtin = _import_piece("twinkle_fx.builtin", "twinkle_fx.builtin.use_builtin_kernels")
-    use_builtin_kernels = getattr(builtin, "use_builtin_kernels", None)
-    if use_builtin_kernels is None:
-        raise BackendUnavailable("twinkle_fx.builtin.use_builtin_kernels is not available yet")
     from twinkle_fx import scoped_registry
+    from twinkle_fx.builtin import use_builtin_kernels
 
     with scoped_registry():
         # the built-ins register for cuda by default; on the CPU (--tiny) they run through the
@@ -85,7 +73,7 @@ def _builtin_kernels(family: str, device: torch.device, **options: Any) -> Itera
 
 def _swap_notes(model: torch.nn.Module) -> dict[str, Any]:
     """How many modules got each kernel, and which functions are patched (what kernelize did)."""
-    from twinkle_fx.eager.functions import patched_functions
+    from twinkle_fx.function import patched_functions
     from twinkle_fx.eager.layers import swapped_forward
 
     layers = Counter(
@@ -124,9 +112,6 @@ def _inductor_cudagraphs(model: torch.nn.Module, family: str, device: torch.devi
 def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
     @contextlib.contextmanager
     def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
-        # the entry point pyproject declares for backend="twinkle"; checked first so a missing compile
-        # package reads as such instead of torch's "unknown backend"
-        _import_piece("twinkle_fx.compile.backend", 'torch.compile backend "twinkle" (twinkle_fx.compile)')
         import twinkle_fx
         from twinkle_fx import kernelize_model, undo_kernelize
         from twinkle_fx.compile import collect_reports

@@ -75,7 +75,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="run the full-size workload even on a CPU (through the Triton interpreter: hours)")
     parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
     parser.add_argument("--loss-rtol", type=float,
-                        help="first-step loss agreement with eager, relative (default 1e-2 bf16/fp16, 1e-4 fp32)")
+                        help="first-step loss agreement with eager, relative (default: the dtype's loss_rtol in "
+                             "twinkle_fx.tolerances, 1e-2 bf16/fp16, 1e-5 fp32)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile a few more steps of each backend: DIR/<backend>/profile_trace.json (Chrome "
                              "trace) and profile_report.txt (top kernels, host vs device time, launches per step)")

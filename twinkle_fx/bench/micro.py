@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..tolerances import tolerance
 from .environment import describe_environment
 from .model_bench import free_device_memory
 from .report import annotate_micro_rows
@@ -33,10 +34,6 @@ __all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
 
 MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger", "cce")
 
-# Relative L2 error (|a - b| / |b| over a whole output or gradient) allowed against the reference:
-# bf16 keeps 8 bits of mantissa (rounding 2^-9 ~ 2e-3 per element); fused kernels round fewer
-# intermediates than the reference, so they differ by a few roundings, not by percents.
-MICRO_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 
 @dataclass
@@ -319,10 +316,12 @@ class _Case:
             moved = None if inputs.bytes_fwd is None else inputs.bytes_fwd + inputs.bytes_bwd
             flops = None if inputs.flops_fwd is None else inputs.flops_fwd + inputs.flops_bwd
         gbps = None if moved is None else moved / (ms * 1e-3) / 1e9
-        tolerance = MICRO_RTOL.get(opts.dtype, 2e-2)
+        # relative L2 error (|a - b| / |b| over a whole output or gradient) against the reference,
+        # within the dtype's rtol: fused kernels round fewer intermediates, a few roundings apart
+        allowed = tolerance(opts.dtype).rtol
         return MicroRow(
             self.case.op, phase, impl.name, inputs.shape,
-            status="ok" if error <= tolerance else "wrong",
+            status="ok" if error <= allowed else "wrong",
             ms=ms, bytes_moved=moved, gbps=gbps,
             copy_fraction=None if gbps is None else gbps / self.copy_gbps,
             flops=flops, tflops=None if flops is None else flops / (ms * 1e-3) / 1e12,
@@ -369,26 +368,20 @@ def _measure_copy(options: MicroBenchOptions, clock: DeviceClock) -> MicroRow:
                     gbps=moved / (ms * 1e-3) / 1e9, copy_fraction=1.0)
 
 
-def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOptions, twinkle_triton,
-                     twinkle_error: str | None, liger, liger_error: str | None) -> tuple[_Impl | None, list[_Impl]]:
+def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOptions,
+                     liger, liger_error: str | None) -> tuple[_Impl, list[_Impl]]:
     """(the reference, the implementations asked for, in order); an unavailable one carries why."""
-    reference_fn = getattr(twinkle_triton, f"{case.op}_reference", None) if twinkle_triton else None
-    missing_ref = (f"twinkle_triton is not available yet ({twinkle_error})" if twinkle_triton is None
-                   else f"twinkle_triton.{case.op}_reference is not available yet")
-    reference = None if reference_fn is None else _Impl("eager", reference_fn, inputs.args)
+    import twinkle_triton  # installed with twinkle_fx; every op has its <op>_reference
+
+    reference_fn = getattr(twinkle_triton, f"{case.op}_reference")
+    reference = _Impl("eager", reference_fn, inputs.args)
     impls: list[_Impl] = []
     for name in options.impls:
         if name in ("eager", "inductor"):
-            if reference_fn is None:
-                impls.append(_Impl(name, None, (), error=missing_ref))
-            else:
-                fn = reference_fn if name == "eager" else torch.compile(reference_fn, dynamic=False)
-                impls.append(_Impl(name, fn, inputs.args))
+            fn = reference_fn if name == "eager" else torch.compile(reference_fn, dynamic=False)
+            impls.append(_Impl(name, fn, inputs.args))
         elif name == "twinkle":
-            fn = getattr(twinkle_triton, case.op, None) if twinkle_triton else None
-            error = None if fn is not None else (f"twinkle_triton.{case.op} is not available yet"
-                                                 if twinkle_triton else missing_ref)
-            impls.append(_Impl(name, fn, inputs.args, error=error))
+            impls.append(_Impl(name, getattr(twinkle_triton, case.op), inputs.args))
         elif name == "liger" and case.liger is not None:  # no row where Liger has no such op
             if liger is None:
                 impls.append(_Impl(name, None, (), error=liger_error))
@@ -412,11 +405,11 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
     Example:
         >>> options = MicroBenchOptions(impls=["eager", "twinkle"], dtype=torch.float32, reps=2, warmup=1,
         ...                             device=torch.device("cpu"), tiny=True)
+        >>> # not run by the doctest test: benchmarks take tens of seconds even tiny (tests/bench runs them)
         >>> result = run_micro_bench(options)                                   # doctest: +SKIP
     """
     clock = DeviceClock(options.device)
     cases = [c for c in MICRO_CASES if not options.ops or c.op in options.ops]
-    twinkle_triton, twinkle_error = _import("twinkle_triton", not_installed="twinkle_triton is not installed")
     liger, liger_error = (_import("liger_kernel.transformers.functional",
                                                   not_installed="liger-kernel not installed (pip install liger-kernel)")
                           if "liger" in options.impls else (None, None))
@@ -428,17 +421,16 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
         torch.manual_seed(options.seed)
         inputs = case.make(options.tiny, options.device, options.dtype)
         progress(f"[{index}/{len(cases)}] {case.op}: {inputs.shape}")
-        reference, impls = _implementations(case, inputs, options, twinkle_triton, twinkle_error, liger, liger_error)
+        reference, impls = _implementations(case, inputs, options, liger, liger_error)
         runner = _Case(case, inputs, options, clock, copy.gbps)
-        expected, missing = None, ("unavailable", f"twinkle_triton.{case.op}_reference is not available yet")
-        if reference is not None:
-            try:
-                expected = runner.run_once(reference)
-            except Exception as e:  # noqa: BLE001 - without a reference no implementation can be checked
-                missing = ("failed", f"{case.op}_reference raised {type(e).__name__}: {e}")
+        expected, failure = None, None
+        try:
+            expected = runner.run_once(reference)
+        except Exception as e:  # noqa: BLE001 - without a reference no implementation can be checked
+            failure = f"{case.op}_reference raised {type(e).__name__}: {e}"
         for impl in impls:
             if expected is None and impl.error is None:
-                new_rows = [MicroRow(case.op, phase, impl.name, inputs.shape, status=missing[0], error=missing[1])
+                new_rows = [MicroRow(case.op, phase, impl.name, inputs.shape, status="failed", error=failure)
                             for phase in PHASES]
             else:
                 new_rows = runner.rows(impl, expected)

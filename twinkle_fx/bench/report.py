@@ -9,16 +9,11 @@ from pathlib import Path
 
 import torch
 
+from ..tolerances import tolerance
 from .results import BenchResult, MicroRow, ModelRow
 
-__all__ = ["LOSS_RTOL", "annotate_model_rows", "annotate_micro_rows", "format_table", "write_outputs",
+__all__ = ["annotate_model_rows", "annotate_micro_rows", "format_table", "write_outputs",
            "plot"]
-
-# First-step loss agreement with eager, relative. bf16/fp16: kernels that accumulate in another
-# order (Inductor's fused reductions, a fused cross-entropy) move a ~12.0 random-init loss by a few
-# 1e-3 at most; a real bug (wrong ignore_index, a dropped residual) moves it far more. fp32 (the
-# tiny CPU run) agrees to ~1e-6.
-LOSS_RTOL = {torch.float32: 1e-4, torch.float64: 1e-6, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 _MEASURED = ("ok", "wrong")
 
@@ -39,7 +34,10 @@ def _reference(rows: Sequence, key) -> object | None:
 def annotate_model_rows(rows: Sequence[ModelRow], *, dtype: torch.dtype, rtol: float | None = None) -> None:
     """Check every measured row's first-step loss against eager's (marking disagreement "wrong") and
     fill in the ratios to eager and to Inductor; rows without the reference get none."""
-    rtol = LOSS_RTOL.get(dtype, 1e-2) if rtol is None else rtol
+    # the dtype's loss_rtol: kernels that accumulate in another order (Inductor's fused reductions,
+    # a fused cross-entropy) move a ~12.0 random-init loss by a few 1e-3 at most in bf16, ~1e-6 in
+    # fp32; a real bug (wrong ignore_index, a dropped residual) moves it far more
+    rtol = tolerance(dtype).loss_rtol if rtol is None else rtol
     eager = _reference(rows, lambda r: r.backend == "eager")
     inductor = _reference(rows, lambda r: r.backend == "inductor")
     for row in rows:

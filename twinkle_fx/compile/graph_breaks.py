@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..selection import is_layer_target
 from .regions import GraphContext
 from .report import RegionReport
 
@@ -31,12 +32,8 @@ def _registered_classes(ctx: GraphContext) -> list[tuple[type, str]]:
         todo.extend(cls.__subclasses__())
         if isinstance(cls.__dict__.get("kernel_layer_name"), str):
             classes.setdefault(cls, cls.__dict__["kernel_layer_name"])
-    bound = ctx.registry.bindings()
-    return [
-        (cls, ctx.registry.kernel_name_for(cls) or name)
-        for cls, name in classes.items()
-        if cls in bound or ctx.registry.layer_registrations(ctx.registry.kernel_name_for(cls) or name)
-    ]
+    return [(cls, ctx.registry.kernel_name_for(cls) or name) for cls, name in classes.items()
+            if is_layer_target(ctx.registry, cls)]
 
 
 def _containing_target(ctx: GraphContext, frame: Any) -> tuple[str, str] | None:

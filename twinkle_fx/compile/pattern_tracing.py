@@ -143,7 +143,7 @@ def resolve_reference(target: str) -> Any:
     """The function ``target`` names, as its author wrote it: the original when ``kernelize_model``
     / ``apply_function_kernel`` has patched the module attribute (tracing the kernel instead would
     make the backend search for the kernel's computation)."""
-    from ..eager.functions import original_function
+    from ..eager.function_patches import original_function
 
     original = original_function(target)
     if original is not None:

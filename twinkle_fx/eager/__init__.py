@@ -1,6 +1,6 @@
 """The eager path: per-instance forward replacement, function patching, and their undo."""
 
-from .functions import PatchedFunctions, apply_function_kernel, restore_functions
+from .function_patches import PatchedFunctions, apply_function_kernel, restore_functions
 from .kernelize import kernelize_model, kernelized, undo_kernelize, verification_report
 from .layers import KernelForward, restore_layers
 

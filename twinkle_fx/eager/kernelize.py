@@ -18,9 +18,9 @@ from ..modes import Mode, format_mode, parse_mode
 from ..registry import KernelRegistry, get_registry
 from ..selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
 from ..settings import DISABLE_ENV, kernels_disabled
-from .functions import _apply, _revert, function_verifications
-from .functions import _Change as FunctionChange
-from .functions import restore_functions
+from .function_patches import _apply, _revert, function_verifications
+from .function_patches import _Change as FunctionChange
+from .function_patches import restore_functions
 from .graphs import GraphSet, block_modules
 from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, install_graphs,
                      revert_changes, swapped_forward, uninstall_forward)
@@ -138,9 +138,10 @@ def coverage_notes(model: torch.nn.Module) -> list[str]:
     model's layer classes that no kernel serves (for ``explain`` and reports).
 
     Example:
-        >>> register_layer_kernel(kernel_name="linear", layer=FastLinear, device="cpu")  # doctest: +SKIP
-        >>> coverage_notes(torch.nn.Sequential(torch.nn.Linear(8, 8)))                    # doctest: +SKIP
-        ["layer kernel 'linear' is registered but no class is bound to it: register_external_layer(nn.Linear, 'linear')"]
+        >>> from twinkle_fx import register_layer_kernel
+        >>> _ = register_layer_kernel(kernel_name="linear", layer=nn.Linear, device="cpu")
+        >>> coverage_notes(nn.Sequential(nn.Linear(8, 8)))
+        ["layer kernel 'linear' is registered but no class is bound to it: bind the class it replaces, e.g. register_external_layer(nn.Linear, 'linear')"]
     """
     registry = get_registry()
     classes = {type(m) for m in model.modules()}
@@ -340,9 +341,18 @@ def kernelize_model(
         KernelSelectionError: no usable kernel and ``use_fallback=False``.
 
     Example:
-        >>> register_external_layer(Qwen2MLP, "MyAwesomeMLP")                     # doctest: +SKIP
-        >>> model = kernelize_model(model, mode="train", device="cuda", use_fallback=True)  # doctest: +SKIP
-        >>> undo_kernelize(model)                                                  # doctest: +SKIP
+        >>> from twinkle_fx import register_external_layer, register_layer_kernel
+        >>> class TanhGelu(nn.Module):   # a kernel: a layer class whose forward replaces the original's
+        ...     def forward(self, input):
+        ...         return nn.functional.gelu(input, approximate="tanh")
+        >>> _ = register_layer_kernel(kernel_name="FastGelu", layer=TanhGelu, device="cpu")
+        >>> register_external_layer(nn.GELU, "FastGelu")
+        >>> model = kernelize_model(nn.Sequential(nn.GELU()), mode="inference", device="cpu", use_fallback=True)
+        >>> model(torch.tensor([1.0]))   # the tanh approximation: erf GELU(1) is 0.8413
+        tensor([0.8412])
+        >>> undo_kernelize(model)
+        >>> model(torch.tensor([1.0]))
+        tensor([0.8413])
     """
     _check_model(model, "kernelize_model")
     check_flag("use_fallback", use_fallback)
@@ -362,10 +372,17 @@ def verification_report(model: torch.nn.Module | None = None) -> list[Verificati
     """Every check made by verify mode: the layers of ``model`` and all patched functions.
 
     Example:
-        >>> kernelize_model(model, mode="train", verify=True)          # doctest: +SKIP
-        >>> model(input_ids, labels=input_ids).loss.backward()         # doctest: +SKIP
-        >>> for v in verification_report(model): print(v)              # doctest: +SKIP
-        model.layers.0.mlp (Qwen2MLP) -> SwiGLUMLP [float32[2, 9, 64]; grad] output: max error 2.4e-07 ok
+        >>> from twinkle_fx import register_external_layer, register_layer_kernel
+        >>> class TanhGelu(nn.Module):   # close to nn.GELU, but not within fp32's tolerance
+        ...     def forward(self, input):
+        ...         return nn.functional.gelu(input, approximate="tanh")
+        >>> _ = register_layer_kernel(kernel_name="FastGelu", layer=TanhGelu, device="cpu")
+        >>> register_external_layer(nn.GELU, "FastGelu")
+        >>> model = kernelize_model(nn.Sequential(nn.GELU()), mode="inference", device="cpu", verify=True)
+        >>> with torch.no_grad():
+        ...     _ = model(torch.ones(2, 3))
+        >>> for v in verification_report(model): print(v)
+        0 (GELU) -> FastGelu [float32[2, 3]@cpu] output: max error 0.000153 MISMATCH (leaf 0: max abs difference ...)
     """
     _check_model(model, "verification_report")
     results: list[Verification] = []
@@ -385,8 +402,9 @@ def undo_kernelize(model: torch.nn.Module | None = None) -> None:
     say) is left to that tool: a WARNING names the modules.
 
     Example:
-        >>> kernelize_model(model, mode="inference")   # doctest: +SKIP
-        >>> undo_kernelize(model)                       # doctest: +SKIP
+        >>> model = nn.Sequential(nn.Linear(4, 4))
+        >>> model = kernelize_model(model, mode="inference", device="cpu")   # nothing registered: nothing swapped
+        >>> undo_kernelize(model)
     """
     _check_model(model, "undo_kernelize")
     if model is not None:
@@ -421,8 +439,18 @@ def kernelized(
     changed is put back: a kernel an outer :func:`kernelize_model` or ``kernelized`` installed stays.
 
     Example:
-        >>> with kernelized(model, mode="inference") as fast:   # doctest: +SKIP
-        ...     logits = fast(input_ids).logits
+        >>> from twinkle_fx import register_external_layer, register_layer_kernel
+        >>> class TanhGelu(nn.Module):
+        ...     def forward(self, input):
+        ...         return nn.functional.gelu(input, approximate="tanh")
+        >>> _ = register_layer_kernel(kernel_name="FastGelu", layer=TanhGelu, device="cpu")
+        >>> register_external_layer(nn.GELU, "FastGelu")
+        >>> model = nn.Sequential(nn.GELU())
+        >>> with kernelized(model, mode="inference", device="cpu") as fast:
+        ...     fast(torch.tensor([1.0]))
+        tensor([0.8412])
+        >>> model(torch.tensor([1.0]))
+        tensor([0.8413])
     """
     _check_model(model, "kernelized")
     check_flag("use_fallback", use_fallback)

@@ -1,5 +1,6 @@
 """Verify mode: the first call of a swapped layer or function (per input signature) also runs the
-reference and compares outputs, and in training the gradients, with dtype-aware tolerances.
+reference and compares outputs, and in training the gradients, with :func:`twinkle_fx.numerics.compare`
+(the comparison compile-time verify uses too) and the tolerances of :mod:`twinkle_fx.tolerances`.
 
 A kernel that disagrees is never silently kept: the mismatch is logged with what differed (values
 and their maximum error, dtype, device, shape, output structure, a lost gradient, an input it
@@ -23,19 +24,11 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import KernelVerificationError
+from ..numerics import compare
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Verification", "Verifier", "TOLERANCES"]
-
-# (atol, rtol) per dtype: a kernel may round differently from PyTorch, but not by more than a few
-# ulps of the dtype at the magnitudes seen in transformer activations.
-TOLERANCES = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-4),
-    torch.bfloat16: (3e-2, 3e-2),
-    torch.float16: (5e-3, 5e-3),
-}
+__all__ = ["Verification", "Verifier"]
 
 _COTANGENT_SEED = 0  # test gradients come from a private generator: the user's RNG stream is untouched
 
@@ -65,54 +58,6 @@ def _signature(args: tuple, kwargs: dict) -> str:
         if isinstance(leaf, torch.Tensor):
             parts.append(f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}@{leaf.device.type}")
     return ", ".join(parts) + ("; grad" if torch.is_grad_enabled() else "")
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    try:
-        return bool(a == b)
-    except Exception:  # objects without a usable ==: the same type is all that can be said
-        return True
-
-
-def compare(ours: Any, reference: Any, *, check_grad: bool = False) -> tuple[float, str | None]:
-    """``(largest absolute difference, what differs or None)`` between two results.
-
-    Structure, non-tensor values, dtype, device and shape must agree exactly; values within the
-    dtype's tolerance, with the same non-finite positions. With ``check_grad``, an output the
-    reference connects to the autograd graph must be connected in ours too.
-    """
-    ours_leaves, ours_spec = pytree.tree_flatten(ours)
-    ref_leaves, ref_spec = pytree.tree_flatten(reference)
-    if ours_spec != ref_spec:
-        return float("inf"), f"structure differs: {ours_spec} vs the reference's {ref_spec}"
-    worst = 0.0
-    for i, (a, b) in enumerate(zip(ours_leaves, ref_leaves)):
-        where = f"leaf {i}: " if len(ref_leaves) > 1 else ""
-        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or not _same_value(a, b):
-                return float("inf"), f"{where}{a!r:.60} vs the reference's {b!r:.60}"
-            continue
-        for what, x, y in (("dtype", a.dtype, b.dtype), ("device", a.device, b.device), ("shape", a.shape, b.shape)):
-            if x != y:
-                return float("inf"), f"{where}{what} {x} vs the reference's {y}"
-        if check_grad and b.requires_grad and not a.requires_grad:
-            return float("inf"), f"{where}does not require grad (detached?): the layers before it would get no gradient"
-        if a.numel() == 0:
-            continue
-        a64, b64 = a.detach().double(), b.detach().double()
-        finite = torch.isfinite(b64)
-        if not torch.equal(torch.isfinite(a64), finite):
-            return float("inf"), f"{where}non-finite values where the reference has finite ones (or the reverse)"
-        atol, rtol = TOLERANCES.get(b.dtype, TOLERANCES[torch.float32])
-        error = (a64 - b64).abs().where(finite, torch.zeros((), dtype=torch.float64, device=a64.device))
-        worst = max(worst, error.max().item())
-        if not bool((error <= atol + rtol * b64.abs().where(finite, torch.zeros_like(b64))).all()):
-            return worst, f"{where}values differ beyond atol={atol:g}, rtol={rtol:g}"
-    return worst, None
 
 
 def _cloned(tree: Any) -> Any:

@@ -82,9 +82,15 @@ class PatchedFunctions(list):
     """The ``"module.func"`` names patched by one call; also a handle to undo what that call changed.
 
     Example:
+        >>> import my_pkg.math_ops
+        >>> from twinkle_fx import register_function_kernel
+        >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
+        >>> _ = register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add)
         >>> with apply_function_kernel(target_module="my_pkg.math_ops", device="cpu") as patched:
-        ...     print(patched)          # ['my_pkg.math_ops.add']   # doctest: +SKIP
-        >>> # what the call patched is back here (a patch an earlier call made stays)
+        ...     print(patched, my_pkg.math_ops.add is fast_add)
+        ['my_pkg.math_ops.add'] True
+        >>> my_pkg.math_ops.add is fast_add   # what the call patched is back (a patch an earlier call made stays)
+        False
     """
 
     def __init__(self, targets: list[str] = (), changes: list[_Change] = ()) -> None:
@@ -206,10 +212,14 @@ def apply_function_kernel(
         :class:`PatchedFunctions`, the list of patched ``"module.func"`` names (also an undo handle).
 
     Example:
-        >>> register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add,
-        ...                          device="cpu", mode="inference")  # doctest: +SKIP
-        >>> apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="inference")  # doctest: +SKIP
+        >>> from twinkle_fx import register_function_kernel
+        >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
+        >>> _ = register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add,
+        ...                              device="cpu", mode="inference")
+        >>> apply_function_kernel(target_module="my_pkg.math_ops", device="cpu", mode="inference")
         ['my_pkg.math_ops.add']
+        >>> restore_functions()
+        1
     """
     if target_module is not None and not isinstance(target_module, str):
         raise TypeError(f"target_module must be a dotted module path or None, got {target_module!r}.")

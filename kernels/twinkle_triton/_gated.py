@@ -1,0 +1,152 @@
+"""Gated activations ``act(gate) * up``: the kernels and launchers behind SwiGLU
+(:mod:`.silu_and_mul`) and GeGLU (:mod:`.gelu_mul`), which differ only in ``act``.
+
+Both compute in fp32 (fp64 for fp64) and round once. Backward, one kernel from one read of grad,
+gate and up: d/dgate = grad * up * act'(gate), d/dup = grad * act(gate); for SiLU, with
+s = sigmoid(g), act' = s * (1 + g * (1 - s)).
+
+``ACTIVATION`` is a ``tl.constexpr``: each activation compiles to its own kernel, as the separate
+kernels did before they shared this code.
+"""
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._launch import cdiv, compute_dtype, elementwise_block, interpreting, next_power_of_2, rows
+from ._library import wrap_triton
+from .add_gelu import _gelu_terms
+
+# ACTIVATION values
+SILU = 0
+GELU = 1  # erf GELU, approximate="none"
+GELU_TANH = 2  # approximate="tanh"
+
+GELU_APPROXIMATIONS = {"none": GELU, "tanh": GELU_TANH}
+
+
+@triton.jit
+def _act_terms(g, ACTIVATION: tl.constexpr):
+    """(act(g), act'(g)) in g's dtype."""
+    if ACTIVATION == 0:
+        s = tl.sigmoid(g)
+        value = g * s
+        slope = s * (1.0 + g * (1.0 - s))
+    else:
+        value, slope = _gelu_terms(g, ACTIVATION == 2)
+    return value, slope
+
+
+@triton.jit
+def _gated_act_fwd_kernel(
+    gate_ptr, up_ptr, out_ptr, gate_row_stride, up_row_stride, n_cols,
+    ACTIVATION: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+):
+    # Grid (rows, column blocks): rows on axis 0, whose limit is 2**31 - 1 (axis 1 allows 65535).
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    g = tl.load(gate_ptr + row * gate_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    u = tl.load(up_ptr + row * up_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    value, _ = _act_terms(g, ACTIVATION)
+    tl.store(out_ptr + row * n_cols + cols, (value * u).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gated_act_bwd_kernel(
+    grad_ptr, gate_ptr, up_ptr, grad_gate_ptr, grad_up_ptr,
+    grad_row_stride, gate_row_stride, up_row_stride, grad_gate_row_stride, grad_up_row_stride, n_cols,
+    ACTIVATION: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    grad = tl.load(grad_ptr + row * grad_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    g = tl.load(gate_ptr + row * gate_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    u = tl.load(up_ptr + row * up_row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    value, slope = _act_terms(g, ACTIVATION)
+    tl.store(grad_gate_ptr + row * grad_gate_row_stride + cols, (grad * u * slope).to(grad_gate_ptr.dtype.element_ty),
+             mask=mask)
+    tl.store(grad_up_ptr + row * grad_up_row_stride + cols, (grad * value).to(grad_up_ptr.dtype.element_ty), mask=mask)
+
+
+def _row_grid(n_rows: int, n_cols: int) -> tuple[tuple[int, int], int, int]:
+    block, num_warps = elementwise_block()
+    if interpreting():
+        block = next_power_of_2(max(n_cols, 1))
+    return (n_rows, cdiv(n_cols, block)), block, num_warps
+
+
+# Outputs are passed as the freshly allocated tensors themselves, not as 2D views of them, with
+# their row strides as numbers: a traced launch (triton_op) that writes into a view costs
+# functionalization a copy back into the base.
+
+
+def launch_fwd(gate: Tensor, up: Tensor, out: Tensor, activation: int) -> None:
+    """gate, up: 2D with unit last stride; out: contiguous, ``rows x d`` elements."""
+    n_rows, n_cols = gate.shape
+    if n_rows == 0 or n_cols == 0:
+        return
+    grid, block, num_warps = _row_grid(n_rows, n_cols)
+    wrap_triton(_gated_act_fwd_kernel)[grid](
+        gate, up, out, gate.stride(0), up.stride(0), n_cols,
+        ACTIVATION=activation, BLOCK=block, COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps,
+    )
+
+
+def launch_bwd(
+    grad: Tensor, gate: Tensor, up: Tensor, grad_gate: Tensor, grad_up: Tensor,
+    grad_gate_row_stride: int, grad_up_row_stride: int, activation: int,
+) -> None:
+    """grad, gate, up: 2D with unit last stride; grad_gate/grad_up: rows of unit last stride at the
+    given row strides (they may be the two halves of one tensor)."""
+    n_rows, n_cols = gate.shape
+    if n_rows == 0 or n_cols == 0:
+        return
+    grid, block, num_warps = _row_grid(n_rows, n_cols)
+    wrap_triton(_gated_act_bwd_kernel)[grid](
+        grad, gate, up, grad_gate, grad_up,
+        grad.stride(0), gate.stride(0), up.stride(0), grad_gate_row_stride, grad_up_row_stride, n_cols,
+        ACTIVATION=activation, BLOCK=block, COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps,
+    )
+
+
+def halves(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The gate and up halves of a packed ``[..., 2d]`` tensor, as 2D row views."""
+    x2 = rows(x)
+    d = x2.shape[1] // 2
+    return x2[:, :d], x2[:, d:]
+
+
+def separate_impl(gate: Tensor, up: Tensor, activation: int) -> Tensor:
+    """``act(gate) * up`` for two tensors of one shape."""
+    out = gate.new_empty(gate.shape)
+    if gate.numel():
+        launch_fwd(rows(gate), rows(up), out, activation)
+    return out
+
+
+def separate_backward_impl(grad: Tensor, gate: Tensor, up: Tensor, activation: int) -> tuple[Tensor, Tensor]:
+    grad_gate, grad_up = gate.new_empty(gate.shape), up.new_empty(up.shape)
+    if gate.numel():
+        n = gate.shape[-1]
+        launch_bwd(rows(grad), rows(gate), rows(up), grad_gate, grad_up, n, n, activation)
+    return grad_gate, grad_up
+
+
+def packed_impl(x: Tensor, activation: int) -> Tensor:
+    """``act(x[..., :d]) * x[..., d:]``."""
+    out = x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+    if x.numel():
+        gate, up = halves(x)
+        launch_fwd(gate, up, out, activation)
+    return out
+
+
+def packed_backward_impl(grad: Tensor, x: Tensor, activation: int) -> Tensor:
+    grad_x = x.new_empty(x.shape)
+    if x.numel():
+        gate, up = halves(x)
+        grad_gate, grad_up = halves(grad_x)
+        launch_bwd(rows(grad), gate, up, grad_gate, grad_up, x.shape[-1], x.shape[-1], activation)
+    return grad_x

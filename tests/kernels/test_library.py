@@ -1,0 +1,53 @@
+"""``_library.define_differentiable_op``: the autograd wiring it generates from a declaration."""
+
+import pytest
+import torch
+from torch import Tensor
+
+from twinkle_triton._library import define_differentiable_op
+
+
+def _scale_add_impl(x: Tensor, bias: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+    out = x * scale + (0 if bias is None else bias)
+    return out, out * out
+
+
+def _scale_add_fake(x: Tensor, bias: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+def _scale_add_backward(grad_out: Tensor, grad_square: Tensor, out: Tensor, bias: Tensor | None,
+                        scale: float) -> tuple[Tensor, Tensor]:
+    grad = grad_out + 2 * out * grad_square
+    return grad * scale, grad.sum(0)
+
+
+def _scale_add_backward_fake(grad_out: Tensor, grad_square: Tensor, out: Tensor, bias: Tensor | None,
+                             scale: float) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(grad_out), grad_out.new_empty(grad_out.shape[1:])
+
+
+# saved: an output, an optional tensor input and a float; bias gets no gradient when it is None
+_scale_add = define_differentiable_op(
+    "test_library_scale_add", _scale_add_impl, fake=_scale_add_fake,
+    backward=_scale_add_backward, backward_fake=_scale_add_backward_fake, saved=("output[0]", "bias", "scale"),
+    gradients=lambda grads, saved: (grads[0], grads[1] if saved[1] is not None else None, None),
+)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_generated_autograd_matches_gradcheck_and_opcheck(with_bias):
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True) if with_bias else None
+    inputs = (x, bias) if with_bias else (x,)
+    assert torch.autograd.gradcheck(lambda *t: _scale_add(t[0], t[1] if with_bias else None, 1.5), inputs)
+    torch.library.opcheck(_scale_add.op, (x, bias, 1.5))
+    assert torch.ops.twinkle.test_library_scale_add_backward.default is not None  # the backward is an op too
+
+
+def test_a_saved_name_that_is_no_parameter_is_refused():
+    with pytest.raises(ValueError, match="saved names 'weight'.*x, scale"):
+        define_differentiable_op(
+            "test_library_bad", lambda x, scale: x, fake=lambda x, scale: x,
+            backward=lambda grad, weight: grad, backward_fake=lambda grad, weight: grad, saved=("weight",),
+        )

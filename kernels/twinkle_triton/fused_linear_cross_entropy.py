@@ -5,7 +5,7 @@
 optionally with label smoothing, a z-loss (``z_loss * logsumexp(logits)**2`` per token, PaLM) and
 logit soft-capping (``softcap * tanh(logits / softcap)``, Gemma 2) applied to the logits first.
 
-Two strategies compute it.
+Three strategies compute it.
 
 ``strategy="tiled"``: the logits only ever exist as one ``BLOCK_M x BLOCK_N`` tile
 in registers. The forward kernel is a matmul over token tiles x vocab tiles whose epilogue keeps
@@ -25,6 +25,15 @@ under a per-tile lock in the gradient's dtype, or with fp32 atomics into fp32 bu
 ``fp32_accumulation=True`` (one more weight-sized fp32 buffer, 2x the weight's bytes for bf16).
 Accumulation order varies between runs (not bitwise deterministic).
 
+``strategy="vocab_chunked"`` (exact, low memory; the default when an option the chunked strategy lacks is
+asked for without ``filter_eps``): the forward is the tiled strategy's (logsumexp per token, no logits);
+the backward goes over the vocabulary in chunks: cuBLAS recomputes one chunk's logits (all tokens) into
+one reused buffer, a Triton kernel turns them in place into d(loss)/d(logits), cuBLAS writes that
+chunk's rows of grad_W once (one rounding, no read-modify-write, no atomics) and adds its share of
+grad_x into an fp32 tokens x hidden accumulator. Extra memory: the gradients, the accumulator and one
+chunk of ``VOCAB_CHUNK_BYTES``. It computes the logits twice (four matmuls against the chunked
+strategy's three), so it is slower than chunked and faster than exact tiling.
+
 ``strategy="chunked"`` (the default, and whenever ``chunk_size`` is given): cuBLAS computes the logits of
 ``chunk_size`` tokens into one reused buffer, a Triton row kernel turns them into the loss and, in
 place, into d(loss)/d(logits); cuBLAS then writes grad_x and accumulates grad_W. Gradients are
@@ -38,6 +47,12 @@ Measured by ``twinkle-fx bench --micro`` on an H100 (torch 2.11, triton 3.6; 409
 0.262; Inductor 6.82 / 1.42; chunked (exact, the default) 6.8 / 0.55; eager 15.3 / 6.96.
 Most of the tiled backward's gain comes from the forward's per-tile logit maximum: the backward
 skips a tile without computing it when no entry can reach ``filter_eps`` (see the kernel).
+The exact strategies on one H100 (docs/perf/flce_vocab_sweep.py, same shape, one run; relative error of
+grad_x against fp32 in brackets, weights at init scale): chunked 7.02 ms / 0.550 GiB (3.0e-3);
+vocab_chunked 9.40 ms / 0.312 GiB with 32 MiB chunks (3.0e-3), 9.18 / 0.344 with 64 MiB, 8.79 / 0.406
+with 128 MiB, 18.3 / 0.297 with 16 MiB (host-bound: ~150 chunks); beside them tiled with
+``filter_eps="auto"`` 4.67 / 0.261 (2.0e-2: it drops the flat softmax's small entries), Cut
+Cross-Entropy 6.61 / 0.262 (2.0e-2, filtering too), Inductor 6.60 / 1.42 (3.0e-3).
 
 Semantics: ``reduction="mean"`` divides by the number of non-ignored targets; with every target
 ignored the mean is nan (0/0) and gradients are zero, exactly like ``F.cross_entropy``;
@@ -636,11 +651,17 @@ _flce_tiled_op = define_op(
 # ---------------------------------------------------------------------------------------------
 
 # Bytes of the one logits chunk (tokens x vocab columns) the vocab-chunked backward reuses; the columns
-# per chunk follow from the token count (whole 256-column tiles, at least 256). Chosen by
-# docs/perf/flce_vocab_sweep.py (see VOCAB_CHUNK_SWEEP in this module's docstring).
+# per chunk follow from the token count (whole 256-column tiles, at least 256). Swept by
+# docs/perf/flce_vocab_sweep.py on an H100 (4096 x 896 -> 151936, bf16, fwd+bwd, ms / extra GiB):
+#     chunk MiB (columns)   8 (1024)      16 (2048)     32 (4096)     64 (8192)     128 (16384)
+#     tiled forward         26.6 / 0.289  18.3 / 0.297  9.40 / 0.312  9.18 / 0.344  8.79 / 0.406
+#     cublas forward        33.3 / 0.289  19.0 / 0.297  11.6 / 0.312  9.06 / 0.344  8.53 / 0.406
+# Below 32 MiB the ~100+ chunks are host-bound (launches); above, the extra memory grows faster than the
+# time falls. 32 MiB: the low memory that is this strategy's reason to exist, 0.2 ms from 64 MiB.
 VOCAB_CHUNK_BYTES = 32 * 1024 * 1024
 # Which forward computes the per-row logsumexp: "tiled" (the Triton matmul with an online-LSE epilogue
-# above: no logits at all) or "cublas" (cuBLAS logits chunks, as in the backward, and a row kernel).
+# above: no logits, no chunk buffer, one launch) or "cublas" (cuBLAS logits chunks and a row kernel per
+# chunk: launch-bound with many chunks, see the sweep above).
 VOCAB_CHUNKED_FORWARD = "tiled"
 # Columns per program of the row kernels; untuned.
 _CHUNK_BLOCK = 1024
@@ -918,7 +939,7 @@ def _check(x, weight, target, bias, reduction, options) -> None:
         if reduction == "none" or extras:
             asked = extras + (["reduction='none'"] if reduction == "none" else [])
             raise ValueError(f"{op}: the chunked strategy (chunk_size={chunk_size!r}) supports reduction "
-                             f"'mean' / 'sum' only, without {', '.join(asked)}; use strategy='tiled' (no chunk_size).")
+                             f"'mean' / 'sum' only, without {', '.join(asked)}; use strategy='vocab_chunked' (exact) or 'tiled'.")
     elif chunk_size is not None:
         raise ValueError(f"{op}: chunk_size={chunk_size!r} applies to strategy='chunked' (tokens) or "
                          f"'vocab_chunked' (vocabulary columns), not {strategy!r}.")
@@ -944,11 +965,13 @@ def fused_linear_cross_entropy(
         z_loss (`float`, defaults to 0): adds ``z_loss * logsumexp(logits)**2`` per non-ignored token.
         softcap (`float`, *optional*): logits become ``softcap * tanh(logits / softcap)`` first (Gemma 2's
             ``final_logit_softcapping``).
-        strategy (`str`, *optional*): ``"chunked"`` or ``"tiled"``; by default chunked (exact, and as
-            fast as Inductor), tiled when an option only it has is asked for (``label_smoothing``,
-            ``z_loss``, ``softcap``, ``reduction="none"``, ``filter_eps``); see the module docstring.
+        strategy (`str`, *optional*): ``"chunked"``, ``"vocab_chunked"`` or ``"tiled"``; by default
+            chunked (exact, and as fast as Inductor); vocab_chunked (exact) when an option chunked lacks
+            is asked for (``label_smoothing``, ``z_loss``, ``softcap``, ``reduction="none"``); tiled when
+            ``filter_eps`` or ``fp32_accumulation`` is given. See the module docstring.
         chunk_size (`int`, *optional*): chunked strategy: tokens per logits chunk (default: one chunk
-            within 320 MiB).
+            within 320 MiB); vocab_chunked: vocabulary entries per chunk (default: one chunk within
+            ``VOCAB_CHUNK_BYTES``, 32 MiB).
         filter_eps (`float` or `"auto"` or `None`, defaults to `None`): tiled strategy: skip the
             gradient products of a tile whose d(loss)/d(logits) entries are all below this (``"auto"``:
             2^-12 in bf16, Cut Cross-Entropy's default); `None` is exact. Filtering is fast (4.7 ms
@@ -972,8 +995,12 @@ def fused_linear_cross_entropy(
         ```
     """
     if strategy is None and chunk_size is None:
-        tiled_only = label_smoothing or z_loss or softcap is not None or reduction == "none" or filter_eps is not None
-        strategy = "tiled" if tiled_only else "chunked"
+        if filter_eps is not None or fp32_accumulation:
+            strategy = "tiled"
+        elif label_smoothing or z_loss or softcap is not None or reduction == "none":
+            strategy = "vocab_chunked"  # exact; 9.4 ms where exact tiling takes 37 (module docstring)
+        else:
+            strategy = "chunked"
     options = {"label_smoothing": float(label_smoothing), "z_loss": float(z_loss), "softcap": softcap,
                "strategy": strategy, "chunk_size": chunk_size, "filter_eps": filter_eps,
                "fp32_accumulation": fp32_accumulation}

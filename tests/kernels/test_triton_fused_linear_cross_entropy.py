@@ -34,7 +34,10 @@ def _inputs(lead, hidden, dtype, bias, ignore_every=3):
 
 
 def _check(x, weight, target, bias, dtype, reduction="mean", chunk_size=4, what="flce", **options):
-    """chunk_size=None: the tiled strategy (with ``options``)."""
+    """chunk_size=None: the tiled strategy (with ``options``), unless ``options`` names another."""
+    if chunk_size is None:
+        options.setdefault("strategy", "tiled")
+
     def ours(x, weight, bias):
         return tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, chunk_size=chunk_size,
                                              **options)
@@ -99,7 +102,7 @@ def test_tiled_filter_skips_only_tiles_without_large_gradients(small_tiles):
 def test_tiled_all_targets_ignored_behaves_like_torch(reduction, small_tiles):
     x, weight, target, bias = _inputs((6,), 16, torch.float32, bias=True, ignore_every=1)
     args = [t.requires_grad_() for t in (x, weight, bias)]
-    loss = tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction)
+    loss = tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, strategy="tiled")
     want = tt.fused_linear_cross_entropy_reference(x, weight, target, bias, reduction=reduction)
     torch.testing.assert_close(loss, want, equal_nan=True)
     grads = torch.autograd.grad(loss.sum(), args)
@@ -261,7 +264,7 @@ def test_compiled_with_inductor_and_ignored_labels_matches_reference():
 
 def test_rejects_bad_inputs_with_a_useful_message():
     x, weight, target, _ = _inputs((5,), 16, torch.float32, bias=False)
-    with pytest.raises(ValueError, match="reduction='none'.*strategy='tiled'"):
+    with pytest.raises(ValueError, match="reduction='none'.*strategy='vocab_chunked'"):
         tt.fused_linear_cross_entropy(x, weight, target, reduction="none", chunk_size=4)
     with pytest.raises(ValueError, match="label_smoothing"):
         tt.fused_linear_cross_entropy(x, weight, target, strategy="chunked", label_smoothing=0.1)
@@ -370,3 +373,19 @@ def test_vocab_chunked_rejects_tiled_only_options():
     x, weight, target, _ = _inputs((5,), 16, torch.float32, bias=False)
     with pytest.raises(ValueError, match="filter_eps / fp32_accumulation apply to strategy='tiled'"):
         tt.fused_linear_cross_entropy(x, weight, target, strategy="vocab_chunked", filter_eps="auto")
+
+
+def test_options_chunked_lacks_default_to_the_exact_vocab_chunked_strategy(monkeypatch):
+    """label_smoothing / z_loss / softcap / reduction='none' without filter_eps take the exact
+    vocab-chunked strategy (exact tiling is 4x slower); filter_eps or fp32_accumulation take tiled."""
+    calls = []
+    real = flce._flce_vocab_op
+    monkeypatch.setattr(flce, "_flce_vocab_op", lambda *args: calls.append(args) or real(*args))
+    x, weight, target, _ = _inputs((9,), 16, torch.float32, bias=False)
+    for options in ({"label_smoothing": 0.1}, {"z_loss": 1e-3}, {"softcap": 3.0}, {"reduction": "none"}):
+        tt.fused_linear_cross_entropy(x, weight, target, **options)
+    assert len(calls) == 4
+    tt.fused_linear_cross_entropy(x, weight, target, label_smoothing=0.1, filter_eps="auto")
+    tt.fused_linear_cross_entropy(x, weight, target, reduction="none", fp32_accumulation=True)
+    tt.fused_linear_cross_entropy(x, weight, target)  # chunked
+    assert len(calls) == 4

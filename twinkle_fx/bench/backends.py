@@ -223,8 +223,6 @@ BACKENDS: dict[str, Backend] = {
         Backend("twinkle+cudagraphs", 'backend="twinkle", mode="reduce-overhead"', _twinkle(False, mode="reduce-overhead")),
         Backend("twinkle+gemm-fusion", 'backend="twinkle", options={"fuse_projections": True}',
                 _twinkle(False, options={"fuse_projections": True})),
-        Backend("twinkle-measured", 'twinkle_fx.compile(model, options={"swap_policy": "measured"})',
-                _twinkle(False, options={"swap_policy": "measured"})),
         Backend("twinkle-all-swaps", 'backend="twinkle", options={"swap_policy": "always"}',
                 _twinkle(False, options={"swap_policy": "always"})),
         Backend("liger+inductor", "Liger, then torch.compile(model)", _liger(compiled=True)),

@@ -291,8 +291,14 @@ def vocab_forward(request, monkeypatch, small_tiles):
     return request.param
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+# The cuBLAS forward (not the default) is interpreted slowly (~8 s a case): every dtype and option
+# runs with the default tiled forward, a subset with the cuBLAS one.
+
+
+@pytest.mark.parametrize(("dtype", "reduction", "vocab_forward"),
+                         [(dtype, reduction, "tiled") for dtype in DTYPES for reduction in ("mean", "sum", "none")]
+                         + [(torch.float32, "mean", "cublas"), (torch.bfloat16, "none", "cublas")],
+                         indirect=["vocab_forward"])
 def test_vocab_chunked_matches_reference(reduction, dtype, vocab_forward):
     # 123 vocab in chunks of 50: two whole chunks and a partial one; odd token count, bias
     x, weight, target, bias = _inputs((3, 13), 40, dtype, bias=True)
@@ -300,10 +306,13 @@ def test_vocab_chunked_matches_reference(reduction, dtype, vocab_forward):
            what=f"vocab_chunked {vocab_forward} {reduction}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("options", [{"label_smoothing": 0.1}, {"z_loss": 1e-2}, {"softcap": 2.0},
-                                     {"label_smoothing": 0.2, "z_loss": 1e-3, "softcap": 5.0}],
-                         ids=["smoothing", "z_loss", "softcap", "all"])
+_ALL_OPTIONS = {"label_smoothing": 0.2, "z_loss": 1e-3, "softcap": 5.0}
+
+
+@pytest.mark.parametrize(("options", "dtype", "vocab_forward"),
+                         [(options, dtype, "tiled") for dtype in (torch.float32, torch.bfloat16)
+                          for options in ({"label_smoothing": 0.1}, {"z_loss": 1e-2}, {"softcap": 2.0}, _ALL_OPTIONS)]
+                         + [(_ALL_OPTIONS, torch.float32, "cublas")], indirect=["vocab_forward"])
 def test_vocab_chunked_options_match_reference(options, dtype, vocab_forward):
     x, weight, target, bias = _inputs((29,), 24, dtype, bias=True)
     _check(x, weight, target, bias, dtype, "mean", chunk_size=64, strategy="vocab_chunked",

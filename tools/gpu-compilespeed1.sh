@@ -8,7 +8,7 @@ unset TRITON_INTERPRET
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 (timeout 60 python3 tools/cudagraph_training_probe.py > "$out/probe.txt" 2>&1; echo "probe exit $?" >> "$out/probe.txt") &
 probe=$!
-timeout "${1:-195}" python3 -m twinkle_fx bench --backends inductor,twinkle,kernelize+twinkle --steps 10 --warmup 2 \
+timeout "${1:-300}" python3 -m twinkle_fx bench --backends inductor,twinkle,kernelize+twinkle --steps 10 --warmup 2 \
   --profile "$out/prof" --out "$out/train" > "$out/train.txt" 2>&1; echo "train exit $?"
 tail -32 "$out/train.txt" | cut -c1-300
 wait $probe

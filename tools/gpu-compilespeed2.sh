@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # compilespeed GPU call 2, nothing running beside the timed bench: training rows inductor, twinkle,
 # twinkle-all-swaps (every region swapped) with profiles (and where their time goes), the reduce-overhead tests, the exact-FLCE
+# About 9 minutes with the defaults (each compiled training row: ~75 s of first-step compilation on an H100 machine).
 # defaults against exact tiling, the vocab_chunked kernel tests on the GPU. Run from the repo root.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 unset TRITON_INTERPRET
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
-timeout "${1:-195}" python3 -m twinkle_fx bench --backends inductor,twinkle,twinkle-all-swaps --steps 10 --warmup 2 \
+timeout "${1:-300}" python3 -m twinkle_fx bench --backends inductor,twinkle,twinkle-all-swaps --steps 10 --warmup 2 \
   --profile "$out/prof" --out "$out/train" > "$out/train.txt" 2>&1; echo "train exit $?"
 grep -E "^\[|first step" "$out/train.txt" | cut -c1-250
 timeout 20 python3 tools/profile_summary.py "$out"/prof/*/profile_trace.json > "$out/profile_summary.txt" 2>&1

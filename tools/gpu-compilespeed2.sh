@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # compilespeed GPU call 2, nothing running beside the timed bench: training rows inductor, twinkle,
 # twinkle-all-swaps (every region swapped) with profiles (and where their time goes), the reduce-overhead tests, the exact-FLCE
-# About 9 minutes with the defaults (each compiled training row: ~75 s of first-step compilation on an H100 machine).
 # defaults against exact tiling, the vocab_chunked kernel tests on the GPU. Run from the repo root.
+# About 9 minutes with the defaults (each compiled training row: ~75 s of first-step compilation on an H100 machine).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 unset TRITON_INTERPRET

@@ -48,3 +48,20 @@ def test_one_call_without_fused_loss_and_bad_arguments():
         twinkle_fx.compile(model, backend="inductor")
     with pytest.raises(TypeError, match="nn.Module"):
         twinkle_fx.compile("model")
+
+
+def test_one_call_keeps_inductor_code_for_measured_regions_in_training_unless_told(monkeypatch):
+    """In training twinkle_fx.compile asks the backend for swap_policy="measured" (fewer launches than
+    swapping every region; see its docstring), keeps what the caller names, and leaves inference and
+    mode= (torch.compile takes no options= beside it) to the backend's default."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: seen.append(kwargs["options"]) or model)
+    model = tiny("qwen2", layers=1).train()
+    twinkle_fx.compile(model, fused_loss=False)
+    twinkle_fx.compile(model, fused_loss=False, options={"compiler": "aot_eager"})
+    twinkle_fx.compile(model, fused_loss=False, options={"swap_policy": "always"})
+    twinkle_fx.compile(model, fused_loss=False, mode="reduce-overhead")
+    twinkle_fx.compile(model.eval(), fused_loss=False)
+    twinkle_fx.compile(model, fused_loss=False, options={"mode": "train"})
+    assert seen == [{"swap_policy": "measured"}, {"compiler": "aot_eager", "swap_policy": "measured"},
+                    {"swap_policy": "always"}, None, None, {"mode": "train", "swap_policy": "measured"}]

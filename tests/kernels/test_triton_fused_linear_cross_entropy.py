@@ -34,7 +34,10 @@ def _inputs(lead, hidden, dtype, bias, ignore_every=3):
 
 
 def _check(x, weight, target, bias, dtype, reduction="mean", chunk_size=4, what="flce", **options):
-    """chunk_size=None: the tiled strategy (with ``options``)."""
+    """chunk_size=None: the tiled strategy (with ``options``), unless ``options`` names another."""
+    if chunk_size is None:
+        options.setdefault("strategy", "tiled")
+
     def ours(x, weight, bias):
         return tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, chunk_size=chunk_size,
                                              **options)
@@ -99,7 +102,7 @@ def test_tiled_filter_skips_only_tiles_without_large_gradients(small_tiles):
 def test_tiled_all_targets_ignored_behaves_like_torch(reduction, small_tiles):
     x, weight, target, bias = _inputs((6,), 16, torch.float32, bias=True, ignore_every=1)
     args = [t.requires_grad_() for t in (x, weight, bias)]
-    loss = tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction)
+    loss = tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, strategy="tiled")
     want = tt.fused_linear_cross_entropy_reference(x, weight, target, bias, reduction=reduction)
     torch.testing.assert_close(loss, want, equal_nan=True)
     grads = torch.autograd.grad(loss.sum(), args)
@@ -261,7 +264,7 @@ def test_compiled_with_inductor_and_ignored_labels_matches_reference():
 
 def test_rejects_bad_inputs_with_a_useful_message():
     x, weight, target, _ = _inputs((5,), 16, torch.float32, bias=False)
-    with pytest.raises(ValueError, match="reduction='none'.*strategy='tiled'"):
+    with pytest.raises(ValueError, match="reduction='none'.*strategy='vocab_chunked'"):
         tt.fused_linear_cross_entropy(x, weight, target, reduction="none", chunk_size=4)
     with pytest.raises(ValueError, match="label_smoothing"):
         tt.fused_linear_cross_entropy(x, weight, target, strategy="chunked", label_smoothing=0.1)
@@ -277,3 +280,121 @@ def test_rejects_bad_inputs_with_a_useful_message():
         tt.fused_linear_cross_entropy(x, weight, target[:3])
     with pytest.raises(ValueError, match="dtypes"):
         tt.fused_linear_cross_entropy(x, weight.double(), target)
+
+
+# ---------------------------------------------------------------- strategy="vocab_chunked"
+
+@pytest.fixture(params=["tiled", "cublas"])
+def vocab_forward(request, monkeypatch, small_tiles):
+    """Both forwards of the vocab-chunked strategy (the Triton online-LSE matmul, cuBLAS chunks)."""
+    monkeypatch.setattr(flce, "VOCAB_CHUNKED_FORWARD", request.param)
+    return request.param
+
+
+# The cuBLAS forward (not the default) is interpreted slowly (~8 s a case): every dtype and option
+# runs with the default tiled forward, a subset with the cuBLAS one.
+
+
+@pytest.mark.parametrize(("dtype", "reduction", "vocab_forward"),
+                         [(dtype, reduction, "tiled") for dtype in DTYPES for reduction in ("mean", "sum", "none")]
+                         + [(torch.float32, "mean", "cublas"), (torch.bfloat16, "none", "cublas")],
+                         indirect=["vocab_forward"])
+def test_vocab_chunked_matches_reference(reduction, dtype, vocab_forward):
+    # 123 vocab in chunks of 50: two whole chunks and a partial one; odd token count, bias
+    x, weight, target, bias = _inputs((3, 13), 40, dtype, bias=True)
+    _check(x, weight, target, bias, dtype, reduction, chunk_size=50, strategy="vocab_chunked",
+           what=f"vocab_chunked {vocab_forward} {reduction}")
+
+
+_ALL_OPTIONS = {"label_smoothing": 0.2, "z_loss": 1e-3, "softcap": 5.0}
+
+
+@pytest.mark.parametrize(("options", "dtype", "vocab_forward"),
+                         [(options, dtype, "tiled") for dtype in (torch.float32, torch.bfloat16)
+                          for options in ({"label_smoothing": 0.1}, {"z_loss": 1e-2}, {"softcap": 2.0}, _ALL_OPTIONS)]
+                         + [(_ALL_OPTIONS, torch.float32, "cublas")], indirect=["vocab_forward"])
+def test_vocab_chunked_options_match_reference(options, dtype, vocab_forward):
+    x, weight, target, bias = _inputs((29,), 24, dtype, bias=True)
+    _check(x, weight, target, bias, dtype, "mean", chunk_size=64, strategy="vocab_chunked",
+           what=f"vocab_chunked {options}", **options)
+    _check(x, weight, target, None, dtype, "none", chunk_size=64, strategy="vocab_chunked",
+           what=f"vocab_chunked none {options}", **options)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_vocab_chunked_all_targets_ignored_behaves_like_torch(reduction, vocab_forward):
+    x, weight, target, bias = _inputs((6,), 16, torch.float32, bias=True, ignore_every=1)
+    args = [t.requires_grad_() for t in (x, weight, bias)]
+    loss = tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, strategy="vocab_chunked",
+                                         chunk_size=40)
+    want = tt.fused_linear_cross_entropy_reference(x, weight, target, bias, reduction=reduction)
+    torch.testing.assert_close(loss, want, equal_nan=True)
+    grads = torch.autograd.grad(loss.sum(), args)
+    assert not any(g.any() for g in grads)
+
+
+def test_vocab_chunked_empty_batch_and_frozen_weight(vocab_forward):
+    x, weight, target, _ = _inputs((0,), 16, torch.float32, bias=False)
+    args = [t.requires_grad_() for t in (x, weight)]
+    loss = tt.fused_linear_cross_entropy(x, weight, target, reduction="sum", strategy="vocab_chunked")
+    grad_x, grad_w = torch.autograd.grad(loss, args)
+    assert loss.item() == 0.0 and grad_x.shape == (0, 16) and not grad_w.any()
+    x, weight, target, _ = _inputs((5,), 16, torch.float32, bias=False)
+    x.requires_grad_()
+    tt.fused_linear_cross_entropy(x, weight, target, strategy="vocab_chunked").backward()
+    assert weight.grad is None and x.grad is not None
+
+
+def test_vocab_chunked_strided_inputs_and_compiled(vocab_forward):
+    x = torch.randn(16, 10).t()
+    weight = torch.randn(16, 2 * VOCAB).t()[::2]
+    target = torch.randint(0, VOCAB, (10,))
+    _check(x, weight, target, None, torch.float32, chunk_size=32, strategy="vocab_chunked", what="strided")
+    _compiled_matches_reference("aot_eager", strategy="vocab_chunked", chunk_size=32)
+
+
+def test_vocab_chunked_gradcheck_fp64():
+    x, weight, target, bias = _inputs((4,), 3, torch.float64, bias=True, ignore_every=4)
+    weight, bias = weight[:7].contiguous(), bias[:7].contiguous()
+    target = target.clamp(max=6) * (target >= 0) + (-100) * (target < 0)
+    args = [t.requires_grad_() for t in (x, weight, bias)]
+    assert torch.autograd.gradcheck(
+        lambda x, w, b: tt.fused_linear_cross_entropy(x, w, target, b, strategy="vocab_chunked", chunk_size=3,
+                                                      z_loss=0.5), args
+    )
+
+
+def test_opcheck_vocab_chunked(small_tiles):
+    x, weight, target, bias = _inputs((21,), 24, torch.float32, bias=True)
+    args = (x.requires_grad_(), weight.requires_grad_(), target, bias.requires_grad_(), -100, 0.1, 1e-3, 0.0, 50)
+    torch.library.opcheck(torch.ops.twinkle.fused_linear_cross_entropy_vocab_chunked.default, args)
+
+
+def test_default_vocab_chunk_fits_its_budget():
+    # the reference workload: 4096 tokens, bf16 -> whole 256-column tiles within VOCAB_CHUNK_BYTES
+    cols = flce.default_vocab_chunk(4096, 151936, torch.bfloat16)
+    assert cols % 256 == 0 and 4096 * cols * 2 <= flce.VOCAB_CHUNK_BYTES < 4096 * (cols + 256) * 2
+    assert flce.default_vocab_chunk(4096, 300, torch.bfloat16) == 300  # never more than the vocabulary
+    assert flce.default_vocab_chunk(10**7, 151936, torch.float32) == 256  # at least one tile
+
+
+def test_vocab_chunked_rejects_tiled_only_options():
+    x, weight, target, _ = _inputs((5,), 16, torch.float32, bias=False)
+    with pytest.raises(ValueError, match="filter_eps / fp32_accumulation apply to strategy='tiled'"):
+        tt.fused_linear_cross_entropy(x, weight, target, strategy="vocab_chunked", filter_eps="auto")
+
+
+def test_options_chunked_lacks_default_to_the_exact_vocab_chunked_strategy(monkeypatch):
+    """label_smoothing / z_loss / softcap / reduction='none' without filter_eps take the exact
+    vocab-chunked strategy (exact tiling is 4x slower); filter_eps or fp32_accumulation take tiled."""
+    calls = []
+    real = flce._flce_vocab_op
+    monkeypatch.setattr(flce, "_flce_vocab_op", lambda *args: calls.append(args) or real(*args))
+    x, weight, target, _ = _inputs((9,), 16, torch.float32, bias=False)
+    for options in ({"label_smoothing": 0.1}, {"z_loss": 1e-3}, {"softcap": 3.0}, {"reduction": "none"}):
+        tt.fused_linear_cross_entropy(x, weight, target, **options)
+    assert len(calls) == 4
+    tt.fused_linear_cross_entropy(x, weight, target, label_smoothing=0.1, filter_eps="auto")
+    tt.fused_linear_cross_entropy(x, weight, target, reduction="none", fp32_accumulation=True)
+    tt.fused_linear_cross_entropy(x, weight, target)  # chunked
+    assert len(calls) == 4

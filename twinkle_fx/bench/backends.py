@@ -9,6 +9,7 @@ eager              the model as built
 inductor           ``torch.compile(model)``
 twinkle            ``twinkle_fx.compile(model)`` with the built-in kernels registered: the fused-loss
                    head on the compiled module, then ``torch.compile(model, backend="twinkle")``
+                   (``swap_policy="measured"`` in training; ``twinkle-all-swaps`` swaps every region)
 kernelize+twinkle  ``kernelize_model(model, mode="train+compile")`` (fused-loss head), then twinkle
 kernelize          ``twinkle_fx.kernelize_model(model, mode="train")`` with the built-in kernels, decoder layers too
 kernelize+cudagraphs  the same with ``cuda_graphs=True``: each decoder layer's forward and backward replayed

@@ -30,7 +30,7 @@ else
   unset TRITON_INTERPRET
   # per run at most $cap s, all of it within $deadline s (the device allows 600 s a command); an optional
   # run starts only before $optional_until s
-  cap=170; deadline=540; optional_until=330
+  cap=${CAP:-150}; deadline=${DEADLINE:-430}; optional_until=${OPTIONAL_UNTIL:-0}
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 fi

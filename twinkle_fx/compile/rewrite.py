@@ -12,7 +12,9 @@ from typing import Any
 
 import torch.fx as fx
 
-from .regions import Region, fake_value
+from .dynamo_internals import example_value, provenance
+from .reasons import KeepRegion, ReasonKind
+from .regions import Region
 
 __all__ = ["replace_region", "has_side_effects"]
 
@@ -30,8 +32,13 @@ def has_side_effects(node: fx.Node) -> bool:
         return node.is_impure()
 
 
-def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> str | None:
-    """Insert ``call(*region.call_args)`` and route ``region.outputs`` to it; a reason if impossible."""
+def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> tuple[fx.Node, dict[fx.Node, fx.Node]]:
+    """Insert ``call(*region.call_args)`` and route ``region.outputs`` to it.
+
+    Returns the call node and, for each output, the node now standing for it (a later match that
+    read the output reads that instead). Raises :class:`KeepRegion` before touching the graph when
+    the rewrite is impossible.
+    """
     graph = gm.graph
     inside = set(region.nodes)
     order = {n: i for i, n in enumerate(graph.nodes)}
@@ -39,15 +46,13 @@ def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> str | None:
     for out in region.outputs:
         for user in out.users:
             if user not in inside and order[user] < order[last]:
-                return f"its output {out.name} is read by {user.name} before the region ends (interleaved computation)"
+                raise KeepRegion(ReasonKind.INTERLEAVED, f"its output {out.name} is read by {user.name} before the "
+                                 "region ends (interleaved computation)")
 
     with graph.inserting_after(last):
         call_node = graph.call_function(call, tuple(region.call_args))
-    values = [fake_value(n) for n in region.outputs]
-    call_node.meta.update(
-        {k: v for k, v in region.outputs[-1].meta.items() if k in ("nn_module_stack", "stack_trace", "source_fn_stack")}
-    )
-    call_node.meta["twinkle_region"] = region.describe()
+    values = [example_value(n) for n in region.outputs]
+    call_node.meta.update(provenance(region.outputs[-1]))
     if len(region.outputs) == 1:
         call_node.meta["example_value"] = values[0]
         results = [call_node]
@@ -60,10 +65,11 @@ def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> str | None:
                 anchor = graph.call_function(operator.getitem, (call_node, i))
             anchor.meta["example_value"] = value
             results.append(anchor)
+    replaced = {}
     for out, result in zip(region.outputs, results):
         out.replace_all_uses_with(result, delete_user_cb=lambda user: user not in inside)
-        region.replaced[out] = result
+        replaced[out] = result
     for node in sorted(region.nodes, key=order.__getitem__, reverse=True):
         if not node.users and not has_side_effects(node):
             graph.erase_node(node)
-    return None
+    return call_node, replaced

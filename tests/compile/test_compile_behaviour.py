@@ -359,3 +359,76 @@ def test_compiled_root_reports_subclasses_of_bound_classes():
     register_external_layer(GatedMLP, "Head")
     report = twinkle_fx.explain(SubclassedMLP(), torch.randn(2, 8))
     assert [(r.location, r.reason.kind) for r in report.regions] == [("<compiled module>", ReasonKind.COMPILED_ROOT)]
+
+
+def test_opaque_ops_are_registered_once_per_region_across_recompiles():
+    from twinkle_fx.compile.opaque import registered_opaque_ops
+
+    _register(UntraceableKernel)
+    model, x = GatedMLP(), torch.randn(3, 8)
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
+    with collect_reports() as report:
+        compiled(x)
+        first = registered_opaque_ops()
+        torch._dynamo.reset()  # a recompile of the same region
+        compiled(x)
+    assert [r.how for r in report.regions] == ["opaque custom op, can_torch_compile=False"] * 2
+    assert registered_opaque_ops() == first
+    ops = {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("twinkle_opaque::")}
+    compiled(torch.randn(5, 8))  # a new shape: Dynamo recompiles, the region's code differs, one more op
+    torch._dynamo.reset()
+    compiled(x)
+    assert registered_opaque_ops() <= first + 1
+    assert {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("twinkle_opaque::")} >= ops
+
+
+class BreakFirst(torch.nn.Module):
+    def forward(self, x):
+        torch._dynamo.graph_break()
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+
+def test_graph_break_on_the_first_line_of_a_layer_inside_sequential_is_reported():
+    register_layer_kernel(kernel_name="SiluAndMul", layer=SiluAndMulKernel, device="cpu")
+    register_external_layer(BreakFirst, "SiluAndMul")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), BreakFirst(), torch.nn.Linear(8, 8))
+    x = torch.randn(3, 8)
+    with collect_reports() as report:
+        out = torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x)
+    torch.testing.assert_close(out, model(x))
+    kept = {(r.target, r.reason.kind) for r in report.not_swapped}
+    assert ("BreakFirst -> SiluAndMul", ReasonKind.GRAPH_BREAK) in kept, report.summary()
+
+
+def test_the_report_holds_only_graphs_that_run():
+    from twinkle_fx.compile.backend import twinkle_backend
+
+    _register()
+    model, x = GatedMLP(), torch.randn(2, 8)
+    gm = torch.fx.symbolic_trace(model)
+    with collect_reports() as report:
+        compiled = twinkle_backend(gm, [x], options={"compiler": "eager"})
+        assert report.graphs == []  # compiled, not run: Dynamo may still discard it
+        compiled(x)
+        compiled(x)
+    assert report.graph_count == 1
+
+
+def test_dump_graphs_writes_each_graph_before_and_after_each_pass(tmp_path, monkeypatch):
+    from twinkle_fx.compile.backend import PASSES
+
+    _register()
+    monkeypatch.setenv("TWINKLE_FX_DUMP_GRAPHS", str(tmp_path / "env"))
+    torch.compile(GatedMLP(), backend="twinkle", options={"compiler": "eager"})(torch.randn(2, 8))
+    torch._dynamo.reset()
+    monkeypatch.delenv("TWINKLE_FX_DUMP_GRAPHS")
+    torch.compile(GatedMLP(), backend="twinkle",
+                  options={"compiler": "eager", "dump_graphs": str(tmp_path / "option")})(torch.randn(2, 8))
+    for root in ("env", "option"):
+        (graph,) = (tmp_path / root).iterdir()
+        names = sorted(p.name for p in graph.iterdir())
+        assert names == sorted(f"{i:02d}_{p.name}.{when}.py" for i, p in enumerate(PASSES, 1) for when in ("before", "after"))
+        swapped = graph / "02_layer_regions.after.py"
+        assert "twinkle_layer_SiluAndMul" in swapped.read_text()
+        assert "twinkle_layer" not in (graph / "02_layer_regions.before.py").read_text()

@@ -37,7 +37,8 @@ from ..registry import KernelRegistry, get_registry
 from ..settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
 from .analyses import compiled_root, foreign_forwards, function_calls, graph_breaks
-from .dynamo_internals import graph_break, input_source, module_lookup, parse_source
+from .dynamo_internals import (compiled_code, graph_break, graph_breaks_counted, input_source, module_lookup,
+                               parse_source)
 from .inductor_options import compile_with_inductor, inductor_config_patches
 from .options import BackendOptions, parse_options
 from .pipeline import Pass, PassState, run_passes
@@ -73,9 +74,11 @@ def twinkle_backend(
         mode (`str`, *optional*): torch.compile's own ``mode`` ("max-autotune", ...), passed to Inductor.
     """
     opts = _parse(options)
+    counted = graph_breaks_counted()
     state = PassState(
         gm, list(example_inputs), get_registry(), _device(example_inputs), opts.mode or _default_mode(example_inputs),
-        module_lookup(module_roots()), graph_break=graph_break(gm),
+        module_lookup(module_roots()), graph_break=graph_break(gm, counted), compiled_code=compiled_code(),
+        counted_breaks=counted,
     )
     state.fuse_projections = gemm_fusion.should_fuse(opts.fuse_projections, state.mode, opts.compiler)
     report = GraphReport(0, state.device, format_mode(state.mode), opts.compiler, code_before=gm.code,

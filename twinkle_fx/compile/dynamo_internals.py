@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import logging
 import re
+import types
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ModuleFrame", "module_stack", "provenance", "common_provenance", "example_value", "real_input", "input_source", "SourceRef", "parse_source",
-    "GraphBreak", "graph_break", "Frame", "stack_frames", "is_erased", "ModuleLookup", "module_lookup",
+    "GraphBreak", "graph_break", "graph_breaks_counted", "compiled_code", "Frame", "stack_frames", "is_erased", "ModuleLookup", "module_lookup",
 ]
 
 
@@ -199,14 +200,13 @@ class GraphBreak:
         return f"{self.reason} ({where})"
 
 
-def graph_break(gm: fx.GraphModule) -> GraphBreak | None:
+def graph_break(gm: fx.GraphModule, counted: list[str] | None = None) -> GraphBreak | None:
     """The graph break that ended ``gm``, or None when it ended normally (or is not Dynamo's).
 
     Where Dynamo compiled up to a checkpoint it records only "step_unsupported"; the break it hit
-    is then the one it counted since the previous graph (``torch._dynamo.utils.counters``), and
-    that is the reason given.
+    is then the last one it counted before this graph (``counted``, from
+    :func:`graph_breaks_counted`), and that is the reason given.
     """
-    counted = _graph_breaks_counted_since_last_call()
     reason = getattr(gm, "compile_subgraph_reason", None)
     if reason is None or not getattr(reason, "graph_break", False):
         return None
@@ -220,15 +220,25 @@ def graph_break(gm: fx.GraphModule) -> GraphBreak | None:
 _COUNTED_BREAKS: dict[str, int] = {}
 
 
-def _graph_breaks_counted_since_last_call() -> list[str]:
-    """Messages of the graph breaks Dynamo counted since the previous call (oldest first)."""
+def graph_breaks_counted() -> list[str]:
+    """First lines of the graph breaks Dynamo counted since the previous call (oldest first)."""
     global _COUNTED_BREAKS
     from torch._dynamo.utils import counters
 
     now = dict(counters.get("graph_break", {}))
+    if any(now.get(message, 0) < count for message, count in _COUNTED_BREAKS.items()):
+        _COUNTED_BREAKS = {}  # the counters were cleared (torch.compiler.reset())
     new = [message for message, count in now.items() if count > _COUNTED_BREAKS.get(message, 0)]
     _COUNTED_BREAKS = now
-    return new
+    return [message.strip().splitlines()[0] for message in new if message.strip()]
+
+
+def compiled_code() -> types.CodeType | None:
+    """The code object of the frame being compiled (a ``forward``, or Dynamo's resume function
+    for the rest of one after a graph break: same file, lines inside it); None outside a compile."""
+    frame = _compiled_frame()
+    code = getattr(frame, "f_code", None)
+    return code if isinstance(code, types.CodeType) else None
 
 
 # --- stack traces of inlined calls ------------------------------------------------------------------

@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,8 @@ class PassState:
     mode: Mode
     modules: ModuleLookup  # the one way to a module instance (see dynamo_internals)
     graph_break: GraphBreak | None = None  # why Dynamo ended this graph early, if it did
+    compiled_code: types.CodeType | None = None  # the code of the frame this graph comes from
+    counted_breaks: list[str] = field(default_factory=list)  # graph breaks Dynamo counted before this graph
     outcomes: list[Outcome] = field(default_factory=list)  # of the passes run so far (the runner appends)
     # nodes that a pattern match took (swapped or reported): the call analysis does not report them again
     pattern_nodes: set[fx.Node] = field(default_factory=set)

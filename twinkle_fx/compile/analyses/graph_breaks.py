@@ -57,7 +57,11 @@ def _containing_target(state: PassState, frame: Frame, classes: list[tuple[type,
     for target in state.registry.function_targets():
         module_name, _, func_name = target.rpartition(".")
         module = sys.modules.get(module_name)
-        if frame.name == func_name and module is not None and getattr(module, "__file__", None) == frame.filename:
+        if module is None or getattr(module, "__file__", None) != frame.filename:
+            continue
+        function = getattr(module, func_name, None)
+        code = getattr(inspect.unwrap(function), "__code__", None) if callable(function) else None
+        if frame.name == func_name or (code is not None and _lines(code)[0] <= frame.lineno <= _lines(code)[1]):
             return "function", target
     for cls, kernel_name in classes:
         code = _own_code(cls)
@@ -69,12 +73,26 @@ def _containing_target(state: PassState, frame: Frame, classes: list[tuple[type,
 
 
 def run(state: PassState) -> list[Outcome]:
-    """One Kept outcome per registered layer or function whose call the graph break split."""
+    """One Kept outcome per registered layer or function whose call a graph break split."""
     found = state.graph_break
-    if found is None:
-        return []
-    classes = _registered_classes(state)
+    classes = _registered_classes(state) if found is not None or state.compiled_code is not None else []
     outcomes: list[Outcome] = []
+    code = state.compiled_code
+    if code is not None and state.counted_breaks and found is None:
+        # The frame compiled is (the rest of) a registered forward or function after a break no
+        # earlier graph ended at: Dynamo could not inline it into its caller (a break on its first
+        # line inside nn.Sequential makes Dynamo run the caller eagerly and compile the callee on
+        # its own, from the break on).
+        start = Frame(code.co_filename, code.co_firstlineno, code.co_name)
+        hit = _containing_target(state, start, classes)
+        if hit is not None:
+            kind, target = hit
+            why = state.counted_breaks[-1] if state.counted_breaks else "Dynamo compiled it as a frame of its own"
+            outcomes.append(Kept(kind, target, str(start), Reason(
+                ReasonKind.GRAPH_BREAK, f"graph break split the region: {why} (its code is compiled as a frame of "
+                "its own, so it is no region of a graph)")))
+    if found is None:
+        return outcomes
     for frame in found.user_stack:
         hit = _containing_target(state, frame, classes)
         if hit is not None:

@@ -1,7 +1,8 @@
 """Replace a bound region by one call node, keeping everything else the graph needs.
 
-The call goes right after the region's last node (its inputs are all defined by then); each
-output the rest of the graph reads is re-pointed at the call's result; region nodes nothing reads
+The call goes right after the region's last node (its inputs are all defined by then), or, where
+the graph reads an output before that, right after its last input; each output the rest of the
+graph reads is re-pointed at the call's result; region nodes nothing reads
 any more are erased, except nodes with side effects, which stay with whatever they depend on.
 """
 
@@ -32,6 +33,31 @@ def has_side_effects(node: fx.Node) -> bool:
         return node.is_impure()
 
 
+def _read_before(region: Region, order: dict[fx.Node, int], inside: set[fx.Node], point: fx.Node) -> tuple | None:
+    """``(output, user)`` when a node outside the region reads an output before ``point``, else None."""
+    for out in region.outputs:
+        for user in out.users:
+            if user not in inside and order[user] < order[point]:
+                return out, user
+    return None
+
+
+def _insertion_point(region: Region, order: dict[fx.Node, int], inside: set[fx.Node]) -> fx.Node:
+    """Where the call goes: after the region's last node, or, when the graph reads an output before
+    that (Phi3's rotary concatenates q before it rotates k), after the call's last argument."""
+    last = max(region.nodes, key=order.__getitem__)
+    early = _read_before(region, order, inside, last)
+    if early is None:
+        return last
+    if region.call_args:
+        first_possible = max(region.call_args, key=order.__getitem__)
+        if _read_before(region, order, inside, first_possible) is None:
+            return first_possible
+    out, user = early
+    raise KeepRegion(ReasonKind.INTERLEAVED, f"its output {out.name} is read by {user.name} before the region's "
+                     "inputs are all computed (interleaved computation)")
+
+
 def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> tuple[fx.Node, dict[fx.Node, fx.Node]]:
     """Insert ``call(*region.call_args)`` and route ``region.outputs`` to it.
 
@@ -42,13 +68,7 @@ def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> tuple[fx.No
     graph = gm.graph
     inside = set(region.nodes)
     order = {n: i for i, n in enumerate(graph.nodes)}
-    last = max(region.nodes, key=order.__getitem__)
-    for out in region.outputs:
-        for user in out.users:
-            if user not in inside and order[user] < order[last]:
-                raise KeepRegion(ReasonKind.INTERLEAVED, f"its output {out.name} is read by {user.name} before the "
-                                 "region ends (interleaved computation)")
-
+    last = _insertion_point(region, order, inside)
     with graph.inserting_after(last):
         call_node = graph.call_function(call, tuple(region.call_args))
     values = [example_value(n) for n in region.outputs]

@@ -4,7 +4,10 @@ Inlined calls leave only their stack trace (file, line and name of every frame,
 :func:`~..dynamo_internals.stack_frames`), so a node belongs to a call of ``module.func`` when one
 of its frames is ``func`` in that module's file. The pattern pass swaps these calls (and copies of
 the function elsewhere); this pass reports each call it did not take, so a registration that
-never fires is visible.
+never fires is visible, and each copy (a function of the same name in another module: each
+transformers family has its own ``apply_rotary_pos_emb``) whose computation the pattern did not
+match, labelled with the copy's own name (GLM4's interleaved and GPT-OSS's chunked rotary compute
+something else than Qwen2's).
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import torch.fx as fx
 from ..dynamo_internals import module_stack, stack_frames
 from ..pipeline import Kept, Outcome, PassState
 from ..reasons import Reason, ReasonKind
-from ..rewrites.function_patterns import registered_patterns
+from ..rewrites.function_patterns import region_location, registered_patterns
 
 __all__ = ["run", "function_call_regions"]
 
 
-def function_call_regions(state: PassState, target: str) -> dict[tuple, list[fx.Node]]:
-    """Nodes of each inlined call of ``target``, keyed by the call site (caller frames + module)."""
+def function_call_regions(state: PassState, target: str, *, copies: bool = False) -> dict[tuple, list[fx.Node]]:
+    """Nodes of each inlined call of ``target``, keyed by the call site (file of the function called,
+    caller frames, module keys); with ``copies``, of same-named functions in other files instead."""
     module_name, _, func_name = target.rpartition(".")
     filename = getattr(sys.modules.get(module_name), "__file__", None)
     calls: dict[tuple, list[fx.Node]] = {}
@@ -31,22 +35,49 @@ def function_call_regions(state: PassState, target: str) -> dict[tuple, list[fx.
     for node in state.gm.graph.nodes:
         if node.op not in ("call_function", "call_method") or node in state.kernel_calls:
             continue
-        frames = stack_frames(node)
-        for depth, frame in enumerate(frames):
-            if frame.name == func_name and frame.filename == filename:
-                site = (tuple(frames[:depth]), tuple(f.key for f in module_stack(node)))
-                calls.setdefault(site, []).append(node)
-                break
+        site = _site(node, func_name, filename, copies)
+        if site is not None:
+            calls.setdefault(site, []).append(node)
     return calls
+
+
+def _site(node: fx.Node, func_name: str, filename: str, copies: bool) -> tuple | None:
+    """Which call of the function ``node`` belongs to: (its file, caller frames, module keys), or None."""
+    frames = stack_frames(node)
+    for depth, frame in enumerate(frames):
+        if frame.name == func_name and (frame.filename != filename if copies else frame.filename == filename):
+            return frame.filename, tuple(frames[:depth]), tuple(f.key for f in module_stack(node))
+    return None
+
+
+def _sites_taken(state: PassState, target: str, *, copies: bool) -> set[tuple]:
+    """Call sites of ``target`` (or its copies) the pattern pass matched: the rest of such a call (a
+    partial rotary's slices and concatenation) is not reported as unmatched."""
+    module_name, _, func_name = target.rpartition(".")
+    filename = getattr(sys.modules.get(module_name), "__file__", None)
+    if filename is None:
+        return set()
+    return {site for n in state.pattern_nodes if (site := _site(n, func_name, filename, copies)) is not None}
+
+
+def _module_named_by_file(filename: str) -> str | None:
+    for name, module in list(sys.modules.items()):
+        if getattr(module, "__file__", None) == filename:
+            return name
+    return None
 
 
 def run(state: PassState) -> list[Outcome]:
     """One Kept outcome per call of a registered function that the pattern pass did not take."""
     missing = registered_patterns(state).missing
     outcomes: list[Outcome] = []
-    for target in state.registry.function_targets():
-        for (callers, _), nodes in function_call_regions(state, target).items():
-            if any(n in state.pattern_nodes for n in nodes):
+    targets = state.registry.function_targets()
+    reported: set[tuple] = set()
+    for target in targets:
+        taken = _sites_taken(state, target, copies=False)
+        for site, nodes in function_call_regions(state, target).items():
+            _, callers, _ = site
+            if site in taken:
                 continue  # the pattern pass matched this call and reported it
             where = str(callers[-1]) if callers else nodes[0].name
             if target in missing:
@@ -56,4 +87,18 @@ def run(state: PassState) -> list[Outcome]:
                     "its pattern did not match this call (traced differently here: other arguments, a "
                     "different code path, or part of it outside this graph)"))
             outcomes.append(Kept("function", target, where, reason))
+    for target in targets:
+        if target in missing:
+            continue
+        taken = _sites_taken(state, target, copies=True)
+        for site, nodes in function_call_regions(state, target, copies=True).items():
+            filename, callers, _ = site
+            copy = f"{_module_named_by_file(filename) or filename}.{target.rpartition('.')[2]}"
+            if copy in targets or (copy, site) in reported or site in taken:
+                continue  # registered itself, or matched (and reported) by the pattern pass
+            reported.add((copy, site))
+            where = region_location(nodes)
+            outcomes.append(Kept("function", copy, where, Reason(ReasonKind.NOT_MATCHED, (
+                f"a function of the same name as {target} computes something else here (its pattern did "
+                "not match), so that kernel does not apply"))))
     return outcomes

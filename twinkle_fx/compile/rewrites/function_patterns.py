@@ -39,7 +39,7 @@ from ..regions import Region
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RegisteredPatterns", "registered_patterns", "match_kind", "run"]
+__all__ = ["RegisteredPatterns", "registered_patterns", "match_kind", "region_location", "run"]
 
 
 @dataclass
@@ -123,7 +123,7 @@ def run(state: PassState) -> list[Outcome]:
             kind = match_kind(target, nodes)
             if kind == "computation" and not _matches_anywhere(state, target, selections[target]):
                 continue  # not a call of the function: not a candidate (match_anywhere=False)
-            region = Region("function", target, _location(nodes), nodes)
+            region = Region("function", target, region_location(nodes), nodes)
             state.pattern_nodes.update(nodes)
             choice = selections[target].choice
             outcomes.append(region_outcome(
@@ -134,7 +134,8 @@ def run(state: PassState) -> list[Outcome]:
     return outcomes
 
 
-def _location(nodes: list[fx.Node]) -> str:
+def region_location(nodes: list[fx.Node]) -> str:
+    """Where a function region is, for the report: the innermost module of the model and the node."""
     # the innermost module of the compiled model (a path under L[...]); module-valued globals such
     # as transformers' kernels-wrapped apply_rotary_pos_emb (G[...]) say nothing about where
     for frame in reversed(module_stack(nodes[-1])):

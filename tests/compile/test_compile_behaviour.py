@@ -1,6 +1,7 @@
 """Backend behaviour: options, mode, recompiles with dynamic shapes, train/eval, graph breaks,
 models with nothing registered, opaque kernels, shape guards and verify."""
 
+import functools
 import re
 
 import pytest
@@ -432,3 +433,43 @@ def test_dump_graphs_writes_each_graph_before_and_after_each_pass(tmp_path, monk
         swapped = graph / "02_layer_regions.after.py"
         assert "twinkle_layer_SiluAndMul" in swapped.read_text()
         assert "twinkle_layer" not in (graph / "02_layer_regions.before.py").read_text()
+
+
+def _shared_wrapper(forward):
+    """Like transformers' decorators on every *ForCausalLM.forward: one wrapper code for all classes."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        if getattr(self, "breaks_in_wrapper", False):
+            args = (args[0] * 1,)
+            torch._dynamo.graph_break()  # Dynamo breaks in transformers' wrapper on MoE models
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+class WrappedHead(torch.nn.Module):
+    can_torch_compile = True
+
+    @_shared_wrapper
+    def forward(self, x):
+        return x * 2
+
+
+class OtherWrappedHead(torch.nn.Module):
+    breaks_in_wrapper = True
+
+    @_shared_wrapper
+    def forward(self, x):
+        return x * 3 + 1
+
+
+def test_graph_break_is_attributed_to_the_class_whose_own_forward_broke():
+    register_layer_kernel(kernel_name="Head", layer=WrappedHead, device="cpu")
+    register_external_layer(WrappedHead, "Head")
+    model, x = OtherWrappedHead(), torch.randn(2, 8)
+    with collect_reports() as report:
+        torch.testing.assert_close(torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x), model(x))
+    assert report.graph_breaks == 1
+    # the break is in the wrapper OtherWrappedHead (no kernel) shares with WrappedHead: no region of WrappedHead
+    assert [r for r in report.not_swapped if r.reason.kind is ReasonKind.GRAPH_BREAK] == [], report.summary()

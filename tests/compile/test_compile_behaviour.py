@@ -473,3 +473,15 @@ def test_graph_break_is_attributed_to_the_class_whose_own_forward_broke():
     assert report.graph_breaks == 1
     # the break is in the wrapper OtherWrappedHead (no kernel) shares with WrappedHead: no region of WrappedHead
     assert [r for r in report.not_swapped if r.reason.kind is ReasonKind.GRAPH_BREAK] == [], report.summary()
+
+
+class TaggedMLP(GatedMLP):
+    """A root class reached through a ``kernel_layer_name`` tag, as transformers tags its classes."""
+
+    kernel_layer_name = "Head"
+
+
+def test_compiled_root_reports_kernel_layer_name_tagged_classes():
+    register_layer_kernel(kernel_name="Head", layer=FusedHead, device="cpu")
+    report = twinkle_fx.explain(TaggedMLP(), torch.randn(2, 8))
+    assert [(r.location, r.reason.kind) for r in report.regions] == [("<compiled module>", ReasonKind.COMPILED_ROOT)]

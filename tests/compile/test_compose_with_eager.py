@@ -23,6 +23,8 @@ def test_kernelized_model_compiles_with_twinkle_and_matches():
     report = explain(model, input_ids, labels=input_ids)
     eager = {r.target.split(" -> ")[1] for r in report.not_swapped if r.reason.kind is ReasonKind.EAGER_SWAP}
     assert {"RMSNorm", "SwiGLUMLP"} <= eager
+    # the patched-in rotary kernel is itself a function named apply_rotary_pos_emb: no unmatched copy
+    assert [r for r in report.not_swapped if r.kind == "function"] == [], report.summary()
 
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})

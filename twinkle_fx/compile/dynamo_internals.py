@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ModuleFrame", "module_stack", "provenance", "common_provenance", "example_value", "real_input", "input_source", "SourceRef", "parse_source",
+    "ModuleFrame", "module_stack", "provenance", "common_provenance", "example_value", "set_example_value", "real_input", "input_source", "SourceRef", "parse_source",
     "GraphBreak", "graph_break", "graph_breaks_counted", "compiled_code", "Frame", "stack_frames", "is_erased", "ModuleLookup", "module_lookup",
 ]
 
@@ -105,6 +105,11 @@ def common_provenance(nodes: list[fx.Node]) -> dict[str, Any]:
 def example_value(node: fx.Node) -> Any:
     """Dynamo's example value of ``node`` (a FakeTensor, SymInt, or Python value)."""
     return node.meta.get("example_value", node.meta.get("val"))
+
+
+def set_example_value(node: fx.Node, value: Any) -> None:
+    """Record ``value`` as the fake value of a node the backend made (what Dynamo's own nodes carry)."""
+    node.meta["example_value"] = value
 
 
 def real_input(placeholder: fx.Node, value: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from .dynamo_internals import example_value, provenance
+from .dynamo_internals import example_value, provenance, set_example_value
 from .reasons import KeepRegion, ReasonKind
 from .regions import Region
 
@@ -74,16 +74,16 @@ def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> tuple[fx.No
     values = [example_value(n) for n in region.outputs]
     call_node.meta.update(provenance(region.outputs[-1]))
     if len(region.outputs) == 1:
-        call_node.meta["example_value"] = values[0]
+        set_example_value(call_node, values[0])
         results = [call_node]
     else:
-        call_node.meta["example_value"] = tuple(values)
+        set_example_value(call_node, tuple(values))
         results = []
         anchor = call_node
         for i, value in enumerate(values):
             with graph.inserting_after(anchor):
                 anchor = graph.call_function(operator.getitem, (call_node, i))
-            anchor.meta["example_value"] = value
+            set_example_value(anchor, value)
             results.append(anchor)
     replaced = {}
     for out, result in zip(region.outputs, results):

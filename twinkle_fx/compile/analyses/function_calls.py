@@ -12,6 +12,7 @@ something else than Qwen2's).
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch.fx as fx
@@ -60,6 +61,21 @@ def _sites_taken(state: PassState, target: str, *, copies: bool) -> set[tuple]:
     return {site for n in state.pattern_nodes if (site := _site(n, func_name, filename, copies)) is not None}
 
 
+def _installed_kernel_files() -> set[str]:
+    """Files of the kernels ``kernelize_model`` / ``apply_function_kernel`` patched in: a patched
+    ``apply_rotary_pos_emb`` runs the kernel's own function of that name, which is no unmatched copy."""
+    from ...eager.functions import patched_functions
+
+    files = set()
+    for target in patched_functions():
+        module_name, _, func_name = target.rpartition(".")
+        current = getattr(sys.modules.get(module_name), func_name, None)
+        code = getattr(inspect.unwrap(current), "__code__", None) if callable(current) else None
+        if code is not None:
+            files.add(code.co_filename)
+    return files
+
+
 def _module_named_by_file(filename: str) -> str | None:
     for name, module in list(sys.modules.items()):
         if getattr(module, "__file__", None) == filename:
@@ -87,6 +103,7 @@ def run(state: PassState) -> list[Outcome]:
                     "its pattern did not match this call (traced differently here: other arguments, a "
                     "different code path, or part of it outside this graph)"))
             outcomes.append(Kept("function", target, where, reason))
+    kernels = _installed_kernel_files()
     for target in targets:
         if target in missing:
             continue
@@ -94,8 +111,8 @@ def run(state: PassState) -> list[Outcome]:
         for site, nodes in function_call_regions(state, target, copies=True).items():
             filename, callers, _ = site
             copy = f"{_module_named_by_file(filename) or filename}.{target.rpartition('.')[2]}"
-            if copy in targets or (copy, site) in reported or site in taken:
-                continue  # registered itself, or matched (and reported) by the pattern pass
+            if copy in targets or (copy, site) in reported or site in taken or filename in kernels:
+                continue  # registered itself, matched (and reported) by the pattern pass, or a kernel itself
             reported.add((copy, site))
             where = region_location(nodes)
             outcomes.append(Kept("function", copy, where, Reason(ReasonKind.NOT_MATCHED, (

@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 
 from ...modes import Mode
-from ..dynamo_internals import common_provenance, example_value
+from ..dynamo_internals import common_provenance, example_value, set_example_value
 from ..pipeline import Outcome, PassState
 
 logger = logging.getLogger(__name__)
@@ -177,16 +177,20 @@ def _fuse(graph: fx.Graph, x: fx.Node, linears: list[fx.Node], weights: list[fx.
     bias_values = [stand_in(v) for v in bias_values]
     with graph.inserting_before(first):
         cat_w = graph.call_function(torch.cat, (list(weights),), {"dim": 0})
-        cat_w.meta.update(meta, example_value=fake(torch.cat, weight_values, dim=0))
+        cat_w.meta.update(meta)
+        set_example_value(cat_w, fake(torch.cat, weight_values, dim=0))
         cat_b = None
         if has_bias:
             cat_b = graph.call_function(torch.cat, (list(biases),), {"dim": 0})
-            cat_b.meta.update(meta, example_value=fake(torch.cat, bias_values, dim=0))
+            cat_b.meta.update(meta)
+            set_example_value(cat_b, fake(torch.cat, bias_values, dim=0))
         fused = graph.call_function(torch._C._nn.linear, (x, cat_w, cat_b))
-        fused.meta.update(meta, example_value=fake(torch._C._nn.linear, x_value, cat_w.meta["example_value"],
-                                                   None if cat_b is None else cat_b.meta["example_value"]))
+        fused.meta.update(meta)
+        set_example_value(fused, fake(torch._C._nn.linear, x_value, example_value(cat_w),
+                                      None if cat_b is None else example_value(cat_b)))
         parts = graph.call_function(torch.split, (fused, widths), {"dim": -1})
-        parts.meta.update(meta, example_value=fake(torch.split, fused.meta["example_value"], widths, dim=-1))
+        parts.meta.update(meta)
+        set_example_value(parts, fake(torch.split, example_value(fused), widths, dim=-1))
         pieces = [graph.call_function(operator.getitem, (parts, i)) for i in range(len(linears))]
     for piece, linear in zip(pieces, linears):
         piece.meta.update(linear.meta)

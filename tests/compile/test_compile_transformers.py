@@ -186,3 +186,16 @@ class TestRotaryOfOtherFamilies(expecttest.TestCase):
             rotary = [(r.target, r.swapped, r.reason and r.reason.kind) for r in report.regions if r.kind == "function"]
             own = f"transformers.models.{family}.modeling_{family}.apply_rotary_pos_emb"
             self.assertEqual(rotary, [(own, False, ReasonKind.NOT_MATCHED)], report.summary())
+
+    def test_other_families_rotary_functions_trace_into_patterns(self):
+        import importlib
+
+        from twinkle_fx.compile.pattern_tracing import trace_function
+
+        # q, k [B, H, S, D] with cos, sin [B, S, D] (phi3 and glm4 concatenate q with its pass-through
+        # part, which fails on same-rank examples); gpt_oss's cos and sin are half width
+        for family in ("phi3", "glm4", "gpt_oss"):
+            target = f"transformers.models.{family}.modeling_{family}.apply_rotary_pos_emb"
+            module, _, name = target.rpartition(".")
+            pattern = trace_function(target, getattr(importlib.import_module(module), name))
+            self.assertEqual(set(pattern.placeholder_params), {"q", "k", "cos", "sin"})

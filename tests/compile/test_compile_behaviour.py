@@ -485,3 +485,33 @@ def test_compiled_root_reports_kernel_layer_name_tagged_classes():
     register_layer_kernel(kernel_name="Head", layer=FusedHead, device="cpu")
     report = twinkle_fx.explain(TaggedMLP(), torch.randn(2, 8))
     assert [(r.location, r.reason.kind) for r in report.regions] == [("<compiled module>", ReasonKind.COMPILED_ROOT)]
+
+
+def test_a_pass_failing_on_one_region_keeps_it_with_the_reason_and_goes_on(monkeypatch):
+    from twinkle_fx.compile.rewrites import layer_regions
+
+    class TwoActs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = SiluAndMul(), SiluAndMul()
+
+        def forward(self, x):
+            return self.second(torch.cat([self.first(x), self.first(x)], -1))
+
+    _register()
+    calls = []
+    real_place = layer_regions.place_kernel
+
+    def place_failing_once(state, region, call, choice):
+        calls.append(region.location)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in a pass")
+        return real_place(state, region, call, choice)
+
+    monkeypatch.setattr(layer_regions, "place_kernel", place_failing_once)
+    model, x = TwoActs(), torch.randn(3, 8)
+    with collect_reports() as report:
+        torch.testing.assert_close(torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x), model(x))
+    outcome = [(r.swapped, r.reason and r.reason.kind) for r in report.regions]
+    assert outcome == [(False, ReasonKind.PASS_FAILED), (True, None), (True, None)], report.summary()
+    assert isinstance(report.regions[0].reason.exception, RuntimeError)

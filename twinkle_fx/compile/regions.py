@@ -37,9 +37,6 @@ class Region:
     constants: dict[str, float] = field(default_factory=dict)  # lifted float attributes, read from the graph
     constant_inputs: dict[fx.Node, float] = field(default_factory=dict)  # the graph inputs holding them
 
-    def describe(self) -> str:
-        return f"{self.target} at {self.location}"
-
 
 def external_inputs(nodes: list[fx.Node]) -> list[fx.Node]:
     """Nodes outside ``nodes`` that they read, in order of first use."""

@@ -95,6 +95,7 @@ def twinkle_backend(
         # apply when Inductor is the inner compiler, and every region is swapped otherwise
         with active_policy(opts.swap_policy if opts.compiler == "inductor" else "always"):
             report.pass_ms = run_passes(state, PASSES, dump_graphs=opts.dump_graphs)
+        logger.debug("module instances looked up with %d heap scan(s) in this compile so far", state.modules.heap_scans)
         report.regions = [RegionReport.from_outcome(o) for o in state.outcomes]
     gm.graph.lint()
     gm.recompile()

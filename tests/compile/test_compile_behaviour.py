@@ -1,6 +1,7 @@
 """Backend behaviour: options, mode, recompiles with dynamic shapes, train/eval, graph breaks,
 models with nothing registered, opaque kernels, shape guards and verify."""
 
+import functools
 import re
 
 import pytest
@@ -11,6 +12,7 @@ from compile_kernels import GatedMLP, SiluAndMul, SiluAndMulKernel, silu_and_mul
 import twinkle_fx
 from twinkle_fx import register_external_layer, register_layer_kernel
 from twinkle_fx.compile import collect_reports
+from twinkle_fx.compile.reasons import ReasonKind
 from twinkle_fx.testing import record_graphs
 
 
@@ -102,8 +104,8 @@ def test_graph_break_inside_a_registered_layer_is_reported_not_swapped():
         out = torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x)
     torch.testing.assert_close(out, model(x))
     assert report.graph_breaks >= 1 and report.swapped == []
-    (split,) = {(r.target, r.reason.split(":")[0]) for r in report.not_swapped}
-    assert split == ("BreakingSiluAndMul -> SiluAndMul", "graph break split the region")
+    (split,) = {(r.target, r.reason.kind) for r in report.not_swapped}
+    assert split == ("BreakingSiluAndMul -> SiluAndMul", ReasonKind.GRAPH_BREAK)
 
 
 def test_model_without_registered_targets_is_unchanged():
@@ -165,9 +167,9 @@ def test_shape_guard_keeps_the_region():
     _register(WrongShapeKernel)
     report = twinkle_fx.explain(GatedMLP(), torch.randn(3, 8))
     (region,) = report.regions
-    assert not region.swapped
-    assert region.reason == ("shape guard: on fake tensors of the region's shapes the kernel returns float32[3, 32] "
-                             "where the region produces float32[3, 16]")
+    assert not region.swapped and region.reason.kind is ReasonKind.SHAPE_GUARD
+    # the detail names both shapes (the report shows it)
+    assert "float32[3, 32]" in str(region.reason) and "float32[3, 16]" in str(region.reason)
 
 
 class WrongValueKernel(SiluAndMulKernel):
@@ -182,7 +184,7 @@ def test_verify_falls_back_to_the_original_graph_on_a_wrong_kernel():
         out = torch.compile(model, backend="twinkle", options={"compiler": "eager", "verify": True})(x)
     torch.testing.assert_close(out, model(x))
     (region,) = report.regions
-    assert region.reason.startswith("verify failed for the rewritten graph: output 0: max abs difference")
+    assert region.reason.kind is ReasonKind.VERIFY_FAILED
 
 
 class _CountingBackend:
@@ -357,5 +359,159 @@ def test_compiled_root_reports_subclasses_of_bound_classes():
     register_layer_kernel(kernel_name="Head", layer=FusedHead, device="cpu")
     register_external_layer(GatedMLP, "Head")
     report = twinkle_fx.explain(SubclassedMLP(), torch.randn(2, 8))
-    assert [r.location for r in report.regions] == ["<compiled module>"]
-    assert "kernelize it first" in report.regions[0].reason
+    assert [(r.location, r.reason.kind) for r in report.regions] == [("<compiled module>", ReasonKind.COMPILED_ROOT)]
+
+
+def test_opaque_ops_are_registered_once_per_region_across_recompiles():
+    from twinkle_fx.compile.opaque import registered_opaque_ops
+
+    _register(UntraceableKernel)
+    model, x = GatedMLP(), torch.randn(3, 8)
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
+    with collect_reports() as report:
+        compiled(x)
+        first = registered_opaque_ops()
+        torch._dynamo.reset()  # a recompile of the same region
+        compiled(x)
+    assert [r.how for r in report.regions] == ["opaque custom op, can_torch_compile=False"] * 2
+    assert registered_opaque_ops() == first
+    ops = {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("twinkle_opaque::")}
+    compiled(torch.randn(5, 8))  # a new shape: Dynamo recompiles, the region's code differs, one more op
+    torch._dynamo.reset()
+    compiled(x)
+    assert registered_opaque_ops() <= first + 1
+    assert {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("twinkle_opaque::")} >= ops
+
+
+class BreakFirst(torch.nn.Module):
+    def forward(self, x):
+        torch._dynamo.graph_break()
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+
+def test_graph_break_on_the_first_line_of_a_layer_inside_sequential_is_reported():
+    register_layer_kernel(kernel_name="SiluAndMul", layer=SiluAndMulKernel, device="cpu")
+    register_external_layer(BreakFirst, "SiluAndMul")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), BreakFirst(), torch.nn.Linear(8, 8))
+    x = torch.randn(3, 8)
+    with collect_reports() as report:
+        out = torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x)
+    torch.testing.assert_close(out, model(x))
+    kept = {(r.target, r.reason.kind) for r in report.not_swapped}
+    assert ("BreakFirst -> SiluAndMul", ReasonKind.GRAPH_BREAK) in kept, report.summary()
+
+
+def test_the_report_holds_only_graphs_that_run():
+    from twinkle_fx.compile.backend import twinkle_backend
+
+    _register()
+    model, x = GatedMLP(), torch.randn(2, 8)
+    gm = torch.fx.symbolic_trace(model)
+    with collect_reports() as report:
+        compiled = twinkle_backend(gm, [x], options={"compiler": "eager"})
+        assert report.graphs == []  # compiled, not run: Dynamo may still discard it
+        compiled(x)
+        compiled(x)
+    assert report.graph_count == 1
+
+
+def test_dump_graphs_writes_each_graph_before_and_after_each_pass(tmp_path, monkeypatch):
+    from twinkle_fx.compile.backend import PASSES
+
+    _register()
+    monkeypatch.setenv("TWINKLE_FX_DUMP_GRAPHS", str(tmp_path / "env"))
+    torch.compile(GatedMLP(), backend="twinkle", options={"compiler": "eager"})(torch.randn(2, 8))
+    torch._dynamo.reset()
+    monkeypatch.delenv("TWINKLE_FX_DUMP_GRAPHS")
+    torch.compile(GatedMLP(), backend="twinkle",
+                  options={"compiler": "eager", "dump_graphs": str(tmp_path / "option")})(torch.randn(2, 8))
+    for root in ("env", "option"):
+        (graph,) = (tmp_path / root).iterdir()
+        names = sorted(p.name for p in graph.iterdir())
+        assert names == sorted(f"{i:02d}_{p.name}.{when}.py" for i, p in enumerate(PASSES, 1) for when in ("before", "after"))
+        swapped = graph / "02_layer_regions.after.py"
+        assert "twinkle_layer_SiluAndMul" in swapped.read_text()
+        assert "twinkle_layer" not in (graph / "02_layer_regions.before.py").read_text()
+
+
+def _shared_wrapper(forward):
+    """Like transformers' decorators on every *ForCausalLM.forward: one wrapper code for all classes."""
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        if getattr(self, "breaks_in_wrapper", False):
+            args = (args[0] * 1,)
+            torch._dynamo.graph_break()  # Dynamo breaks in transformers' wrapper on MoE models
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+class WrappedHead(torch.nn.Module):
+    can_torch_compile = True
+
+    @_shared_wrapper
+    def forward(self, x):
+        return x * 2
+
+
+class OtherWrappedHead(torch.nn.Module):
+    breaks_in_wrapper = True
+
+    @_shared_wrapper
+    def forward(self, x):
+        return x * 3 + 1
+
+
+def test_graph_break_is_attributed_to_the_class_whose_own_forward_broke():
+    register_layer_kernel(kernel_name="Head", layer=WrappedHead, device="cpu")
+    register_external_layer(WrappedHead, "Head")
+    model, x = OtherWrappedHead(), torch.randn(2, 8)
+    with collect_reports() as report:
+        torch.testing.assert_close(torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x), model(x))
+    assert report.graph_breaks == 1
+    # the break is in the wrapper OtherWrappedHead (no kernel) shares with WrappedHead: no region of WrappedHead
+    assert [r for r in report.not_swapped if r.reason.kind is ReasonKind.GRAPH_BREAK] == [], report.summary()
+
+
+class TaggedMLP(GatedMLP):
+    """A root class reached through a ``kernel_layer_name`` tag, as transformers tags its classes."""
+
+    kernel_layer_name = "Head"
+
+
+def test_compiled_root_reports_kernel_layer_name_tagged_classes():
+    register_layer_kernel(kernel_name="Head", layer=FusedHead, device="cpu")
+    report = twinkle_fx.explain(TaggedMLP(), torch.randn(2, 8))
+    assert [(r.location, r.reason.kind) for r in report.regions] == [("<compiled module>", ReasonKind.COMPILED_ROOT)]
+
+
+def test_a_pass_failing_on_one_region_keeps_it_with_the_reason_and_goes_on(monkeypatch):
+    from twinkle_fx.compile.rewrites import layer_regions
+
+    class TwoActs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = SiluAndMul(), SiluAndMul()
+
+        def forward(self, x):
+            return self.second(torch.cat([self.first(x), self.first(x)], -1))
+
+    _register()
+    calls = []
+    real_place = layer_regions.place_kernel
+
+    def place_failing_once(state, region, call, choice):
+        calls.append(region.location)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in a pass")
+        return real_place(state, region, call, choice)
+
+    monkeypatch.setattr(layer_regions, "place_kernel", place_failing_once)
+    model, x = TwoActs(), torch.randn(3, 8)
+    with collect_reports() as report:
+        torch.testing.assert_close(torch.compile(model, backend="twinkle", options={"compiler": "eager"})(x), model(x))
+    outcome = [(r.swapped, r.reason and r.reason.kind) for r in report.regions]
+    assert outcome == [(False, ReasonKind.PASS_FAILED), (True, None), (True, None)], report.summary()
+    assert isinstance(report.regions[0].reason.exception, RuntimeError)

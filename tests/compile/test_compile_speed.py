@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tiny_models import DEVICE, register_qwen2_kernels, tiny
-from twinkle_fx.compile.gemm_fusion import fuse_projections
+from twinkle_fx.compile.rewrites.gemm_fusion import fuse_projections
 from twinkle_fx.compile.inductor_options import collect_cudagraph_status, inductor_config_patches
 from twinkle_fx.compile.options import parse_options
 from twinkle_fx.compile.swap_policy import Decision, active_policy, keep_inductor_reason

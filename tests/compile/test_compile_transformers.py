@@ -145,3 +145,57 @@ class TestBuiltinPatterns(expecttest.TestCase):
 +        down_proj: "f32[2, 8, 64]" = torch._C._nn.linear(func_silu_mul, l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_down_proj_parameters_weight_, None);  func_silu_mul = l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_down_proj_parameters_weight_ = None
 """)
         _assert_matches_eager(self, model, "aot_eager")
+
+
+def _tiny_family(family, **overrides):
+    import transformers
+
+    from tiny_models import TINY
+
+    torch.manual_seed(0)
+    # pad_token_id 0: the families' own pad ids lie outside the tiny vocabulary
+    config = transformers.AutoConfig.for_model(family, **{**TINY, "num_hidden_layers": 1, "pad_token_id": 0, **overrides})
+    return transformers.AutoModelForCausalLM.from_config(config).to(DEVICE)
+
+
+class TestRotaryOfOtherFamilies(expecttest.TestCase):
+    """The Qwen2 rotary kernel where other families' apply_rotary_pos_emb computes the same thing
+    (Phi3: q and k rotated, then concatenated with their pass-through parts), and a report naming
+    the family's own function where it computes something else (GLM4 interleaved, GPT-OSS chunked)."""
+
+    def test_phi3_rotary_swapped_full_and_partial(self):
+        from twinkle_fx.compile.reasons import ReasonKind
+
+        register_qwen2_kernels()
+        for factor in (1.0, 0.5):
+            model = _tiny_family("phi3", partial_rotary_factor=factor)
+            ids = input_ids()
+            report = twinkle_fx.explain(model, ids, labels=ids)
+            rotary = [r for r in report.regions if r.kind == "function"]
+            self.assertEqual([(r.swapped, r.match) for r in rotary], [(True, "copy")], report.summary())
+            self.assertNotIn(ReasonKind.INTERLEAVED, {r.reason and r.reason.kind for r in report.regions})
+        _assert_matches_eager(self, model, "aot_eager")
+
+    def test_glm4_and_gpt_oss_rotary_reported_under_their_own_name(self):
+        from twinkle_fx.compile.reasons import ReasonKind
+
+        register_qwen2_kernels()
+        for family in ("glm4", "gpt_oss"):
+            ids = input_ids()
+            report = twinkle_fx.explain(_tiny_family(family), ids, labels=ids)
+            rotary = [(r.target, r.swapped, r.reason and r.reason.kind) for r in report.regions if r.kind == "function"]
+            own = f"transformers.models.{family}.modeling_{family}.apply_rotary_pos_emb"
+            self.assertEqual(rotary, [(own, False, ReasonKind.NOT_MATCHED)], report.summary())
+
+    def test_other_families_rotary_functions_trace_into_patterns(self):
+        import importlib
+
+        from twinkle_fx.compile.pattern_tracing import trace_function
+
+        # q, k [B, H, S, D] with cos, sin [B, S, D] (phi3 and glm4 concatenate q with its pass-through
+        # part, which fails on same-rank examples); gpt_oss's cos and sin are half width
+        for family in ("phi3", "glm4", "gpt_oss"):
+            target = f"transformers.models.{family}.modeling_{family}.apply_rotary_pos_emb"
+            module, _, name = target.rpartition(".")
+            pattern = trace_function(target, getattr(importlib.import_module(module), name))
+            self.assertEqual(set(pattern.placeholder_params), {"q", "k", "cos", "sin"})

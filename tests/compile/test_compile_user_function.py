@@ -2,14 +2,23 @@
 module, and (opt-in, ``match_anywhere=True``) where the same computation is written inline, with
 each call's own eps read from the graph. A kernel that fails on a match's shapes is never installed."""
 
+import re
+from collections import Counter
+
 import expecttest
 import torch
 from compile_kernels import EPS_SEEN, fast_scaled_rms
 from user_ops.blocks import BiasAdd, CopyThenCall, TwoNorms
 
 import twinkle_fx
+from twinkle_fx.compile.reasons import ReasonKind
 from twinkle_fx.function import register_function_kernel
 from twinkle_fx.testing import record_graphs
+
+
+def aot_op_counts(code: str) -> dict[str, int]:
+    """``{"aten.addmm": 1, ...}``: how often each op is called in an AOT graph's code."""
+    return dict(Counter(re.findall(r"torch\.ops\.(\w+\.\w+)\.", code)))
 
 
 def _register(**kwargs):
@@ -54,20 +63,13 @@ class TestUserFunction(expecttest.TestCase):
 +        func_scaled_rms_1: "f32[2, 3, 8]" = twinkle_func_scaled_rms_1(h_1, l_self_parameters_w2_);  h_1 = l_self_parameters_w2_ = None
 +        return (func_scaled_rms_1,)
 """)
-        self.assertExpectedInline(graphs.forward[0], """\
-class <lambda>(torch.nn.Module):
-    def forward(self, arg0_1: "f32[8]", arg1_1: "f32[2, 3, 8]", arg2_1: "f32[8, 8]", arg3_1: "f32[8]", arg4_1: "f32[8]"):
-
-        scaled_rms: "f32[2, 3, 8]" = torch.ops.twinkle_test.scaled_rms.default(arg1_1, arg0_1, 1e-05);  arg1_1 = arg0_1 = None
-
-        view: "f32[6, 8]" = torch.ops.aten.view.default(scaled_rms, [6, 8]);  scaled_rms = None
-        t: "f32[8, 8]" = torch.ops.aten.t.default(arg2_1);  arg2_1 = None
-        addmm: "f32[6, 8]" = torch.ops.aten.addmm.default(arg3_1, view, t);  arg3_1 = view = t = None
-        view_1: "f32[2, 3, 8]" = torch.ops.aten.view.default(addmm, [2, 3, 8]);  addmm = None
-
-        scaled_rms_1: "f32[2, 3, 8]" = torch.ops.twinkle_test.scaled_rms.default(view_1, arg4_1, 0.001);  view_1 = arg4_1 = None
-        return (scaled_rms_1,)
-""")
+        # the AOT graph by op counts (its text changes with every torch release): both norms are the
+        # kernel's custom op, with each call's own eps, and nothing of the reference is left
+        counts = aot_op_counts(graphs.forward[0])
+        self.assertEqual(counts.get("twinkle_test.scaled_rms"), 2)
+        self.assertEqual([op for op in counts if op in ("aten.pow", "aten.mean", "aten.rsqrt")], [])
+        self.assertEqual(sorted(re.findall(r"scaled_rms\.default\([^)]*, ([\de.-]+)\)", graphs.forward[0])),
+                         ["0.001", "1e-05"])
 
     def test_by_default_only_calls_and_copies_are_swapped(self):
         _register(mode="compile")
@@ -92,9 +94,7 @@ class <lambda>(torch.nn.Module):
         model = TwoNorms()
         report = twinkle_fx.explain(model, torch.randn(2, 8))
         self.assertEqual(len(report.swapped), 0)
-        reasons = {r.reason for r in report.not_swapped}
-        self.assertEqual(len(reasons), 1)
-        self.assertIn("has_backward=False", reasons.pop())
+        self.assertEqual({r.reason.kind for r in report.not_swapped}, {ReasonKind.NO_KERNEL})
 
 
 def _rolled_kernel(x, shift=1):
@@ -112,10 +112,8 @@ class TestConstantGuard(expecttest.TestCase):
 
         with torch.no_grad():
             report = twinkle_fx.explain(Rolls(), torch.randn(2, 8))
-        lines = "\n".join(sorted(f"{r.swapped} {r.reason}" for r in report.regions))
-        self.assertExpectedInline(lines, """\
-False matches the pattern of user_ops.norms.rolled structurally but computes something else on these shapes/constants
-True None""")
+        outcome = sorted((r.swapped, r.reason and r.reason.kind) for r in report.regions)
+        self.assertEqual(outcome, [(False, ReasonKind.NOT_EQUIVALENT), (True, None)])
 
 
 def _strict_add(x, y):
@@ -143,9 +141,12 @@ class TestFailingKernelIsNeverInstalled(expecttest.TestCase):
             report = twinkle_fx.explain(model, x)
             got = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(x)
             torch.testing.assert_close(got, model(x))  # the compiled model runs where eager runs
-        outcome = sorted((r.match, r.swapped, (r.reason or "").split(":")[0]) for r in report.regions)
-        self.assertEqual(outcome, [("call", True, ""), ("computation", False, "the kernel fails on " + self.trial)])
-        self.assertIn("strict_add: shapes [2, 3, 8] and [8] differ", next(r.reason for r in report.not_swapped))
+        outcome = sorted((r.match, r.swapped, r.reason and r.reason.kind) for r in report.regions)
+        self.assertEqual(outcome, [("call", True, None), ("computation", False, ReasonKind.KERNEL_FAILED)])
+        # the kernel's own error is kept with the reason, and which trial it failed is said
+        (kept,) = report.not_swapped
+        self.assertIsInstance(kept.reason.exception, ValueError)
+        self.assertIn(self.trial, str(kept.reason))
 
     def test_traceable_kernel_failing_on_fake_inputs(self):
         self.trial = "fake tensors of the region's shapes"

@@ -88,12 +88,6 @@ def test_eager_swaps_match_the_model_in_training(family, dtype, device):
 # MoE families: Dynamo breaks the graph at the experts' data-dependent routing (and aot_eager cannot
 # trace transformers' grouped-mm fallback in training), so they are compiled for inference here.
 _MOE = {"mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"}
-# Known gap: the backend traces a registered function's pattern on example tensors of one rank and
-# width, on which these families' own apply_rotary_pos_emb fails (torch.cat of a 4-D and a 5-D
-# tensor; half-width cos/sin), so under compile their rotary is kept (the report says so); eagerly
-# it is swapped. When pattern tracing learns other example shapes, these asserts fail: move the
-# family out of this set.
-_ROTARY_NOT_TRACED = {"phi3", "glm4", "gpt_oss"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -118,10 +112,10 @@ def test_compiled_swaps_match_the_model(family, device):
     for spec in (f.norms, f.mlps):
         if spec:
             assert f"twinkle_layer_{spec[1]}" in after, f"no {spec[1]} swapped under compile"
-    if f.rotary and family not in _ROTARY_NOT_TRACED:
+    if f.rotary:
+        # phi3, glm4, gpt_oss too: their apply_rotary_pos_emb is traced with q, k at rank 4 and cos, sin
+        # at rank 3 (half width for gpt_oss), see twinkle_fx/compile/pattern_tracing.py
         assert "twinkle_func_apply_rotary_pos_emb" in after, "rotary not swapped under compile"
-    elif f.rotary:
-        assert "twinkle_func_apply_rotary_pos_emb" not in after, "rotary now swapped: update _ROTARY_NOT_TRACED"
 
 
 def test_function_swaps_are_labelled_with_the_function_found_in_the_model(device):

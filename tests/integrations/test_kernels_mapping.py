@@ -15,6 +15,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 import twinkle_fx
 from twinkle_fx import kernelize_model, register_layer_kernel, undo_kernelize
+from twinkle_fx.compile.reasons import ReasonKind
 from twinkle_fx.eager.layers import swapped_forward
 from twinkle_fx.kernels_mapping import foreign_forward, kernels_mapping_registrations
 
@@ -104,5 +105,5 @@ def test_the_compile_report_names_layers_kernels_kernelize_replaced(model):
         report = twinkle_fx.explain(model, ids)  # the mapping is no longer active
     kept = [r for r in report.not_swapped if r.target == "Qwen2RMSNorm -> RMSNorm"]
     assert len(kept) == 5, report.summary()
-    assert "forward replaced by kernels.kernelize" in kept[0].reason
+    assert kept[0].reason.kind is ReasonKind.FOREIGN_FORWARD and "kernels.kernelize" in str(kept[0].reason)
     assert "no registered layer or function found" not in report.summary()

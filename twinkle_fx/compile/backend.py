@@ -3,20 +3,27 @@
 >>> compiled = torch.compile(model, backend="twinkle",
 ...                          options={"compiler": "aot_eager", "mode": "train"})   # doctest: +SKIP
 
-Passes, in order (each in the file named after what it matches; each logs its count and time):
+The seven passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``, see
+:mod:`.pipeline`; rewrites in :mod:`.rewrites`, analyses that only report in :mod:`.analyses`):
 
-1. ``graph_breaks``: a graph break inside a registered layer or function is reported;
-2. ``layer_regions``: regions of registered nn.Module classes become one kernel call each;
-3. ``function_patterns``: the patterns of registered functions become one kernel call each;
-4. ``function_regions``: calls of registered functions (by stack trace) left unswapped are
-   reported with the reason.
+1. ``graph_breaks`` (analysis): a graph break inside a registered layer or function is reported;
+2. ``layer_regions`` (rewrite): regions of registered nn.Module classes become one kernel call each;
+3. ``function_patterns`` (rewrite): the patterns of registered functions become one kernel call each;
+4. ``function_calls`` (analysis): calls of registered functions left unswapped are reported, with the reason;
+5. ``compiled_root`` (analysis): a kernel bound to the compiled module itself is reported (no region);
+6. ``foreign_forwards`` (analysis): layers whose forward another tool replaced are reported;
+7. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
+
+Each pass is timed (DEBUG log of its module, and ``GraphReport.pass_ms``);
+``TWINKLE_FX_DUMP_GRAPHS=<dir>`` or ``options={"dump_graphs": <dir>}`` writes the graph before and
+after each pass. The report of a graph is published when the compiled graph first runs: a graph
+the inner compiler rejects, or that Dynamo discards, is in no report.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -29,32 +36,31 @@ from ..modes import Mode, format_mode
 from ..registry import KernelRegistry, get_registry
 from ..settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
-from .compiled_root import report_compiled_root
-from .function_patterns import swap_function_patterns
-from .foreign_forwards import report_foreign_forwards
-from .function_regions import report_function_regions
-from .gemm_fusion import fuse_projections, should_fuse
-from .graph_breaks import note_graph_break
+from .analyses import compiled_root, foreign_forwards, function_calls, graph_breaks
+from .dynamo_internals import (compiled_code, graph_break, graph_breaks_counted, input_source, module_lookup,
+                               parse_source)
 from .inductor_options import compile_with_inductor, inductor_config_patches
-from .layer_regions import swap_layer_regions
 from .options import BackendOptions, parse_options
+from .pipeline import Pass, PassState, run_passes
+from .reasons import Reason, ReasonKind
 from .recording import RecordedGraphs, active_recorders, readable
-from .regions import GraphContext, ModuleIndex, module_roots
-from .report import GraphReport, RegionReport, active_reports
+from .regions import module_roots
+from .report import CompileReport, GraphReport, RegionReport, active_reports
+from .rewrites import function_patterns, gemm_fusion, layer_regions
 from .swap_policy import active_policy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["twinkle_backend"]
+__all__ = ["twinkle_backend", "PASSES"]
 
-Pass = Callable[[GraphContext, list[RegionReport]], Any]
-PASSES: tuple[tuple[str, Pass], ...] = (
-    ("graph_breaks", note_graph_break),
-    ("layer_regions", swap_layer_regions),
-    ("function_patterns", swap_function_patterns),
-    ("function_regions", report_function_regions),
-    ("compiled_root", report_compiled_root),
-    ("foreign_forwards", report_foreign_forwards),
+PASSES: tuple[Pass, ...] = (
+    Pass("graph_breaks", graph_breaks.run, rewrites=False),
+    Pass("layer_regions", layer_regions.run, rewrites=True),
+    Pass("function_patterns", function_patterns.run, rewrites=True),
+    Pass("function_calls", function_calls.run, rewrites=False),
+    Pass("compiled_root", compiled_root.run, rewrites=False),
+    Pass("foreign_forwards", foreign_forwards.run, rewrites=False),
+    Pass("gemm_fusion", gemm_fusion.run, rewrites=True),  # last: sees the linears no kernel took
 )
 
 
@@ -68,55 +74,57 @@ def twinkle_backend(
         mode (`str`, *optional*): torch.compile's own ``mode`` ("max-autotune", ...), passed to Inductor.
     """
     opts = _parse(options)
-    ctx = GraphContext(
+    counted = graph_breaks_counted()
+    state = PassState(
         gm, list(example_inputs), get_registry(), _device(example_inputs), opts.mode or _default_mode(example_inputs),
-        ModuleIndex(module_roots()), getattr(gm, "compile_subgraph_reason", None),
+        module_lookup(module_roots()), graph_break=graph_break(gm, counted), compiled_code=compiled_code(),
+        counted_breaks=counted,
     )
-    report = GraphReport(0, ctx.device, format_mode(ctx.mode), opts.compiler, code_before=gm.code)
+    state.fuse_projections = gemm_fusion.should_fuse(opts.fuse_projections, state.mode, opts.compiler)
+    report = GraphReport(0, state.device, format_mode(state.mode), opts.compiler, code_before=gm.code,
+                         graph_break=None if state.graph_break is None else str(state.graph_break))
     recorders = active_recorders()
     for recorder in recorders:
         recorder.before.append(readable(gm))
-    reference = verification.snapshot(gm) if opts.verify or _has_lifted_scalars(ctx) else None
+    reference = verification.snapshot(gm) if opts.verify or _has_lifted_scalars(state) else None
     if kernels_disabled():
         logger.info("%s is set: graph left unchanged", DISABLE_ENV)
     else:
-        _warn_if_nothing_registered(ctx.registry)
+        _warn_if_nothing_registered(state.registry)
         # measured per-op decisions (swap_policy.py) compare with Inductor's generated code: they
         # apply when Inductor is the inner compiler, and every region is swapped otherwise
         with active_policy(opts.swap_policy if opts.compiler == "inductor" else "always"):
-            _run_passes(ctx, report)
-        _fuse_projections(ctx, opts, report)  # horizontal GEMM fusion (last: sees unswapped linears)
+            report.pass_ms = run_passes(state, PASSES, dump_graphs=opts.dump_graphs)
+        logger.debug("module instances looked up with %d heap scan(s) in this compile so far", state.modules.heap_scans)
+        report.regions = [RegionReport.from_outcome(o) for o in state.outcomes]
     gm.graph.lint()
     gm.recompile()
     if opts.verify and reference is not None and gm.code != report.code_before:
-        mismatch = verification.compare(reference, gm, ctx.example_inputs)
+        mismatch = verification.compare(reference, gm, state.example_inputs)
         if mismatch is not None and mismatch.startswith("not checked"):
             logger.warning("verify=True but the rewrite was %s", mismatch)
         elif mismatch is not None:
             logger.warning("verify failed (%s); compiling the original graph", mismatch)
             for region in report.regions:
                 if region.swapped:
-                    region.reason = f"verify failed for the rewritten graph: {mismatch}"
+                    region.reason = Reason(ReasonKind.VERIFY_FAILED, f"verify failed for the rewritten graph: {mismatch}")
             gm = reference
     report.code_after = gm.code
     for recorder in recorders:
         recorder.after.append(readable(gm))
-    compiled = _inner_compile(gm, ctx.example_inputs, opts, mode, recorders)
-    if ctx.baked_scalars and reference is not None and gm is not reference:
-        original = _inner_compile(reference, ctx.example_inputs, opts, mode, ())
-        compiled = _check_scalars(compiled, original, dict(ctx.baked_scalars), report)
-    _publish(report, opts)  # only now: the report describes what runs
-    return _follow_registry(compiled, ctx.registry, report)
+    compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders)
+    if state.baked_scalars and reference is not None and gm is not reference:
+        original = _inner_compile(reference, state.example_inputs, opts, mode, ())
+        compiled = _check_scalars(compiled, original, dict(state.baked_scalars), report)
+    return _follow_registry(compiled, state.registry, report, opts, active_reports())
 
 
-def _has_lifted_scalars(ctx: GraphContext) -> bool:
-    """Whether Dynamo made a float attribute of a module a graph input (a 0-d tensor or a SymFloat)."""
-    for node, value in ctx.placeholder_values.items():
-        source = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
-        source = source() if callable(source) else source
-        if (isinstance(source, str) and "._modules[" in source and "._parameters[" not in source
-                and "._buffers[" not in source and isinstance(value, (torch.Tensor, torch.SymFloat, float))
-                and getattr(value, "ndim", 0) == 0):
+def _has_lifted_scalars(state: PassState) -> bool:
+    """Whether Dynamo made a float attribute of a submodule a graph input (a 0-d tensor or a SymFloat)."""
+    for node, value in state.placeholder_values.items():
+        ref = parse_source(input_source(node))
+        if (ref is not None and ref.member is None and len(ref.modules) >= 2
+                and isinstance(value, (torch.Tensor, torch.SymFloat, float)) and getattr(value, "ndim", 0) == 0):
             return True
     return False
 
@@ -157,19 +165,28 @@ def _call(fn: Callable[..., Any], inputs: list[Any]) -> Any:
     return fn(inputs) if getattr(fn, "_boxed_call", False) else fn(*inputs)
 
 
-def _follow_registry(compiled: Callable[..., Any], registry: KernelRegistry, report: GraphReport) -> Callable[..., Any]:
-    """``compiled``, warning (once) when it runs after the registrations it was built from changed.
+def _follow_registry(
+    compiled: Callable[..., Any], registry: KernelRegistry, report: GraphReport, opts: BackendOptions,
+    collectors: tuple[CompileReport, ...],
+) -> Callable[..., Any]:
+    """``compiled``, publishing ``report`` when it first runs and warning (once) when it runs after
+    the registrations it was built from changed.
 
+    Published at the first run, not at compile time, so a report describes what runs: Dynamo
+    discards a graph whose inner compile fails (and DDP's split graphs compile before any runs).
     A compiled graph holds the kernels chosen when it was compiled. Dynamo recompiles when the
     model's code or eager swaps change, but it knows nothing of the registry: a kernel registered
     later, a ``scoped_registry`` that has exited, a registration replaced. Checking costs two
     attribute reads per call.
     """
     generation = registry.generation
-    warned = False
+    warned = published = False
 
     def run(*args: Any) -> Any:
-        nonlocal warned
+        nonlocal warned, published
+        if not published:
+            published = True
+            _publish(report, opts, collectors)
         if not warned:
             current = get_registry()
             if current is not registry or current.generation != generation:
@@ -177,7 +194,7 @@ def _follow_registry(compiled: Callable[..., Any], registry: KernelRegistry, rep
                 what = ("the scoped_registry it was compiled in has exited or another one is active"
                         if current is not registry else "kernels were registered or replaced since")
                 logger.warning(
-                    "twinkle_fx: a graph compiled by backend='twinkle' (%s) runs with the kernels chosen at "
+                    "a graph compiled by backend='twinkle' (%s) runs with the kernels chosen at "
                     "compile time, but %s. Call torch.compiler.reset() and call the model again to "
                     "recompile it with the current registrations.", report.summary().splitlines()[0], what,
                 )
@@ -218,21 +235,6 @@ def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
 _WARNED_EMPTY: weakref.WeakKeyDictionary[KernelRegistry, int] = weakref.WeakKeyDictionary()
 
 
-def _run_passes(ctx: GraphContext, report: GraphReport) -> None:
-    for name, run in PASSES:
-        start = time.perf_counter()
-        before = len(report.regions)
-        result = run(ctx, report.regions)
-        if name == "graph_breaks":
-            result, report.graph_break = result
-        elapsed = (time.perf_counter() - start) * 1e3
-        report.pass_ms[name] = elapsed
-        found = report.regions[before:]
-        logging.getLogger(run.__module__).info(
-            "twinkle_fx %s: %d of %d candidate(s) swapped, %.1f ms", name, sum(r.swapped for r in found), len(found), elapsed
-        )
-
-
 def _device(example_inputs: list[Any]) -> str:
     for value in example_inputs:
         if isinstance(value, torch.Tensor):
@@ -245,8 +247,8 @@ def _default_mode(example_inputs: list[Any]) -> Mode:
     return (Mode.TRAINING if training else Mode.INFERENCE) | Mode.TORCH_COMPILE
 
 
-def _publish(report: GraphReport, opts: BackendOptions) -> None:
-    for collector in active_reports():
+def _publish(report: GraphReport, opts: BackendOptions, collectors: tuple[CompileReport, ...]) -> None:
+    for collector in collectors:
         report.index = len(collector.graphs)
         collector.graphs.append(report)
     if opts.report:
@@ -261,7 +263,7 @@ def _warn_if_nothing_swapped(report: GraphReport) -> None:
         return
     reasons: dict[str, int] = {}
     for region in report.regions:
-        reason = (region.reason or "?").split(";")[0]
+        reason = str(region.reason or "?").split(";")[0]
         reasons[reason[:120]] = reasons.get(reason[:120], 0) + 1
     shown = "; ".join(f"{n} x {reason}" for reason, n in reasons.items())
     logger.warning("backend='twinkle' swapped none of the %d candidate region(s) of a graph: %s",
@@ -290,15 +292,3 @@ def _inner_compile(
     # compilespeed: torch.compile's mode, options["cudagraphs"], options["inductor"]; CUDA-graph status recorded
     patches = inductor_config_patches(mode, opts.cudagraphs, opts.inductor)
     return compile_with_inductor(gm, example_inputs, patches)
-
-
-def _fuse_projections(ctx: GraphContext, opts: BackendOptions, report: GraphReport) -> None:
-    """compilespeed: the horizontal GEMM fusion pass (see :mod:`.gemm_fusion`), when it applies."""
-    decision = should_fuse(opts.fuse_projections, ctx.mode, opts.compiler)
-    if decision is False:
-        return
-    start = time.perf_counter()
-    groups = fuse_projections(ctx.gm, min_in_features=0 if decision is True else decision)
-    report.pass_ms["gemm_fusion"] = elapsed = (time.perf_counter() - start) * 1e3
-    logging.getLogger(fuse_projections.__module__).info(
-        "twinkle_fx gemm_fusion: %s group(s) fused, %.1f ms", len(groups), elapsed)

@@ -11,6 +11,7 @@ reference output each region output is, which is how arguments and results are b
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-__all__ = ["StaticInputs", "static_inputs", "aten_outputs", "StructuralKeys", "reparametrized"]
+__all__ = ["StaticInputs", "static_inputs", "aten_outputs", "StructuralKeys", "reparametrized", "module_attributes"]
 
 
 class StaticInputs:
@@ -70,6 +71,23 @@ def reparametrized(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) ->
         return
     with _reparametrize_module(module, tensors):
         yield
+
+
+@contextlib.contextmanager
+def module_attributes(module: torch.nn.Module, values: dict[str, float]) -> Iterator[None]:
+    """``module`` with the (dotted) attributes in ``values`` set for the block (lifted float
+    attributes, read from the graph: the reference and the kernel see the graph's value)."""
+    saved = []
+    for path, value in values.items():
+        *owners, name = path.split(".")
+        owner = functools.reduce(getattr, owners, module)
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
 
 
 def _target_name(target: Any) -> str:

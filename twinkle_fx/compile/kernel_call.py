@@ -9,16 +9,15 @@ compiler the call simply runs.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from .equivalence import reparametrized
+from .equivalence import module_attributes, reparametrized
 
 __all__ = ["KernelCall", "LayerKernelCall", "FunctionKernelCall"]
 
@@ -39,6 +38,11 @@ class KernelCall:
 
     def __repr__(self) -> str:
         return f"<twinkle kernel call {self.__name__}>"
+
+    def cache_key(self) -> tuple[tuple, Any]:
+        """``(key, owner)``: equal keys make equal calls while ``owner`` (held weakly by caches;
+        None for none) is alive; the opaque wrapper of a recompiled region is reused by it."""
+        raise NotImplementedError(f"{type(self).__name__} has no cache key")
 
 
 class LayerKernelCall(KernelCall):
@@ -68,24 +72,18 @@ class LayerKernelCall(KernelCall):
         # float attributes Dynamo lifted to graph inputs, as read from the graph at compile time
         self.constants = dict(constants or {})
 
+    def cache_key(self) -> tuple[tuple, Any]:
+        module = self._module()
+        return (type(self), self.__name__, id(module), self.forward, self.n_args, self.param_names, self.picks,
+                self.single, tuple(sorted(self.constants.items()))), module
+
     def __call__(self, *values: Any) -> Any:
         module = self._module()
         if module is None:
             raise RuntimeError(f"{self.__name__}: the module this graph was compiled for no longer exists.")
         args, params = values[: self.n_args], values[self.n_args :]
-        with reparametrized(module, dict(zip(self.param_names, params))), _attributes(module, self.constants):
+        with reparametrized(module, dict(zip(self.param_names, params))), module_attributes(module, self.constants):
             return self._pick(self.forward(module, *args))
-
-
-@contextlib.contextmanager
-def _attributes(module: torch.nn.Module, values: dict[str, float]) -> Iterator[None]:
-    if not values:
-        yield
-        return
-    from .layer_regions import module_attributes
-
-    with module_attributes(module, values):
-        yield
 
 
 class FunctionKernelCall(KernelCall):
@@ -106,6 +104,10 @@ class FunctionKernelCall(KernelCall):
         self.signature = signature
         self.arg_names = tuple(arg_names)
         self.constants = dict(constants)
+
+    def cache_key(self) -> tuple[tuple, Any]:
+        return (type(self), self.__name__, self.kernel, tuple(self.signature.parameters), self.arg_names,
+                tuple(sorted(self.constants.items())), self.picks, self.single), None
 
     def __call__(self, *values: Any) -> Any:
         bound = self.signature.bind_partial(**dict(zip(self.arg_names, values)), **self.constants)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,12 +22,21 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from .dynamo_internals import example_value
 from .kernel_call import KernelCall
+from .reasons import KeepRegion, ReasonKind
 
-__all__ = ["opaque_call", "OpaqueCall"]
+__all__ = ["opaque_call", "OpaqueCall", "registered_opaque_ops"]
 
 _COUNTER = itertools.count()
 _LOCK = threading.Lock()
+# (kernel call key, region code, training) -> the op; a key naming a module instance holds it weakly
+_OPS: dict[tuple, tuple[Any, "OpaqueCall"]] = {}
+
+
+def registered_opaque_ops() -> int:
+    """How many ``twinkle_opaque`` ops this process registered (each lives as long as the process)."""
+    return len(_OPS)
 
 
 class OpaqueCall(KernelCall):
@@ -50,16 +60,32 @@ def _as_outputs(result: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.clone(memory_format=torch.contiguous_format) if any(t is i for i in inputs) else t.contiguous() for t in leaves]
 
 
-def opaque_call(call: KernelCall, reference: fx.GraphModule, *, training: bool) -> OpaqueCall | str:
-    """Wrap ``call`` (the kernel) with ``reference`` (the original region) as its fake; or why not."""
+def opaque_call(call: KernelCall, reference: fx.GraphModule, *, training: bool) -> OpaqueCall:
+    """Wrap ``call`` (the kernel) with ``reference`` (the original region) as its fake.
+
+    Raises:
+        KeepRegion: the region takes a non-tensor input (an opaque op takes tensors only).
+    """
     for node in reference.graph.nodes:
         if node.op == "placeholder":
-            value = node.meta.get("example_value", node.meta.get("val"))
+            value = example_value(node)
             if not isinstance(value, torch.Tensor):
-                return f"input {node.name} is a {type(value).__name__}; an opaque op takes tensors only"
-    n_outputs = len(next(n for n in reference.graph.nodes if n.op == "output").args[0])
+                raise KeepRegion(ReasonKind.NOT_WRAPPABLE, f"cannot compile (can_torch_compile=False) and cannot be "
+                                 f"wrapped: input {node.name} is a {type(value).__name__}; an opaque op takes tensors only")
+    key, owner = call.cache_key()
+    key = (key, reference.code, training)
     with _LOCK:
-        name = f"{call.__name__}_{next(_COUNTER)}"
+        cached = _OPS.get(key)
+        if cached is not None and (cached[0] is None or cached[0]() is not None):
+            return cached[1]
+        wrapped = _new_opaque_call(call, reference, training=training)
+        _OPS[key] = (None if owner is None else weakref.ref(owner), wrapped)
+        return wrapped
+
+
+def _new_opaque_call(call: KernelCall, reference: fx.GraphModule, *, training: bool) -> OpaqueCall:
+    n_outputs = len(next(n for n in reference.graph.nodes if n.op == "output").args[0])
+    name = f"{call.__name__}_{next(_COUNTER)}"
     checked: set[tuple] = set()
 
     def expected(inputs: list[torch.Tensor]) -> list[tuple[torch.Size, torch.dtype]]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..modes import Mode, format_mode, parse_mode
+from ..modes import Mode, parse_mode
 
 __all__ = ["BackendOptions", "parse_options", "COMPILERS"]
 
@@ -35,6 +36,8 @@ class BackendOptions:
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).
+        dump_graphs (`str`, *optional*): a directory; the graph before and after each pass is written
+            there (as ``TWINKLE_FX_DUMP_GRAPHS=<dir>`` does), see :mod:`.pipeline`.
     """
 
     compiler: str = "inductor"
@@ -46,9 +49,7 @@ class BackendOptions:
     cudagraphs: bool = False
     fuse_projections: bool | str = "auto"
     swap_policy: str = "always"
-
-    def describe_mode(self) -> str:
-        return "auto" if self.mode is None else format_mode(self.mode)
+    dump_graphs: str | None = None
 
 
 def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
@@ -70,7 +71,10 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
     for key in ("verify", "report"):
         if not isinstance(options.get(key, False), bool):
             raise ValueError(f"twinkle backend option {key} must be True or False, got {options[key]!r}.")
+    dump_graphs = options.get("dump_graphs")
+    if dump_graphs is not None and not isinstance(dump_graphs, (str, os.PathLike)):
+        raise ValueError(f"twinkle backend option dump_graphs must be a directory path, got {dump_graphs!r}.")
     from .speed_options import parse_speed_options  # compilespeed (issue 15)
 
     return BackendOptions(compiler, mode, options.get("verify", False), options.get("report", False),
-                          **parse_speed_options(options))
+                          **parse_speed_options(options), dump_graphs=None if dump_graphs is None else os.fspath(dump_graphs))

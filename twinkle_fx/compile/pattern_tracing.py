@@ -3,8 +3,12 @@
 
 Traced lazily, the first time the backend needs it (a nested Dynamo run on a fresh code object,
 with a capturing backend; registering a kernel imports and runs nothing). The function is called on small
-example tensors built from its signature (every parameter without a default is a tensor; all
-tensors get the same square shape, tried at rank 4, 3, 2); a float parameter is passed a
+example tensors built from its signature (every parameter without a default is a tensor), in the
+first of these shape plans it runs on (:func:`_shape_plans`): all tensors of one square shape at
+rank 4, 3, 2; then the leading tensors at rank 4 and the others at rank 3 (a rotary's q, k
+``[B, H, S, D]`` and cos, sin ``[B, S, D]``: Phi3's and GLM4's concatenate q with its
+pass-through part, which fails on same-rank examples); then those with half-width trailing
+tensors (GPT-OSS's half-angle cos and sin). A float parameter is passed a
 sentinel value so the pattern records where the constant sits and a match reads the model's own
 value (an ``eps``) from the graph. Shape literals get baked in by Dynamo, so matches ignore
 literals and :mod:`.equivalence` checks each one on the real shapes.
@@ -12,6 +16,7 @@ literals and :mod:`.equivalence` checks each one on the real shapes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -19,7 +24,7 @@ import logging
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,10 +69,29 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(fn)
 
 
-def _example_arguments(signature: inspect.Signature, rank: int) -> tuple[dict[str, Any], list[str]]:
-    """Keyword arguments for one trace and the float parameters given the sentinel."""
+def _tensor_parameters(signature: inspect.Signature) -> list[str]:
+    return [p.name for p in signature.parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
+            and p.annotation not in (float, "float", int, bool, "int", "bool")]
+
+
+def _shape_plans(n: int) -> list[tuple[str, list[tuple[int, ...]]]]:
+    """``(description, shape of each tensor argument)``, in the order tried (see the module docstring)."""
+    plans = [(f"rank {rank}", [(_SIZE,) * rank] * n) for rank in (4, 3, 2)]
+    # the split nearest the middle first: (q, k | cos, sin)
+    splits = sorted(range(1, n), key=lambda k: (abs(2 * k - n), -k))
+    for width, what in ((_SIZE, ""), (_SIZE // 2, ", half width")):
+        plans += [(f"first {k} at rank 4, the rest at rank 3{what}",
+                   [(_SIZE,) * 4] * k + [(_SIZE,) * 2 + (width,)] * (n - k)) for k in splits]
+    return plans
+
+
+def _example_arguments(signature: inspect.Signature, shapes: list[tuple[int, ...]]) -> tuple[dict[str, Any], list[str]]:
+    """Keyword arguments for one trace (tensor arguments of ``shapes``, in order) and the float
+    parameters given the sentinel."""
     kwargs: dict[str, Any] = {}
     scalars = []
+    tensor_shapes = iter(shapes)
     for p in signature.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
@@ -78,7 +102,7 @@ def _example_arguments(signature: inspect.Signature, rank: int) -> tuple[dict[st
             elif p.annotation in (int, bool, "int", "bool"):
                 raise ValueError(f"parameter {p.name!r} ({p.annotation}) has no default to trace with")
             else:
-                kwargs[p.name] = torch.randn((_SIZE,) * rank)
+                kwargs[p.name] = torch.randn(next(tensor_shapes))
         elif isinstance(p.default, float) and not isinstance(p.default, bool):
             kwargs[p.name] = _SENTINEL
             scalars.append(p.name)
@@ -107,22 +131,36 @@ def _dynamo_graph(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[fx.Gr
     return captured[0]
 
 
+@contextlib.contextmanager
+def _quiet_fake_tensor_errors() -> Iterator[None]:
+    """A shape plan that does not fit the function fails inside Dynamo's fake tensors, which log each
+    failure at ERROR before raising; the failure is expected and kept in the reason, so not logged."""
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        fake_log.setLevel(level)
+
+
 def trace_function(name: str, fn: Callable[..., Any]) -> TracedPattern:
-    """Trace ``fn`` into a pattern. Raises with the reason when no rank of example inputs works."""
+    """Trace ``fn`` into a pattern. Raises with the reason when no plan of example inputs works."""
     signature = _signature(fn)
     errors = []
-    for rank in (4, 3, 2):
+    for plan, shapes in _shape_plans(len(_tensor_parameters(signature))):
         try:
-            kwargs, scalars = _example_arguments(signature, rank)
-            gm, example_inputs = _dynamo_graph(fn, kwargs)
-        except Exception as e:  # the next rank may fit; all failing is reported below
-            errors.append(f"rank {rank}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            kwargs, scalars = _example_arguments(signature, shapes)
+            with _quiet_fake_tensor_errors():
+                gm, example_inputs = _dynamo_graph(fn, kwargs)
+        except Exception as e:  # the next plan may fit; all failing is reported below
+            errors.append(f"{plan}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             continue
         by_identity = {id(v): k for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         params = tuple(by_identity.get(id(v), "?") for v in example_inputs)
         if "?" in params or len(params) != len(placeholders):
-            errors.append(f"rank {rank}: a graph input is not one of the function's tensor arguments")
+            errors.append(f"{plan}: a graph input is not one of the function's tensor arguments")
             continue
         slots = []
         for node in gm.graph.nodes:
@@ -172,7 +210,7 @@ def pattern_for(registry: KernelRegistry, target: str) -> TracedPattern | str:
     start = time.perf_counter()
     try:
         result: TracedPattern | str = trace_function(target, reference)
-    except Exception as e:  # every rank failed: the reasons are in the message
+    except Exception as e:  # every shape plan failed: the reasons are in the message
         result = f"Dynamo could not trace {target} on example inputs ({e})"
         logger.info("no pattern for %s: %s", target, result)
     else:

@@ -18,20 +18,32 @@ import difflib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .pipeline import Kept, Outcome
+from .reasons import Reason
+
 __all__ = ["RegionReport", "GraphReport", "CompileReport", "collect_reports", "active_reports"]
 
 
 @dataclass
 class RegionReport:
-    """One candidate region: swapped (``kernel`` and ``how``) or kept (``reason``)."""
+    """One candidate region: swapped (``kernel`` and ``how``) or kept (``reason``: ``reason.kind`` is
+    a :class:`~twinkle_fx.compile.reasons.ReasonKind`, ``str(reason)`` the sentence)."""
 
     kind: str  # "layer" or "function"
     target: str
     location: str
     kernel: str | None = None
     how: str | None = None
-    reason: str | None = None
+    reason: Reason | None = None
     match: str | None = None  # functions: "call", "copy" (same-named function elsewhere) or "computation"
+
+    @classmethod
+    def from_outcome(cls, outcome: Outcome) -> RegionReport:
+        if isinstance(outcome, Kept):
+            return cls(outcome.kind, outcome.target, outcome.location, kernel=outcome.kernel, reason=outcome.reason,
+                       match=outcome.match)
+        return cls(outcome.kind, outcome.target, outcome.location, kernel=outcome.kernel, how=outcome.how,
+                   match=outcome.match)
 
     @property
     def swapped(self) -> bool:

@@ -36,11 +36,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from ..modes import Mode
+from ...modes import Mode
+from ..dynamo_internals import common_provenance, example_value, set_example_value
+from ..pipeline import Outcome, PassState
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["fuse_projections", "FusedGroup", "should_fuse", "AUTO_MIN_IN_FEATURES"]
+__all__ = ["fuse_projections", "FusedGroup", "should_fuse", "AUTO_MIN_IN_FEATURES", "run"]
 
 LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
 
@@ -74,6 +76,19 @@ def should_fuse(setting: bool | str, mode: Mode, compiler: str) -> bool | int:
     return False
 
 
+def run(state: PassState) -> list[Outcome]:
+    """The pass: fuse when ``state.fuse_projections`` says so (the backend sets it with :func:`should_fuse`).
+
+    Fusing swaps no registered region, so it answers no outcomes; the groups are logged at INFO.
+    """
+    if state.fuse_projections is False:
+        return []
+    groups = fuse_projections(state.gm, min_in_features=0 if state.fuse_projections is True else state.fuse_projections)
+    if groups:
+        logger.info("fused %d group(s) of projections: %s", len(groups), "; ".join(map(str, groups)))
+    return []
+
+
 def _linear_args(node: fx.Node) -> tuple[fx.Node, object, object] | None:
     if node.op != "call_function" or node.target not in LINEAR_TARGETS:
         return None
@@ -83,18 +98,8 @@ def _linear_args(node: fx.Node) -> tuple[fx.Node, object, object] | None:
 
 
 def _value(node: object) -> torch.Tensor | None:
-    value = node.meta.get("example_value", node.meta.get("val")) if isinstance(node, fx.Node) else None
+    value = example_value(node) if isinstance(node, fx.Node) else None
     return value if isinstance(value, torch.Tensor) else None
-
-
-def _common_stack(nodes: list[fx.Node]) -> dict:
-    stacks = [list((n.meta.get("nn_module_stack") or {}).items()) for n in nodes]
-    common = []
-    for entries in zip(*stacks):
-        if any(entry != entries[0] for entry in entries):
-            break
-        common.append(entries[0])
-    return dict(common)
 
 
 def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0) -> list[FusedGroup]:
@@ -152,8 +157,7 @@ def _fuse(graph: fx.Graph, x: fx.Node, linears: list[fx.Node], weights: list[fx.
     bias_values = [_value(b) for b in biases] if biases[0] is not None else []
     widths = [int(v.shape[0]) for v in weight_values]
     has_bias = biases[0] is not None
-    meta = {k: v for k, v in first.meta.items() if k in ("stack_trace", "source_fn_stack")}
-    meta["nn_module_stack"] = _common_stack(linears)
+    meta = common_provenance([first] + [n for n in linears if n is not first])
     x_value = _value(x)
     # The example values of the new nodes are made in the input's fake mode. Parameters can carry
     # another mode's fake tensors; their shapes are static, so a same-shaped stand-in is exact.
@@ -173,16 +177,20 @@ def _fuse(graph: fx.Graph, x: fx.Node, linears: list[fx.Node], weights: list[fx.
     bias_values = [stand_in(v) for v in bias_values]
     with graph.inserting_before(first):
         cat_w = graph.call_function(torch.cat, (list(weights),), {"dim": 0})
-        cat_w.meta.update(meta, example_value=fake(torch.cat, weight_values, dim=0))
+        cat_w.meta.update(meta)
+        set_example_value(cat_w, fake(torch.cat, weight_values, dim=0))
         cat_b = None
         if has_bias:
             cat_b = graph.call_function(torch.cat, (list(biases),), {"dim": 0})
-            cat_b.meta.update(meta, example_value=fake(torch.cat, bias_values, dim=0))
+            cat_b.meta.update(meta)
+            set_example_value(cat_b, fake(torch.cat, bias_values, dim=0))
         fused = graph.call_function(torch._C._nn.linear, (x, cat_w, cat_b))
-        fused.meta.update(meta, example_value=fake(torch._C._nn.linear, x_value, cat_w.meta["example_value"],
-                                                   None if cat_b is None else cat_b.meta["example_value"]))
+        fused.meta.update(meta)
+        set_example_value(fused, fake(torch._C._nn.linear, x_value, example_value(cat_w),
+                                      None if cat_b is None else example_value(cat_b)))
         parts = graph.call_function(torch.split, (fused, widths), {"dim": -1})
-        parts.meta.update(meta, example_value=fake(torch.split, fused.meta["example_value"], widths, dim=-1))
+        parts.meta.update(meta)
+        set_example_value(parts, fake(torch.split, example_value(fused), widths, dim=-1))
         pieces = [graph.call_function(operator.getitem, (parts, i)) for i in range(len(linears))]
     for piece, linear in zip(pieces, linears):
         piece.meta.update(linear.meta)

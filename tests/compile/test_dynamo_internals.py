@@ -1,0 +1,178 @@
+"""One test per accessor of :mod:`twinkle_fx.compile.dynamo_internals`: the backend reads Dynamo's
+internals only through these, so a torch upgrade that changes one fails here, by name."""
+
+import torch
+import torch.nn.functional as F
+
+from twinkle_fx.compile import dynamo_internals as di
+
+
+class Norm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(8))
+        self.eps = 1e-5
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.layers = torch.nn.ModuleList([Norm(), Norm()])
+
+    def forward(self, x):
+        h = _helper(self.proj(x))
+        for layer in self.layers:
+            h = layer(h)
+        return self.layers[0](h)  # a repeated call of one instance
+
+
+def _helper(x):
+    return F.silu(x)
+
+
+class Capture:
+    """A backend that runs a check inside the compile (where the frame is at hand) and keeps the graphs."""
+
+    def __init__(self, check=None):
+        self.graphs = []
+        self.check = check
+        self.results = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append((gm, example_inputs))
+        if self.check is not None:
+            self.results.append(self.check(gm, example_inputs))
+        return gm.forward
+
+
+def _compiled(model, check=None, *args):
+    capture = Capture(check)
+    torch.compile(model, backend=capture)(*(args or (torch.randn(2, 8),)))
+    return capture
+
+
+def test_module_stack_ids_sources_classes_and_repeat_calls():
+    model = Block()
+    (gm, _), = _compiled(model).graphs
+    frames = [di.module_stack(n) for n in gm.graph.nodes if n.op == "call_function"]
+    innermost = {(f[-1].cls, f[-1].location) for f in frames if f}
+    assert (torch.nn.Linear, "proj") in innermost
+    assert (Norm, "layers.0") in innermost and (Norm, "layers.1") in innermost
+    repeat = [f[-1] for f in frames if f and "@" in f[-1].key]
+    assert repeat and repeat[0].location == "layers.0@1" and repeat[0].instance_id == id(model.layers[0])
+    assert all(f.local for fs in frames for f in fs)
+    assert di.module_stack(next(n for n in gm.graph.nodes if n.op == "output")) == []
+
+
+def test_example_value_real_input_and_input_source():
+    model = Block()
+
+    def check(gm, _):  # Dynamo drops its graph-input records once the backend returns: read them inside
+        sources = {di.input_source(n): n for n in gm.graph.nodes if n.op == "placeholder"}
+        weight = sources["L['self']._modules['proj']._parameters['weight']"]
+        fake = torch._subclasses.fake_tensor.FakeTensorMode().from_tensor(model.proj.weight)
+        return di.example_value(weight).shape, di.real_input(weight, fake) is model.proj.weight, di.real_input(weight, 3)
+
+    (shape, real, passthrough), = _compiled(model, check).results
+    assert shape == (8, 8)
+    assert real  # DDP's fake bucket inputs: the real parameter
+    assert passthrough == 3
+
+
+def test_parse_source_forms():
+    ref = di.parse_source("L['self']._modules['layers']._modules['0']._parameters['weight']")
+    assert (ref.scope, ref.name, ref.modules, ref.member, ref.attribute) == ("L", "self", ("layers", "0"), "parameter", "weight")
+    ref = di.parse_source("G['model'].layers[1].norm.eps")
+    assert (ref.scope, ref.name, ref.modules, ref.member) == ("G", "model", ("layers", "1", "norm", "eps"), None)
+    assert di.parse_source("L['self']._buffers['inv_freq']").member == "buffer"
+    assert di.parse_source("not a source") is None and di.parse_source(None) is None
+
+
+def test_graph_break_reason_and_user_stack():
+    def fn(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    capture = _compiled(fn, None, torch.randn(3))
+    first, second = (di.graph_break(gm) for gm, _ in capture.graphs)
+    assert second is None  # the resumed graph ends normally
+    assert first.user_stack[-1].name == "fn" and first.user_stack[-1].filename == __file__
+    assert "graph_break" in first.reason.lower() or "graph break" in first.reason.lower()
+
+
+def test_graph_breaks_counted_and_step_unsupported_named_by_them():
+    from torch._dynamo.utils import counters
+
+    di.graph_breaks_counted()  # settle what was counted before
+    counters["graph_break"]["Dynamic shape operator\n  Explanation: nonzero"] += 1
+    counted = di.graph_breaks_counted()
+    assert counted == ["Dynamic shape operator"] and di.graph_breaks_counted() == []
+
+    class Reason:
+        reason = "step_unsupported"
+        graph_break = True
+        user_stack = []
+
+    gm = torch.fx.symbolic_trace(torch.nn.Identity())
+    gm.compile_subgraph_reason = Reason()
+    assert di.graph_break(gm, counted).reason == "Dynamic shape operator"
+    assert di.graph_break(gm, []).reason == "step_unsupported"
+
+
+def test_compiled_code_is_the_frame_being_compiled():
+    model = Block()
+    (code,), outside = _compiled(model, lambda gm, _: di.compiled_code()).results, di.compiled_code()
+    assert code is Block.forward.__code__ and outside is None
+
+
+def test_stack_frames_and_is_erased():
+    (gm, _), = _compiled(Block()).graphs
+    silu = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is F.silu)
+    names = [f.name for f in di.stack_frames(silu)]
+    assert names[-2:] == ["forward", "_helper"] and di.stack_frames(silu)[-1].filename == __file__
+    assert not di.is_erased(silu)
+    silu.replace_all_uses_with(silu.args[0])
+    gm.graph.erase_node(silu)
+    assert di.is_erased(silu)
+
+
+def test_provenance_copies_where_a_node_came_from():
+    (gm, _), = _compiled(Block()).graphs
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and di.module_stack(n)]
+    meta = di.provenance(nodes[0])
+    assert set(meta) <= {"nn_module_stack", "stack_trace", "source_fn_stack"} and "nn_module_stack" in meta
+    shared = di.common_provenance(nodes)
+    assert list(shared["nn_module_stack"]) == []  # proj and the norms share no module
+
+
+def test_module_lookup_resolves_from_the_compiled_frame_without_a_heap_scan():
+    model = Block()
+
+    def check(gm, _):
+        lookup = di.module_lookup()
+        found = {}
+        for node in gm.graph.nodes:
+            for frame in di.module_stack(node):
+                found[frame.location] = lookup.find(frame)
+        return found, lookup.heap_scans, lookup is di.module_lookup()
+
+    capture = _compiled(model, check)
+    (found, scans, shared), = capture.results
+    assert found["proj"] is model.proj and found["layers.1"] is model.layers[1] and found["layers.0@1"] is model.layers[0]
+    assert scans == 0 and shared  # one lookup per frame compile, every graph of it shares it
+
+
+def test_module_lookup_outside_a_compile_scans_the_heap_once_per_class():
+    model = Block()
+    (gm, _), = _compiled(model).graphs
+    lookup = di.module_lookup()  # no frame is being compiled now
+    frames = [f for n in gm.graph.nodes for f in di.module_stack(n) if f.cls is Norm]
+    assert {id(lookup.find(f)) for f in frames} == {id(model.layers[0]), id(model.layers[1])}
+    assert lookup.heap_scans == 1
+    wrong_class = di.ModuleFrame(frames[0].key, frames[0].source, torch.nn.Linear)
+    assert lookup.find(wrong_class) is None

@@ -1,0 +1,369 @@
+"""Everything the backend reads from Dynamo beyond the FX graph itself, in one place.
+
+None of these is a public torch API; each accessor has a test (``tests/compile/test_dynamo_internals.py``)
+so a torch upgrade that changes one breaks here, and only here:
+
+- ``node.meta["nn_module_stack"]``: ``{str(id(module)) or "id@N": (source path, class)}``, outer to inner
+  (:func:`module_stack`);
+- ``node.meta["example_value"]`` / ``["val"]``: the fake value of a node (:func:`example_value`);
+- ``node.meta["grapharg"]``: ``.example`` (the real tensor behind a graph input, :func:`real_input`) and
+  ``.source.name`` (where Dynamo read it, :func:`input_source`, parsed by :func:`parse_source`);
+- ``gm.compile_subgraph_reason``: why the graph ended, and the user stack at a graph break
+  (:func:`graph_break`);
+- ``node.meta["stack_trace"]``: the frames of inlined calls (:func:`stack_frames`);
+- ``Node._erased`` (:func:`is_erased`);
+- the frame being compiled (``InstructionTranslator.current_tx()``) and, where it cannot answer, a
+  ``gc.get_referrers`` heap scan: :class:`ModuleLookup`, the one way to find a module instance.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import re
+import types
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ModuleFrame", "module_stack", "provenance", "common_provenance", "example_value", "set_example_value", "real_input", "input_source", "SourceRef", "parse_source",
+    "GraphBreak", "graph_break", "graph_breaks_counted", "compiled_code", "Frame", "stack_frames", "is_erased", "ModuleLookup", "module_lookup",
+]
+
+
+# --- nn_module_stack -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModuleFrame:
+    """One ``nn_module_stack`` entry: a call of module instance ``instance_id`` of class ``cls``."""
+
+    key: str  # Dynamo's key: "140211..." or, for the N-th repeated call of one instance, "140211...@N"
+    source: str  # where Dynamo found the module: "L['self'].model.layers.0.mlp"
+    cls: Any  # the module's class (a type; Dynamo may record something else for exotic modules)
+
+    @property
+    def instance_id(self) -> int | None:
+        try:
+            return int(self.key.split("@", 1)[0])
+        except ValueError:
+            return None
+
+    @property
+    def location(self) -> str:
+        """The module path under the compiled root ("model.layers.0.mlp"; "<root>"), with "@N" on repeat calls."""
+        ref = parse_source(self.source)
+        path = ".".join(ref.modules) if ref is not None else self.source
+        path = path or "<root>"
+        return f"{path}@{self.key.split('@', 1)[1]}" if "@" in self.key else path
+
+    @property
+    def local(self) -> bool:
+        """Reached from a local of the compiled frame (``L[...]``), not from a global (``G[...]``)."""
+        return self.source.startswith("L[")
+
+
+def module_stack(node: fx.Node) -> list[ModuleFrame]:
+    """The modules ``node`` came from, outer to inner (empty for nodes outside any module)."""
+    return [ModuleFrame(key, path, cls) for key, (path, cls) in (node.meta.get("nn_module_stack") or {}).items()]
+
+
+_PROVENANCE = ("nn_module_stack", "stack_trace", "source_fn_stack")
+
+
+def provenance(node: fx.Node) -> dict[str, Any]:
+    """The metadata saying where ``node`` came from (module stack, stack trace, source function),
+    to copy onto a node that stands for it."""
+    return {k: v for k, v in node.meta.items() if k in _PROVENANCE}
+
+
+def common_provenance(nodes: list[fx.Node]) -> dict[str, Any]:
+    """Provenance for one node standing for ``nodes``: the first one's stack trace and the module
+    stack they share (outer to inner, up to the first difference)."""
+    meta = {k: v for k, v in nodes[0].meta.items() if k in ("stack_trace", "source_fn_stack")}
+    stacks = [list((n.meta.get("nn_module_stack") or {}).items()) for n in nodes]
+    common = []
+    for entries in zip(*stacks):
+        if any(entry != entries[0] for entry in entries):
+            break
+        common.append(entries[0])
+    meta["nn_module_stack"] = dict(common)
+    return meta
+
+
+# --- graph inputs -----------------------------------------------------------------------------------
+
+
+def example_value(node: fx.Node) -> Any:
+    """Dynamo's example value of ``node`` (a FakeTensor, SymInt, or Python value)."""
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def set_example_value(node: fx.Node, value: Any) -> None:
+    """Record ``value`` as the fake value of a node the backend made (what Dynamo's own nodes carry)."""
+    node.meta["example_value"] = value
+
+
+def real_input(placeholder: fx.Node, value: Any) -> Any:
+    """The real tensor behind a graph input the backend was handed as a FakeTensor, else ``value``.
+
+    DDPOptimizer (``torch.compile`` of a DDP model with several buckets) compiles each bucket's
+    subgraph on fake copies of its inputs; parameters are recognised by identity, so without this
+    every layer region of a split graph reads as "state from outside the module".
+    """
+    if isinstance(value, FakeTensor):
+        real = getattr(placeholder.meta.get("grapharg"), "example", None)
+        if isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor):
+            return real
+    return value
+
+
+def input_source(placeholder: fx.Node) -> str | None:
+    """Where Dynamo read a graph input: ``"L['self']._modules['norm']._parameters['weight']"``, or None."""
+    name = getattr(getattr(placeholder.meta.get("grapharg"), "source", None), "name", None)
+    name = name() if callable(name) else name
+    return name if isinstance(name, str) else None
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """A source name taken apart: ``scope['name']`` then submodules, then what was read from the last one."""
+
+    scope: str  # "L" (a local of the compiled frame) or "G" (a global)
+    name: str  # the local or global name ("self", "model")
+    modules: tuple[str, ...]  # submodule names from the root ("model", "layers", "0", "norm")
+    member: str | None  # "parameter", "buffer", "attribute" or None (the source is a module)
+    attribute: str | None  # the parameter / buffer / dotted attribute name
+
+
+_ROOT = re.compile(r"^(?P<scope>[LG])\['(?P<name>[^']+)'\]")
+_TOKEN = re.compile(r"\._modules\['(?P<module>[^']+)'\]|\._(?P<kind>parameters|buffers)\['(?P<member>[^']+)'\]"
+                    r"|\[(?P<index>\d+)\]|\['(?P<key>[^']+)'\]|\.(?P<name>[A-Za-z_0-9]\w*)")
+
+
+def parse_source(source: str | None) -> SourceRef | None:
+    """Parse a source name (a graph input's, or an ``nn_module_stack`` path); None for other forms.
+
+    Attribute names after the last submodule are kept dotted (``"rotary.scale"``); a name that is
+    a digit is a submodule (``layers.0``). Which dotted names are submodules is only known by
+    resolving the path, so ``L['self'].norm.eps`` reads as modules ``("norm", "eps")``: callers
+    that need the split use :meth:`ModuleLookup.resolve`.
+    """
+    if not source:
+        return None
+    root = _ROOT.match(source)
+    if root is None:
+        return None
+    modules: list[str] = []
+    pos = root.end()
+    while pos < len(source):
+        token = _TOKEN.match(source, pos)
+        if token is None:
+            return None
+        pos = token.end()
+        if token.group("kind"):
+            if pos != len(source):
+                return None
+            kind = "parameter" if token.group("kind") == "parameters" else "buffer"
+            return SourceRef(root["scope"], root["name"], tuple(modules), kind, token.group("member"))
+        modules.append(next(g for g in token.group("module", "index", "key", "name") if g is not None))
+    return SourceRef(root["scope"], root["name"], tuple(modules), None, None)
+
+
+# --- graph breaks -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a stack: file, line, function name."""
+
+    filename: str
+    lineno: int
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.lineno} in {self.name}"
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """Why Dynamo ended a graph early: its own words (first line) and the user stack, outer to inner."""
+
+    reason: str
+    user_stack: tuple[Frame, ...]
+
+    def __str__(self) -> str:
+        where = str(self.user_stack[-1]) if self.user_stack else "unknown location"
+        return f"{self.reason} ({where})"
+
+
+def graph_break(gm: fx.GraphModule, counted: list[str] | None = None) -> GraphBreak | None:
+    """The graph break that ended ``gm``, or None when it ended normally (or is not Dynamo's).
+
+    Where Dynamo compiled up to a checkpoint it records only "step_unsupported"; the break it hit
+    is then the last one it counted before this graph (``counted``, from
+    :func:`graph_breaks_counted`), and that is the reason given.
+    """
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None or not getattr(reason, "graph_break", False):
+        return None
+    text = str(getattr(reason, "reason", "") or "").strip()
+    if text == "step_unsupported" and counted:
+        text = counted[-1].strip()
+    stack = tuple(Frame(f.filename, f.lineno, f.name) for f in getattr(reason, "user_stack", None) or ())
+    return GraphBreak(text.splitlines()[0] if text else "?", stack)
+
+
+_COUNTED_BREAKS: dict[str, int] = {}
+
+
+def graph_breaks_counted() -> list[str]:
+    """First lines of the graph breaks Dynamo counted since the previous call (oldest first)."""
+    global _COUNTED_BREAKS
+    from torch._dynamo.utils import counters
+
+    now = dict(counters.get("graph_break", {}))
+    if any(now.get(message, 0) < count for message, count in _COUNTED_BREAKS.items()):
+        _COUNTED_BREAKS = {}  # the counters were cleared (torch.compiler.reset())
+    new = [message for message, count in now.items() if count > _COUNTED_BREAKS.get(message, 0)]
+    _COUNTED_BREAKS = now
+    return [message.strip().splitlines()[0] for message in new if message.strip()]
+
+
+def compiled_code() -> types.CodeType | None:
+    """The code object of the frame being compiled (a ``forward``, or Dynamo's resume function
+    for the rest of one after a graph break: same file, lines inside it); None outside a compile."""
+    frame = _compiled_frame()
+    code = getattr(frame, "f_code", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+# --- stack traces of inlined calls ------------------------------------------------------------------
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
+
+
+def stack_frames(node: fx.Node) -> list[Frame]:
+    """The frames of ``node.meta["stack_trace"]``, outer to inner (empty for nodes Dynamo made itself)."""
+    return [Frame(file, int(line), name) for file, line, name in _FRAME.findall(node.meta.get("stack_trace") or "")]
+
+
+def is_erased(node: fx.Node) -> bool:
+    """Whether ``node`` was removed from its graph (a match still holds it after a rewrite)."""
+    return bool(getattr(node, "_erased", False))
+
+
+# --- module instances -------------------------------------------------------------------------------
+
+
+def _compiled_frame() -> Any:
+    """Dynamo's translator of the frame being compiled (``f_locals``, ``f_globals``), while a backend
+    runs inside it; None otherwise (a backend called directly)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        return InstructionTranslator.current_tx()
+    except (ImportError, AttributeError, IndexError, AssertionError):  # no frame is being compiled
+        return None
+
+
+def heap_instances(classes: Iterable[type]) -> list[Any]:
+    """Every live instance of exactly one of ``classes`` (a full heap walk: the last resort)."""
+    classes = tuple(classes)
+    if not classes:
+        return []
+    wanted = set(classes)
+    return [obj for obj in gc.get_referrers(*classes) if type(obj) in wanted]
+
+
+class ModuleLookup:
+    """Finds module instances of one compile: the one way the passes reach a module.
+
+    Dynamo records a module's id and class (``nn_module_stack``) and where it found it (a source
+    path under a local or global of the compiled frame). The lookup resolves that path from the
+    frame being compiled, which costs a few attribute reads; models given up front (``explain``)
+    are indexed by id; only a module reached neither way costs a heap scan, once per class per
+    compile. One lookup serves every graph of a compile (DDP's split graphs share it). It holds
+    modules and the frame weakly: a compiled graph must not keep a model alive.
+    """
+
+    def __init__(self, roots: tuple[torch.nn.Module, ...] = (), frame: Any = None) -> None:
+        self._by_id: dict[int, weakref.ref] = {id(m): weakref.ref(m) for root in roots for m in root.modules()}
+        self._frame = None if frame is None else weakref.ref(frame)
+        self._scanned: set[type] = set()
+        self.heap_scans = 0  # how many heap walks this lookup made (tests and DEBUG logs read it)
+
+    def resolve(self, ref: SourceRef) -> Any:
+        """The object a parsed source names: its module (``member`` None) or the parameter/buffer/attribute."""
+        frame = None if self._frame is None else self._frame()
+        if frame is None:
+            return None
+        namespace = getattr(frame, "f_locals" if ref.scope == "L" else "f_globals", None) or {}
+        obj = namespace.get(ref.name)
+        for name in ref.modules:
+            modules = getattr(obj, "_modules", None)
+            if isinstance(modules, dict) and name in modules:
+                obj = modules[name]
+            elif name.isidentifier() and hasattr(obj, name):
+                obj = getattr(obj, name)
+            else:
+                return None
+        if ref.member == "parameter":
+            return getattr(obj, "_parameters", {}).get(ref.attribute)
+        if ref.member == "buffer":
+            return getattr(obj, "_buffers", {}).get(ref.attribute)
+        return obj
+
+    def _known(self, wanted: int) -> Any:
+        ref = self._by_id.get(wanted)
+        return None if ref is None else ref()
+
+    def find(self, frame: ModuleFrame) -> torch.nn.Module | None:
+        """The instance behind an ``nn_module_stack`` entry, or None (never an instance of another class)."""
+        wanted = frame.instance_id
+        if wanted is None or not isinstance(frame.cls, type):
+            return None
+        module = self._known(wanted)
+        if module is None:
+            ref = parse_source(frame.source)
+            candidate = self.resolve(ref) if ref is not None else None
+            if candidate is not None and id(candidate) == wanted:
+                module = candidate
+                self._by_id[wanted] = weakref.ref(candidate)
+        if module is None and frame.cls not in self._scanned:
+            self._scanned.add(frame.cls)
+            self.heap_scans += 1
+            for obj in heap_instances([frame.cls]):
+                self._by_id.setdefault(id(obj), weakref.ref(obj))
+            module = self._known(wanted)
+        return module if module is not None and type(module) is frame.cls else None
+
+    def instances(self, classes: tuple[type, ...]) -> list[torch.nn.Module]:
+        """Every live instance of ``classes`` (one heap walk, for the few questions no path answers)."""
+        self.heap_scans += 1
+        return heap_instances(classes)
+
+
+# the lookup of the frame compile in progress: DDP's split graphs (one backend call each) reuse it
+_CURRENT: tuple[weakref.ref, tuple[weakref.ref, ...], ModuleLookup] | None = None
+
+
+def module_lookup(roots: tuple[torch.nn.Module, ...] = ()) -> ModuleLookup:
+    """The :class:`ModuleLookup` of the frame compile in progress (shared by all its graphs)."""
+    global _CURRENT
+    frame = _compiled_frame()
+    if frame is not None and _CURRENT is not None:
+        current, current_roots, lookup = _CURRENT
+        if current() is frame and [r() for r in current_roots] == list(roots):
+            return lookup
+    lookup = ModuleLookup(roots, frame)
+    _CURRENT = None if frame is None else (weakref.ref(frame), tuple(weakref.ref(r) for r in roots), lookup)
+    return lookup

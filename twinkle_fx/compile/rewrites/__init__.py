@@ -1,0 +1,6 @@
+"""The passes that rewrite the graph (each ``run(state) -> list[Outcome]``, see :mod:`..pipeline`):
+
+- :mod:`.layer_regions`: regions of registered nn.Module classes become one kernel call each;
+- :mod:`.function_patterns`: calls of registered functions (and copies of them) become one kernel call each;
+- :mod:`.gemm_fusion`: linears reading the same input become one GEMM (when options ask for it).
+"""

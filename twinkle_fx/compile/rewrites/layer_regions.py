@@ -1,0 +1,218 @@
+"""Layer regions: nodes that came from an instance of a registered nn.Module class.
+
+Dynamo tags each node with the modules it came from (:func:`~..dynamo_internals.module_stack`,
+outer to inner). The outermost module whose class is bound to a kernel name
+(``register_external_layer`` or a ``kernel_layer_name`` attribute) names the region, so a
+registered MLP swallows its Linear and activation nodes. A region is swapped when a kernel is
+selected (same rules as the eager path), its inputs bind to ``forward``'s arguments (checked by
+tracing the original ``forward`` on the same fake inputs, see :mod:`..binding`) and the kernel
+passes the shape guard.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ...eager.layers import swapped_forward
+from ...kernels_mapping import foreign_forward
+from ...selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
+from ..binding import bind, outputs_read_outside
+from ..dynamo_internals import ModuleFrame, example_value, input_source, module_stack, parse_source
+from ..equivalence import module_attributes, reparametrized
+from ..kernel_call import LayerKernelCall
+from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
+from ..place import place_kernel
+from ..reasons import KeepRegion, ReasonKind
+from ..regions import Region, external_inputs
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LayerCandidate", "find_layer_regions", "run"]
+
+
+@dataclass
+class LayerCandidate:
+    """One call of a target layer class: its nodes, the module it came from, the kernel selection."""
+
+    region: Region
+    frame: ModuleFrame
+    selection: Selection
+
+    @property
+    def cls(self) -> type:
+        return self.frame.cls
+
+
+def find_layer_regions(state: PassState) -> list[LayerCandidate]:
+    """Every call of a target layer class in the graph.
+
+    A class is a target when :func:`select_layer_kernel` says so (bound explicitly, or carrying a
+    ``kernel_layer_name`` that has registrations), the same rule as the eager path.
+    """
+    selections: dict[type, Selection | None] = {}
+    groups: dict[str, tuple[ModuleFrame, Selection, list[fx.Node]]] = {}
+    for node in state.gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "get_attr"):
+            continue
+        for frame in module_stack(node):
+            if not isinstance(frame.cls, type):
+                continue
+            if frame.cls not in selections:
+                selections[frame.cls] = select_layer_kernel(state.registry, frame.cls, state.device, state.mode,
+                                                            allow_uncompilable=True)
+            selection = selections[frame.cls]
+            if selection is not None:
+                groups.setdefault(frame.key, (frame, selection, []))[2].append(node)
+                break
+    return [
+        LayerCandidate(Region("layer", selection.target, frame.location, nodes, source=frame.source), frame, selection)
+        for frame, selection, nodes in groups.values()
+    ]
+
+
+def run(state: PassState) -> list[Outcome]:
+    """Swap every layer region that can be; one outcome per candidate."""
+    outcomes = []
+    for candidate in find_layer_regions(state):
+        region, choice = candidate.region, candidate.selection.choice
+        outcomes.append(region_outcome(
+            lambda: _swap(state, candidate),
+            lambda reason: Kept("layer", region.target, region.location, reason,
+                                kernel=None if choice is None else str(choice)),
+        ))
+    return outcomes
+
+
+def _swap(state: PassState, candidate: LayerCandidate) -> Swapped:
+    region, cls, selection = candidate.region, candidate.cls, candidate.selection
+    if selection.choice is None:
+        raise KeepRegion(ReasonKind.NO_KERNEL, selection.reason or "no kernel")
+    choice = selection.choice
+    mismatch = signature_mismatch(cls.forward, choice.call)
+    if mismatch is not None:
+        raise KeepRegion(ReasonKind.SIGNATURE, mismatch)
+    module = state.modules.find(candidate.frame)
+    if module is None:
+        raise KeepRegion(ReasonKind.INSTANCE_NOT_FOUND, f"the {cls.__qualname__} instance behind this region could not be found")
+    not_applicable = does_not_apply(choice, module)
+    if not_applicable is not None:
+        raise KeepRegion(ReasonKind.DOES_NOT_APPLY, not_applicable)
+    eager = swapped_forward(module)
+    if eager is not None:
+        raise KeepRegion(ReasonKind.EAGER_SWAP, f"already kernelized eagerly (kernelize_model installed "
+                         f"{eager.kernel_name}); the graph holds that kernel")
+    foreign = foreign_forward(module)
+    if foreign is not None:
+        raise KeepRegion(ReasonKind.FOREIGN_FORWARD, f"forward replaced by {foreign}: the graph runs that kernel as it "
+                         "is (twinkle_fx leaves it)")
+    n_args, param_names, picks = bind_layer(state, region, module)
+    call = LayerKernelCall(
+        f"layer_{choice.name}", module, choice.call, n_args, param_names, picks, single=len(region.outputs) == 1,
+        constants=region.constants,
+    )
+    how, _ = place_kernel(state, region, call, choice)
+    # the kernel is specialised to these values: the compiled graph checks them on every call
+    positions = {n: i for i, n in enumerate(n for n in state.gm.graph.nodes if n.op == "placeholder")}
+    for node, value in region.constant_inputs.items():
+        state.baked_scalars[positions[node]] = value
+    return Swapped("layer", region.target, region.location, str(choice), how)
+
+
+def _parameter_names(module: torch.nn.Module) -> dict[int, str]:
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+    return {id(t): name for name, t in named.items()}
+
+
+def bind_layer(state: PassState, region: Region, module: torch.nn.Module) -> tuple[int, list[str], tuple[int, ...]]:
+    """Find which region inputs are ``forward``'s arguments (in order) and which are parameters.
+
+    Fills ``region.call_args`` / ``region.outputs`` / ``region.constants`` and returns ``(number of
+    arguments, parameter names, which leaf of forward's result each output is)``; raises
+    :class:`KeepRegion` when the region does not bind.
+    """
+    owned = _parameter_names(module)
+    args: list[fx.Node] = []
+    params: list[tuple[str, fx.Node]] = []
+    scalars: dict[str, tuple[fx.Node, float]] = {}
+    for node in external_inputs(region.nodes):
+        value = state.placeholder_values.get(node)
+        if node.op == "placeholder" and isinstance(value, torch.Tensor) and id(value) in owned:
+            params.append((owned[id(value)], node))
+        elif (scalar := _lifted_attribute(state, region, module, node)) is not None:
+            scalars[scalar[0]] = (node, scalar[1])
+        else:
+            args.append(node)
+    outputs = outputs_read_outside(region)
+    param_names = [name for name, _ in params]
+    constants = {name: value for name, (_, value) in scalars.items()}
+    constant_inputs = {node: value for node, value in scalars.values()}
+    forward = type(module).forward
+    positional = [
+        p for p in list(inspect.signature(forward).parameters.values())[1:]
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    required = [p for p in positional if p.default is p.empty]
+    if not (len(required) <= len(args) <= len(positional)):
+        names = ", ".join(p.name for p in positional)
+        raise KeepRegion(ReasonKind.OUTSIDE_STATE, (
+            f"the region reads {len(args)} value(s) besides its parameters but forward({names}) takes "
+            f"{len(required)} to {len(positional)}: it reads state from outside the module"
+        ))
+    if len(args) > 4:  # 24 orderings; beyond that a region is reported, not searched
+        raise KeepRegion(ReasonKind.TOO_MANY_ARGUMENTS, f"{len(args)} tensor arguments: too many orderings to bind")
+
+    def reference(order: tuple[int, ...]) -> Any:
+        def call(*values: Any) -> Any:
+            with reparametrized(module, dict(zip(param_names, values[len(args):]))):
+                return forward(module, *[values[i] for i in order])
+
+        return call
+
+    with module_attributes(module, constants):
+        binding = bind(
+            state, region,
+            key=(type(module), tuple(param_names), tuple(sorted(constants.items()))),
+            inputs=args + [n for _, n in params],
+            values=[example_value(n) for n in args] + [state.placeholder_values[n] for _, n in params],
+            outputs=outputs, orders=itertools.permutations(range(len(args))), reference=reference,
+            mismatch=f"the region does not compute what {type(module).__qualname__}.forward computes on these inputs",
+            constants=constant_inputs,
+        )
+    region.call_args = [args[i] for i in binding.order] + [n for _, n in params]
+    region.outputs = outputs
+    region.constants = constants
+    region.constant_inputs = constant_inputs
+    return len(args), param_names, binding.picks
+
+
+def _lifted_attribute(state: PassState, region: Region, module: torch.nn.Module, node: fx.Node) -> tuple[str, float] | None:
+    """``(attribute path, value)`` when ``node`` is a float attribute of ``module`` that Dynamo lifted
+    to a graph input (it does so once two instances of a class differ in it: ``eps``), else None."""
+    if node.op != "placeholder":
+        return None
+    source, owner = parse_source(input_source(node)), parse_source(region.source)
+    if source is None or owner is None or source.member is not None or (source.scope, source.name) != (owner.scope, owner.name):
+        return None
+    if source.modules[: len(owner.modules)] != owner.modules or len(source.modules) == len(owner.modules):
+        return None
+    attribute = ".".join(source.modules[len(owner.modules):])
+    try:
+        current = functools.reduce(getattr, attribute.split("."), module)
+    except AttributeError:
+        return None
+    value = state.placeholder_values.get(node)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not isinstance(value, FakeTensor):
+        value = value.item()
+    if not isinstance(current, float) or not isinstance(value, float):
+        return None
+    return attribute, value

@@ -24,6 +24,8 @@ OVERRIDES = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0]),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
+    "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+                         moe_layer_start_index=1),
     "starcoder2": dict(use_bias=True),
 }
 

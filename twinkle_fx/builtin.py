@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from .devices import parse_devices
-from .registration import register_external_layer, register_function_kernel, register_layer_kernel
+from .registration import register_external_layer, register_function_kernel, register_layer_kernel, resolve_class
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,9 @@ class Family(NamedTuple):
     ``apply_rotary_pos_emb``, or None; ``head``: the ``*ForCausalLM`` class bound to the fused-loss
     head, or None; ``model_type``: transformers' config type; ``not_covered``: what is left out, and why;
     ``experts``: the MoE ``*Experts`` classes and their kernel, or None; ``functions``: other functions
-    of the modeling module, ``(function name, twinkle_triton function)`` (DeepSeek-V3's second rotary).
+    of the modeling module, ``(function name, twinkle_triton function)`` (DeepSeek-V3's second rotary);
+    ``within``: for norm classes shared with other models (``torch.nn.LayerNorm``, named by dotted
+    path), the family's classes they are bound under (their parent modules), so no other model is reached.
     """
 
     module: str
@@ -42,6 +44,7 @@ class Family(NamedTuple):
     not_covered: str = ""
     experts: tuple[tuple[str, ...], str] | None = None
     functions: tuple[tuple[str, str], ...] = ()
+    within: tuple[str, ...] = ()
 
 
 def _m(name: str) -> str:
@@ -96,13 +99,16 @@ BUILTIN_MODELS: dict[str, Family] = {
                            experts=(("Ernie4_5_MoeExperts",), _EXPERTS)),
     "cohere": Family(_m("cohere"), (("CohereLayerNorm",), "LayerNorm"), (("CohereMLP",), "SwiGLUMLP"),
                      "apply_rotary_pos_emb_interleaved", None, "cohere", "head: logits multiplied by logit_scale"),
-    "starcoder2": Family(_m("starcoder2"), None, (("Starcoder2MLP",), "BiasGeluMLP"), _ROPE, "Starcoder2ForCausalLM",
-                         "starcoder2", "norm: torch.nn.LayerNorm itself (binding it would reach every model)"),
+    "starcoder2": Family(_m("starcoder2"), (("torch.nn.LayerNorm",), "TorchLayerNorm"), (("Starcoder2MLP",), "BiasGeluMLP"),
+                         _ROPE, "Starcoder2ForCausalLM", "starcoder2",
+                         "norm under compile: torch.nn.LayerNorm is bound within StarCoder2's classes only, and the "
+                         "backend matches classes without their parent (kept; swapped eagerly)",
+                         within=("Starcoder2DecoderLayer", "Starcoder2Model")),
 }
 
 # kernel name -> twinkle_triton.layers class name
 _LAYER_KERNELS = ("RMSNorm", "SwiGLUMLP", "GeGLUMLP", "FusedSwiGLUMLP", "GemmaRMSNorm", "FP32RMSNorm", "LayerNorm",
-                  "BiasGeluMLP", "SwiGLUExperts")
+                  "BiasGeluMLP", "SwiGLUExperts", "TorchLayerNorm")
 
 
 # Families whose decoder layer is the plain pre-norm residual block DecoderLayer reproduces (others
@@ -183,8 +189,13 @@ def use_builtin_kernels(
         for spec in (family.norms, family.mlps, family.experts):
             if spec is not None:
                 for class_name in spec[0]:
-                    register_external_layer(getattr(modeling, class_name), spec[1])
-                    bound.append(f"{class_name} -> {spec[1]}")
+                    if "." in class_name:  # a class shared with other models: bound under the family's own
+                        within = tuple(getattr(modeling, c) for c in family.within)
+                        register_external_layer(resolve_class(class_name), spec[1], within=within)
+                        bound.append(f"{class_name} -> {spec[1]} (within {', '.join(family.within)})")
+                    else:
+                        register_external_layer(getattr(modeling, class_name), spec[1])
+                        bound.append(f"{class_name} -> {spec[1]}")
         if decoder_layers and family.model_type in _DECODER_LAYER_FAMILIES:
             decoder = family.head.removesuffix("ForCausalLM") + "DecoderLayer"
             register_external_layer(getattr(modeling, decoder), "DecoderLayer")
@@ -218,8 +229,9 @@ def coverage_table() -> str:
     lines = ["| family | norm | MLP / MoE experts | rotary (`twinkle_triton.*`) | head (fused loss) | not covered |",
              "|---|---|---|---|---|---|"]
     for name, f in BUILTIN_MODELS.items():
-        cells = [", ".join(f"{c} → {spec[1]}" for spec in specs if spec for c in spec[0]) or "—"
-                 for specs in ((f.norms,), (f.mlps, f.experts))]
+        within = f" (within {', '.join(f.within)})" if f.within else ""
+        cells = [", ".join(f"{c} → {spec[1]}" + (within if "." in c else "") for spec in specs if spec
+                           for c in spec[0]) or "—" for specs in ((f.norms,), (f.mlps, f.experts))]
         cells.append("; ".join([f.rotary] * bool(f.rotary) + [f"{n} → {k}" for n, k in f.functions]) or "—")
         cells.append(f"{f.head} → CausalLMFusedLoss" if f.head else "—")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {f.not_covered} |")

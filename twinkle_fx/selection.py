@@ -205,6 +205,7 @@ def select_layer_kernel(
     mode: Mode,
     *,
     allow_uncompilable: bool = False,
+    parent: type | None = None,
 ) -> Selection | None:
     """The kernel for instances of ``cls``, or ``None`` if ``cls`` is no target: not bound with
     :func:`register_external_layer` and not carrying a ``kernel_layer_name`` that has registrations.
@@ -212,9 +213,15 @@ def select_layer_kernel(
     Args:
         allow_uncompilable: let a kernel with ``can_torch_compile=False`` through in compile mode
             (the backend wraps such kernels opaquely and says so in its report).
+        parent: the class of the instance's parent module. A binding limited to some parents
+            (``register_external_layer(..., within=...)``) serves only instances under them, so
+            without a parent it is no target.
     """
     kernel_name = registry.kernel_name_for(cls)
     if kernel_name is None:
+        return None
+    scope = registry.binding_scope(cls)
+    if scope is not None and (parent is None or not issubclass(parent, scope)):
         return None
     # the Hugging Face kernels mapping in effect (use_kernel_mapping) fills devices twinkle_fx has nothing for
     registrations = with_kernels_mapping(kernel_name, device, registry.layer_registrations(kernel_name))

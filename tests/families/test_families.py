@@ -40,7 +40,7 @@ EAGER_CASES = [(f, torch.float32) for f in FAMILIES] + [(f, torch.bfloat16) for 
 
 def _expected_swaps(family: str) -> set[str]:
     f = BUILTIN_MODELS[family]
-    want = {f"{c}->{spec[1]}" for spec in (f.norms, f.mlps, f.experts) if spec for c in spec[0]}
+    want = {f"{c.rpartition('.')[2]}->{spec[1]}" for spec in (f.norms, f.mlps, f.experts) if spec for c in spec[0]}
     return want | ({f"{f.head}->CausalLMFusedLoss"} if f.head else set())
 
 
@@ -105,6 +105,9 @@ _ROTARY_NOT_TRACED = {"phi3", "glm4", "gpt_oss"}
 # apply_rotary_pos_emb_interleave instead (checked through Family.functions);
 # test_deepseek_v3_plain_rotary covers rope_interleave=False.
 _ROTARY_NOT_CALLED = {"deepseek_v3"}
+# Known gap: bindings limited to parent classes (StarCoder2's torch.nn.LayerNorm) need the module's
+# parent, which only kernelize_model sees; the backend leaves them alone (the mapping says so).
+_EAGER_ONLY = {("starcoder2", "TorchLayerNorm")}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -127,8 +130,10 @@ def test_compiled_swaps_match_the_model(family, device):
     after = "\n".join(graphs.after)
     f = BUILTIN_MODELS[family]
     for spec in (f.norms, f.mlps, f.experts):
-        if spec:
+        if spec and not (family, spec[1]) in _EAGER_ONLY:
             assert f"twinkle_layer_{spec[1]}" in after, f"no {spec[1]} swapped under compile"
+        elif spec:
+            assert f"twinkle_layer_{spec[1]}" not in after, f"{spec[1]} now swapped: update _EAGER_ONLY"
     for name, _ in f.functions:  # the tiny DeepSeek-V3 runs apply_rotary_pos_emb_interleave only
         assert f"twinkle_func_{name}" in after, f"{name} not swapped under compile"
     if family in _ROTARY_NOT_CALLED:
@@ -283,6 +288,27 @@ def test_every_family_binds_only_its_own_classes(device):
         want |= {f"{f.module}.apply_rotary_pos_emb"} if f.rotary else set()
         want |= {f"{f.module}.{name}" for name, _ in f.functions}
         assert classes == want, family
+
+
+def test_starcoder2_layer_norm_binding_reaches_no_other_model(device):
+    """torch.nn.LayerNorm is bound within StarCoder2's decoder layer and model only: another model's
+    LayerNorm (and one nested deeper in a StarCoder2 model) keeps its forward."""
+    bound = use_builtin_kernels(devices=(device,), models=("starcoder2",))
+    assert "torch.nn.LayerNorm -> TorchLayerNorm (within Starcoder2DecoderLayer, Starcoder2Model)" in bound
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).to(device)
+    kernelize_model(other, mode="train")
+    assert swapped_forward(other[1]) is None
+    model = tiny_model("starcoder2")
+    model.model.layers[0].mlp.extra_norm = torch.nn.LayerNorm(64, device=device)  # parent: Starcoder2MLP
+    kernelize_model(model, mode="train", use_fallback=False)
+    swapped = [name for name, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm) and swapped_forward(m)]
+    assert swapped == ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+                       "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
+
+
+def test_limited_binding_keyword_is_checked():
+    with pytest.raises(TypeError, match="pass a non-empty sequence of parent classes"):
+        twinkle_fx.register_external_layer(torch.nn.LayerNorm, "TorchLayerNorm", within=torch.nn.Sequential)
 
 
 def test_unknown_family_and_string_models():

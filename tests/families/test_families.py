@@ -306,6 +306,29 @@ def test_starcoder2_layer_norm_binding_reaches_no_other_model(device):
                        "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
 
 
+def test_limited_bindings_add_up_and_an_unlimited_one_replaces_them():
+    from twinkle_fx.registry import get_registry
+    from twinkle_fx.selection import select_layer_kernel
+
+    class A(torch.nn.Module):
+        pass
+
+    class B(torch.nn.Module):
+        pass
+
+    use_builtin_kernels(devices=("cpu",), models=("starcoder2",))
+    registry = get_registry()
+    scope = registry.binding_scope(torch.nn.LayerNorm)
+    assert [c.__name__ for c in scope] == ["Starcoder2DecoderLayer", "Starcoder2Model"]
+    twinkle_fx.register_external_layer(torch.nn.LayerNorm, "TorchLayerNorm", within=(A,))
+    assert registry.binding_scope(torch.nn.LayerNorm) == (*scope, A)
+    select = lambda parent: select_layer_kernel(registry, torch.nn.LayerNorm, "cpu",  # noqa: E731
+                                                twinkle_fx.Mode.TRAINING, parent=parent)
+    assert select(A) is not None and select(B) is None and select(None) is None  # no parent: no target
+    twinkle_fx.register_external_layer(torch.nn.LayerNorm, "TorchLayerNorm")
+    assert registry.binding_scope(torch.nn.LayerNorm) is None and select(B) is not None and select(None) is not None
+
+
 def test_limited_binding_keyword_is_checked():
     with pytest.raises(TypeError, match="pass a non-empty sequence of parent classes"):
         twinkle_fx.register_external_layer(torch.nn.LayerNorm, "TorchLayerNorm", within=torch.nn.Sequential)

@@ -127,9 +127,11 @@ def use_builtin_kernels(
 
     Registers the kernels of ``twinkle_triton.layers`` under their class names (``"RMSNorm"``,
     ``"SwiGLUMLP"``, ``"GeGLUMLP"``, ...) for every device in ``devices`` and binds exactly the classes
-    :data:`BUILTIN_MODELS` lists for ``models``; each family's ``apply_rotary_pos_emb`` gets the
-    ``twinkle_triton`` rotary of its variant (partial, interleaved, half-width angles). Nothing else
-    is reached: the kernels are registered with ``binds_by_tag=False``, so classes of other families carrying
+    :data:`BUILTIN_MODELS` lists for ``models`` (MoE ``*Experts`` included); each family's
+    ``apply_rotary_pos_emb`` gets the ``twinkle_triton`` rotary of its variant (partial, interleaved,
+    half-width angles), and DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` its own. A class shared
+    with other models (StarCoder2's ``torch.nn.LayerNorm``) is bound only under the family's classes
+    (``register_external_layer(..., within=...)``; eager only). Nothing else is reached: the kernels are registered with ``binds_by_tag=False``, so classes of other families carrying
     transformers' ``kernel_layer_name`` tag (``"RMSNorm"``) are left alone. Each kernel states what it
     applies to (activation, norm attributes, weight shape); a module it does not apply to (say a
     Qwen2 config with ``hidden_act="gelu_pytorch_tanh"``) keeps its forward, with the reason in the

@@ -33,8 +33,9 @@ OVERRIDES = {
     "phi3": dict(partial_rotary_factor=0.5),
     "deepseek_v3": dict(q_lora_rank=768, kv_lora_rank=256, qk_rope_head_dim=64, qk_nope_head_dim=64, v_head_dim=128,
                         head_dim=64, num_key_value_heads=16, n_routed_experts=8, num_experts_per_tok=2,
-                        moe_intermediate_size=1024, first_k_dense_replace=1, n_group=1, topk_group=1,
-                        rope_interleave=False),
+                        moe_intermediate_size=1024, first_k_dense_replace=1, n_group=1, topk_group=1),
+    "ernie4_5_moe": dict(moe_num_experts=8, moe_k=2, moe_intermediate_size=1024, moe_num_shared_experts=1,
+                         moe_layer_start_index=1),
     "mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
     "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024, mlp_only_layers=[0]),
     "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2),
@@ -85,7 +86,8 @@ def check(family: str, device: str, batch: int, seq: int) -> dict:
     rel = {n: ((grads[n] - g).norm() / g.norm().clamp_min(1e-30)).item() for n, g in ref_grads.items()}
     worst = max(rel, key=rel.get)
     return dict(family=family, loss=ref_loss.item(), loss_diff=abs(loss - ref_loss).item(),
-                worst_grad_rel_err=rel[worst], worst_grad=worst, eager_ms=ref_ms, kernelized_ms=ms, swapped=swapped)
+                worst_grad_rel_err=rel[worst], worst_grad=worst, eager_ms=ref_ms, kernelized_ms=ms, swapped=swapped,
+                experts_implementation=getattr(model.config, "_experts_implementation", None))
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from .devices import parse_devices
-from .registration import register_external_layer, register_function_kernel, register_layer_kernel
+from .registration import register_external_layer, register_function_kernel, register_layer_kernel, resolve_class
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,11 @@ class Family(NamedTuple):
     ``norms`` / ``mlps``: ``(class names, kernel name)`` (a ``twinkle_triton.layers`` class) or None;
     ``rotary``: the ``twinkle_triton`` function replacing the modeling module's
     ``apply_rotary_pos_emb``, or None; ``head``: the ``*ForCausalLM`` class bound to the fused-loss
-    head, or None; ``model_type``: transformers' config type; ``not_covered``: what is left out, and why.
+    head, or None; ``model_type``: transformers' config type; ``not_covered``: what is left out, and why;
+    ``experts``: the MoE ``*Experts`` classes and their kernel, or None; ``functions``: other functions
+    of the modeling module, ``(function name, twinkle_triton function)`` (DeepSeek-V3's second rotary);
+    ``within``: for norm classes shared with other models (``torch.nn.LayerNorm``, named by dotted
+    path), the family's classes they are bound under (their parent modules), so no other model is reached.
     """
 
     module: str
@@ -38,6 +42,9 @@ class Family(NamedTuple):
     head: str | None
     model_type: str
     not_covered: str = ""
+    experts: tuple[tuple[str, ...], str] | None = None
+    functions: tuple[tuple[str, str], ...] = ()
+    within: tuple[str, ...] = ()
 
 
 def _m(name: str) -> str:
@@ -46,7 +53,8 @@ def _m(name: str) -> str:
 
 _ROPE = "apply_rotary_pos_emb"
 _NO_HEAD_SOFTCAP = "head: final logit soft-capping (fused loss has none)"
-_NO_HEAD_MOE = "head: the router's auxiliary loss; MLP: experts (data-dependent routing loop)"
+_NO_HEAD_MOE = "head: the router's auxiliary loss"
+_EXPERTS = "SwiGLUExperts"
 
 # family -> what is bound (first four: the original Llama-style families)
 BUILTIN_MODELS: dict[str, Family] = {
@@ -75,25 +83,32 @@ BUILTIN_MODELS: dict[str, Family] = {
     "glm4": Family(_m("glm4"), (("Glm4RMSNorm",), "RMSNorm"), (("Glm4MLP",), "FusedSwiGLUMLP"),
                    "apply_rotary_pos_emb_interleaved_partial", "Glm4ForCausalLM", "glm4"),
     "deepseek_v3": Family(_m("deepseek_v3"), (("DeepseekV3RMSNorm",), "RMSNorm"), (("DeepseekV3MLP",), "SwiGLUMLP"),
-                          _ROPE, None, "deepseek_v3",
-                          "rotary: apply_rotary_pos_emb_interleave (rope_interleave=True, the default) is not "
-                          "swapped; " + _NO_HEAD_MOE),
-    "mixtral": Family(_m("mixtral"), (("MixtralRMSNorm",), "RMSNorm"), None, _ROPE, None, "mixtral", _NO_HEAD_MOE),
+                          _ROPE, None, "deepseek_v3", _NO_HEAD_MOE, experts=(("DeepseekV3Experts",), _EXPERTS),
+                          functions=(("apply_rotary_pos_emb_interleave", "apply_rotary_pos_emb_deinterleave"),)),
+    "mixtral": Family(_m("mixtral"), (("MixtralRMSNorm",), "RMSNorm"), None, _ROPE, None, "mixtral", _NO_HEAD_MOE,
+                      experts=(("MixtralExperts",), _EXPERTS)),
     "qwen3_moe": Family(_m("qwen3_moe"), (("Qwen3MoeRMSNorm",), "RMSNorm"), (("Qwen3MoeMLP",), "SwiGLUMLP"), _ROPE,
-                        None, "qwen3_moe", _NO_HEAD_MOE),
+                        None, "qwen3_moe", _NO_HEAD_MOE, experts=(("Qwen3MoeExperts",), _EXPERTS)),
     "gpt_oss": Family(_m("gpt_oss"), (("GptOssRMSNorm",), "FP32RMSNorm"), None, "apply_rotary_pos_emb_half_angle",
-                      None, "gpt_oss", _NO_HEAD_MOE + " (clamped SwiGLU)"),
+                      None, "gpt_oss", _NO_HEAD_MOE + "; experts: clamped (up + 1) * glu over interleaved columns, "
+                      "not SiLU·mul"),
     "ernie4_5": Family(_m("ernie4_5"), (("Ernie4_5RMSNorm",), "RMSNorm"), (("Ernie4_5MLP",), "SwiGLUMLP"),
                        "apply_rotary_pos_emb_interleaved_partial", "Ernie4_5ForCausalLM", "ernie4_5"),
+    "ernie4_5_moe": Family(_m("ernie4_5_moe"), (("Ernie4_5_MoeRMSNorm",), "RMSNorm"), (("Ernie4_5_MoeMLP",), "SwiGLUMLP"),
+                           "apply_rotary_pos_emb_interleaved_partial", None, "ernie4_5_moe", _NO_HEAD_MOE,
+                           experts=(("Ernie4_5_MoeExperts",), _EXPERTS)),
     "cohere": Family(_m("cohere"), (("CohereLayerNorm",), "LayerNorm"), (("CohereMLP",), "SwiGLUMLP"),
                      "apply_rotary_pos_emb_interleaved", None, "cohere", "head: logits multiplied by logit_scale"),
-    "starcoder2": Family(_m("starcoder2"), None, (("Starcoder2MLP",), "BiasGeluMLP"), _ROPE, "Starcoder2ForCausalLM",
-                         "starcoder2", "norm: torch.nn.LayerNorm itself (binding it would reach every model)"),
+    "starcoder2": Family(_m("starcoder2"), (("torch.nn.LayerNorm",), "TorchLayerNorm"), (("Starcoder2MLP",), "BiasGeluMLP"),
+                         _ROPE, "Starcoder2ForCausalLM", "starcoder2",
+                         "norm under compile: torch.nn.LayerNorm is bound within StarCoder2's classes only, and the "
+                         "backend matches classes without their parent (kept; swapped eagerly)",
+                         within=("Starcoder2DecoderLayer", "Starcoder2Model")),
 }
 
 # kernel name -> twinkle_triton.layers class name
 _LAYER_KERNELS = ("RMSNorm", "SwiGLUMLP", "GeGLUMLP", "FusedSwiGLUMLP", "GemmaRMSNorm", "FP32RMSNorm", "LayerNorm",
-                  "BiasGeluMLP")
+                  "BiasGeluMLP", "SwiGLUExperts", "TorchLayerNorm")
 
 
 # Families whose decoder layer is the plain pre-norm residual block DecoderLayer reproduces (others
@@ -112,9 +127,11 @@ def use_builtin_kernels(
 
     Registers the kernels of ``twinkle_triton.layers`` under their class names (``"RMSNorm"``,
     ``"SwiGLUMLP"``, ``"GeGLUMLP"``, ...) for every device in ``devices`` and binds exactly the classes
-    :data:`BUILTIN_MODELS` lists for ``models``; each family's ``apply_rotary_pos_emb`` gets the
-    ``twinkle_triton`` rotary of its variant (partial, interleaved, half-width angles). Nothing else
-    is reached: the kernels are registered with ``binds_by_tag=False``, so classes of other families carrying
+    :data:`BUILTIN_MODELS` lists for ``models`` (MoE ``*Experts`` included); each family's
+    ``apply_rotary_pos_emb`` gets the ``twinkle_triton`` rotary of its variant (partial, interleaved,
+    half-width angles), and DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` its own. A class shared
+    with other models (StarCoder2's ``torch.nn.LayerNorm``) is bound only under the family's classes
+    (``register_external_layer(..., within=...)``; eager only). Nothing else is reached: the kernels are registered with ``binds_by_tag=False``, so classes of other families carrying
     transformers' ``kernel_layer_name`` tag (``"RMSNorm"``) are left alone. Each kernel states what it
     applies to (activation, norm attributes, weight shape); a module it does not apply to (say a
     Qwen2 config with ``hidden_act="gelu_pytorch_tanh"``) keeps its forward, with the reason in the
@@ -157,7 +174,7 @@ def use_builtin_kernels(
     if unknown:
         raise ValueError(f"Unknown model family {unknown[0]!r}; built-in families: {', '.join(BUILTIN_MODELS)}.")
     families = [BUILTIN_MODELS[m] for m in models]
-    used = {spec[1] for f in families for spec in (f.norms, f.mlps) if spec is not None}
+    used = {spec[1] for f in families for spec in (f.norms, f.mlps, f.experts) if spec is not None}
     for device in devices:
         for kernel_name in _LAYER_KERNELS:
             if kernel_name in used:
@@ -172,11 +189,16 @@ def use_builtin_kernels(
     bound = []
     for family in families:
         modeling = importlib.import_module(family.module)
-        for spec in (family.norms, family.mlps):
+        for spec in (family.norms, family.mlps, family.experts):
             if spec is not None:
                 for class_name in spec[0]:
-                    register_external_layer(getattr(modeling, class_name), spec[1])
-                    bound.append(f"{class_name} -> {spec[1]}")
+                    if "." in class_name:  # a class shared with other models: bound under the family's own
+                        within = tuple(getattr(modeling, c) for c in family.within)
+                        register_external_layer(resolve_class(class_name), spec[1], within=within)
+                        bound.append(f"{class_name} -> {spec[1]} (within {', '.join(family.within)})")
+                    else:
+                        register_external_layer(getattr(modeling, class_name), spec[1])
+                        bound.append(f"{class_name} -> {spec[1]}")
         if decoder_layers and family.model_type in _DECODER_LAYER_FAMILIES:
             decoder = family.head.removesuffix("ForCausalLM") + "DecoderLayer"
             register_external_layer(getattr(modeling, decoder), "DecoderLayer")
@@ -189,6 +211,11 @@ def use_builtin_kernels(
                 register_function_kernel(func_name="apply_rotary_pos_emb", target_module=family.module,
                                          func_impl=getattr(twinkle_triton, family.rotary), device=device)
             bound.append(f"{family.module}.apply_rotary_pos_emb -> twinkle_triton.{family.rotary}")
+        for func_name, kernel in family.functions:
+            for device in devices:
+                register_function_kernel(func_name=func_name, target_module=family.module,
+                                         func_impl=getattr(twinkle_triton, kernel), device=device)
+            bound.append(f"{family.module}.{func_name} -> twinkle_triton.{kernel}")
     logger.info("built-in kernels for %s on %s", ", ".join(models), ", ".join(devices))
     return bound
 
@@ -202,11 +229,13 @@ def coverage_table() -> str:
         >>> coverage_table().splitlines()[2].startswith("| qwen2 | Qwen2RMSNorm → RMSNorm | Qwen2MLP → SwiGLUMLP |")
         True
     """
-    lines = ["| family | norm | MLP | rotary (`twinkle_triton.*`) | head (fused loss) | not covered |",
+    lines = ["| family | norm | MLP / MoE experts | rotary (`twinkle_triton.*`) | head (fused loss) | not covered |",
              "|---|---|---|---|---|---|"]
     for name, f in BUILTIN_MODELS.items():
-        cells = [", ".join(f"{c} → {spec[1]}" for c in spec[0]) if spec else "—" for spec in (f.norms, f.mlps)]
-        cells.append(f.rotary or "—")
+        within = f" (within {', '.join(f.within)})" if f.within else ""
+        cells = [", ".join(f"{c} → {spec[1]}" + (within if "." in c else "") for spec in specs if spec
+                           for c in spec[0]) or "—" for specs in ((f.norms,), (f.mlps, f.experts))]
+        cells.append("; ".join([f.rotary] * bool(f.rotary) + [f"{n} → {k}" for n, k in f.functions]) or "—")
         cells.append(f"{f.head} → CausalLMFusedLoss" if f.head else "—")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {f.not_covered} |")
     return "\n".join(lines)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib
 import inspect
 import json
@@ -202,6 +203,7 @@ def _transformers_config(cls: type, tiny: bool):
     config = configs[0](num_hidden_layers=1, max_position_embeddings=max(r for r, _ in _sizes(tiny)) + 1,
                         tie_word_embeddings=True, **sizes)
     config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # what a bare config leaves unset (from_config would pick one)
     return config
 
 
@@ -224,6 +226,15 @@ def _layer_inputs(cls: type, rows: int, width: int, dtype: torch.dtype, device: 
             ids = torch.randint(0, config.vocab_size, (1, rows), device=device)
             kwargs = {"input_ids": ids, "labels": ids} if "labels" in forward else {"input_ids": ids}
             return CheckInputs((), kwargs, _randomize(module).to(device=device, dtype=dtype))
+        if "top_k_index" in forward:  # MoE *Experts(hidden_states, top_k_index, top_k_weights): routed tokens
+            k = min(2, module.num_experts)
+            index = torch.rand(rows, module.num_experts).argsort(-1)[:, :k].to(device)
+            weights = torch.rand(rows, k, device=device).softmax(-1).to(dtype)
+            x = torch.randn(rows, config.hidden_size, device=device, dtype=dtype)
+            with torch.no_grad():  # 3-D expert weights come from torch.empty: only the model's init fills them
+                for p in module.parameters():
+                    p.normal_(0.0, 0.1)
+            return CheckInputs((x, index, weights), {}, module.to(device=device, dtype=dtype))
         x = torch.randn(1, rows, config.hidden_size, device=device, dtype=dtype)
         return CheckInputs((x,), {}, _randomize(module).to(device=device, dtype=dtype))
     if config is not None and params[:1] == ["hidden_size"]:  # RMSNorm(hidden_size, eps)
@@ -243,7 +254,8 @@ def _layer_inputs(cls: type, rows: int, width: int, dtype: torch.dtype, device: 
 
 def _function_inputs(name: str, function: Callable, rows: int, width: int, dtype: torch.dtype, device: torch.device,
                      tiny: bool) -> CheckInputs:
-    if name == "apply_rotary_pos_emb":  # transformers' (q, k, cos, sin); wrapped by kernels' hub decorator
+    # transformers' (q, k, cos, sin), DeepSeek-V3's interleaved variant too; wrapped by kernels' hub decorator
+    if name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave"):
         heads, kv_heads, head_dim = (4, 2, 16) if tiny else (14, 2, 64)
         q = torch.randn(1, heads, rows, head_dim, device=device, dtype=dtype)
         k = torch.randn(1, kv_heads, rows, head_dim, device=device, dtype=dtype)
@@ -483,7 +495,9 @@ class _Runner:
             before = _tensors(original())
         if self.t.kind == "layer":
             module = inputs.module
-            kernelize_model(module, mode=self.t.mode, device=self.device.type, use_fallback=True)
+            scope = get_registry().binding_scope(type(module))
+            root = module if scope is None else _under_parent(module, scope[0])
+            kernelize_model(root, mode=self.t.mode, device=self.device.type, use_fallback=True)
             swapped = "forward" in vars(module)
             undo_kernelize(module)
             restored = "forward" not in vars(module)
@@ -506,6 +520,15 @@ class _Runner:
         if restored and identical:
             return PASS, "undo restores the original, bit-identical outputs; elsewhere the original runs (use_fallback)"
         return FAIL, f"after undo: original restored {restored}, bit-identical outputs {identical}"
+
+
+def _under_parent(module: torch.nn.Module, parent_cls: type) -> torch.nn.Module:
+    """``module`` as the child of a bare ``parent_cls`` (its own ``__init__`` not run: it needs a
+    config), so that a binding limited to that parent (``register_external_layer(within=...)``) serves it."""
+    parent = parent_cls.__new__(parent_cls)
+    torch.nn.Module.__init__(parent)
+    parent.child = module
+    return parent
 
 
 def _documented(kernel: Any) -> tuple[str, str]:
@@ -639,7 +662,9 @@ def _targets(registry: KernelRegistry, device: str, inputs: dict, tiny: bool, ke
         bound_names.add(kernel_name)
         if not wanted(kernel_name, cls.__qualname__):
             continue
-        mode, selection = select(select_layer_kernel, cls)
+        scope = registry.binding_scope(cls)  # a binding limited to parents: checked as under the first
+        mode, selection = select(select_layer_kernel if scope is None else
+                                 functools.partial(select_layer_kernel, parent=scope[0]), cls)
         if selection is None or not selection.ok:
             unchecked.append(_unchecked(kernel_name, cls.__qualname__, "layer",
                                         selection.reason if selection else "no registrations"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,12 +138,16 @@ def resolve_class(cls: type | str) -> type:
                     + (f" ({found!r} is no nn.Module class)." if found is not cls else "."))
 
 
-def register_external_layer(cls: type | str, kernel_name: str) -> None:
+def register_external_layer(cls: type | str, kernel_name: str, *, within: Sequence[type | str] | None = None) -> None:
     """Bind a layer class (one you cannot decorate, e.g. from transformers) to ``kernel_name``.
 
     Instances of ``cls`` and of its subclasses are swapped by ``kernelize_model`` and matched by the
     ``twinkle`` backend. Classes with a ``kernel_layer_name`` attribute (Hugging Face
     ``@use_kernel_forward_from_hub``) are bound implicitly; an explicit binding wins.
+
+    ``within`` limits the binding to instances whose parent module is one of those classes (or a
+    subclass): ``torch.nn.LayerNorm`` within StarCoder2's decoder layer and model, not in every model.
+    Only ``kernelize_model`` sees parents; under ``backend="twinkle"`` a limited binding swaps nothing.
 
     Example:
         >>> from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
@@ -151,7 +155,12 @@ def register_external_layer(cls: type | str, kernel_name: str) -> None:
     """
     klass = resolve_class(cls)
     check_kernel_name(f"register_external_layer({klass.__qualname__})", kernel_name)
-    get_registry().bind_layer(klass, kernel_name)
+    if within is not None:
+        if isinstance(within, (str, type)) or not within:
+            raise TypeError(f"register_external_layer({klass.__qualname__}): within={within!r}; pass a non-empty "
+                            "sequence of parent classes, e.g. within=(MyDecoderLayer,).")
+        within = tuple(resolve_class(c) for c in within)
+    get_registry().bind_layer(klass, kernel_name, within)
 
 
 def register_function_kernel(

@@ -105,6 +105,7 @@ class KernelRegistry:
         self._lock = threading.RLock()
         self._layers: _Table = {}
         self._bindings: dict[type, str] = {}
+        self._within: dict[type, tuple[type, ...]] = {}  # bound class -> parent classes it is limited to
         self._functions: _Table = {}
         self.generation = 0  # bumped on every change: caches keyed on it stay valid exactly as long as the registry
 
@@ -114,11 +115,19 @@ class KernelRegistry:
             _put(self._layers, registration.kernel_name, registration.device, registration.mode, registration, f"layer kernel {registration.kernel_name!r}")
             self.generation += 1
 
-    def bind_layer(self, cls: type, kernel_name: str) -> None:
+    def bind_layer(self, cls: type, kernel_name: str, within: tuple[type, ...] | None = None) -> None:
+        """Bind ``cls`` to ``kernel_name``; with ``within``, only instances whose parent module is one
+        of those classes (binding the same kernel within other parents adds to them; an unscoped
+        binding replaces the scope)."""
         with self._lock:
             previous = self._bindings.get(cls)
             if previous is not None and previous != kernel_name:
                 logger.info("%s was bound to %r, now to %r (later wins)", cls.__qualname__, previous, kernel_name)
+            scope = self._within.get(cls) if previous == kernel_name else None
+            if within is None or (previous == kernel_name and scope is None):
+                self._within.pop(cls, None)
+            else:
+                self._within[cls] = tuple(dict.fromkeys((*(scope or ()), *within)))
             self._bindings[cls] = kernel_name
             self.generation += 1
 
@@ -137,6 +146,15 @@ class KernelRegistry:
                     return self._bindings[klass]
         name = getattr(cls, "kernel_layer_name", None)
         return name if isinstance(name, str) else None
+
+    def binding_scope(self, cls: type) -> tuple[type, ...] | None:
+        """The parent classes the explicit binding of ``cls`` (or of the base it is bound through) is
+        limited to; None when it is not limited (or not bound)."""
+        with self._lock:
+            for klass in cls.__mro__:
+                if klass in self._bindings:
+                    return self._within.get(klass)
+        return None
 
     def is_bound(self, cls: type) -> bool:
         """Whether ``cls`` (or a base) was bound explicitly with :func:`register_external_layer`."""
@@ -181,6 +199,7 @@ class KernelRegistry:
             new._layers = {k: {d: dict(m) for d, m in devs.items()} for k, devs in self._layers.items()}
             new._functions = {k: {d: dict(m) for d, m in devs.items()} for k, devs in self._functions.items()}
             new._bindings = dict(self._bindings)
+            new._within = dict(self._within)
             new.generation = self.generation
         return new
 

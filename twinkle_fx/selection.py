@@ -205,6 +205,7 @@ def select_layer_kernel(
     mode: Mode,
     *,
     allow_uncompilable: bool = False,
+    parent: type | None = None,
 ) -> Selection | None:
     """The kernel for instances of ``cls``, or ``None`` if ``cls`` is no target: not bound with
     :func:`register_external_layer` and not carrying a ``kernel_layer_name`` that has registrations.
@@ -212,10 +213,16 @@ def select_layer_kernel(
     Args:
         allow_uncompilable: let a kernel with ``can_torch_compile=False`` through in compile mode
             (the backend wraps such kernels opaquely and says so in its report).
+        parent: the class of the instance's parent module. A binding limited to some parents
+            (``register_external_layer(..., within=...)``) serves only instances under them, so
+            without a parent it is no target.
     """
     target = layer_target(registry, cls, device=device)
     if target is None:
         return None
+    scope = registry.binding_scope(cls)
+    if scope is not None and (parent is None or not issubclass(parent, scope)):
+        return None  # a binding limited to some parents (register_external_layer(..., within=...))
     kernel_name, registrations = target
     selection = _select(f"{cls.__qualname__} -> {kernel_name}", registrations, device, mode, _layer_call,
                         allow_uncompilable)

@@ -14,6 +14,7 @@ from .gelu_mul import gelu_and_mul, gelu_and_mul_reference, gelu_mul, gelu_mul_r
 from .mul_add import mul_add, mul_add_reference
 from .rms_norm import add_rms_norm, add_rms_norm_reference, rms_norm, rms_norm_reference
 from .rotary import apply_rotary_pos_emb, apply_rotary_pos_emb_reference
+from .rotary_deinterleave import apply_rotary_pos_emb_deinterleave, apply_rotary_pos_emb_deinterleave_reference
 from .rotary_variants import (
     apply_rotary_pos_emb_half_angle,
     apply_rotary_pos_emb_half_angle_reference,
@@ -37,6 +38,8 @@ __all__ = [
     "add_rms_norm_reference",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_reference",
+    "apply_rotary_pos_emb_deinterleave",
+    "apply_rotary_pos_emb_deinterleave_reference",
     "apply_rotary_pos_emb_half_angle",
     "apply_rotary_pos_emb_half_angle_reference",
     "apply_rotary_pos_emb_interleaved",
@@ -74,7 +77,7 @@ __all__ = [
 for _kernel in (add_gelu, add_rms_norm, apply_rotary_pos_emb, fused_linear_cross_entropy, mul_add, rms_norm,
                 silu_and_mul, silu_mul, gelu_mul, gelu_and_mul, rms_norm_fp32, layer_norm,
                 apply_rotary_pos_emb_partial, apply_rotary_pos_emb_interleaved_partial,
-                apply_rotary_pos_emb_interleaved, apply_rotary_pos_emb_half_angle):
+                apply_rotary_pos_emb_interleaved, apply_rotary_pos_emb_half_angle, apply_rotary_pos_emb_deinterleave):
     _kernel.has_backward = True
     _kernel.can_torch_compile = True
 del _kernel

@@ -21,6 +21,7 @@ from .add_gelu import add_gelu
 from .causal_lm import CausalLMFusedLoss  # noqa: F401  (a layer too: the causal-LM head with fused loss)
 from .fp32_norm import layer_norm, rms_norm_fp32
 from .gelu_mul import gelu_mul
+from .moe_experts import SwiGLUExperts  # noqa: F401  (transformers' MoE *Experts with the SiLU·mul kernel)
 from .rms_norm import add_rms_norm, rms_norm
 from .silu_and_mul import silu_and_mul, silu_mul
 
@@ -212,6 +213,30 @@ class LayerNorm(nn.Module):
     @_declares(_layer_norm_applies_to)
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return layer_norm(hidden_states, self.weight, getattr(self, "bias", None), self.variance_epsilon)
+
+
+def _torch_layer_norm_applies_to(module: nn.Module) -> str | None:
+    missing = _missing(module, "weight", "eps", "normalized_shape")
+    if missing:
+        return missing
+    if module.weight is None:
+        return "it has no weight (elementwise_affine=False); TorchLayerNorm multiplies by one"
+    if len(module.normalized_shape) != 1:
+        return f"it normalises over {tuple(module.normalized_shape)}, not the last dimension only"
+    return None
+
+
+class TorchLayerNorm(nn.Module):
+    """``torch.nn.LayerNorm`` over the last dimension with a weight (and a bias, if it has one), in
+    fp32 and rounded once, as ``F.layer_norm`` computes it (StarCoder2's norms); uses ``self.weight``,
+    ``self.bias`` and ``self.eps``."""
+
+    has_backward = True
+    can_torch_compile = True
+
+    @_declares(_torch_layer_norm_applies_to)
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return layer_norm(input, self.weight, self.bias, self.eps)
 
 
 def _bias_gelu_mlp_applies_to(module: nn.Module) -> str | None:

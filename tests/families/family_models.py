@@ -20,10 +20,12 @@ OVERRIDES = {
     "phi3": dict(partial_rotary_factor=0.5),                        # Phi3's partial rotary
     "deepseek_v3": dict(q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
                         n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
-                        n_group=1, topk_group=1, rope_interleave=False, head_dim=8, num_key_value_heads=4),
+                        n_group=1, topk_group=1, head_dim=8, num_key_value_heads=4),  # rope_interleave=True
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0]),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
+    "ernie4_5_moe": dict(moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+                         moe_layer_start_index=1),
     "starcoder2": dict(use_bias=True),
 }
 

@@ -42,6 +42,8 @@ _INFERENCE_BACKENDS = "eager,kernelize,inductor,inductor+cudagraphs,twinkle,twin
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to the ``twinkle-fx`` parser."""
+    from .workloads import WORKLOADS  # the package is imported already (so is torch): no extra start-up cost
+
     parser = subparsers.add_parser(
         "bench",
         help="benchmark backends on a training step, or the kernels (--micro)",
@@ -52,8 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         epilog=__doc__.split("Examples::", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default="qwen2", help="workload: qwen2 (default, Qwen2-0.5B shape), qwen3, "
-                                                          "llama, mistral")
+    parser.add_argument("--model", default="qwen2", help=f"workload, one of {', '.join(WORKLOADS)} (qwen2, the "
+                                                          "default: Qwen2-0.5B shape; every family of the built-in "
+                                                          "mapping is one, see twinkle_fx.bench.workloads)")
     parser.add_argument("--backends", help=f"comma-separated; default {_MODEL_BACKENDS} "
                                            f"(--tiny: {_TINY_MODEL_BACKENDS}; --micro: {_MICRO_BACKENDS})")
     parser.add_argument("--batch", type=positive_int, help="sequences per step (default 4; --tiny 2)")

@@ -171,6 +171,24 @@ def _rotary_partial(tiny: bool, device, dtype) -> CaseInputs:
                       (q, k, cos[..., :r].contiguous(), sin[..., :r].contiguous()), bytes_fwd=moved, bytes_bwd=moved)
 
 
+def _rotary_deinterleave(tiny: bool, device, dtype) -> CaseInputs:
+    # DeepSeek-V3's MLA at batch 4 x 1024: 128 query heads whose last 64 of 192 columns rotate (a
+    # strided slice of the projection), one shared 64-wide key head; cos/sin as cat(freqs, freqs)
+    b, s, hq, nope, r = (1, 16, 4, 8, 16) if tiny else (4, 1024, 128, 128, 64)
+    q = _randn(b, s, hq, nope + r, device=device, dtype=dtype, grad=False)
+    q_rot = q.transpose(1, 2)[..., nope:].detach().requires_grad_()
+    k_rot = _randn(b, 1, s, r, device=device, dtype=dtype)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, r, 2, device=device, dtype=torch.float32) / r))
+    freqs = torch.arange(s, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1).expand(b, s, r)
+    cos, sin = emb.cos().to(dtype).contiguous(), emb.sin().to(dtype).contiguous()
+    e = q.element_size()
+    moved = 2 * (q_rot.numel() + k_rot.numel()) * e + cos.numel() * e  # half of cos and of sin read
+    return CaseInputs(f"q {b} x {hq} x {s} x {r} (columns {nope}: of {nope + r}), k {b} x 1 x {s} x {r}, "
+                      f"cos/sin {b} x {s} x {r} (DeepSeek-V3 interleaved)", (q_rot, k_rot, cos, sin),
+                      bytes_fwd=moved, bytes_bwd=moved)
+
+
 def _fused_linear_cross_entropy(tiny: bool, device, dtype) -> CaseInputs:
     # the LM head of the reference workload (Qwen2-0.5B): 4096 tokens, hidden 896, vocab 151936
     n, h, v = (64, 32, 256) if tiny else (4096, 896, 151936)
@@ -195,6 +213,7 @@ MICRO_CASES: tuple[MicroCase, ...] = (
     MicroCase("rms_norm_fp32", _rms_norm_fp32),
     MicroCase("layer_norm", _layer_norm),
     MicroCase("apply_rotary_pos_emb_partial", _rotary_partial),
+    MicroCase("apply_rotary_pos_emb_deinterleave", _rotary_deinterleave),
 )
 
 PHASES = ("fwd", "fwd+bwd")

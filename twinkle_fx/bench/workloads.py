@@ -13,6 +13,11 @@ llama         960     2560   32      15     5    49152   yes   SmolLM2-360M (Lla
 mistral       896     4864   24      14     2    32768   no    Qwen2-0.5B dims, Mistral v0.3 vocab
 ============  ======  =====  ======  =====  ===  ======  ====  ==================================
 
+Every other family of the built-in mapping (:data:`twinkle_fx.builtin.BUILTIN_MODELS`) is a workload
+too, under its family name: a published model's dimensions with fewer layers (``shape_of`` says
+which model and how many of its layers), so a step fits one GPU; MoE families keep their expert
+count and top-k.
+
 Weights are random (no download): every backend gets a fresh model built with the same seed on the
 same device, so first-step losses are comparable across backends. ``--tiny`` swaps in a config of
 the same family small enough for a CPU smoke test.
@@ -38,6 +43,7 @@ class Workload:
     config_class: str
     config: dict[str, Any] = field(default_factory=dict)
     shape_of: str = ""
+    tiny_overrides: dict[str, Any] = field(default_factory=dict)  # --tiny: what the family needs beyond TINY_CONFIG
 
     def summary(self, *, tiny: bool = False) -> dict[str, Any]:
         """The config values that define the workload's size (what the report prints)."""
@@ -55,6 +61,7 @@ class Workload:
         config = dict(self.config)
         if tiny:
             config.update(TINY_CONFIG)
+            config.update(self.tiny_overrides)
         config.update(attn_implementation="sdpa", use_cache=False)
         return config
 
@@ -101,6 +108,77 @@ WORKLOADS: dict[str, Workload] = {
         ),
     )
 }
+
+
+# The other families of the built-in mapping: (config class, real-size config, shape of, --tiny overrides).
+# Tiny configs put the special ids inside the 256-token vocabulary (several families default beyond it).
+_IDS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_TINY_MOE = dict(moe_intermediate_size=32, num_experts_per_tok=2)
+_FAMILY_WORKLOADS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = {
+    "gemma": ("GemmaConfig", dict(hidden_size=2048, intermediate_size=16384, num_hidden_layers=6, num_attention_heads=8,
+                                  num_key_value_heads=1, head_dim=256, vocab_size=256000), "Gemma-2B, 6 of 18 layers",
+              _IDS),
+    "gemma2": ("Gemma2Config", dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=8, num_attention_heads=8,
+                                    num_key_value_heads=4, head_dim=256, vocab_size=256000),
+               "Gemma-2-2B, 8 of 26 layers", _IDS),
+    "gemma3": ("Gemma3TextConfig", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=13,
+                                        num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144),
+               "Gemma-3-1B, 13 of 26 layers", _IDS),
+    "phi3": ("Phi3Config", dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=6, num_attention_heads=32,
+                                num_key_value_heads=32, vocab_size=32064), "Phi-3-mini, 6 of 32 layers",
+             dict(_IDS, partial_rotary_factor=0.5)),
+    "olmo2": ("Olmo2Config", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=8, num_attention_heads=16,
+                                  num_key_value_heads=16, vocab_size=100352), "OLMo-2-1B, 8 of 16 layers", _IDS),
+    "granite": ("GraniteConfig", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=8,
+                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=49159),
+                "Granite-3.3-2B, 8 of 40 layers", _IDS),
+    "smollm3": ("SmolLM3Config", dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=8,
+                                      num_attention_heads=16, num_key_value_heads=4, vocab_size=128256),
+                "SmolLM3-3B, 8 of 36 layers", _IDS),
+    "glm4": ("Glm4Config", dict(hidden_size=4096, intermediate_size=13696, num_hidden_layers=4, num_attention_heads=32,
+                                num_key_value_heads=2, head_dim=128, vocab_size=151552), "GLM-4-9B-0414, 4 of 40 layers",
+             _IDS),
+    "deepseek_v3": ("DeepseekV3Config", dict(hidden_size=2048, intermediate_size=11264, moe_intermediate_size=1408,
+                                             num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=16,
+                                             q_lora_rank=None, kv_lora_rank=512, qk_rope_head_dim=64,
+                                             qk_nope_head_dim=128, v_head_dim=128, n_routed_experts=64,
+                                             num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1,
+                                             n_group=1, topk_group=1, vocab_size=163840),
+                    "Moonlight-16B-A3B (DeepSeek-V3 architecture), 4 of 27 layers",
+                    dict(_IDS, **_TINY_MOE, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                         v_head_dim=16, head_dim=8, num_key_value_heads=4, n_routed_experts=4, first_k_dense_replace=1,
+                         n_group=1, topk_group=1)),
+    "mixtral": ("MixtralConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
+                                      num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+                                      num_experts_per_tok=2, vocab_size=32000), "Mixtral-8x7B, 2 of 32 layers",
+                dict(_IDS, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                         num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4,
+                                         head_dim=128, num_experts=128, num_experts_per_tok=8, vocab_size=151936),
+                  "Qwen3-30B-A3B, 4 of 48 layers", dict(_IDS, **_TINY_MOE, num_experts=4)),
+    "gpt_oss": ("GptOssConfig", dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=4,
+                                     num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                                     num_experts_per_tok=4, vocab_size=201088), "gpt-oss-20b, 4 of 24 layers",
+                dict(_IDS, num_local_experts=4, num_experts_per_tok=2)),
+    "ernie4_5": ("Ernie4_5Config", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=18,
+                                        num_attention_heads=16, num_key_value_heads=2, head_dim=128, vocab_size=103424),
+                 "ERNIE-4.5-0.3B", _IDS),
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(hidden_size=2560, intermediate_size=12288, moe_intermediate_size=1536,
+                                                num_hidden_layers=4, num_attention_heads=20, num_key_value_heads=4,
+                                                head_dim=128, moe_num_experts=64, moe_k=6, moe_num_shared_experts=2,
+                                                moe_layer_start_index=1, vocab_size=103424),
+                     "ERNIE-4.5-21B-A3B, 4 of 28 layers",
+                     dict(_IDS, moe_intermediate_size=32, moe_num_experts=4, moe_k=2, moe_num_shared_experts=1)),
+    "cohere": ("CohereConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4,
+                                    num_attention_heads=32, num_key_value_heads=8, vocab_size=256000),
+               "Aya-23-8B (Cohere architecture), 4 of 32 layers", _IDS),
+    "starcoder2": ("Starcoder2Config", dict(hidden_size=3072, intermediate_size=12288, num_hidden_layers=6,
+                                            num_attention_heads=24, num_key_value_heads=2, vocab_size=49152,
+                                            use_bias=True, sliding_window=None),
+                   "StarCoder2-3B, 6 of 30 layers", _IDS),
+}
+WORKLOADS.update((name, Workload(name, name, config_class, config, shape_of, tiny))
+                 for name, (config_class, config, shape_of, tiny) in _FAMILY_WORKLOADS.items())
 
 
 def get_workload(name: str) -> Workload:

@@ -86,8 +86,9 @@ class _Plan:
     unbound: list[str] = field(default_factory=list)
 
 
-def _selection_for(registry: KernelRegistry, cls: type, device: str, mode: Mode) -> tuple[Selection | None, str | None]:
-    selection = select_layer_kernel(registry, cls, device, mode)
+def _selection_for(registry: KernelRegistry, cls: type, device: str, mode: Mode,
+                   parent: type | None = None) -> tuple[Selection | None, str | None]:
+    selection = select_layer_kernel(registry, cls, device, mode, parent=parent)
     if selection is None:
         return None, None
     reason = selection.reason
@@ -102,8 +103,11 @@ def _plan_layers(model: torch.nn.Module, device: str, mode: Mode) -> _Plan:
     registry = get_registry()
     plan = _Plan()
     by_class: dict[type, tuple[Selection | None, str | None]] = {}  # one selection per class, not per module
+    # bindings limited to parent classes (register_external_layer(within=...)): one per (class, parent)
+    by_parent: dict[tuple[type, type], tuple[Selection | None, str | None]] = {}
     bound_names = set(registry.bindings().values())
-    for path, module in model.named_modules():
+    modules = dict(model.named_modules())
+    for path, module in modules.items():
         cls = type(module)
         if cls not in by_class:
             by_class[cls] = _selection_for(registry, cls, device, mode)
@@ -111,6 +115,11 @@ def _plan_layers(model: torch.nn.Module, device: str, mode: Mode) -> _Plan:
             if isinstance(name, str):
                 bound_names.add(name)
         selection, reason = by_class[cls]
+        if selection is None and path and registry.binding_scope(cls) is not None:
+            parent = type(modules[path.rpartition(".")[0]])
+            if (cls, parent) not in by_parent:
+                by_parent[cls, parent] = _selection_for(registry, cls, device, mode, parent)
+            selection, reason = by_parent[cls, parent]
         current = swapped_forward(module)
         where = path or "<model>"
         if selection is None:

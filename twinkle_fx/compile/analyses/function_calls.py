@@ -64,7 +64,7 @@ def _sites_taken(state: PassState, target: str, *, copies: bool) -> set[tuple]:
 def _installed_kernel_files() -> set[str]:
     """Files of the kernels ``kernelize_model`` / ``apply_function_kernel`` patched in: a patched
     ``apply_rotary_pos_emb`` runs the kernel's own function of that name, which is no unmatched copy."""
-    from ...eager.functions import patched_functions
+    from ...eager.function_patches import patched_functions
 
     files = set()
     for target in patched_functions():

@@ -456,14 +456,15 @@ class GraphSet:
         step.capture_in = [s.detach().requires_grad_(True) if rg else s
                            for s, rg in zip(step.static_in, step.grad_mask)]
         args, kwargs = _rebuild_call(step.in_spec, step.capture_in)
-        # the parameters' AccumulateGrad nodes made now, on this stream: made inside the capture they
-        # would belong to the capture stream, and every backward of this pass would sync with it
-        accumulators = [q.view_as(q).grad_fn.next_functions[0][0] for q in step.grad_params]
+        # The parameters' AccumulateGrad nodes are NOT made ahead of the capture on the ambient stream:
+        # a node's stream is where the engine syncs the incoming gradient, and a sync with a stream
+        # outside the capture invalidates the backward capture (cudaErrorStreamCaptureInvalidated,
+        # H100, torch 2.11). Made inside, they belong to the capture stream (the engine warns once
+        # about the stream mismatch when an eager backward reaches them; the sync it adds is correct).
         graph = torch.cuda.CUDAGraph()
         with torch.set_grad_enabled(step.training), torch.cuda.graph(graph, pool=self.pool):
             out = step.fn(step.module, *args, **kwargs)
         step.fwd = graph
-        del accumulators
         outs: list[torch.Tensor] = []
         step.out_spec = _spec(out, outs)
         step.static_out = [o.detach() for o in outs]

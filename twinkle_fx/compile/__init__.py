@@ -14,7 +14,7 @@ import sys
 import types
 from typing import Any
 
-from .hooks import install
+from .backend_registration import install
 
 __all__ = ["twinkle_backend", "collect_reports", "CompileReport"]
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["silu_mul", "apply_rotary_pos_emb", "TARGET_MODULE"]
-
-TARGET_MODULE = __name__
+__all__ = ["silu_mul", "apply_rotary_pos_emb"]
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..devices import infer_device, parse_device
-from ..eager.layers import LayerSwap, install_forward
+from ..eager.layers import LayerSwap, install_forward, swapped_forward
 from ..modes import format_mode, parse_mode
 from ..registry import get_registry
 from ..selection import select_layer_kernel, signature_mismatch
@@ -40,6 +40,27 @@ def _install_root_kernel(model: torch.nn.Module, device: str, training: bool) ->
         return f"{type(model).__qualname__} on {device} ({format_mode(mode)}): {reason}"
     install_forward(LayerSwap("", model, selection.choice))
     return None
+
+
+def prepare_compile(caller: str, model: Any, root: torch.nn.Module, *, mode: str | None,
+                    options: dict[str, Any] | None, fused_loss: bool, device: str | None) -> dict[str, Any] | None:
+    """What :func:`compile_model` and :func:`~twinkle_fx.compile.regional.compile_layers` do before
+    compiling: check the arguments, install the fused-loss head on ``root`` (unless kernelized
+    already) and return the backend options, with ``swap_policy="measured"`` by default in training."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{caller}: model is a {type(model).__name__}; pass an nn.Module.")
+    if mode is not None and options is not None:
+        raise ValueError(f"{caller}: pass either mode= (torch.compile's, e.g. 'reduce-overhead') or "
+                         "options= (the twinkle backend's), not both, as torch.compile requires.")
+    training = root.training if options is None or "mode" not in options else "train" in str(options["mode"])
+    if training and mode is None and (options is None or "swap_policy" not in options):
+        options = {**(options or {}), "swap_policy": "measured"}  # see compile_model's docstring: fewer launches
+    if fused_loss and not kernels_disabled() and swapped_forward(root) is None:
+        target = parse_device(device) if device is not None else infer_device(root)
+        why_not = _install_root_kernel(root, target, training)
+        if why_not is not None:
+            logger.info("%s: kept the forward of the root module: %s", caller, why_not)
+    return options
 
 
 def compile_model(
@@ -95,19 +116,8 @@ def compile_model(
         loss = compiled(input_ids=ids, labels=ids).loss
         ```
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"twinkle_fx.compile: model is a {type(model).__name__}; pass an nn.Module.")
-    if mode is not None and options is not None:
-        raise ValueError("twinkle_fx.compile: pass either mode= (torch.compile's, e.g. 'reduce-overhead') or "
-                         "options= (the twinkle backend's), not both, as torch.compile requires.")
     # DistributedDataParallel(model): the head is the wrapped model's (DDP's forward calls it)
     root = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    training = root.training if options is None or "mode" not in options else "train" in str(options["mode"])
-    if training and mode is None and (options is None or "swap_policy" not in options):
-        options = {**(options or {}), "swap_policy": "measured"}  # see the docstring: fewer launches
-    if fused_loss and not kernels_disabled():
-        target = parse_device(device) if device is not None else infer_device(root)
-        why_not = _install_root_kernel(root, target, training)
-        if why_not is not None:
-            logger.info("twinkle_fx.compile: kept the forward of the compiled module: %s", why_not)
+    options = prepare_compile("twinkle_fx.compile", model, root, mode=mode, options=options, fused_loss=fused_loss,
+                              device=device)
     return torch.compile(model, backend="twinkle", mode=mode, options=options, fullgraph=fullgraph, dynamic=dynamic)

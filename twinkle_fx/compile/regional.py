@@ -16,10 +16,7 @@ from typing import Any
 
 import torch
 
-from ..devices import infer_device, parse_device
-from ..eager.layers import swapped_forward
-from ..settings import kernels_disabled
-from .one_call import _install_root_kernel
+from .one_call import prepare_compile
 
 logger = logging.getLogger(__name__)
 
@@ -95,18 +92,9 @@ def compile_layers(
         loss = model(input_ids=ids, labels=ids).loss
         ```
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"compile_layers: model is a {type(model).__name__}; pass an nn.Module.")
-    if mode is not None and options is not None:
-        raise ValueError("compile_layers: pass either mode= (torch.compile's) or options= (the twinkle backend's), "
-                         "not both, as torch.compile requires.")
+    options = prepare_compile("compile_layers", model, model, mode=mode, options=options, fused_loss=fused_loss,
+                              device=device)
     chosen = repeated_layers(model) if layers is None else list(layers)
-    if fused_loss and not kernels_disabled() and swapped_forward(model) is None:
-        target = parse_device(device) if device is not None else infer_device(model)
-        training = model.training if options is None or "mode" not in options else "train" in str(options["mode"])
-        why_not = _install_root_kernel(model, target, training)
-        if why_not is not None:
-            logger.info("compile_layers: kept the forward of the root module: %s", why_not)
     for layer in chosen:
         layer.compile(backend="twinkle", mode=mode, options=options, fullgraph=fullgraph, dynamic=dynamic)
     logger.info("compile_layers: %d layer(s) of %s compiled with backend='twinkle'", len(chosen),

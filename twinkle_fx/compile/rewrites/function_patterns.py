@@ -33,7 +33,7 @@ from ..dynamo_internals import example_value, is_erased, module_stack, stack_fra
 from ..kernel_call import FunctionKernelCall
 from ..pattern_tracing import TracedPattern, pattern_for
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
-from ..place import place_kernel
+from ..splice import place_kernel
 from ..reasons import KeepRegion, ReasonKind
 from ..regions import Region
 

@@ -30,7 +30,7 @@ from ..dynamo_internals import ModuleFrame, example_value, input_source, module_
 from ..equivalence import module_attributes, reparametrized
 from ..kernel_call import LayerKernelCall
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
-from ..place import place_kernel
+from ..splice import place_kernel
 from ..reasons import KeepRegion, ReasonKind
 from ..regions import Region, external_inputs
 

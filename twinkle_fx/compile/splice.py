@@ -1,4 +1,4 @@
-"""Put a bound kernel into the graph: shape guard, traceable call or opaque wrapper, rewrite."""
+"""Splice a bound kernel into the graph: shape guard, traceable call or opaque wrapper, rewrite."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._launch import compute_dtype
-from ._library import define_op, wrap_triton
+from ._library import define_differentiable_op, wrap_triton
 from .rotary import _bhsd_strides, _check, _cos_sin_rows
 
 
@@ -119,23 +119,11 @@ def _backward_fake(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, uns
     return torch.empty_like(grad_q), torch.empty_like(grad_k)
 
 
-_backward_op = define_op("rotary_embedding_deinterleave_backward", _backward_impl, fake=_backward_fake)
-
-
-def _setup_context(ctx, inputs, output):
-    _, _, cos, sin, unsqueeze_dim = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.unsqueeze_dim = unsqueeze_dim
-
-
-def _backward(ctx, grad_q, grad_k):
-    cos, sin = ctx.saved_tensors
-    grad_q, grad_k = _backward_op(grad_q, grad_k, cos, sin, ctx.unsqueeze_dim)
-    return grad_q, grad_k, None, None, None
-
-
-_op = define_op("rotary_embedding_deinterleave", _impl, fake=_fake, backward=_backward,
-                setup_context=_setup_context)
+_op = define_differentiable_op(
+    "rotary_embedding_deinterleave", _impl, fake=_fake, backward=_backward_impl, backward_fake=_backward_fake,
+    saved=("cos", "sin", "unsqueeze_dim"),
+    gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (as rotary_embedding)
+)
 
 
 def apply_rotary_pos_emb_deinterleave(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids=None,

@@ -13,14 +13,8 @@
 #   bash tools/gpu-distributed.sh          # on the 2-GPU machine
 #   bash tools/gpu-distributed.sh --tiny   # the dry run of the same sequence: tiny size, CPU processes (gloo), interpreter
 set -uo pipefail
-out=${OUT:-gpu-out}; mkdir -p "$out"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site:$PWD:$PWD/kernels"
-else
-  export PYTHONPATH="$PWD:$PWD/kernels"
-fi
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+source "$(dirname "$0")/gpu-env.sh"
+export NCCL_NVLS_ENABLE=0
 if [ "${1:-}" = "--tiny" ]; then
   shape=(--size tiny --batch 1 --seq 8 --steps 3 --compiler aot_eager)
   export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1
@@ -40,6 +34,7 @@ status=0
 
 run() {  # run NAME COMMAND...: its log and JSON under $out, the table on stdout
   local name=$1; shift
+  # the single-GPU run compiles twice (batch 4, then the global batch): it gets twice the cap
   local limit=$(( deadline - SECONDS < cap ? deadline - SECONDS : cap ))
   if [ "$limit" -lt 30 ]; then echo "### $name: skipped, ${SECONDS} s used"; status=1; return; fi
   echo "### $name ($SECONDS s, limit $limit s): $*"
@@ -49,7 +44,7 @@ run() {  # run NAME COMMAND...: its log and JSON under $out, the table on stdout
   sed -n '/^| /,$p' "$out/$name.log"
 }
 
-run single python3 "$ex" "${shape[@]}" --parallel none --backend twinkle --compare-single 2
+cap=$(( cap * 2 )) run single python3 "$ex" "${shape[@]}" --parallel none --backend twinkle --compare-single 2
 base=(--baseline "$out/single.json")
 [ -f "$out/single.json" ] || base=()
 run ddp "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle "${base[@]}"

@@ -3,10 +3,7 @@
 # compiled bench run of several backends whose stderr is searched for Dynamo's "Exception ignored" noise
 # (issue 12 item 13).
 set -uo pipefail
-out=${OUT:-gpu-out}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD:$PWD/kernels" PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
+source "$(dirname "$0")/gpu-env.sh"
 start=$(date +%s)
 timeout "${1:-400}" python3 -m twinkle_fx check --out "$out/check.json" > "$out/check.txt" 2>&1; echo "check exit $? after $(( $(date +%s) - start )) s"
 grep -v "UserWarning\|_warn_once" "$out/check.txt" | tail -60

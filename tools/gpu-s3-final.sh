@@ -4,10 +4,7 @@
 # (inductor, twinkle = twinkle_fx.compile, twinkle-all-swaps), then `twinkle-fx check` streaming a
 # verdict line per kernel for as long as the call lasts.
 set -uo pipefail
-out=${OUT:-gpu-out}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD:$PWD/kernels" PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
+source "$(dirname "$0")/gpu-env.sh"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 if [ "${1:-A}" = "A" ]; then
   timeout -s INT "${2:-300}" python3 -m pytest -q -n 10 -p no:cacheprovider -rfE > "$out/gpu-pytest.log" 2>&1

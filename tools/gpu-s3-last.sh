@@ -2,10 +2,7 @@
 # Session 3's last GPU call: the tests that failed in the full GPU run (after their fixes), the eager rows
 # with CUDA graphs, the compiled rows, then `twinkle-fx check` (eager timings) for the time left.
 set -uo pipefail
-out=${OUT:-gpu-out}; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD:$PWD/kernels" PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
+source "$(dirname "$0")/gpu-env.sh"
 timeout -s INT 100 python3 -m pytest -q -n 6 -p no:cacheprovider -rfE tests/eager/test_cuda_graphs.py \
   tests/compile/test_compile_speed.py tests/compile/test_models_in_one_process.py tests/test_doctests.py \
   "tests/families/test_families.py::test_compiled_swaps_match_the_model" > "$out/rerun.log" 2>&1

@@ -5,15 +5,7 @@
 #   bash tools/gpu-suite.sh [--no-tests] ["twinkle-fx bench ..." ...]
 # Writes the pytest log and the harness output under $OUT (or ./gpu-out).
 set -uo pipefail
-out=${OUT:-gpu-out}; mkdir -p "$out"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH="/tmp/site:$PWD:$PWD/kernels"
-else
-  export PYTHONPATH="$PWD:$PWD/kernels"
-fi
-export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
+source "$(dirname "$0")/gpu-env.sh"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
 status=0
 if [ "${1:-}" != "--no-tests" ]; then

@@ -9,3 +9,6 @@ else
 fi
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
+# The copy's .git HEAD is not the tree that was sent: the caller names the commit (COMMIT=$(git rev-parse
+# --short HEAD) in the command), and the harness writes it into every saved result.
+export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"

@@ -139,3 +139,6 @@ def test_saved_results_say_which_code_ran(monkeypatch):
     source = environment.describe_source()
     assert source["commit"] == "0123abc" and source["commit_dirty"] is None
     assert source["source_sha256"] == env["source_sha256"]
+    # a copy whose .git is stale (the lent GPU machine's): the caller's $TWINKLE_FX_COMMIT wins over git
+    monkeypatch.setattr(environment, "_git", lambda *args: "6edc102")
+    assert environment.describe_source()["commit"] == "0123abc"

@@ -63,15 +63,16 @@ def _source_digest() -> str:
 
 
 def describe_source() -> dict[str, Any]:
-    """Which code ran: the git commit (and whether the tree had uncommitted changes), else
-    ``$TWINKLE_FX_COMMIT`` (set it when copying a tree without .git), plus a digest of the sources."""
-    commit = _git("rev-parse", "--short", "HEAD") or None
+    """Which code ran: ``$TWINKLE_FX_COMMIT`` when set (the caller that copied the tree knows its
+    commit: the lent GPU machine's copy carries a .git whose HEAD is the session's first commit, not
+    the tree sent), else the git commit and whether the tree had uncommitted changes; plus a digest
+    of the sources."""
+    commit = os.environ.get(COMMIT_ENV) or None
     dirty = None
-    if commit is not None:
-        status = _git("status", "--porcelain", "--untracked-files=no")
+    if commit is None:
+        commit = _git("rev-parse", "--short", "HEAD") or None
+        status = _git("status", "--porcelain", "--untracked-files=no") if commit is not None else None
         dirty = bool(status) if status is not None else None
-    else:
-        commit = os.environ.get(COMMIT_ENV) or None
     return {"commit": commit, "commit_dirty": dirty, "source_sha256": _source_digest()}
 
 

@@ -309,6 +309,29 @@ def _objective(outputs: dict[str, torch.Tensor], keys: list[str], seed: int) -> 
     return total
 
 
+def _timing_objective(outputs: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """What a timed training step backpropagates: the loss when the target returns one (a training
+    step's ``loss.backward()``; a fused-loss head computes no logits gradient), else the outputs
+    weighted by random weights made once on the device. Not :func:`_objective`: its CPU weights and
+    fp64 sum are made for the fp64 truth, and at 4093 x 151936 logits they cost seconds a call."""
+    losses = [out for key, out in outputs.items() if key.rsplit(".", 1)[-1] == "loss" and out.requires_grad]
+    if losses:
+        return sum(losses)
+    total = None
+    for key, out in outputs.items():
+        if not out.is_floating_point() or not out.requires_grad:
+            continue
+        weight = weights.get(key)
+        if weight is None or weight.shape != out.shape:
+            generator = torch.Generator(device=out.device).manual_seed(len(weights))
+            weight = weights[key] = torch.rand(out.shape, generator=generator, device=out.device, dtype=out.dtype)
+        term = (out * weight).sum(dtype=torch.float32)
+        total = term if total is None else total + term
+    if total is None:
+        raise _NoInputs("the call returns no floating-point output that requires grad")
+    return total
+
+
 def _error(ours: torch.Tensor, original: torch.Tensor, truth: torch.Tensor) -> float:
     """How far the kernel is from the truth (the original on fp64 copies), in units of what is allowed
     (<= 1 passes): the L2 norm of its error over the dtype's tolerance (``atol`` per element plus
@@ -430,10 +453,11 @@ class _Runner:
                     fn()
             return forward_only
 
+        weights: dict[str, torch.Tensor] = {}
+
         def forward_backward() -> None:
             outputs = _tensors(fn())
-            objective = _objective(outputs, list(outputs), seed=0)
-            torch.autograd.grad(objective, wrt, allow_unused=True)
+            torch.autograd.grad(_timing_objective(outputs, weights), wrt, allow_unused=True)
         return forward_backward
 
     def _peak_mib(self, step: Callable[[], None]) -> float | None:
@@ -576,6 +600,8 @@ def _check_one(target: _Target, device: torch.device, dtypes: list[torch.dtype],
     try:
         for rows, width in timed_sizes:
             check.speed.append(runner.speed(rows, width, dtypes[0], compiled=False))
+            progress(f"    eager timing {check.speed[-1].shape}: {check.speed[-1].original_ms:.3f} -> "
+                     f"{check.speed[-1].kernel_ms:.3f} ms ({_since(started)})")
     except Exception as e:  # noqa: BLE001 - e.g. out of memory at the largest size: a verdict, not a crash
         for item in ("speed-up", "sizes", "memory"):
             check.verdicts[item], check.notes[item] = FAIL, f"timing raised {type(e).__name__}: {e}"

@@ -21,7 +21,9 @@ Options a training run needs: ``--mixed-precision`` (FSDP2's MixedPrecisionPolic
 weights, bf16 parameters in compute, fp32 gradient reduction), ``--checkpoint`` (activation
 checkpointing of every decoder layer), ``--accum N`` (gradient accumulation: N micro-steps per
 optimizer step, gradients synchronised on the last), ``--compiled-autograd`` (DDP: the backward
-captured by compiled autograd, gradients reduced by DDP's Python reducer).
+captured by compiled autograd, gradients reduced by DDP's Python reducer). ``--profile DIR`` runs three more
+steps under torch.profiler on every rank and writes a Chrome trace and a report (device vs wall time,
+top kernels, NCCL included) per rank.
 
 Run on GPUs (NCCL), the reference size:
 
@@ -53,6 +55,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 # NVLink multicast (NVLS) stays off on the GPU machines; it must be set before NCCL initialises.
@@ -175,9 +178,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compare-single", type=int, default=None, metavar="WORLD",
                         help="with --parallel none: run twice, with --batch (the speed baseline of a WORLD-GPU run) "
                              "and with WORLD x --batch (its global batch: the loss baseline)")
-    parser.add_argument("--baseline", default=None, help="a --compare-single --out file: the table compares with it")
+    parser.add_argument("--baseline", action="append", default=[],
+                        help="a --parallel none --out file (--compare-single writes both baselines): the table "
+                             "compares with its runs; may be given more than once")
     parser.add_argument("--report", action="store_true", help="every rank prints its twinkle compile report, once")
     parser.add_argument("--out", default=None, help="rank 0 writes the runs and tables here (JSON)")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="after the timed steps, 3 more under torch.profiler on every rank: DIR/rank<r>/"
+                             "profile_trace.json and profile_report.txt (rank 0's report is printed)")
     args = parser.parse_args(argv)
     batch, seq = DEFAULT_SHAPE[args.size]
     args.batch = args.batch or batch
@@ -370,23 +378,31 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             run = compile_model(model, wrapped, args)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
         losses, tokens_per_s, step_ms = [], [], []
+
+        def one_step(micro: list[torch.Tensor]) -> torch.Tensor:
+            total = torch.zeros((), device=device)
+            for m, input_ids in enumerate(micro):
+                with _skip_sync(wrapped, model, args, sync=m == args.accum - 1):
+                    loss = run(input_ids=input_ids, labels=input_ids).loss
+                    (loss / args.accum).backward()
+                total += loss.detach().float()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if world > 1:
+                dist.all_reduce(total)  # SUM: gloo has no AVG
+            return total
+
+        def batches(step: int) -> list[torch.Tensor]:
+            return [global_batch(step * args.accum + m, args.batch * world, args.seq, model.config.vocab_size,
+                                 args.seed)[rank * args.batch:(rank + 1) * args.batch].to(device)
+                    for m in range(args.accum)]
+
         try:
             for step in range(args.steps):
-                micro = [global_batch(step * args.accum + m, args.batch * world, args.seq, model.config.vocab_size,
-                                      args.seed)[rank * args.batch:(rank + 1) * args.batch].to(device)
-                         for m in range(args.accum)]
+                micro = batches(step)
                 _sync(device)
                 start = time.perf_counter()
-                total = torch.zeros((), device=device)
-                for m, input_ids in enumerate(micro):
-                    with _skip_sync(wrapped, model, args, sync=m == args.accum - 1):
-                        loss = run(input_ids=input_ids, labels=input_ids).loss
-                        (loss / args.accum).backward()
-                    total += loss.detach().float()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if world > 1:
-                    dist.all_reduce(total)  # SUM: gloo has no AVG
+                total = one_step(micro)
                 _sync(device)
                 elapsed = time.perf_counter() - start
                 losses.append(total.item() / world / args.accum)
@@ -395,6 +411,16 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                 if rank == 0:
                     print(f"step {step:3d}  loss {losses[-1]:.6f}  {tokens_per_s[-1]:,.0f} tokens/s  "
                           f"({elapsed * 1e3:.1f} ms)", flush=True)
+            if args.profile:
+                # after the timed steps (the profiler's overhead never reaches them), every rank
+                from twinkle_fx.bench.profile import profile_steps
+                from twinkle_fx.bench.timing import DeviceClock
+
+                micro = batches(args.steps)
+                summary = profile_steps(lambda: one_step(micro), DeviceClock(device), Path(args.profile) / f"rank{rank}",
+                                        steps=3, title=describe_args(args, world, device))
+                if rank == 0:
+                    print(Path(summary.report).read_text(), flush=True)
             mine = kernel_swaps_compiled(rank, report)
             for what, n in kernel_swaps_eager(model).items():  # kernelize, or the head on the root
                 mine.swapped[what] = mine.swapped.get(what, 0) + n
@@ -417,12 +443,19 @@ def _sync(device: torch.device) -> None:
 
 def describe(result: RunResult) -> str:
     """One line naming the run: ``ddp x 2 · twinkle (inductor), regional · bf16 · 4 x 1024 per rank``."""
-    a = result.args
-    where = "1 device, no wrapper" if a["parallel"] == "none" else f"{a['parallel']} x {result.world_size}"
+    return _describe(result.args, result.world_size, result.device)
+
+
+def describe_args(args: argparse.Namespace, world: int, device: torch.device) -> str:
+    return _describe(vars(args), world, str(device))
+
+
+def _describe(a: dict[str, Any], world: int, device: str) -> str:
+    where = "1 device, no wrapper" if a["parallel"] == "none" else f"{a['parallel']} x {world}"
     backend = a["backend"] + (f" ({a['compiler']})" if a["backend"].endswith("twinkle") else "")
     backend += ", regional" if a["regional"] else ""
     backend += "" if a["fused_loss"] else ", no fused-loss head"
-    precision = "mixed bf16/fp32" if a["mixed_precision"] else (a["dtype"] or ("bf16" if "cuda" in result.device else "fp32"))
+    precision = "mixed bf16/fp32" if a["mixed_precision"] else (a["dtype"] or ("bf16" if "cuda" in device else "fp32"))
     parts = [where, backend, precision, f"{a['batch']} x {a['seq']} per rank"]
     parts += [f"accum {a['accum']}"] if a["accum"] > 1 else []
     parts += ["activation checkpointing"] if a["checkpoint"] else []
@@ -484,7 +517,7 @@ def load_baseline(path: str) -> list[RunResult]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    baseline = load_baseline(args.baseline) if args.baseline else []
+    baseline = [run for path in args.baseline for run in load_baseline(path)]
     rank, world, device = init_distributed(args.parallel)
     try:
         configs = [args]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 19's 2-GPU run (nvidia-h200-x2, NCCL_NVLS_ENABLE=0), about 6 minutes: examples/train_distributed.py on
 # the reference workload (Qwen2-0.5B shape, bf16, 4 x 1024 per GPU, 10 steps), backend twinkle with the fused-loss head:
-#   single    1 GPU, no wrapper, whole model: batch 4 (the speed baseline) and batch 8 (the 2-GPU global batch: losses)
+#   single    1 GPU, no wrapper, whole model, batch 4 (the speed baseline)
+#   single-regional  1 GPU, decoder layers compiled: batch 4 and batch 8 (the 2-GPU global batch: the losses)
 #   ddp       DDP x 2, whole model (DDPOptimizer splits it at the buckets)
 #   ddp-regional         DDP x 2, each decoder layer compiled (compile_layers)
 #   fsdp2-regional-mp    FSDP2 x 2 (fully_shard per layer), regional, MixedPrecisionPolicy bf16 / fp32 reduce
@@ -34,7 +35,6 @@ status=0
 
 run() {  # run NAME COMMAND...: its log and JSON under $out, the table on stdout
   local name=$1; shift
-  # the single-GPU run compiles twice (batch 4, then the global batch): it gets twice the cap
   local limit=$(( deadline - SECONDS < cap ? deadline - SECONDS : cap ))
   if [ "$limit" -lt 30 ]; then echo "### $name: skipped, ${SECONDS} s used"; status=1; return; fi
   echo "### $name ($SECONDS s, limit $limit s): $*"
@@ -42,14 +42,21 @@ run() {  # run NAME COMMAND...: its log and JSON under $out, the table on stdout
   local rc=$?
   if [ $rc -ne 0 ]; then status=1; echo "$name: exit $rc"; grep -v "^step" "$out/$name.log" | tail -25; return; fi
   sed -n '/^| /,$p' "$out/$name.log"
+  sed -n '/^host (wall) time per step/,/^Chrome trace/p' "$out/$name.log"
 }
 
-cap=$(( cap * 2 )) run single python3 "$ex" "${shape[@]}" --parallel none --backend twinkle --compare-single 2
-base=(--baseline "$out/single.json")
-[ -f "$out/single.json" ] || base=()
-run ddp "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle "${base[@]}"
-run ddp-regional "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle --regional "${base[@]}"
-run fsdp2-regional-mp "${two[@]}" "${shape[@]}" --parallel fsdp2 --backend twinkle --regional --mixed-precision "${base[@]}"
+# the speed baseline of the issue: the undistributed whole-model compiled run at the per-GPU batch; the
+# regional single runs (fast to compile) give the loss baseline at the global batch
+run single python3 "$ex" "${shape[@]}" --parallel none --backend twinkle
+run single-regional python3 "$ex" "${shape[@]}" --parallel none --backend twinkle --regional --compare-single 2
+base=()
+for f in single single-regional; do [ -f "$out/$f.json" ] && base+=(--baseline "$out/$f.json"); done
+# PROFILE=1: every 2-GPU run profiles 3 steps after its timed ones; rank 0's report goes into its log
+prof() { [ -n "${PROFILE:-}" ] && echo "--profile /tmp/prof-$1"; }
+run ddp "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle "${base[@]}" $(prof ddp)
+run ddp-regional "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle --regional "${base[@]}" $(prof ddp-regional)
+run fsdp2-regional-mp "${two[@]}" "${shape[@]}" --parallel fsdp2 --backend twinkle --regional --mixed-precision \
+  "${base[@]}" $(prof fsdp2-regional-mp)
 optional() { if [ "$SECONDS" -lt "$optional_until" ]; then run "$@"; else echo "### $1: skipped (${SECONDS} s used)"; fi; }
 optional ddp-noopt "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle --optimize-ddp no_optimization "${base[@]}"
 optional ddp-regional-noopt "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle --regional \

@@ -194,3 +194,19 @@ def test_tiny_inference_bench_prefill_and_static_cache_decode(tmp_path):
     assert [rows[name]["status"] for name in ("eager", "kernelize")] == ["ok", "ok"]
     assert rows["kernelize"]["prefill_rel_error"] < 1e-3 and rows["kernelize"]["decode_rel_error"] < 1e-3
     assert rows["eager"]["decode_tokens_per_s"] > 0
+
+
+def test_device_time_counts_kernels_not_the_ranges_around_them():
+    """A profile's device time sums kernels once: the record_function ranges the profiler projects onto
+    the GPU timeline (a training step, DDP's forward, nccl:all_reduce) are not kernels. A 2-GPU DDP
+    profile counted them and reported 184% of the wall time as kernel time."""
+    from types import SimpleNamespace
+
+    from twinkle_fx.bench.profile import device_us
+
+    cuda = torch.autograd.DeviceType.CUDA
+    kernel = SimpleNamespace(device_type=cuda, is_user_annotation=False, self_device_time_total=250.0)
+    step = SimpleNamespace(device_type=cuda, is_user_annotation=True, self_device_time_total=90_000.0)
+    operator = SimpleNamespace(device_type=torch.autograd.DeviceType.CPU, is_user_annotation=False,
+                               self_device_time_total=250.0)
+    assert [device_us(e) for e in (kernel, step, operator)] == [250.0, 0.0, 0.0]

@@ -194,3 +194,17 @@ def test_tiny_inference_bench_prefill_and_static_cache_decode(tmp_path):
     assert [rows[name]["status"] for name in ("eager", "kernelize")] == ["ok", "ok"]
     assert rows["kernelize"]["prefill_rel_error"] < 1e-3 and rows["kernelize"]["decode_rel_error"] < 1e-3
     assert rows["eager"]["decode_tokens_per_s"] > 0
+
+
+def test_inference_rows_say_whether_the_timed_steps_replayed_cuda_graphs():
+    from collections import Counter
+
+    from twinkle_fx.bench.inference import _graph_note, _Timed
+
+    none = torch.zeros(1)
+    assert _graph_note("decode", _Timed(none, none, 1.0, 2.0), steps=20) is None  # no graphs in the row
+    replayed = _Timed(none, none, 1.0, 2.0, graph_passes=20, graph_eager=Counter())
+    assert _graph_note("decode", replayed, steps=20) == "decode: 20 of 20 timed steps replayed CUDA graphs"
+    eager = _Timed(none, none, 1.0, 2.0, graph_passes=0, graph_eager=Counter({"an argument of type X": 20}))
+    assert _graph_note("decode", eager, steps=20) == ("WARNING decode: 0 of 20 timed steps replayed CUDA graphs "
+                                                      "(the others ran eagerly: 20 x an argument of type X)")

@@ -210,3 +210,17 @@ def test_device_time_counts_kernels_not_the_ranges_around_them():
     operator = SimpleNamespace(device_type=torch.autograd.DeviceType.CPU, is_user_annotation=False,
                                self_device_time_total=250.0)
     assert [device_us(e) for e in (kernel, step, operator)] == [250.0, 0.0, 0.0]
+
+
+def test_inference_rows_say_whether_the_timed_steps_replayed_cuda_graphs():
+    from collections import Counter
+
+    from twinkle_fx.bench.inference import _graph_note, _Timed
+
+    none = torch.zeros(1)
+    assert _graph_note("decode", _Timed(none, none, 1.0, 2.0), steps=20) is None  # no graphs in the row
+    replayed = _Timed(none, none, 1.0, 2.0, graph_passes=20, graph_eager=Counter())
+    assert _graph_note("decode", replayed, steps=20) == "decode: 20 of 20 timed steps replayed CUDA graphs"
+    eager = _Timed(none, none, 1.0, 2.0, graph_passes=0, graph_eager=Counter({"an argument of type X": 20}))
+    assert _graph_note("decode", eager, steps=20) == ("WARNING decode: 0 of 20 timed steps replayed CUDA graphs "
+                                                      "(the others ran eagerly: 20 x an argument of type X)")

@@ -1,6 +1,7 @@
 """kernelize_model(..., cuda_graphs=True): decoder layers replayed from CUDA graphs, forward and backward."""
 
 import copy
+import weakref
 import logging
 
 import pytest
@@ -132,3 +133,231 @@ def test_graphed_layers_fall_back_where_a_graph_cannot_serve():
     status = graph_status(model)
     assert status.eager["hooks on a submodule of the block (a graph would not call them)"] == 1, status
     assert any("DynamicCache" in reason for reason in status.eager), status
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    return [t for layer in cache.layers for t in (layer.keys, layer.values, layer.cumulative_length)]
+
+
+def _decode_and_compare(graphed, reference, caches, ids, steps, tol=2e-5):
+    """Prefill ``ids`` into both caches, then ``steps`` greedy decode steps (the reference picks the
+    tokens); logits and every cache tensor compared after each forward."""
+    with torch.no_grad():
+        for step in range(steps + 1):
+            outs = [m(input_ids=ids, past_key_values=c, use_cache=True).logits for m, c in zip((graphed, reference),
+                                                                                              caches)]
+            torch.testing.assert_close(outs[0], outs[1], atol=tol, rtol=tol, msg=lambda m: f"step {step}: {m}")
+            for a, b in zip(_cache_tensors(caches[0]), _cache_tensors(caches[1])):
+                torch.testing.assert_close(a, b, atol=tol, rtol=tol, msg=lambda m: f"cache after step {step}: {m}")
+            ids = outs[1][:, -1:].argmax(-1)
+
+
+_NOT_INITIALISED = "a StaticCache not initialised yet (its first update allocates its tensors; that pass runs eagerly)"
+_MOVED = "the StaticCache's tensors moved to other memory since the recording (reorder_cache, offloading or .to())"
+
+
+@pytest.mark.gpu  # CUDA graphs
+def test_graphed_decode_with_a_static_cache_equals_the_kernelized_model():
+    """Decode steps against a transformers StaticCache replay the recorded layers (the cache's
+    tensors updated in place by the graphs), after reset() too; reorder_cache re-records."""
+    use_builtin_kernels(devices=("cuda",), models=("qwen2",), decoder_layers=True)
+    reference = _tiny_qwen2("cuda").eval()
+    graphed = copy.deepcopy(reference)
+    kernelize_model(reference, mode="inference")
+    kernelize_model(graphed, mode="inference", cuda_graphs=True)
+    caches = [transformers.StaticCache(config=m.config, max_cache_len=24) for m in (graphed, reference)]
+    prompt = torch.randint(0, 128, (2, 5), device="cuda")
+    _decode_and_compare(graphed, reference, caches, prompt, steps=6)
+    status = graph_status(graphed)
+    # prefill: eager (the cache is allocated there); decode 1: warm-up; decode 2: recorded; 3-6: replayed
+    assert status.sequences == 1 and status.steps == 3, status
+    assert status.replays["forward"] == 3 * 5, status
+    assert status.eager[_NOT_INITIALISED] == 1 and status.eager["warm-up pass of a new input signature"] == 1, status
+
+    for cache in caches:  # reset() zeroes the same tensors: the recorded graphs still serve
+        cache.reset()
+    _decode_and_compare(graphed, reference, caches, prompt, steps=3)
+    assert status.sequences == 1 and status.replays["forward"] == 3 * 8, status
+
+    for cache in caches:  # beam search's reorder_cache replaces the tensors: recorded again
+        cache.reorder_cache(torch.tensor([1, 0], device="cuda"))
+    _decode_and_compare(graphed, reference, caches, prompt[:, :1], steps=3)
+    assert status.eager[_MOVED] == 1 and status.sequences == 2, status
+
+
+@pytest.mark.gpu  # CUDA graphs
+def test_graphed_generate_with_a_static_cache_equals_eager_greedy():
+    """generate(cache_implementation="static") makes a new StaticCache per call: each call's decode
+    steps are recorded and replayed (disable_compile: generate would otherwise torch.compile them)."""
+    use_builtin_kernels(devices=("cuda",), models=("qwen2",), decoder_layers=True)
+    eager = _tiny_qwen2("cuda").eval()
+    graphed = copy.deepcopy(eager)
+    kernelize_model(graphed, mode="inference", cuda_graphs=True)
+    prompt = torch.randint(0, 128, (2, 6), device="cuda")
+    kwargs = dict(max_new_tokens=10, do_sample=False, use_cache=True, cache_implementation="static",
+                  disable_compile=True, pad_token_id=0)
+    status = graph_status(graphed)
+    for call in range(2):
+        before = status.replays["forward"]
+        expected = eager.generate(prompt, **kwargs)
+        got = graphed.generate(prompt, **kwargs)
+        torch.testing.assert_close(got, expected, atol=0, rtol=0, msg=lambda m: f"generate call {call}: {m}")
+        # 9 decode steps: warm-up, then 8 passes from the graphs of the call's own cache
+        assert status.replays["forward"] - before == 3 * 8, status
+
+
+@pytest.mark.gpu  # CUDA graphs
+def test_graphed_decode_declines_a_dynamic_cache_with_the_reason():
+    use_builtin_kernels(devices=("cuda",), models=("qwen2",), decoder_layers=True)
+    reference = _tiny_qwen2("cuda", layers=2).eval()
+    graphed = copy.deepcopy(reference)
+    kernelize_model(reference, mode="inference")
+    kernelize_model(graphed, mode="inference", cuda_graphs=True)
+    caches = [transformers.DynamicCache(config=m.config) for m in (graphed, reference)]
+    with torch.no_grad():
+        ids = torch.randint(0, 128, (2, 4), device="cuda")
+        for _ in range(4):
+            outs = [m(input_ids=ids, past_key_values=c, use_cache=True).logits for m, c in zip((graphed, reference),
+                                                                                              caches)]
+            torch.testing.assert_close(outs[0], outs[1], atol=2e-5, rtol=2e-5)
+            ids = outs[1][:, -1:].argmax(-1)
+    status = graph_status(graphed)
+    reason = ("a DynamicCache: its update grows the keys and values with torch.cat (new tensors of a new shape every "
+              "step), which a CUDA graph cannot replay; use a StaticCache (e.g. generate(..., "
+              'cache_implementation="static"))')
+    assert status.eager[reason] == 4 and status.replays["forward"] == 0, status
+
+
+# -- the KV-cache bookkeeping without CUDA: a stand-in capture --------------------------------------
+
+class _StandInGraph:
+    """Replays a block by calling it again on the static inputs, writing into the static outputs and
+    into the tensors of the cache it was captured with (weakly held, as a real graph would write
+    into that memory whichever cache a later call passes)."""
+
+    def __init__(self, step, caches):
+        self.step, self.caches = step, {key: weakref.ref(c) for key, c in caches.items()}
+
+    def replay(self):
+        from twinkle_fx.eager.graphs import _rebuild_call, _spec
+
+        caches = {key: ref() for key, ref in self.caches.items()}
+        assert all(c is not None for c in caches.values()), "replayed a graph whose cache is gone"
+        args, kwargs = _rebuild_call(self.step.in_spec, self.step.static_in, caches)
+        outs = []
+        _spec(self.step.fn(self.step.module, *args, **kwargs), outs, {})
+        for static, out in zip(self.step.static_out, outs):
+            static.copy_(out)
+
+
+def _stand_in_capture(graphs, seq, step, tensors, caches):
+    """What GraphSet._capture_forward leaves behind, without CUDA: static inputs, outputs and a
+    'graph'; like a capture, it leaves the cache as it found it (the recording call then replays)."""
+    from twinkle_fx.eager.graphs import _rebuild_call, _spec
+
+    step.static_in = [t.clone() for t in tensors]
+    step.owned_in = [True] * len(tensors)
+    step.grad_mask = [False] * len(tensors)
+    step.first_sources = [(weakref.ref(t), t._version) for t in tensors]
+    saved = [(t, t.clone()) for cache in caches.values() for t in _cache_tensors(cache)]
+    args, kwargs = _rebuild_call(step.in_spec, step.static_in, caches)
+    outs = []
+    step.out_spec = _spec(step.fn(step.module, *args, **kwargs), outs, {})
+    for tensor, value in saved:
+        tensor.copy_(value)
+    step.static_out = [o.detach().clone() for o in outs]
+    step.fwd = _StandInGraph(step, caches)
+
+
+def _stand_in_graphs(model, monkeypatch):
+    from twinkle_fx.eager import graphs as graphs_module
+    from twinkle_fx.eager.layers import install_graphs
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(graphs_module.GraphSet, "_capture_forward", _stand_in_capture)
+    blocks = list(model.model.layers)
+    graphs = graphs_module.GraphSet(blocks, torch.device("cpu"))
+    for index, block in enumerate(blocks):
+        install_graphs(f"model.layers.{index}", block, graphs)
+    return graphs
+
+
+def test_static_cache_bookkeeping_with_a_stand_in_capture(monkeypatch):
+    """The cache is part of the signature by identity: steps with one StaticCache replay; a new
+    cache records anew and the graphs of a cache that is gone are dropped; moved cache tensors
+    re-record; a DynamicCache and a cache while training are declined with their reasons.
+    (The graphs themselves are tested on CUDA above.)"""
+    reference = _tiny_qwen2("cpu", layers=2).eval()
+    model = copy.deepcopy(reference)
+    graphs = _stand_in_graphs(model, monkeypatch)
+    status = graphs.status
+    new_caches = lambda: [transformers.StaticCache(config=reference.config, max_cache_len=16) for _ in range(2)]
+    prompt = torch.randint(0, 128, (2, 3))
+    caches = new_caches()
+    _decode_and_compare(model, reference, caches, prompt, steps=4)
+    assert status.sequences == 1 and status.replays["forward"] == 2 * 3, status
+    assert status.eager[_NOT_INITIALISED] == 1, status
+
+    caches = new_caches()  # the first pair is gone: its sequence and warm-up counts are dropped
+    _decode_and_compare(model, reference, caches, prompt, steps=4)
+    assert status.sequences == 2 and status.replays["forward"] == 2 * 6, status
+    # only the decode signature of the new cache is left (its prefill ran eagerly: the cache was not initialised)
+    assert len(graphs.sequences) == 1 and len(graphs.attempts) == 1, graphs.attempts
+    assert [[ref() for ref in refs] for refs in graphs.cache_keys.values()] == [[caches[0]]]
+
+    for cache in caches:
+        cache.reorder_cache(torch.tensor([1, 0]))
+    _decode_and_compare(model, reference, caches, prompt[:, :1], steps=3)
+    assert status.eager[_MOVED] == 1, status
+
+    with torch.no_grad():
+        model(input_ids=prompt, past_key_values=transformers.DynamicCache(config=model.config), use_cache=True)
+        with torch.enable_grad():
+            model(input_ids=prompt, past_key_values=caches[0], use_cache=True)
+    assert any(r.startswith("a DynamicCache: its update grows the keys and values with torch.cat") for r in status.eager)
+    assert status.eager["a KV cache in a forward that records gradients (graphs with a cache are for inference "
+                        "under torch.no_grad)"] == 1, status
+
+
+def test_generate_with_a_static_cache_replays_with_a_stand_in_capture(monkeypatch):
+    """generate's decode steps give the layers one signature per call (the cache by identity), so
+    from the third step on they replay; the graphs of the previous call's cache are dropped."""
+    eager = _tiny_qwen2("cpu").eval()
+    model = copy.deepcopy(eager)
+    graphs = _stand_in_graphs(model, monkeypatch)
+    prompt = torch.randint(0, 128, (2, 6))
+    kwargs = dict(max_new_tokens=10, do_sample=False, use_cache=True, cache_implementation="static",
+                  disable_compile=True, pad_token_id=0)
+    for call in range(2):
+        before = graphs.status.replays["forward"]
+        torch.testing.assert_close(model.generate(prompt, **kwargs), eager.generate(prompt, **kwargs), atol=0, rtol=0)
+        assert graphs.status.replays["forward"] - before == 3 * 8, graphs.status  # 9 decode steps, 1 warm-up
+    assert len(graphs.sequences) == 1, graphs.status
+
+
+def test_static_cache_state_reasons():
+    from twinkle_fx.eager.graphs import static_cache_state
+
+    config = transformers.Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=1, vocab_size=32, layer_types=["full_attention"] * 2)
+    cache = transformers.StaticCache(config=config, max_cache_len=8)
+    assert static_cache_state(cache) == ((), _NOT_INITIALISED)
+    cache.early_initialization(batch_size=1, num_heads=1, head_dim=8, dtype=torch.float32, device="cpu")
+    ptrs, reason = static_cache_state(cache)
+    assert reason is None and ptrs == tuple(t.data_ptr() for t in _cache_tensors(cache))
+    cache.reset()  # in place
+    assert static_cache_state(cache) == (ptrs, None)
+
+    sliding = transformers.Qwen2Config(**{**config.to_dict(), "layer_types": ["full_attention", "sliding_attention"],
+                                          "sliding_window": 4, "use_sliding_window": True})
+    reason = static_cache_state(transformers.StaticCache(config=sliding, max_cache_len=8))[1]
+    assert reason.startswith("a StaticCache with sliding-window layers (StaticSlidingWindowLayer at layer 1"), reason
+    offloaded = transformers.StaticCache(config=config, max_cache_len=8, offloading=True)
+    offloaded.early_initialization(batch_size=1, num_heads=1, head_dim=8, dtype=torch.float32, device="cpu")
+    assert static_cache_state(offloaded) == ((), "a StaticCache with offloading=True (its update moves layers "
+                                                 "between host and device)")
+    reason = static_cache_state(transformers.DynamicCache(config=config))[1]
+    assert "torch.cat" in reason and "cannot replay" in reason, reason
+    encoder_decoder = transformers.EncoderDecoderCache(transformers.StaticCache(config=config, max_cache_len=8),
+                                                       transformers.StaticCache(config=config, max_cache_len=8))
+    assert static_cache_state(encoder_decoder)[1].startswith("a cache of type EncoderDecoderCache (only transformers' StaticCache")

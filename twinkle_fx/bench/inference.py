@@ -18,16 +18,19 @@ torch.compile's ``mode="reduce-overhead"``):
 eager                the model as built
 kernelize            ``kernelize_model(model, mode="inference")`` with the built-in kernels
 kernelize+cudagraphs ``kernelize_model(model, mode="inference", cuda_graphs=True)``, decoder layers bound too:
-                     each decoder layer replayed from a CUDA graph (the decode step, whose layers get
-                     the KV cache object, runs them without graphs)
+                     each decoder layer replayed from a CUDA graph; the decode steps too (the same
+                     StaticCache object every step, updated in place by the graphs). The notes say
+                     how many timed prefill and decode steps replayed, with a WARNING and the
+                     reasons when some ran eagerly
 inductor             ``torch.compile(model)``
 inductor+cudagraphs  ``torch.compile(model, mode="reduce-overhead")``
 twinkle              ``torch.compile(model, backend="twinkle")``
 twinkle+cudagraphs   ``torch.compile(model, backend="twinkle", mode="reduce-overhead")``
 ===================  ==========================================================================
 
-Each row's last-position logits (prefill and decode) are compared with eager's; a relative L2 error
-above the dtype's tolerance marks the row WRONG. Rows with CUDA graphs say whether each compiled
+Each row's last-position logits (prefill and decode; of the first call and of one call after the
+timed ones) are compared with eager's; a relative L2 error above the dtype's tolerance marks the row
+WRONG. Rows with CUDA graphs say whether each compiled
 graph was captured and, if not, Inductor's reason.
 """
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -144,13 +148,52 @@ def _static_cache(model: torch.nn.Module, max_len: int):
     return StaticCache(config=model.config, max_cache_len=max_len)
 
 
-def _timed(fn: Callable[[], torch.Tensor], clock: DeviceClock, warmup: int, steps: int) -> tuple[torch.Tensor, float, float]:
-    """(first output, first-call seconds, median ms of ``steps`` calls after ``warmup``)."""
-    out, first_s = clock.wall(lambda: fn().clone())
+@dataclass
+class _Timed:
+    first: torch.Tensor  # output of the first call
+    last: torch.Tensor  # output of one more call after the timed ones (CUDA-graph rows: a replayed one)
+    first_s: float  # first call, host clock
+    median_ms: float  # of the timed calls
+    graph_passes: int | None = None  # timed calls whose decoder layers all replayed CUDA graphs (None: no graphs)
+    graph_eager: Counter | None = None  # reasons of the timed calls that ran eagerly
+
+
+def _graph_counts(model: torch.nn.Module) -> tuple[int, Counter] | None:
+    from twinkle_fx.eager.graphs import graph_status
+
+    status = graph_status(model)
+    return None if status is None else (status.replays["forward"], Counter(status.eager))
+
+
+def _timed(fn: Callable[[], torch.Tensor], clock: DeviceClock, warmup: int, steps: int,
+           model: torch.nn.Module) -> _Timed:
+    """First call (host clock), ``warmup`` calls, ``steps`` timed calls (median), one more call; with
+    ``kernelize_model(cuda_graphs=True)`` also how many timed calls replayed their CUDA graphs."""
+    first, first_s = clock.wall(lambda: fn().clone())
     for _ in range(warmup):
         fn()
+    before = _graph_counts(model)
     times = sorted(clock.each_ms(fn, steps))
-    return out, first_s, times[len(times) // 2]
+    after = _graph_counts(model)
+    timed = _Timed(first, fn().clone(), first_s, times[len(times) // 2])
+    if before is not None:
+        from twinkle_fx.eager.graphs import block_modules
+
+        blocks = len(block_modules(model)[0])
+        timed.graph_passes = (after[0] - before[0]) // max(blocks, 1)
+        timed.graph_eager = after[1] - before[1]
+    return timed
+
+
+def _graph_note(phase: str, timed: _Timed, steps: int) -> str | None:
+    """'decode: 20 of 20 timed steps replayed CUDA graphs', with the reasons when some did not."""
+    if timed.graph_passes is None:
+        return None
+    text = f"{phase}: {timed.graph_passes} of {steps} timed steps replayed CUDA graphs"
+    if timed.graph_passes < steps:
+        reasons = "; ".join(f"{n} x {reason}" for reason, n in timed.graph_eager.most_common()) or "unknown"
+        text = f"WARNING {text} (the others ran eagerly: {reasons})"
+    return text
 
 
 def _rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -176,12 +219,14 @@ def _run_backend(name: str, options: InferenceBenchOptions, clock: DeviceClock,
             def prefill() -> torch.Tensor:
                 return run(input_ids=prompt, use_cache=False, logits_to_keep=1).logits
 
-            prefill_out, prefill_first_s, prefill_ms = _timed(prefill, clock, options.warmup, options.steps)
-            # transformers >= 5.2x advances the cache's own length at every step (older versions write at
-            # cache_position): room for every timed step; attention reads the whole static cache
-            # either way, so the work per step is the same
+            prefill_t = _timed(prefill, clock, options.warmup, options.steps, model)
+            # transformers advances the cache's own length at every step (StaticLayer.cumulative_length,
+            # 5.17 to 5.22): room for every call (first, warm-up, timed, last); attention reads the whole
+            # static cache whatever the length, so the work per step is the same
             cache = _static_cache(model, options.context + options.warmup + options.steps + 2)
-            # the cache is filled by the model as built (eager, or kernelized): only decode is compiled
+            # the cache is filled by the model as built (eager, or kernelized): only decode is compiled;
+            # kernelize+cudagraphs runs this prefill eagerly (it allocates the cache's tensors), then
+            # its decode steps replay graphs recorded on this cache object (the same one every step)
             model(input_ids=context, past_key_values=cache, use_cache=True, logits_to_keep=1)
             position = torch.tensor([options.context], device=options.device)
 
@@ -189,22 +234,32 @@ def _run_backend(name: str, options: InferenceBenchOptions, clock: DeviceClock,
                 return run(input_ids=step_ids, past_key_values=cache, cache_position=position, use_cache=True,
                            logits_to_keep=1).logits
 
-            decode_out, decode_first_s, decode_ms = _timed(decode, clock, options.warmup, options.steps)
+            decode_t = _timed(decode, clock, options.warmup, options.steps, model)
         notes = prepared.notes
+        graph_notes = [n for n in (_graph_note("prefill", prefill_t, options.steps),
+                                   _graph_note("decode", decode_t, options.steps)) if n]
+        if graph_notes:
+            notes["cuda_graphs_timed"] = graph_notes
     except BackendUnavailable as e:
         return InferenceRow(name, status="unavailable", error=str(e))
     except Exception as e:  # noqa: BLE001 - a failing backend is a result, the run goes on
         return InferenceRow(name, status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
     row = InferenceRow(
-        name, prefill_ms=prefill_ms, prefill_tokens_per_s=options.prefill / (prefill_ms / 1e3),
-        prefill_first_s=prefill_first_s, decode_ms=decode_ms,
-        decode_tokens_per_s=options.decode_batch / (decode_ms / 1e3), decode_first_s=decode_first_s, notes=notes,
+        name, prefill_ms=prefill_t.median_ms, prefill_tokens_per_s=options.prefill / (prefill_t.median_ms / 1e3),
+        prefill_first_s=prefill_t.first_s, decode_ms=decode_t.median_ms,
+        decode_tokens_per_s=options.decode_batch / (decode_t.median_ms / 1e3), decode_first_s=decode_t.first_s,
+        notes=notes,
     )
     if name == "eager":
-        reference.update(prefill=prefill_out, decode=decode_out)
+        reference.update(prefill=prefill_t.first, prefill_last=prefill_t.last, decode=decode_t.first,
+                         decode_last=decode_t.last)
     elif reference:
-        row.prefill_rel_error = _rel_error(prefill_out, reference["prefill"])
-        row.decode_rel_error = _rel_error(decode_out, reference["decode"])
+        # the first call and the one after the timed calls (CUDA-graph rows: the first runs eagerly, the
+        # last replays); every row makes the same decode calls, so the cache holds the same tokens
+        row.prefill_rel_error = max(_rel_error(prefill_t.first, reference["prefill"]),
+                                    _rel_error(prefill_t.last, reference["prefill_last"]))
+        row.decode_rel_error = max(_rel_error(decode_t.first, reference["decode"]),
+                                   _rel_error(decode_t.last, reference["decode_last"]))
         # relative L2 error of the last-position logits against eager's
         if max(row.prefill_rel_error, row.decode_rel_error) > tolerance(options.dtype).logits_rtol:
             row.status = "wrong"
@@ -277,6 +332,7 @@ def format_inference_table(result: BenchResult) -> str:
               f"{r.decode_rel_error:.2e}" for r in result.rows if r.status == "wrong"]
     notes += [f"  {r.backend}: {r.notes['cudagraphs']}" for r in result.rows if r.notes.get("cudagraphs")]
     notes += [f"  {r.backend}: {r.notes['cuda_graphs']}" for r in result.rows if r.notes.get("cuda_graphs")]
+    notes += [f"  {r.backend}: {line}" for r in result.rows for line in r.notes.get("cuda_graphs_timed", ())]
     notes += [f"  {r.backend}: {_compile_summary(r.notes)}" for r in result.rows if r.notes.get("graphs") is not None]
     w = result.workload
     title = f"{w['model']} ({w['shape_of']}), {w['dtype']}, no grad; prefill {w['prefill']}; decode {w['decode']}"

@@ -35,8 +35,28 @@ else runs the block's ordinary forward, which is always correct, with the reason
   recomputes its forward from the static inputs, like activation checkpointing);
 - the CPU, ``torch.compile`` tracing, another CUDA-graph capture in progress, autocast, gradient
   checkpointing, hooks on a block's submodules (a graph would not call them), dropout with p > 0
-  while training, arguments that are not tensors or plain values (a KV cache object);
+  while training, arguments that are not tensors, plain values or a static KV cache (below);
 - a capture that fails (the error is logged; the signature is not tried again).
+
+Decoding with a KV cache: a transformers ``StaticCache`` (full-attention layers) is accepted as an
+argument, by identity: the cache object is part of the signature, and its ``StaticLayer`` tensors
+(keys, values and the ``cumulative_length`` counter, allocated at the cache's first update) are read
+and written in place by the graphs, like the parameters. ``StaticLayer.update`` only does device
+work on those tensors (``index_copy_`` at ``arange(n) + cumulative_length``, then
+``cumulative_length.add_(n)``; transformers 5.17 to 5.22), so each replay appends the step's keys and
+values where the eager update would. Once per pass (at the first block that gets the cache) the
+cache is checked: same object as recorded, layers initialised, data pointers unchanged; ``reset()``
+keeps the graphs valid, ``reorder_cache`` (beam search), offloading or ``.to()`` make it re-record.
+A pass with a cache not initialised yet (its first update allocates the tensors: the prefill) runs
+eagerly, so a decode loop records on its second step with that cache and replays from the third.
+``generate`` makes a new StaticCache per call: its decode steps are recorded anew (graphs of caches
+that no longer exist are dropped), and it compiles the decode forward with ``torch.compile`` on
+CUDA by default, which runs the layers without these graphs: pass ``disable_compile=True``.
+Declined, with the reason in :func:`graph_status`: a ``DynamicCache`` (its update grows the keys
+and values with ``torch.cat``: new tensors of a new shape every step, never graphable), quantized
+and offloaded caches, a StaticCache with sliding-window or chunked-attention layers (their update
+branches on a host-side Python counter a replay would not advance), and a cache while training.
+See :func:`static_cache_state`.
 
 What a caller must know: the outputs of a graphed block are its static tensors, overwritten when the
 block runs again (the next step), as with ``torch.compile(mode="reduce-overhead")``; a block with
@@ -51,6 +71,7 @@ steps would see the buffer change.
 from __future__ import annotations
 
 import logging
+import sys
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -62,7 +83,8 @@ from torch.nn.modules import module as _nn_module
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GraphSet", "GraphedForward", "GraphStatus", "graph_status", "block_modules", "MAX_SEQUENCES"]
+__all__ = ["GraphSet", "GraphedForward", "GraphStatus", "graph_status", "block_modules", "static_cache_state",
+           "MAX_SEQUENCES"]
 
 # Distinct call sequences (signatures) recorded per model; all share one memory pool, so the cost of
 # another one is its static inputs and outputs, not another copy of the activations.
@@ -78,8 +100,18 @@ class _Decline(Exception):
     """This call cannot be graphed; the message is the reason (counted and logged once)."""
 
 
-def _spec(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """A hashable description of ``value`` with its tensors replaced by ``_TENSOR`` (appended to ``tensors``)."""
+class _KVCache:
+    """Tag of a KV cache in an argument spec: ``(_KVCache, id(cache))`` (the object is looked up by id)."""
+
+
+def _is_cache(value: Any) -> bool:
+    cache_utils = sys.modules.get("transformers.cache_utils")  # never imports transformers
+    return cache_utils is not None and isinstance(value, cache_utils.Cache)
+
+
+def _spec(value: Any, tensors: list[torch.Tensor], caches: dict[int, Any] | None = None) -> Any:
+    """A hashable description of ``value`` with its tensors replaced by ``_TENSOR`` (appended to
+    ``tensors``) and its transformers KV caches by ``(_KVCache, id)`` (added to ``caches``)."""
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return _TENSOR
@@ -87,30 +119,101 @@ def _spec(value: Any, tensors: list[torch.Tensor]) -> Any:
     if value is None or kind in (bool, int, float, str):
         return (kind, value)
     if kind in (tuple, list):
-        return (kind, tuple(_spec(v, tensors) for v in value))
-    raise _Decline(f"an argument of type {kind.__qualname__} (only tensors and plain values are graphed)")
+        return (kind, tuple(_spec(v, tensors, caches) for v in value))
+    if caches is not None and _is_cache(value):
+        caches[id(value)] = value
+        return (_KVCache, id(value))
+    raise _Decline(f"an argument of type {kind.__qualname__} (only tensors, plain values and a transformers "
+                   "StaticCache are graphed)")
 
 
-def _rebuild(spec: Any, tensors) -> Any:
+def _rebuild(spec: Any, tensors, caches: dict[int, Any] | None = None) -> Any:
     if spec is _TENSOR:
         return next(tensors)
     kind, value = spec
     if kind is tuple or kind is list:
-        return kind(_rebuild(s, tensors) for s in value)
+        return kind(_rebuild(s, tensors, caches) for s in value)
+    if kind is _KVCache:
+        return caches[value]
     return value
 
 
-def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], tuple]:
+def _flatten_call(args: tuple, kwargs: dict, caches: dict[int, Any]) -> tuple[list[torch.Tensor], tuple]:
     tensors: list[torch.Tensor] = []
-    spec = (tuple(_spec(a, tensors) for a in args), tuple((k, _spec(v, tensors)) for k, v in kwargs.items()))
+    spec = (tuple(_spec(a, tensors, caches) for a in args),
+            tuple((k, _spec(v, tensors, caches)) for k, v in kwargs.items()))
     return tensors, spec
 
 
-def _rebuild_call(spec: tuple, tensors) -> tuple[tuple, dict]:
+def _rebuild_call(spec: tuple, tensors, caches: dict[int, Any] | None = None) -> tuple[tuple, dict]:
     it = iter(tensors)
-    args = tuple(_rebuild(s, it) for s in spec[0])
-    kwargs = {k: _rebuild(s, it) for k, s in spec[1]}
+    args = tuple(_rebuild(s, it, caches) for s in spec[0])
+    kwargs = {k: _rebuild(s, it, caches) for k, s in spec[1]}
     return args, kwargs
+
+
+def static_cache_state(cache: Any) -> tuple[tuple[int, ...], str | None]:
+    """``(data pointers, None)`` when a CUDA graph may update ``cache`` (a transformers KV cache) in
+    place, else ``((), reason)``.
+
+    Graphed: transformers' ``StaticCache`` (or a subclass keeping ``Cache.update``) whose layers are
+    all ``StaticLayer`` (full attention), initialised, not offloaded. ``StaticLayer.update`` (the same
+    in transformers 5.17 and 5.22) writes the new keys and values with ``index_copy_`` at
+    ``arange(n) + cumulative_length`` and advances ``cumulative_length`` with ``add_``: all three
+    tensors are allocated once (at the first update) and only changed in place on the device, with
+    no host-side value (no ``.item()``, no Python int), so a replay does exactly what the eager
+    update does. ``reset()`` zeroes them in place (graphs stay valid); ``reorder_cache`` (beam
+    search), offloading or ``.to()`` replace them: the pointers returned here then differ from the
+    recorded ones and the graphs are dropped.
+
+    Declined: ``DynamicCache`` (and any cache with dynamic layers: quantized, the default of
+    ``generate``): its update grows the keys and values with ``torch.cat``, new tensors of a new
+    shape every step, which no graph can replay; ``StaticSlidingWindowLayer`` (sliding-window and
+    chunked attention layers of a StaticCache): its update branches on a Python int
+    (``cumulative_length_int``) that a replay would not advance; other layer kinds (linear
+    attention, indexer) and caches with their own ``update``.
+
+    Example:
+        >>> import transformers, torch
+        >>> config = transformers.Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        ...                                   num_attention_heads=2, num_key_value_heads=1, vocab_size=32)
+        >>> static_cache_state(transformers.DynamicCache(config=config))[1]  # doctest: +ELLIPSIS
+        'a DynamicCache: its update grows the keys and values with torch.cat...'
+        >>> cache = transformers.StaticCache(config=config, max_cache_len=8)
+        >>> cache.early_initialization(batch_size=1, num_heads=1, head_dim=8, dtype=torch.float32, device="cpu")
+        >>> len(static_cache_state(cache)[0]), static_cache_state(cache)[1]
+        (3, None)
+    """
+    from transformers import cache_utils
+
+    kind = type(cache).__name__
+    layers = getattr(cache, "layers", None)
+    if isinstance(cache, cache_utils.DynamicCache) or any(isinstance(x, cache_utils.DynamicLayer) for x in layers or ()):
+        return (), (f"a {kind}: its update grows the keys and values with torch.cat (new tensors of a new shape "
+                    "every step), which a CUDA graph cannot replay; use a StaticCache (e.g. "
+                    "generate(..., cache_implementation=\"static\"))")
+    if not isinstance(cache, cache_utils.StaticCache) or type(cache).update is not cache_utils.Cache.update:
+        return (), (f"a cache of type {kind} (only transformers' StaticCache with full-attention layers is graphed: its update "
+                    "only writes its own tensors in place)")
+    if getattr(cache, "offloading", False):
+        return (), f"a {kind} with offloading=True (its update moves layers between host and device)"
+    if not layers:
+        return (), f"a {kind} without layers"
+    for index, layer in enumerate(layers):  # what can never be graphed first, then what the prefill will fix
+        if type(layer) is not cache_utils.StaticLayer:
+            if isinstance(layer, cache_utils.StaticSlidingWindowLayer):
+                return (), (f"a {kind} with sliding-window layers ({type(layer).__name__} at layer {index}: its "
+                            "update branches on a Python int, cumulative_length_int, that a graph replay would not "
+                            "advance)")
+            return (), (f"a {kind} with a {type(layer).__name__} at layer {index} (only StaticLayer, full attention, "
+                        "updates in place without host-side state)")
+    ptrs: list[int] = []
+    for layer in layers:
+        if not layer.is_initialized:
+            return (), (f"a {kind} not initialised yet (its first update allocates its tensors; that pass runs "
+                        "eagerly)")
+        ptrs += (_data_ptr(layer.keys), _data_ptr(layer.values), _data_ptr(layer.cumulative_length))
+    return tuple(ptrs), None
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -198,6 +301,12 @@ class _Sequence:
         # id(source tensor) -> (weak source, static copy): a later step given the same tensor (the rotary
         # cos/sin every layer gets) reads the earlier step's copy
         self.sources: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        # id(KV cache) -> (weak cache, data pointers of its tensors when recorded): the graphs write into
+        # those tensors, so a replay needs the same object with the same memory
+        self.caches: dict[int, tuple[weakref.ref, tuple[int, ...]]] = {}
+
+    def cache_gone(self) -> bool:
+        return any(ref() is None for ref, _ in self.caches.values())
 
 
 class _Token:
@@ -219,6 +328,9 @@ class _Pass:
         self.eager = False
         self.stack: list[tuple[int, weakref.ref]] = []  # replayed training steps awaiting their backward
         self.copied: dict[int, tuple[weakref.ref, int]] = {}  # id(static input) -> (source, version) copied in
+        # id(KV cache) -> (weak cache, data pointers): each cache of the pass is inspected once, at its first block
+        self.caches: dict[int, tuple[weakref.ref, tuple[int, ...]]] = {}
+        self.verified: set[int] = set()  # ids of the caches compared with the replayed sequence's
 
     def pending(self) -> bool:
         return any((token := ref()) is not None and not token.done for _, ref in self.stack)
@@ -252,6 +364,7 @@ class GraphSet:
         self.pool = None
         self.sequences: dict[tuple, _Sequence] = {}
         self.attempts: Counter = Counter()
+        self.cache_keys: dict[tuple, tuple[weakref.ref, ...]] = {}  # sequence keys naming KV caches -> the caches
         self.active: _Pass | None = None
         self.last_training: _Pass | None = None
         self.status = GraphStatus()
@@ -328,17 +441,20 @@ class GraphSet:
             reason = self._static_reason(module)
             if reason is not None:
                 raise _Decline(reason)
-            tensors, in_spec = _flatten_call(args, kwargs)
+            caches: dict[int, Any] = {}
+            tensors, in_spec = _flatten_call(args, kwargs, caches)
             params = self._params.get(module)
             if params is None:
                 params = self._params[module] = list(module.parameters())
             training = torch.is_grad_enabled() and (any(t.requires_grad for t in tensors)
                                                     or any(q.requires_grad for q in params))
+            if caches:
+                self._inspect_caches(p, caches, training)
             signature = (training, in_spec, tuple(map(_meta, tensors)))
-            step, recording = self._next_step(p, fn, module, signature, in_spec, training)
+            step, recording = self._next_step(p, fn, module, signature, in_spec, training, caches)
             if recording:
                 try:
-                    self._capture_forward(p.seq, step, tensors)
+                    self._capture_forward(p.seq, step, tensors, caches)
                 except Exception as e:  # noqa: BLE001 - logged with the error; the block runs eagerly
                     self._fail(p.seq, f"capturing the forward of {type(module).__name__} raised {e!r}")
                     raise _Decline("the capture failed (see the warning)") from e
@@ -362,7 +478,39 @@ class GraphSet:
             outs = step.static_out
         if module._forward_hooks:  # a hook may keep the output (output_hidden_states): give it its own memory
             outs = [o.clone() for o in outs]
-        return _rebuild(step.out_spec, iter(outs))
+        return _rebuild(step.out_spec, iter(outs), caches)
+
+    @staticmethod
+    def _inspect_caches(p: _Pass, caches: dict[int, Any], training: bool) -> None:
+        """Each KV cache of the pass, at its first block: graphable (:func:`static_cache_state`) and
+        the data pointers of its tensors (compared with the recorded ones in :meth:`_next_step`).
+        Once per pass, not per block: 14 us for a 24-layer StaticCache (Qwen2-0.5B, this CPU host,
+        torch 2.13), against milliseconds per decode step; later blocks only look the id up."""
+        for key, cache in caches.items():
+            if key in p.caches:
+                continue
+            if training:
+                raise _Decline("a KV cache in a forward that records gradients (graphs with a cache are for "
+                               "inference under torch.no_grad)")
+            ptrs, reason = static_cache_state(cache)
+            if reason is not None:
+                raise _Decline(reason)
+            p.caches[key] = (weakref.ref(cache), ptrs)
+
+    def _purge_dead_caches(self) -> None:
+        """Forget the sequences (and warm-up counts) of KV caches that no longer exist (``generate``
+        makes a new StaticCache per call): their graphs write into freed memory and can never serve."""
+        for key, refs in list(self.cache_keys.items()):
+            if any(ref() is None for ref in refs):
+                del self.cache_keys[key]
+                self.attempts.pop(key, None)
+                seq = self.sequences.pop(key, None)
+                if seq is not None:
+                    seq.recording = False
+                    seq.failed = "its KV cache is gone"
+                    seq.steps.clear()
+                    seq.statics.clear()
+                    seq.sources.clear()
 
     @staticmethod
     def _static_reason(module: torch.nn.Module) -> str | None:
@@ -378,11 +526,19 @@ class GraphSet:
             return "global module hooks are registered"
         return None
 
-    def _next_step(self, p: _Pass, fn, module, signature, in_spec, training) -> tuple[_Step, bool]:
+    def _next_step(self, p: _Pass, fn, module, signature, in_spec, training,
+                   caches: dict[int, Any]) -> tuple[_Step, bool]:
         if p.seq is None:
-            key = (id(module), signature)
+            key = (id(module), signature)  # a cache is in the signature by id: a new cache, a new sequence
             seq = self.sequences.get(key)
+            if seq is not None and seq.caches and seq.cache_gone():  # the id now names another object
+                self._purge_dead_caches()
+                seq = None
             if seq is None:
+                if key not in self.attempts:
+                    self._purge_dead_caches()
+                    if caches:
+                        self.cache_keys[key] = tuple(p.caches[k][0] for k in caches)
                 self.attempts[key] += 1
                 if self.attempts[key] <= WARMUP_PASSES:
                     raise _Decline("warm-up pass of a new input signature")
@@ -407,6 +563,8 @@ class GraphSet:
             self._params[module] = list(module.parameters())
             step = _Step(fn, module, signature, in_spec, training)
             seq.steps.append(step)
+            for key in caches:
+                seq.caches[key] = p.caches[key]
             return step, True
         if p.cursor >= len(seq.steps):
             raise _Decline("more block calls than the recorded pass had")
@@ -419,6 +577,18 @@ class GraphSet:
             reason = "a parameter or buffer of a block moved to other memory"
             self._fail(seq, reason)
             raise _Decline(reason)
+        for key in caches:  # once per cache and pass: the signature matched its id, now the object and memory
+            if key in p.verified:
+                continue
+            recorded, now = seq.caches.get(key), p.caches[key]
+            if recorded is None or recorded[0]() is not now[0]():
+                raise _Decline("a KV cache other than the one the graphs were recorded with")
+            if recorded[1] != now[1]:
+                reason = ("the StaticCache's tensors moved to other memory since the recording (reorder_cache, "
+                          "offloading or .to())")
+                self._fail(seq, reason)
+                raise _Decline(reason)
+            p.verified.add(key)
         return step, False
 
     @staticmethod
@@ -432,7 +602,8 @@ class GraphSet:
                 raise _Decline("an input shared with an earlier block changed between the blocks")
 
     # -- captures --------------------------------------------------------------------------------
-    def _capture_forward(self, seq: _Sequence, step: _Step, tensors: list[torch.Tensor]) -> None:
+    def _capture_forward(self, seq: _Sequence, step: _Step, tensors: list[torch.Tensor],
+                         caches: dict[int, Any]) -> None:
         for t in tensors:
             shared = seq.statics.get(_data_ptr(t))
             if shared is None:
@@ -455,7 +626,7 @@ class GraphSet:
             self.pool = torch.cuda.graph_pool_handle()
         step.capture_in = [s.detach().requires_grad_(True) if rg else s
                            for s, rg in zip(step.static_in, step.grad_mask)]
-        args, kwargs = _rebuild_call(step.in_spec, step.capture_in)
+        args, kwargs = _rebuild_call(step.in_spec, step.capture_in, caches)
         # The parameters' AccumulateGrad nodes are NOT made ahead of the capture on the ambient stream:
         # a node's stream is where the engine syncs the incoming gradient, and a sync with a stream
         # outside the capture invalidates the backward capture (cudaErrorStreamCaptureInvalidated,
@@ -466,7 +637,10 @@ class GraphSet:
             out = step.fn(step.module, *args, **kwargs)
         step.fwd = graph
         outs: list[torch.Tensor] = []
-        step.out_spec = _spec(out, outs)
+        out_caches: dict[int, Any] = {}
+        step.out_spec = _spec(out, outs, out_caches)
+        if not out_caches.keys() <= caches.keys():
+            raise ValueError("the block returned a KV cache it was not given")
         step.static_out = [o.detach() for o in outs]
         if step.training:
             step.capture_out = outs

@@ -333,9 +333,11 @@ def kernelize_model(
         cuda_graphs (`bool`, defaults to `False`): also run each decoder layer (the classes
             ``model._no_split_modules`` names) through CUDA graphs, forward and backward, recorded on
             the second forward of each input signature and replayed after; for eager training and
-            inference of static shapes, where the host is the bottleneck. A call the graphs cannot
-            serve (new shapes beyond the recorded ones, a KV cache object, hooks inside the layer,
-            autocast, dropout while training, a forward before the previous backward) runs the
+            inference of static shapes, where the host is the bottleneck; decode steps too, with a
+            transformers ``StaticCache`` (taken by identity, updated in place by the graphs). A
+            call the graphs cannot serve (new shapes beyond the recorded ones, a ``DynamicCache``,
+            hooks inside the layer, autocast, dropout while training, a forward before the
+            previous backward) runs the
             layer's ordinary forward, counted with its reason in
             :func:`~twinkle_fx.eager.graphs.graph_status`. A layer's outputs are overwritten when it
             runs again. On the CPU it logs why nothing is graphed. See :mod:`twinkle_fx.eager.graphs`.

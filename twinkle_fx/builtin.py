@@ -101,8 +101,6 @@ BUILTIN_MODELS: dict[str, Family] = {
                      "apply_rotary_pos_emb_interleaved", None, "cohere", "head: logits multiplied by logit_scale"),
     "starcoder2": Family(_m("starcoder2"), (("torch.nn.LayerNorm",), "TorchLayerNorm"), (("Starcoder2MLP",), "BiasGeluMLP"),
                          _ROPE, "Starcoder2ForCausalLM", "starcoder2",
-                         "norm under compile: torch.nn.LayerNorm is bound within StarCoder2's classes only, and the "
-                         "backend matches classes without their parent (kept; swapped eagerly)",
                          within=("Starcoder2DecoderLayer", "Starcoder2Model")),
 }
 
@@ -131,8 +129,9 @@ def use_builtin_kernels(
     ``apply_rotary_pos_emb`` gets the ``twinkle_triton`` rotary of its variant (partial, interleaved,
     half-width angles), and DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` its own. A class shared
     with other models (StarCoder2's ``torch.nn.LayerNorm``) is bound only under the family's classes
-    (``register_external_layer(..., within=...)``; eager only). Nothing else is reached: the kernels are registered with ``binds_by_tag=False``, so classes of other families carrying
-    transformers' ``kernel_layer_name`` tag (``"RMSNorm"``) are left alone. Each kernel states what it
+    (``register_external_layer(..., within=...)``, eagerly and under compile). Nothing else is
+    reached: the kernels are registered with ``binds_by_tag=False``, so classes of other families
+    carrying transformers' ``kernel_layer_name`` tag (``"RMSNorm"``) are left alone. Each kernel states what it
     applies to (activation, norm attributes, weight shape); a module it does not apply to (say a
     Qwen2 config with ``hidden_act="gelu_pytorch_tanh"``) keeps its forward, with the reason in the
     log and in the compile report. With ``fused_loss``, the ``*ForCausalLM`` of families whose head

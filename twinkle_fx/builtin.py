@@ -90,8 +90,7 @@ BUILTIN_MODELS: dict[str, Family] = {
     "qwen3_moe": Family(_m("qwen3_moe"), (("Qwen3MoeRMSNorm",), "RMSNorm"), (("Qwen3MoeMLP",), "SwiGLUMLP"), _ROPE,
                         None, "qwen3_moe", _NO_HEAD_MOE, experts=(("Qwen3MoeExperts",), _EXPERTS)),
     "gpt_oss": Family(_m("gpt_oss"), (("GptOssRMSNorm",), "FP32RMSNorm"), None, "apply_rotary_pos_emb_half_angle",
-                      None, "gpt_oss", _NO_HEAD_MOE + "; experts: clamped (up + 1) * glu over interleaved columns, "
-                      "not SiLU·mul"),
+                      None, "gpt_oss", _NO_HEAD_MOE, experts=(("GptOssExperts",), "ClampedSwiGLUExperts")),
     "ernie4_5": Family(_m("ernie4_5"), (("Ernie4_5RMSNorm",), "RMSNorm"), (("Ernie4_5MLP",), "SwiGLUMLP"),
                        "apply_rotary_pos_emb_interleaved_partial", "Ernie4_5ForCausalLM", "ernie4_5"),
     "ernie4_5_moe": Family(_m("ernie4_5_moe"), (("Ernie4_5_MoeRMSNorm",), "RMSNorm"), (("Ernie4_5_MoeMLP",), "SwiGLUMLP"),
@@ -106,7 +105,7 @@ BUILTIN_MODELS: dict[str, Family] = {
 
 # kernel name -> twinkle_triton.layers class name
 _LAYER_KERNELS = ("RMSNorm", "SwiGLUMLP", "GeGLUMLP", "FusedSwiGLUMLP", "GemmaRMSNorm", "FP32RMSNorm", "LayerNorm",
-                  "BiasGeluMLP", "SwiGLUExperts", "TorchLayerNorm")
+                  "BiasGeluMLP", "SwiGLUExperts", "TorchLayerNorm", "ClampedSwiGLUExperts")
 
 
 # Families whose decoder layer is the plain pre-norm residual block DecoderLayer reproduces (others

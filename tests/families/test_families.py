@@ -194,8 +194,46 @@ def test_experts_kernel_states_what_it_applies_to(device):
     other.config._experts_implementation = "deepgemm"  # fuses the gate into its own kernel
     with pytest.raises(twinkle_fx.KernelSelectionError, match="experts implementation is 'deepgemm'"):
         kernelize_model(other, mode="inference", use_fallback=False)
-    # GPT-OSS's experts (clamped (up + 1) * glu) are not bound at all
-    assert BUILTIN_MODELS["gpt_oss"].experts is None
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm", "eager"])
+def test_gpt_oss_experts_run_the_clamped_kernel_in_every_experts_implementation(implementation, device):
+    """GPT-OSS's experts keep their routing, transposed matmuls and biases and get clamped_swiglu for
+    the gate (forward and backward); swiglu_limit 0.5 makes both clamps bite in the tiny model."""
+    use_builtin_kernels(devices=(device,), models=("gpt_oss",), fused_loss=False)
+    model = tiny_model("gpt_oss", swiglu_limit=0.5).train()
+    model.config._experts_implementation = implementation
+    ids = torch.randint(3, 128, (2, 9), device=device)
+    experts = model.model.layers[1].mlp.experts
+    with torch.no_grad():  # the clamps bite on this model's projections: gate above, up on both sides
+        h = torch.randn(16, 64, device=device) @ experts.gate_up_proj[0] + experts.gate_up_proj_bias[0]
+        assert (h[:, ::2] > 0.5).any() and (h[:, 1::2].abs() > 0.5).any()
+    want_loss, want_grads = _step(model, ids)
+    kernelize_model(model, mode="train", use_fallback=False)
+    assert swapped_forward(experts).kernel_name == "ClampedSwiGLUExperts"
+    with _ops_run() as ran:
+        loss, grads = _step(model, ids)
+    assert {"twinkle::clamped_swiglu", "twinkle::clamped_swiglu_backward"} <= ran
+    torch.testing.assert_close(loss, want_loss, **TOLERANCE[torch.float32])
+    _assert_grads_close(grads, want_grads, torch.float32)
+
+
+def test_gpt_oss_experts_kernel_states_what_it_applies_to(device):
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    class SiluGate(GptOssExperts):  # another gate over the same interleaved layout
+        def _apply_gate(self, gate_up):
+            return torch.nn.functional.silu(gate_up[..., ::2]) * gate_up[..., 1::2]
+
+    use_builtin_kernels(devices=(device,), models=("gpt_oss",), fused_loss=False)
+    model = tiny_model("gpt_oss")
+    model.model.layers[0].mlp.experts.__class__ = SiluGate
+    with pytest.raises(twinkle_fx.KernelSelectionError, match="its _apply_gate does not compute .*limit=7.0"):
+        kernelize_model(model, mode="train", use_fallback=False)
+    other = tiny_model("gpt_oss")
+    other.config._experts_implementation = "deepgemm"
+    with pytest.raises(twinkle_fx.KernelSelectionError, match="experts implementation is 'deepgemm'"):
+        kernelize_model(other, mode="inference", use_fallback=False)
 
 
 def test_function_swaps_are_labelled_with_the_function_found_in_the_model(device):

@@ -120,7 +120,9 @@ _FAMILY_WORKLOADS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = 
                                   num_key_value_heads=1, head_dim=256, vocab_size=256000), "Gemma-2B, 6 of 18 layers",
               _IDS),
     "gemma2": ("Gemma2Config", dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=8, num_attention_heads=8,
-                                    num_key_value_heads=4, head_dim=256, vocab_size=256000),
+                                    num_key_value_heads=4, head_dim=256, vocab_size=256000,
+                                    # transformers' Gemma2 attention (logit soft-capping) has no SDPA path
+                                    attn_implementation="eager"),
                "Gemma-2-2B, 8 of 26 layers", _IDS),
     "gemma3": ("Gemma3TextConfig", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=13,
                                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144),

@@ -90,8 +90,7 @@ BUILTIN_MODELS: dict[str, Family] = {
     "qwen3_moe": Family(_m("qwen3_moe"), (("Qwen3MoeRMSNorm",), "RMSNorm"), (("Qwen3MoeMLP",), "SwiGLUMLP"), _ROPE,
                         None, "qwen3_moe", _NO_HEAD_MOE, experts=(("Qwen3MoeExperts",), _EXPERTS)),
     "gpt_oss": Family(_m("gpt_oss"), (("GptOssRMSNorm",), "FP32RMSNorm"), None, "apply_rotary_pos_emb_half_angle",
-                      None, "gpt_oss", _NO_HEAD_MOE + "; experts: clamped (up + 1) * glu over interleaved columns, "
-                      "not SiLU·mul"),
+                      None, "gpt_oss", _NO_HEAD_MOE, experts=(("GptOssExperts",), "ClampedSwiGLUExperts")),
     "ernie4_5": Family(_m("ernie4_5"), (("Ernie4_5RMSNorm",), "RMSNorm"), (("Ernie4_5MLP",), "SwiGLUMLP"),
                        "apply_rotary_pos_emb_interleaved_partial", "Ernie4_5ForCausalLM", "ernie4_5"),
     "ernie4_5_moe": Family(_m("ernie4_5_moe"), (("Ernie4_5_MoeRMSNorm",), "RMSNorm"), (("Ernie4_5_MoeMLP",), "SwiGLUMLP"),
@@ -101,14 +100,12 @@ BUILTIN_MODELS: dict[str, Family] = {
                      "apply_rotary_pos_emb_interleaved", None, "cohere", "head: logits multiplied by logit_scale"),
     "starcoder2": Family(_m("starcoder2"), (("torch.nn.LayerNorm",), "TorchLayerNorm"), (("Starcoder2MLP",), "BiasGeluMLP"),
                          _ROPE, "Starcoder2ForCausalLM", "starcoder2",
-                         "norm under compile: torch.nn.LayerNorm is bound within StarCoder2's classes only, and the "
-                         "backend matches classes without their parent (kept; swapped eagerly)",
                          within=("Starcoder2DecoderLayer", "Starcoder2Model")),
 }
 
 # kernel name -> twinkle_triton.layers class name
 _LAYER_KERNELS = ("RMSNorm", "SwiGLUMLP", "GeGLUMLP", "FusedSwiGLUMLP", "GemmaRMSNorm", "FP32RMSNorm", "LayerNorm",
-                  "BiasGeluMLP", "SwiGLUExperts", "TorchLayerNorm")
+                  "BiasGeluMLP", "SwiGLUExperts", "TorchLayerNorm", "ClampedSwiGLUExperts")
 
 
 # Families whose decoder layer is the plain pre-norm residual block DecoderLayer reproduces (others
@@ -131,8 +128,9 @@ def use_builtin_kernels(
     ``apply_rotary_pos_emb`` gets the ``twinkle_triton`` rotary of its variant (partial, interleaved,
     half-width angles), and DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` its own. A class shared
     with other models (StarCoder2's ``torch.nn.LayerNorm``) is bound only under the family's classes
-    (``register_external_layer(..., within=...)``; eager only). Nothing else is reached: the kernels are registered with ``binds_by_tag=False``, so classes of other families carrying
-    transformers' ``kernel_layer_name`` tag (``"RMSNorm"``) are left alone. Each kernel states what it
+    (``register_external_layer(..., within=...)``, eagerly and under compile). Nothing else is
+    reached: the kernels are registered with ``binds_by_tag=False``, so classes of other families
+    carrying transformers' ``kernel_layer_name`` tag (``"RMSNorm"``) are left alone. Each kernel states what it
     applies to (activation, norm attributes, weight shape); a module it does not apply to (say a
     Qwen2 config with ``hidden_act="gelu_pytorch_tanh"``) keeps its forward, with the reason in the
     log and in the compile report. With ``fused_loss``, the ``*ForCausalLM`` of families whose head

@@ -147,7 +147,9 @@ def register_external_layer(cls: type | str, kernel_name: str, *, within: Sequen
 
     ``within`` limits the binding to instances whose parent module is one of those classes (or a
     subclass): ``torch.nn.LayerNorm`` within StarCoder2's decoder layer and model, not in every model.
-    Only ``kernelize_model`` sees parents; under ``backend="twinkle"`` a limited binding swaps nothing.
+    The parent is the module holding the instance as a submodule: ``kernelize_model`` reads it from the
+    module tree, ``backend="twinkle"`` from Dynamo's module stack (the compiled root's own parent is
+    unknown, so a limited binding never swaps the root).
 
     Example:
         >>> from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP

@@ -8,6 +8,7 @@ call), a ``<op>_reference`` in plain PyTorch, forward and backward Triton kernel
 
 from . import layers
 from .add_gelu import add_gelu, add_gelu_reference
+from .clamped_swiglu import clamped_swiglu, clamped_swiglu_reference
 from .fp32_norm import layer_norm, layer_norm_reference, rms_norm_fp32, rms_norm_fp32_reference
 from .fused_linear_cross_entropy import fused_linear_cross_entropy, fused_linear_cross_entropy_reference
 from .gelu_mul import gelu_and_mul, gelu_and_mul_reference, gelu_mul, gelu_mul_reference
@@ -48,6 +49,8 @@ __all__ = [
     "apply_rotary_pos_emb_interleaved_reference",
     "apply_rotary_pos_emb_partial",
     "apply_rotary_pos_emb_partial_reference",
+    "clamped_swiglu",
+    "clamped_swiglu_reference",
     "element_wise_mul_add",
     "fused_add_gelu",
     "fused_linear_cross_entropy",
@@ -77,7 +80,8 @@ __all__ = [
 for _kernel in (add_gelu, add_rms_norm, apply_rotary_pos_emb, fused_linear_cross_entropy, mul_add, rms_norm,
                 silu_and_mul, silu_mul, gelu_mul, gelu_and_mul, rms_norm_fp32, layer_norm,
                 apply_rotary_pos_emb_partial, apply_rotary_pos_emb_interleaved_partial,
-                apply_rotary_pos_emb_interleaved, apply_rotary_pos_emb_half_angle, apply_rotary_pos_emb_deinterleave):
+                apply_rotary_pos_emb_interleaved, apply_rotary_pos_emb_half_angle, apply_rotary_pos_emb_deinterleave,
+                clamped_swiglu):
     _kernel.has_backward = True
     _kernel.can_torch_compile = True
 del _kernel

@@ -21,7 +21,8 @@ from .add_gelu import add_gelu
 from .causal_lm import CausalLMFusedLoss  # noqa: F401  (a layer too: the causal-LM head with fused loss)
 from .fp32_norm import layer_norm, rms_norm_fp32
 from .gelu_mul import gelu_mul
-from .moe_experts import SwiGLUExperts  # noqa: F401  (transformers' MoE *Experts with the SiLU·mul kernel)
+# transformers' MoE *Experts: the SiLU·mul kernel; GPT-OSS's clamped SwiGLU
+from .moe_experts import ClampedSwiGLUExperts, SwiGLUExperts  # noqa: F401
 from .rms_norm import add_rms_norm, rms_norm
 from .silu_and_mul import silu_and_mul, silu_mul
 

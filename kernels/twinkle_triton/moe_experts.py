@@ -1,4 +1,5 @@
-"""The SiLU·mul of transformers' mixture-of-experts ``*Experts`` modules, as a ``kernels``-style layer.
+"""The gated activation of transformers' mixture-of-experts ``*Experts`` modules, as ``kernels``-style
+layers: :class:`SwiGLUExperts` (SiLU·mul) and :class:`ClampedSwiGLUExperts` (GPT-OSS).
 
 transformers 5.x keeps each MoE layer's expert weights as 3-D parameters (``gate_up_proj``
 ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``) in one ``*Experts`` module (Mixtral, Qwen3-MoE,
@@ -14,13 +15,21 @@ keeps that choice and changes only the activation product:
   loop, and the SiLU·mul of all experts' rows runs as one :func:`silu_and_mul` launch instead of one
   SiLU and one multiply per expert.
 
+GPT-OSS's ``GptOssExperts`` has the same structure with another gate: gate and up interleaved in
+``gate_up_proj`` (``[E, H, 2I]``, transposed, with biases) and ``_apply_gate`` computing a clamped
+``(up + 1) * gate * sigmoid(alpha * gate)``; :class:`ClampedSwiGLUExperts` computes that with
+:func:`clamped_swiglu`, keeping the implementation's routing and matmuls the same way.
+
 This file imports nothing from transformers at import time; the grouped / batched functions are
 looked up in ``transformers.integrations.moe`` when such a module runs.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
+from .clamped_swiglu import clamped_swiglu, clamped_swiglu_reference
 from .silu_and_mul import silu_and_mul
 
 # implementations that compute the gate through the module's _apply_gate (or, for "eager", that
@@ -32,10 +41,28 @@ def _is_silu(act: object) -> bool:
     return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
+def _absent(module: nn.Module, *names: str) -> str | None:
+    absent = [n for n in names if not hasattr(module, n)]
+    return f"it has no {', '.join(absent)}" if absent else None
+
+
+def _odd_layout(module: nn.Module, **want: bool) -> list[str]:
+    """The experts-layout flags (set by transformers' ``use_experts_implementation``) that differ from ``want``."""
+    return [f"{name}={getattr(module, name)!r}" for name, value in want.items() if getattr(module, name, value) != value]
+
+
+def _unserved_implementation(module: nn.Module, layer: str) -> str | None:
+    implementation = getattr(module.config, "_experts_implementation", None)
+    if implementation not in _GATED_IMPLEMENTATIONS:
+        return (f"its config's experts implementation is {implementation!r}; {layer} serves "
+                f"{', '.join(map(repr, _GATED_IMPLEMENTATIONS))}")
+    return None
+
+
 def _swiglu_experts_applies_to(module: nn.Module) -> str | None:
-    absent = [n for n in ("gate_up_proj", "down_proj", "act_fn", "num_experts", "config") if not hasattr(module, n)]
+    absent = _absent(module, "gate_up_proj", "down_proj", "act_fn", "num_experts", "config")
     if absent:
-        return f"it has no {', '.join(absent)}"
+        return absent
     if not _is_silu(module.act_fn):
         hidden_act = getattr(module.config, "hidden_act", None)
         return (f"its act_fn is {type(module.act_fn).__name__} (config hidden_act={hidden_act!r}); "
@@ -43,40 +70,38 @@ def _swiglu_experts_applies_to(module: nn.Module) -> str | None:
     gate = getattr(type(module), "_apply_gate", None)
     if gate is not None and getattr(gate, "__name__", "") != "_default_apply_gate":
         return f"{type(module).__name__} defines its own _apply_gate (not act_fn(gate) * up of the chunked projection)"
-    layout = {"has_gate": True, "is_concatenated": True, "is_transposed": False, "has_bias": False,
-              "has_post_expert_norm": False, "_is_expert_parallel": False}
-    odd = [f"{name}={getattr(module, name)!r}" for name, want in layout.items()
-           if getattr(module, name, want) != want]
+    odd = _odd_layout(module, has_gate=True, is_concatenated=True, is_transposed=False, has_bias=False,
+                      has_post_expert_norm=False, _is_expert_parallel=False)
     if odd:
         return f"its experts layout is {', '.join(odd)}; SwiGLUExperts serves concatenated [gate; up] weights " \
                "without bias, post-expert norm or expert parallelism"
-    implementation = getattr(module.config, "_experts_implementation", None)
-    if implementation not in _GATED_IMPLEMENTATIONS:
-        return (f"its config's experts implementation is {implementation!r}; SwiGLUExperts serves "
-                f"{', '.join(map(repr, _GATED_IMPLEMENTATIONS))}")
-    return None
+    return _unserved_implementation(module, "SwiGLUExperts")
 
 
 class _KernelGate:
     """The experts module as transformers' experts functions read it, with ``_apply_gate`` computed
-    by :func:`silu_and_mul` (every other attribute is the module's)."""
+    by a kernel (every other attribute is the module's)."""
 
-    __slots__ = ("_module",)
+    __slots__ = ("_module", "_apply_gate")
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, gate: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self._module = module
+        self._apply_gate = gate
 
     def __getattr__(self, name: str):
         return getattr(self._module, name)
 
-    @staticmethod
-    def _apply_gate(gate_up: torch.Tensor) -> torch.Tensor:
-        return silu_and_mul(gate_up)
+
+def _project(module: nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One expert's projection in transformers' layout: weight ``[out, in]``, or ``[in, out]`` when transposed."""
+    out = x @ weight if getattr(module, "is_transposed", False) else nn.functional.linear(x, weight)
+    return out if bias is None else out + bias
 
 
 def _sorted_experts(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                    top_k_weights: torch.Tensor) -> torch.Tensor:
-    """transformers' eager experts loop with the SiLU·mul of every expert in one launch."""
+                    top_k_weights: torch.Tensor, gate: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """transformers' eager experts loop with the gate of every expert in one launch (biases where the
+    module has them)."""
     final = torch.zeros_like(hidden_states)
     if hidden_states.shape[0] == 0:
         return final
@@ -91,10 +116,13 @@ def _sorted_experts(module: nn.Module, hidden_states: torch.Tensor, top_k_index:
     starts = [0]
     for _, n in hit:
         starts.append(starts[-1] + n)
-    gate_up = torch.cat([nn.functional.linear(rows[a:b], module.gate_up_proj[e])
-                         for (e, _), a, b in zip(hit, starts, starts[1:])])
-    h = silu_and_mul(gate_up)
-    down = torch.cat([nn.functional.linear(h[a:b], module.down_proj[e]) for (e, _), a, b in zip(hit, starts, starts[1:])])
+    has_bias = getattr(module, "has_bias", False)
+    spans = list(zip(hit, starts, starts[1:]))
+    gate_up = torch.cat([_project(module, rows[a:b], module.gate_up_proj[e],
+                                  module.gate_up_proj_bias[e] if has_bias else None) for (e, _), a, b in spans])
+    h = gate(gate_up)
+    down = torch.cat([_project(module, h[a:b], module.down_proj[e], module.down_proj_bias[e] if has_bias else None)
+                      for (e, _), a, b in spans])
     weighted = down * top_k_weights.reshape(-1)[order, None]
     final.index_add_(0, token_idx, weighted.to(final.dtype))
     return final
@@ -116,11 +144,72 @@ class SwiGLUExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
                 ) -> torch.Tensor:
-        implementation = self.config._experts_implementation
-        if implementation == "eager":
-            return _sorted_experts(self, hidden_states, top_k_index, top_k_weights)
-        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-
-        return ALL_EXPERTS_FUNCTIONS[implementation](_KernelGate(self), hidden_states, top_k_index, top_k_weights)
+        return _run_experts(self, hidden_states, top_k_index, top_k_weights, silu_and_mul)
 
     forward.applies_to = _swiglu_experts_applies_to
+
+
+def _run_experts(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor, gate: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The config's experts implementation with ``gate`` as the module's ``_apply_gate``."""
+    implementation = module.config._experts_implementation
+    if implementation == "eager":
+        return _sorted_experts(module, hidden_states, top_k_index, top_k_weights, gate)
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    return ALL_EXPERTS_FUNCTIONS[implementation](_KernelGate(module, gate), hidden_states, top_k_index, top_k_weights)
+
+
+# -------------------------------------------------------------------------------- GPT-OSS
+
+# Probe of a module's own _apply_gate: interleaved gate / up values on both sides of GPT-OSS's clamp
+# (limit 7) and of small limits; 16 values, so the check costs microseconds on the CPU.
+_PROBE = (-9.0, 8.0, -3.0, -8.0, -0.5, 0.25, 0.0, 1.0, 0.75, -1.5, 2.0, 6.5, 7.5, -7.5, 12.0, 3.0)
+
+
+def _clamped_swiglu_experts_applies_to(module: nn.Module) -> str | None:
+    absent = _absent(module, "gate_up_proj", "down_proj", "alpha", "limit", "num_experts", "config", "_apply_gate")
+    if absent:
+        return absent
+    if not isinstance(module.alpha, (int, float)) or not isinstance(module.limit, (int, float)) or module.limit <= 0:
+        return f"its alpha={module.alpha!r} and limit={module.limit!r} are not numbers (limit > 0)"
+    odd = _odd_layout(module, has_gate=True, is_concatenated=False, has_post_expert_norm=False,
+                      _is_expert_parallel=False)
+    if odd:
+        return f"its experts layout is {', '.join(odd)}; ClampedSwiGLUExperts serves interleaved gate / up " \
+               "columns without post-expert norm or expert parallelism"
+    # The gate is the module's own method (GptOssExperts._apply_gate): check it computes the clamped
+    # SwiGLU with these alpha and limit, on a probe, instead of trusting the class name.
+    probe = torch.tensor([_PROBE], dtype=torch.float32)
+    with torch.no_grad():
+        try:
+            theirs = type(module)._apply_gate(module, probe)
+        except Exception as e:  # a gate that cannot run on the probe is not the one this kernel computes
+            return f"its _apply_gate fails on a probe ({e!r})"
+        ours = clamped_swiglu_reference(probe, float(module.alpha), float(module.limit))
+    if not isinstance(theirs, torch.Tensor) or theirs.shape != ours.shape or not torch.allclose(theirs, ours):
+        return (f"its _apply_gate does not compute (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), "
+                f"g = min(gate, limit), over interleaved columns (alpha={module.alpha}, limit={module.limit})")
+    return _unserved_implementation(module, "ClampedSwiGLUExperts")
+
+
+class ClampedSwiGLUExperts(nn.Module):
+    """GPT-OSS's ``GptOssExperts`` with the experts' clamped SwiGLU computed by :func:`clamped_swiglu`
+    (one kernel over the interleaved gate / up columns, forward and backward); routing, matmuls and
+    biases stay those of the config's experts implementation (see the module docstring); uses the
+    module's ``alpha`` and ``limit``.
+
+    Applies where the module's ``_apply_gate`` computes that gate (checked on a probe), the weights
+    are interleaved (``is_concatenated=False``) without post-expert norm or expert parallelism, and
+    the implementation is one of ``grouped_mm``, ``batched_mm``, ``eager``.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, hidden_states: torch.Tensor, router_indices=None, routing_weights=None) -> torch.Tensor:
+        alpha, limit = float(self.alpha), float(self.limit)
+        return _run_experts(self, hidden_states, router_indices, routing_weights,
+                            lambda gate_up: clamped_swiglu(gate_up, alpha, limit))
+
+    forward.applies_to = _clamped_swiglu_experts_applies_to

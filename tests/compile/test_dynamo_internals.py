@@ -68,6 +68,29 @@ def test_module_stack_ids_sources_classes_and_repeat_calls():
     assert di.module_stack(next(n for n in gm.graph.nodes if n.op == "output")) == []
 
 
+def test_parent_class_from_the_stack_or_the_compiled_frame():
+    model = torch.nn.Sequential(Block())
+
+    def check(gm, _):
+        lookup = di.module_lookup()
+        parents = {}
+        for node in gm.graph.nodes:
+            stack = di.module_stack(node)
+            for i, frame in enumerate(stack):
+                parents[frame.location] = (di.parent_class(stack, i), di.parent_class(stack, i, lookup))
+        return parents
+
+    parents, = _compiled(model, check).results
+    assert parents["0.proj"] == (Block, Block)  # the enclosing entry of the stack
+    # a ModuleList is never called, so it is not on the stack: only the frame knows it
+    assert parents["0.layers.1"] == (None, torch.nn.ModuleList)
+    assert parents["0.layers.0@1"] == (None, torch.nn.ModuleList)
+    # the compiled root is on the stack or not depending on how Dynamo entered it (L['fn'] here;
+    # transformers' decorated forwards enter as L['self'] without it): either way it is found
+    assert parents["0"][1] is torch.nn.Sequential and parents["0"][0] in (None, torch.nn.Sequential)
+    assert parents.get("<root>", (None, None)) == (None, None)  # the root has no parent
+
+
 def test_example_value_real_input_and_input_source():
     model = Block()
 

@@ -1,5 +1,5 @@
-"""Tiny random models of every family of the built-in mapping (shared by the family tests and
-``examples/families_gpu_check.py``).
+"""Tiny random models of every family of the built-in mapping, for the family tests
+(``tools/family_reference.py`` runs the bench workloads' configs instead, real size or ``--tiny``).
 
 Sizes are the smallest that still exercise each family's variant: 2 layers, hidden 64, heads of 16
 (GQA 4 → 2), a 128-token vocabulary with the special ids inside it (several families default to pad

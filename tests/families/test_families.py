@@ -99,9 +99,6 @@ _MOE = {"mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "ernie4_5_moe"}
 # apply_rotary_pos_emb_interleave instead (checked through Family.functions);
 # test_deepseek_v3_plain_rotary covers rope_interleave=False.
 _ROTARY_NOT_CALLED = {"deepseek_v3"}
-# Known gap: bindings limited to parent classes (StarCoder2's torch.nn.LayerNorm) need the module's
-# parent, which only kernelize_model sees; the backend leaves them alone (the mapping says so).
-_EAGER_ONLY = {("starcoder2", "TorchLayerNorm")}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -128,10 +125,8 @@ def test_compiled_swaps_match_the_model(family, device):
     after = "\n".join(graphs.after)
     f = BUILTIN_MODELS[family]
     for spec in (f.norms, f.mlps, f.experts):
-        if spec and not (family, spec[1]) in _EAGER_ONLY:
+        if spec:
             assert f"twinkle_layer_{spec[1]}" in after, f"no {spec[1]} swapped under compile"
-        elif spec:
-            assert f"twinkle_layer_{spec[1]}" not in after, f"{spec[1]} now swapped: update _EAGER_ONLY"
     for name, _ in f.functions:  # the tiny DeepSeek-V3 runs apply_rotary_pos_emb_interleave only
         assert f"twinkle_func_{name}" in after, f"{name} not swapped under compile"
     if f.rotary and family not in _ROTARY_NOT_CALLED:
@@ -199,8 +194,46 @@ def test_experts_kernel_states_what_it_applies_to(device):
     other.config._experts_implementation = "deepgemm"  # fuses the gate into its own kernel
     with pytest.raises(twinkle_fx.KernelSelectionError, match="experts implementation is 'deepgemm'"):
         kernelize_model(other, mode="inference", use_fallback=False)
-    # GPT-OSS's experts (clamped (up + 1) * glu) are not bound at all
-    assert BUILTIN_MODELS["gpt_oss"].experts is None
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm", "eager"])
+def test_gpt_oss_experts_run_the_clamped_kernel_in_every_experts_implementation(implementation, device):
+    """GPT-OSS's experts keep their routing, transposed matmuls and biases and get clamped_swiglu for
+    the gate (forward and backward); swiglu_limit 0.5 makes both clamps bite in the tiny model."""
+    use_builtin_kernels(devices=(device,), models=("gpt_oss",), fused_loss=False)
+    model = tiny_model("gpt_oss", swiglu_limit=0.5).train()
+    model.config._experts_implementation = implementation
+    ids = torch.randint(3, 128, (2, 9), device=device)
+    experts = model.model.layers[1].mlp.experts
+    with torch.no_grad():  # the clamps bite on this model's projections: gate above, up on both sides
+        h = torch.randn(16, 64, device=device) @ experts.gate_up_proj[0] + experts.gate_up_proj_bias[0]
+        assert (h[:, ::2] > 0.5).any() and (h[:, 1::2].abs() > 0.5).any()
+    want_loss, want_grads = _step(model, ids)
+    kernelize_model(model, mode="train", use_fallback=False)
+    assert swapped_forward(experts).kernel_name == "ClampedSwiGLUExperts"
+    with _ops_run() as ran:
+        loss, grads = _step(model, ids)
+    assert {"twinkle::clamped_swiglu", "twinkle::clamped_swiglu_backward"} <= ran
+    torch.testing.assert_close(loss, want_loss, **TOLERANCE[torch.float32])
+    _assert_grads_close(grads, want_grads, torch.float32)
+
+
+def test_gpt_oss_experts_kernel_states_what_it_applies_to(device):
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    class SiluGate(GptOssExperts):  # another gate over the same interleaved layout
+        def _apply_gate(self, gate_up):
+            return torch.nn.functional.silu(gate_up[..., ::2]) * gate_up[..., 1::2]
+
+    use_builtin_kernels(devices=(device,), models=("gpt_oss",), fused_loss=False)
+    model = tiny_model("gpt_oss")
+    model.model.layers[0].mlp.experts.__class__ = SiluGate
+    with pytest.raises(twinkle_fx.KernelSelectionError, match="its _apply_gate does not compute .*limit=7.0"):
+        kernelize_model(model, mode="train", use_fallback=False)
+    other = tiny_model("gpt_oss")
+    other.config._experts_implementation = "deepgemm"
+    with pytest.raises(twinkle_fx.KernelSelectionError, match="experts implementation is 'deepgemm'"):
+        kernelize_model(other, mode="inference", use_fallback=False)
 
 
 def test_function_swaps_are_labelled_with_the_function_found_in_the_model(device):
@@ -300,6 +333,38 @@ def test_starcoder2_layer_norm_binding_reaches_no_other_model(device):
     swapped = [name for name, m in model.named_modules() if isinstance(m, torch.nn.LayerNorm) and swapped_forward(m)]
     assert swapped == ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
                        "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
+
+
+def test_starcoder2_layer_norm_swapped_under_compile_as_eagerly(device):
+    """The backend reads each LayerNorm's parent from Dynamo's module stack, as kernelize_model reads it
+    from the module tree: the same five norms are swapped, forward and backward within fp32 tolerance;
+    a LayerNorm of another model compiled under the same registrations keeps its forward."""
+    from twinkle_fx.compile import collect_reports
+
+    use_builtin_kernels(devices=(device,), models=("starcoder2",), fused_loss=False)
+    model = tiny_model("starcoder2").train()
+    ids = torch.randint(3, 128, (2, 7), device=device)
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})
+    with collect_reports() as report, record_graphs() as graphs:
+        loss, grads = _step(model, ids, compiled=compiled)
+    want_loss, want_grads = _step(model, ids)
+    norms = [r for r in report.regions if r.target == "LayerNorm -> TorchLayerNorm"]
+    assert all(r.swapped for r in norms), [str(r) for r in norms]
+    assert sorted(r.location for r in norms) == [
+        "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+        "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"]
+    # the kernel's ops are in the AOT graphs that run: five norms forward, five backward
+    assert "\n".join(graphs.forward).count("torch.ops.twinkle.layer_norm.default(") == 5
+    assert "\n".join(graphs.backward).count("torch.ops.twinkle.layer_norm_backward.default(") == 5
+    torch.testing.assert_close(loss, want_loss, **TOLERANCE[torch.float32])
+    _assert_grads_close(grads, want_grads, torch.float32)
+
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).to(device)
+    x = torch.randn(3, 8, device=device)
+    with collect_reports() as report:
+        got = torch.compile(other, backend="twinkle", options={"compiler": "aot_eager"})(x)
+    assert not any("LayerNorm" in r.target for r in report.regions), str(report)
+    torch.testing.assert_close(got, other(x))
 
 
 def test_limited_bindings_add_up_and_an_unlimited_one_replaces_them():

@@ -1,5 +1,6 @@
 """Kernels of the other model families: gelu_mul / gelu_and_mul (Gemma's GeGLU), rms_norm_fp32
-(Gemma, OLMo2, GPT-OSS), layer_norm (Cohere) and the rotary variants (Phi3, GLM4, Cohere, GPT-OSS),
+(Gemma, OLMo2, GPT-OSS), layer_norm (Cohere), clamped_swiglu (GPT-OSS's experts) and the rotary
+variants (Phi3, GLM4, Cohere, GPT-OSS),
 each against its ``<op>_reference`` forward and backward on odd shapes in fp32, bf16 and fp16."""
 
 import pytest
@@ -68,6 +69,42 @@ def test_norms_gradcheck_fp64():
     assert torch.autograd.gradcheck(lambda x, w: tt.rms_norm_fp32(x, w, 1e-6, 1.0), (x, w))
     assert torch.autograd.gradcheck(lambda x, w, b: tt.layer_norm(x, w, b, 1e-5), (x, w, b))
     assert torch.autograd.gradcheck(lambda g, u: tt.gelu_mul(g, u, "tanh"), (x, x.detach().clone().requires_grad_()))
+
+
+# ----------------------------------------------------------------------------- clamped_swiglu (GPT-OSS)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 2 * 123), (3, 7, 2 * 5), (1, 2), (0, 4)])
+@pytest.mark.parametrize(("alpha", "limit"), [(1.702, 7.0), (0.5, 1.25)])
+def test_clamped_swiglu_matches_reference(shape, alpha, limit, dtype):
+    # x 4 puts about a tenth of the values beyond limit 7 (and most beyond 1.25): both clamps and
+    # their zero gradients are exercised, on gate and up columns alike
+    x = 4 * torch.randn(shape, dtype=dtype)
+    check_forward_backward(lambda x: tt.clamped_swiglu(x, alpha, limit),
+                           lambda x: tt.clamped_swiglu_reference(x, alpha, limit), (x,), dtype,
+                           f"clamped_swiglu alpha={alpha} limit={limit}")
+
+
+def test_clamped_swiglu_strided_rows_and_clamped_gradients():
+    wide = 4 * torch.randn(6, 300)
+    check_forward_backward(lambda x: tt.clamped_swiglu(x, 1.702, 7.0),
+                           lambda x: tt.clamped_swiglu_reference(x, 1.702, 7.0), (wide[:, :246],), torch.float32,
+                           "clamped_swiglu sliced rows")
+    # gate above the limit and up outside it get no gradient; the bounds themselves pass it, as torch.clamp
+    x = torch.tensor([[9.0, 0.5, 7.0, -9.0, 1.0, 7.0, 1.0, -7.0]], requires_grad=True)
+    (grad,) = torch.autograd.grad(tt.clamped_swiglu(x, 1.702, 7.0).sum(), x)
+    assert (grad[0, [0, 3]] == 0).all() and (grad[0, [2, 4, 5, 7]] != 0).all()
+
+
+def test_clamped_swiglu_gradcheck_and_opcheck():
+    x = (3 * torch.randn(3, 10, dtype=torch.float64)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: tt.clamped_swiglu(x, 1.702, 2.0), (x,))
+    torch.library.opcheck(torch.ops.twinkle.clamped_swiglu.default, (x.float().detach().requires_grad_(), 1.702, 7.0))
+    with pytest.raises(ValueError, match="last dimension must be even"):
+        tt.clamped_swiglu(torch.randn(2, 5), 1.702, 7.0)
+    with pytest.raises(ValueError, match="limit=0.0"):
+        tt.clamped_swiglu(torch.randn(2, 4), 1.702, 0.0)
 
 
 # ----------------------------------------------------------------------------- rotary variants

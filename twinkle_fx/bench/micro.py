@@ -76,6 +76,15 @@ def _silu_and_mul(tiny: bool, device, dtype) -> CaseInputs:
                       liger_args=(gate, up), liger_grads=lambda grads: (torch.cat(grads, dim=-1),))
 
 
+def _clamped_swiglu(tiny: bool, device, dtype) -> CaseInputs:
+    # GPT-OSS-20B experts: intermediate 2880, 4096 tokens x top-4 routed rows
+    n, d = (64, 128) if tiny else (16384, 2880)
+    x = _randn(n, 2 * d, device=device, dtype=dtype, scale=4.0)  # some values beyond the clamp at 7
+    e = x.element_size()
+    return CaseInputs(f"x {n} x 2*{d} interleaved, alpha 1.702, limit 7", (x, 1.702, 7.0),
+                      bytes_fwd=3 * n * d * e, bytes_bwd=5 * n * d * e)
+
+
 def _silu_mul(tiny: bool, device, dtype) -> CaseInputs:
     n, d = (64, 128) if tiny else (4096, 14336)
     gate, up = _randn(n, d, device=device, dtype=dtype), _randn(n, d, device=device, dtype=dtype)
@@ -214,6 +223,7 @@ MICRO_CASES: tuple[MicroCase, ...] = (
     MicroCase("layer_norm", _layer_norm),
     MicroCase("apply_rotary_pos_emb_partial", _rotary_partial),
     MicroCase("apply_rotary_pos_emb_deinterleave", _rotary_deinterleave),
+    MicroCase("clamped_swiglu", _clamped_swiglu),
 )
 
 PHASES = ("fwd", "fwd+bwd")

@@ -62,7 +62,8 @@ class Workload:
         if tiny:
             config.update(TINY_CONFIG)
             config.update(self.tiny_overrides)
-        config.update(attn_implementation="sdpa", use_cache=False)
+        config.setdefault("attn_implementation", "sdpa")
+        config.update(use_cache=False)
         return config
 
 
@@ -119,7 +120,9 @@ _FAMILY_WORKLOADS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = 
                                   num_key_value_heads=1, head_dim=256, vocab_size=256000), "Gemma-2B, 6 of 18 layers",
               _IDS),
     "gemma2": ("Gemma2Config", dict(hidden_size=2304, intermediate_size=9216, num_hidden_layers=8, num_attention_heads=8,
-                                    num_key_value_heads=4, head_dim=256, vocab_size=256000),
+                                    num_key_value_heads=4, head_dim=256, vocab_size=256000,
+                                    # transformers' Gemma2 attention (logit soft-capping) has no SDPA path
+                                    attn_implementation="eager"),
                "Gemma-2-2B, 8 of 26 layers", _IDS),
     "gemma3": ("Gemma3TextConfig", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=13,
                                         num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144),
@@ -158,7 +161,9 @@ _FAMILY_WORKLOADS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = 
                   "Qwen3-30B-A3B, 4 of 48 layers", dict(_IDS, **_TINY_MOE, num_experts=4)),
     "gpt_oss": ("GptOssConfig", dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=4,
                                      num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
-                                     num_experts_per_tok=4, vocab_size=201088), "gpt-oss-20b, 4 of 24 layers",
+                                     num_experts_per_tok=4, vocab_size=201088,
+                                     # transformers' GptOss attention (with sinks) has no SDPA path
+                                     attn_implementation="eager"), "gpt-oss-20b, 4 of 24 layers",
                 dict(_IDS, num_local_experts=4, num_experts_per_tok=2)),
     "ernie4_5": ("Ernie4_5Config", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=18,
                                         num_attention_heads=16, num_key_value_heads=2, head_dim=128, vocab_size=103424),

@@ -4,7 +4,7 @@ None of these is a public torch API; each accessor has a test (``tests/compile/t
 so a torch upgrade that changes one breaks here, and only here:
 
 - ``node.meta["nn_module_stack"]``: ``{str(id(module)) or "id@N": (source path, class)}``, outer to inner
-  (:func:`module_stack`);
+  (:func:`module_stack`; a module's parent in the module tree, :func:`parent_class`);
 - ``node.meta["example_value"]`` / ``["val"]``: the fake value of a node (:func:`example_value`);
 - ``node.meta["grapharg"]``: ``.example`` (the real tensor behind a graph input, :func:`real_input`) and
   ``.source.name`` (where Dynamo read it, :func:`input_source`, parsed by :func:`parse_source`);
@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ModuleFrame", "module_stack", "provenance", "common_provenance", "example_value", "set_example_value", "real_input", "input_source", "SourceRef", "parse_source",
+    "ModuleFrame", "module_stack", "parent_class", "provenance", "common_provenance", "example_value", "set_example_value", "real_input", "input_source", "SourceRef", "parse_source",
     "GraphBreak", "graph_break", "graph_breaks_counted", "compiled_code", "Frame", "stack_frames", "is_erased", "ModuleLookup", "module_lookup",
 ]
 
@@ -74,6 +74,31 @@ class ModuleFrame:
 def module_stack(node: fx.Node) -> list[ModuleFrame]:
     """The modules ``node`` came from, outer to inner (empty for nodes outside any module)."""
     return [ModuleFrame(key, path, cls) for key, (path, cls) in (node.meta.get("nn_module_stack") or {}).items()]
+
+
+def parent_class(stack: list[ModuleFrame], index: int, lookup: ModuleLookup | None = None) -> type | None:
+    """The class of the module holding ``stack[index]``'s module as a submodule: its parent in the
+    module tree, the parent ``kernelize_model`` sees (``register_external_layer(..., within=...)``).
+
+    That is the enclosing entry whose source path is this one's without its last name
+    (``L['self'].model.layers.0`` for ``L['self'].model.layers.0.input_layernorm``). The compiled
+    root is never on the stack, and a container (``nn.ModuleList``) or a module that did not make
+    the call is not either: then ``lookup`` resolves the parent's path from the frame being compiled.
+    None when neither answers (a module reached from no path, or the compiled root itself).
+    """
+    ref = parse_source(stack[index].source)
+    if ref is None or not ref.modules:
+        return None
+    want = (ref.scope, ref.name, ref.modules[:-1])
+    for frame in reversed(stack[:index]):
+        other = parse_source(frame.source)
+        if other is not None and other.member is None and (other.scope, other.name, other.modules) == want:
+            return frame.cls if isinstance(frame.cls, type) else None
+    if lookup is not None:
+        owner = lookup.resolve(SourceRef(ref.scope, ref.name, ref.modules[:-1], None, None))
+        if isinstance(owner, torch.nn.Module):
+            return type(owner)
+    return None
 
 
 _PROVENANCE = ("nn_module_stack", "stack_trace", "source_fn_stack")

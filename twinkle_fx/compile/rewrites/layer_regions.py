@@ -26,7 +26,7 @@ from ...eager.layers import swapped_forward
 from ...kernels_mapping import foreign_forward
 from ...selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
 from ..binding import bind, outputs_read_outside
-from ..dynamo_internals import ModuleFrame, example_value, input_source, module_stack, parse_source
+from ..dynamo_internals import ModuleFrame, example_value, input_source, module_stack, parent_class, parse_source
 from ..equivalence import module_attributes, reparametrized
 from ..kernel_call import LayerKernelCall
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
@@ -56,20 +56,35 @@ def find_layer_regions(state: PassState) -> list[LayerCandidate]:
     """Every call of a target layer class in the graph.
 
     A class is a target when :func:`select_layer_kernel` says so (bound explicitly, or carrying a
-    ``kernel_layer_name`` that has registrations), the same rule as the eager path.
+    ``kernel_layer_name`` that has registrations), the same rule as the eager path; a binding limited
+    to parent classes (``register_external_layer(..., within=...)``) is asked with the module's parent
+    (:func:`~..dynamo_internals.parent_class`), so both paths swap the same instances.
     """
     selections: dict[type, Selection | None] = {}
+    # bindings limited to parent classes (register_external_layer(within=...)): one per (class, parent),
+    # the parent read from the module stack as kernelize_model reads it from the module tree
+    scoped: dict[tuple[type, type | None], Selection | None] = {}
+    parents: dict[str, type | None] = {}
     groups: dict[str, tuple[ModuleFrame, Selection, list[fx.Node]]] = {}
     for node in state.gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "get_attr"):
             continue
-        for frame in module_stack(node):
+        stack = module_stack(node)
+        for i, frame in enumerate(stack):
             if not isinstance(frame.cls, type):
                 continue
             if frame.cls not in selections:
                 selections[frame.cls] = select_layer_kernel(state.registry, frame.cls, state.device, state.mode,
                                                             allow_uncompilable=True)
             selection = selections[frame.cls]
+            if selection is None and state.registry.binding_scope(frame.cls) is not None:
+                if frame.key not in parents:
+                    parents[frame.key] = parent_class(stack, i, state.modules)
+                key = (frame.cls, parents[frame.key])
+                if key not in scoped:
+                    scoped[key] = select_layer_kernel(state.registry, frame.cls, state.device, state.mode,
+                                                      allow_uncompilable=True, parent=key[1])
+                selection = scoped[key]
             if selection is not None:
                 groups.setdefault(frame.key, (frame, selection, []))[2].append(node)
                 break

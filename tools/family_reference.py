@@ -28,9 +28,11 @@ tokens attending to it and on those experts' gradients. A bf16 MoE row whose los
 logits fail on at most 5% of the tokens (each token judged by ``logits_rtol``) is marked ``FLIP``,
 not ``PASS``, with the share of such tokens; fp32 rows and dense families are judged strictly.
 
-MoE families run ``config._experts_implementation = "batched_mm"`` where transformers' default
-``grouped_mm`` does not trace under Dynamo (fp32 on CUDA, anything on the CPU): the same choice as
-``tests/families``; the JSON records the implementation of every row.
+MoE families run transformers' default experts implementation (``grouped_mm``) in bf16 on a GPU,
+``eager`` (the loop over the experts hit) in fp32 on a GPU, where ``grouped_mm`` needs bf16 and
+``batched_mm`` would gather every token's expert weights (96-896 GiB at these sizes: the first H100
+run ran out of memory in every MoE row), and ``batched_mm`` on the CPU (tiny configs; the choice of
+``tests/families``); the JSON records the implementation of every row.
 
 One table row per family x dtype x path; JSON (every row, the environment) to ``--out``. A family
 that fails or runs past ``--timeout`` seconds gets FAIL rows with the error and the table goes on;
@@ -264,6 +266,19 @@ def _workload(family: str, layers: int):
     return dataclasses.replace(workload, config={**workload.config, "num_hidden_layers": layers})
 
 
+def _set_experts_implementation(model, device, dtype) -> None:
+    """The experts implementation a MoE row runs (see the module docstring): transformers' default
+    (``grouped_mm``) where it runs, bf16 on a GPU; ``eager`` (a loop over the experts hit) for fp32 on a
+    GPU, where ``grouped_mm`` needs bf16 and ``batched_mm`` gathers every token's expert weights (tokens x
+    top-k x the experts' weights: 96-896 GiB at these sizes); ``batched_mm`` on the CPU (tiny configs)."""
+    import torch
+
+    if device.type == "cpu":
+        model.config._experts_implementation = "batched_mm"
+    elif dtype == torch.float32:
+        model.config._experts_implementation = "eager"
+
+
 def run_family(family: str, args: argparse.Namespace, device) -> list[dict]:
     """Every (dtype, path) row of one family."""
     import torch
@@ -281,8 +296,8 @@ def run_family(family: str, args: argparse.Namespace, device) -> list[dict]:
         with scoped_registry(inherit=False):
             use_builtin_kernels(devices=(device.type,), models=(family,))
             model = build_model(workload, tiny=args.tiny, dtype=dtype, device=device, seed=args.seed)
-            if family in MOE and (device.type == "cpu" or dtype == torch.float32):
-                model.config._experts_implementation = "batched_mm"
+            if family in MOE:
+                _set_experts_implementation(model, device, dtype)
             ids, _ = make_batch(workload, tiny=args.tiny, batch=args.batch, seq=args.seq, device=device, seed=args.seed)
             ref = Result(*_step(model, model, ids), _logits(model, model, ids))
             truth = ref_vs_truth = None
@@ -290,6 +305,8 @@ def run_family(family: str, args: argparse.Namespace, device) -> list[dict]:
                 import copy
 
                 exact = copy.deepcopy(model).to(torch.float32)
+                if family in MOE:
+                    _set_experts_implementation(exact, device, torch.float32)
                 truth = Result(*_step(exact, exact, ids), _logits(exact, exact, ids))
                 del exact
                 ref_vs_truth = _errors(ref, truth)

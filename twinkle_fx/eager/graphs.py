@@ -614,7 +614,11 @@ class GraphSet:
                 step.static_in.append(shared)
                 step.owned_in.append(False)
             else:
-                static = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                # t's strides when they are dense, else contiguous: an expanded input (a stride 0, e.g. the
+                # position ids a decode step broadcasts over the batch) cannot be copied into a tensor with
+                # its own strides ("more than one element of the written-to tensor refers to a single
+                # memory location", H100 decode capture)
+                static = torch.empty_like(t, memory_format=torch.preserve_format)
                 with torch.no_grad():
                     static.copy_(t)
                 step.static_in.append(static)
@@ -657,7 +661,7 @@ class GraphSet:
             if shared is not None and _meta(shared)[:3] == _meta(g)[:3]:
                 static_grad_out.append(shared)
             else:
-                static = torch.empty_strided(g.shape, g.stride(), dtype=g.dtype, device=g.device)
+                static = torch.empty_like(g, memory_format=torch.preserve_format)  # as the inputs' above
                 static.copy_(g)
                 static_grad_out.append(static)
         outs = [o for o in step.capture_out if o.requires_grad]

@@ -21,6 +21,8 @@ from twinkle_fx.testing import record_graphs
         ({"cudagraphs": "yes"}, "cudagraphs must be True or False"),
         ({"fuse_projections": "always"}, "fuse_projections must be True, False or 'auto'"),
         ({"swap_policy": "fastest"}, "swap_policy='fastest'; valid: measured, always"),
+        ({"inductor": {"static_launch_user_defined_triton_kernels": True}},
+         "Set TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 before the first torch.compile"),
     ],
 )
 def test_bad_speed_options_name_the_option(options, message):

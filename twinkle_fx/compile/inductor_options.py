@@ -67,7 +67,25 @@ def parse_inductor_options(value: Any) -> dict[str, Any]:
                 f"twinkle backend option inductor={{{key!r}: ...}}: torch._inductor.config has no {key!r} "
                 f"(see torch._inductor.list_options() for the valid keys)."
             )
+    for key in _WORKER_DECIDED:
+        if key in value and value[key] != known[key]:
+            raise ValueError(
+                f"twinkle backend option inductor={{{key!r}: {value[key]!r}}} cannot take effect: Inductor decides it "
+                f"where it compiles each kernel, in its compile workers, which read it only from the environment "
+                f"when they start (a config patch reaches the calling process only). Set "
+                f"{_WORKER_DECIDED[key]}={int(bool(value[key]))} before the first torch.compile of the process instead."
+            )
     return dict(value)
+
+
+# torch._inductor.config keys read in Inductor's compile workers (torch 2.11-2.13: a worker patches in
+# only use_static_triton_launcher from the caller's config, runtime/compile_tasks.py), with the
+# environment variable that reaches them. static_launch_user_defined_triton_kernels: launch our
+# triton_op kernels through Inductor's static CUDA launcher instead of Triton's Python launcher; the
+# host cost per launch with and without: tools/launch_host_cost.py.
+_WORKER_DECIDED = {
+    "static_launch_user_defined_triton_kernels": "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS",
+}
 
 
 def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mapping[str, Any]) -> dict[str, Any]:

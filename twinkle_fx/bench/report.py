@@ -116,6 +116,9 @@ def _model_table(result: BenchResult) -> str:
     notes += [f"  {r.backend}: {_swap_summary(r.notes)}" for r in result.rows if r.notes.get("swapped_layers") is not None]
     notes += [f"  {r.backend}: {_compile_summary(r.notes)}" for r in result.rows if r.notes.get("graphs") is not None]
     notes += [f"  {r.backend}: {r.notes['cuda_graphs']}" for r in result.rows if r.notes.get("cuda_graphs")]
+    # compiled rows with mode="reduce-overhead": was each graph captured, and if not why (backends.py)
+    notes += [f"  {r.backend}: {r.notes['cudagraphs']}; {r.notes.get('cudagraph_tree', '')}".rstrip("; ")
+              for r in result.rows if r.notes.get("cudagraphs")]
     w = result.workload
     title = (f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']}, {w['dtype']}, "
              f"{w['step']}; {w['steps']} timed steps after {w['warmup']} warm-up")

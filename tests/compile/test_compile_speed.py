@@ -64,7 +64,9 @@ def test_reduce_overhead_captures_the_tiny_model_with_twinkle_kernels(training):
     model = tiny("qwen2")
     ids = torch.randint(0, 128, (2, 16), device=DEVICE)
     compiled = torch.compile(model, backend="twinkle", mode="reduce-overhead")
-    with collect_cudagraph_status() as cudagraphs, torch.set_grad_enabled(training):
+    # AOTAutograd's cache off: a graph loaded whole from it is not compiled, so has no status
+    with collect_cudagraph_status() as cudagraphs, torch.set_grad_enabled(training), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
         for _ in range(3):  # cudagraph trees: warm-up run, record, replay
             # Each step starts with every .grad set to None, as optimizer.zero_grad() does. Without it
             # the step's backward accumulates into the .grad the previous step's backward graph wrote:
@@ -119,7 +121,7 @@ def test_reduce_overhead_trains_like_eager_with_the_fused_loss_head(accumulate):
     expected = _sgd_losses(eager, eager, batches, accumulate=accumulate)
     model = tiny("qwen2")  # the same seed: the same weights
     compiled = twinkle_fx.compile(model, mode="reduce-overhead")
-    with collect_cudagraph_status() as cudagraphs:
+    with collect_cudagraph_status() as cudagraphs, torch._functorch.config.patch(enable_autograd_cache=False):
         losses = _sgd_losses(compiled, model, batches, accumulate=accumulate)
     torch.testing.assert_close(losses, expected, rtol=1e-4, atol=1e-5)
     assert losses[3] < losses[0]  # the first batch again, after an update: the weights did change

@@ -117,6 +117,16 @@ def test_loss_disagreeing_with_eager_is_marked_wrong_and_ratios_use_eager_and_in
     assert nan_row[1].status == "wrong"
 
 
+def test_a_later_step_loss_unlike_the_first_marks_the_row_wrong():
+    """Same weights and batch every step: a replayed CUDA graph whose loss moves is wrong even when
+    its first (un-graphed) step agreed with eager."""
+    rows = [_row("eager", 11.93), _row("inductor+cudagraphs", 11.93), _row("twinkle+cudagraphs", 11.93)]
+    rows[1].last_loss, rows[2].last_loss = 11.9301, 10.2
+    annotate_model_rows(rows, dtype=torch.bfloat16)
+    assert [r.status for r in rows] == ["ok", "ok", "wrong"]
+    assert "a later step's loss 10.200000 differs from the first step's 11.930000" in rows[2].loss_check
+
+
 def test_a_raising_backend_is_a_failed_row_and_the_run_goes_on(monkeypatch):
     def broken(model, family, device):
         raise RuntimeError("kernel exploded")

@@ -21,6 +21,8 @@ from twinkle_fx.testing import record_graphs
         ({"cudagraphs": "yes"}, "cudagraphs must be True or False"),
         ({"fuse_projections": "always"}, "fuse_projections must be True, False or 'auto'"),
         ({"swap_policy": "fastest"}, "swap_policy='fastest'; valid: measured, always"),
+        ({"inductor": {"static_launch_user_defined_triton_kernels": True}},
+         "Set TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 before the first torch.compile"),
     ],
 )
 def test_bad_speed_options_name_the_option(options, message):
@@ -56,29 +58,75 @@ def test_cudagraphs_option_reaches_inductor_and_the_skip_reason_is_reported():
 
 
 @pytest.mark.gpu  # CUDA graphs
-@pytest.mark.parametrize("training", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="undiagnosed: on the H100 (torch 2.11) the second step's backward raises 'accessing tensor "
-                        "output of CUDAGraphs that has been overwritten by a subsequent run' even with "
-                        "cudagraph_mark_step_begin() before each step"))])
+@pytest.mark.parametrize("training", [False, True])
 def test_reduce_overhead_captures_the_tiny_model_with_twinkle_kernels(training):
     register_qwen2_kernels()
     model = tiny("qwen2")
     ids = torch.randint(0, 128, (2, 16), device=DEVICE)
     compiled = torch.compile(model, backend="twinkle", mode="reduce-overhead")
-    with collect_cudagraph_status() as cudagraphs, torch.set_grad_enabled(training):
+    # AOTAutograd's cache off: a graph loaded whole from it is not compiled, so has no status
+    with collect_cudagraph_status() as cudagraphs, torch.set_grad_enabled(training), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
         for _ in range(3):  # cudagraph trees: warm-up run, record, replay
-            # A training loop must mark each step: without it, cudagraph trees overwrite the previous
-            # step's outputs while this step's backward still needs them, and the backward raises
-            # "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"
-            # (H100, torch 2.11: the same with backend="inductor" and no twinkle kernel; see
-            # tools/cudagraph_training_probe.py).
-            torch.compiler.cudagraph_mark_step_begin()
+            # Each step starts with every .grad set to None, as optimizer.zero_grad() does. Without it
+            # the step's backward accumulates into the .grad the previous step's backward graph wrote:
+            # that tensor is a buffer of the graph's pool, which cudagraph trees invalidated when this
+            # step's forward started a new generation, so the backward raises "accessing tensor output
+            # of CUDAGraphs that has been overwritten by a subsequent run" (H100, torch 2.11; the same
+            # with backend="inductor"; cudagraph_mark_step_begin() does not help, it starts a new
+            # generation too; pytorch/pytorch#169545, tools/cudagraph_training_probe.py).
+            model.zero_grad(set_to_none=True)
             out = compiled(input_ids=ids, labels=ids if training else None)
             if training:
                 out.loss.backward()
     expected = model(input_ids=ids, labels=ids if training else None)
     torch.testing.assert_close(out.logits, expected.logits, rtol=2e-3, atol=2e-3)
     assert not cudagraphs.skips, cudagraphs.summary()
+    assert [g.kind for g in cudagraphs.graphs] == (["forward", "backward"] if training else ["inference"])
+    assert all(s.used for s in cudagraphs.graphs), cudagraphs.summary()
+
+
+def _sgd_losses(run, model, batches, *, accumulate: bool) -> list[float]:
+    """Losses of an SGD loop over ``batches``, two micro-batches a step when ``accumulate``."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    if accumulate:
+        # gradient accumulation under CUDA graphs: .grad buffers of our own, zeroed in place, so the
+        # backward adds its graph's output into them instead of adopting that output as the .grad
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+    losses = []
+    for step in range(0, len(batches), 2 if accumulate else 1):
+        optimizer.zero_grad(set_to_none=not accumulate)
+        for ids in batches[step:step + (2 if accumulate else 1)]:
+            loss = run(input_ids=ids, labels=ids).loss
+            loss.backward()
+            losses.append(loss.item())
+        optimizer.step()
+    return losses
+
+
+@pytest.mark.gpu  # CUDA graphs
+@pytest.mark.parametrize("accumulate", [False, True], ids=["step", "accumulate"])
+def test_reduce_overhead_trains_like_eager_with_the_fused_loss_head(accumulate):
+    """twinkle_fx.compile(model, mode="reduce-overhead") with the built-in kernels (fused-loss head
+    included): an SGD loop over changing batches gives eager's losses step after step, and both the
+    forward and the backward graph are CUDA graphs."""
+    import twinkle_fx
+    from twinkle_fx.builtin import use_builtin_kernels
+
+    use_builtin_kernels(devices=(DEVICE,), models=("qwen2",))
+    three = [torch.randint(0, 128, (2, 16), device=DEVICE) for _ in range(3)]
+    batches = three + three  # new inputs every call, and each batch seen again after an update
+    eager = tiny("qwen2")
+    expected = _sgd_losses(eager, eager, batches, accumulate=accumulate)
+    model = tiny("qwen2")  # the same seed: the same weights
+    compiled = twinkle_fx.compile(model, mode="reduce-overhead")
+    with collect_cudagraph_status() as cudagraphs, torch._functorch.config.patch(enable_autograd_cache=False):
+        losses = _sgd_losses(compiled, model, batches, accumulate=accumulate)
+    torch.testing.assert_close(losses, expected, rtol=1e-4, atol=1e-5)
+    assert losses[3] < losses[0]  # the first batch again, after an update: the weights did change
+    assert not cudagraphs.skips, cudagraphs.summary()
+    assert {g.kind for g in cudagraphs.graphs} == {"forward", "backward"}, cudagraphs.summary()
     assert all(s.used for s in cudagraphs.graphs), cudagraphs.summary()
 
 

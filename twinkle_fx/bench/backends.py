@@ -14,6 +14,11 @@ kernelize+twinkle  ``kernelize_model(model, mode="train+compile")`` (fused-loss 
 kernelize          ``twinkle_fx.kernelize_model(model, mode="train")`` with the built-in kernels, decoder layers too
 kernelize+cudagraphs  the same with ``cuda_graphs=True``: each decoder layer's forward and backward replayed
                    from CUDA graphs
+inductor+cudagraphs  ``torch.compile(model, mode="reduce-overhead")``: Inductor's CUDA-graph trees, the
+                   forward and the backward each one graph
+twinkle+cudagraphs ``twinkle_fx.compile(model, mode="reduce-overhead")``: the same through the backend,
+                   fused-loss head included, every region swapped (``swap_policy="always"``: under CUDA
+                   graphs a launch costs no host time, only device time counts)
 liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(model=model)``
 liger+inductor     the same, then ``torch.compile``
 =================  ==========================================================================
@@ -106,8 +111,28 @@ def _inductor(model: torch.nn.Module, family: str, device: torch.device) -> Iter
 
 
 @contextlib.contextmanager
+def _cudagraph_notes(prepared: Callable[[], Prepared], device: torch.device) -> Iterator[Prepared]:
+    """Run a CUDA-graphed row, then note whether each graph was captured: Inductor's skip messages
+    (and, for graphs the twinkle backend compiled, each one's status) and what the CUDA-graph tree
+    recorded. The harness's step sets every ``.grad`` to None first (``zero_grad(set_to_none=True)``):
+    a ``.grad`` left from the previous step is a buffer of that step's backward graph, which the
+    next step's replay overwrites (see tools/cudagraph_training_probe.py)."""
+    from twinkle_fx.compile.inductor_options import collect_cudagraph_status, cudagraph_tree_summary
+
+    with collect_cudagraph_status() as cudagraphs:
+        row = prepared()
+        try:
+            yield row
+        finally:
+            row.notes["cudagraphs"] = cudagraphs.summary()
+            if device.type == "cuda":
+                row.notes["cudagraph_tree"] = cudagraph_tree_summary(device.index)
+
+
+@contextlib.contextmanager
 def _inductor_cudagraphs(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
-    yield Prepared(torch.compile(model, mode="reduce-overhead"))
+    with _cudagraph_notes(lambda: Prepared(torch.compile(model, mode="reduce-overhead")), device) as prepared:
+        yield prepared
 
 
 def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
@@ -126,8 +151,10 @@ def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
             else:
                 compiled = twinkle_fx.compile(model, device=device, **compile_kwargs)  # the one call users are shown
             prepared = Prepared(compiled, {"builtin_kernels": bound})
+            graphed = compile_kwargs.get("mode") == "reduce-overhead"
             try:
-                yield prepared
+                with _cudagraph_notes(lambda: prepared, device) if graphed else contextlib.nullcontext():
+                    yield prepared
             finally:
                 prepared.notes.update(_compile_notes(report))
                 prepared.notes.update(_swap_notes(model))

@@ -111,6 +111,7 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
         resident_gib=_gib(timing.resident_bytes),
         first_step_s=timing.first_step_s,
         first_loss=timing.first_loss,
+        last_loss=timing.last_loss,
         notes=notes,
     )
 

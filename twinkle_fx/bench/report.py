@@ -32,8 +32,10 @@ def _reference(rows: Sequence, key) -> object | None:
 
 
 def annotate_model_rows(rows: Sequence[ModelRow], *, dtype: torch.dtype, rtol: float | None = None) -> None:
-    """Check every measured row's first-step loss against eager's (marking disagreement "wrong") and
-    fill in the ratios to eager and to Inductor; rows without the reference get none."""
+    """Check every measured row's first-step loss against eager's and its last step's loss against
+    its first (weights and batch do not change between steps; a CUDA graph replaying the wrong memory
+    would change it), marking disagreement "wrong", and fill in the ratios to eager and to Inductor;
+    rows without the reference get none."""
     # the dtype's loss_rtol: kernels that accumulate in another order (Inductor's fused reductions,
     # a fused cross-entropy) move a ~12.0 random-init loss by a few 1e-3 at most in bf16, ~1e-6 in
     # fp32; a real bug (wrong ignore_index, a dropped residual) moves it far more
@@ -51,6 +53,13 @@ def annotate_model_rows(rows: Sequence[ModelRow], *, dtype: torch.dtype, rtol: f
             row.loss_check = (f"{row.first_loss:.6f} vs eager {eager.first_loss:.6f} "
                               f"(|diff| {diff:.2e}, tolerance {rtol:g} relative)")
             row.status = "ok" if agrees else "wrong"
+        if row.last_loss is not None:
+            diff = abs(row.last_loss - row.first_loss)
+            if not diff <= rtol * abs(row.first_loss):  # NaN too
+                row.status = "wrong"
+                row.loss_check = ((row.loss_check + "; ") if row.loss_check else "") + (
+                    f"a later step's loss {row.last_loss:.6f} differs from the first step's {row.first_loss:.6f} "
+                    f"(|diff| {diff:.2e}) with the same weights and batch")
         for reference, ratios in ((eager, row.vs_eager), (inductor, row.vs_inductor)):
             if reference is None:
                 continue
@@ -107,6 +116,9 @@ def _model_table(result: BenchResult) -> str:
     notes += [f"  {r.backend}: {_swap_summary(r.notes)}" for r in result.rows if r.notes.get("swapped_layers") is not None]
     notes += [f"  {r.backend}: {_compile_summary(r.notes)}" for r in result.rows if r.notes.get("graphs") is not None]
     notes += [f"  {r.backend}: {r.notes['cuda_graphs']}" for r in result.rows if r.notes.get("cuda_graphs")]
+    # compiled rows with mode="reduce-overhead": was each graph captured, and if not why (backends.py)
+    notes += [f"  {r.backend}: {r.notes['cudagraphs']}; {r.notes.get('cudagraph_tree', '')}".rstrip("; ")
+              for r in result.rows if r.notes.get("cudagraphs")]
     w = result.workload
     title = (f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']}, {w['dtype']}, "
              f"{w['step']}; {w['steps']} timed steps after {w['warmup']} warm-up")

@@ -40,7 +40,10 @@ class ModelRow:
     resident_gib: float | None = None  # allocated before the first step (weights, inputs)
     first_step_s: float | None = None  # first call, compilation included (host clock)
     first_loss: float | None = None
-    loss_check: str | None = None  # how first_loss compares with eager's
+    # the loss of a step after the timed ones (same weights, same batch: should equal first_loss); for
+    # CUDA-graphed rows it comes from a replay, first_loss from the un-graphed warm-up run
+    last_loss: float | None = None
+    loss_check: str | None = None  # how first_loss compares with eager's, and last_loss with first_loss
     vs_eager: dict[str, float] = field(default_factory=dict)  # throughput / memory ratios
     vs_inductor: dict[str, float] = field(default_factory=dict)  # + first_step
     notes: dict[str, Any] = field(default_factory=dict)

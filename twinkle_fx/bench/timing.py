@@ -117,6 +117,9 @@ class StepTiming:
 
     first_step_s: float
     first_loss: float
+    # the loss of one more step after the timed ones: a replay where CUDA graphs are recorded (the first
+    # step runs the compiled code without them), so a graph that replays something else shows here
+    last_loss: float | None = None
     step_ms: list[float] = field(default_factory=list)
     host_ms: list[float] = field(default_factory=list)  # host side of the timed steps (DeviceClock.host_ms)
     peak_bytes: int | None = None  # over the timed steps
@@ -163,6 +166,7 @@ def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *,
     timing.peak_bytes = clock.peak()
     timing.peak_reserved_bytes = clock.peak_reserved()
     timing.host_ms = [clock.host_ms(step) for _ in range(min(steps, 5))]
+    timing.last_loss = float(step())
     return timing
 
 

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "CudaGraphStatus", "CudaGraphReport", "collect_cudagraph_status", "parse_inductor_options", "inductor_config_patches",
-    "compile_with_inductor",
+    "compile_with_inductor", "cudagraph_tree_summary",
 ]
 
 
@@ -67,7 +67,25 @@ def parse_inductor_options(value: Any) -> dict[str, Any]:
                 f"twinkle backend option inductor={{{key!r}: ...}}: torch._inductor.config has no {key!r} "
                 f"(see torch._inductor.list_options() for the valid keys)."
             )
+    for key in _WORKER_DECIDED:
+        if key in value and value[key] != known[key]:
+            raise ValueError(
+                f"twinkle backend option inductor={{{key!r}: {value[key]!r}}} cannot take effect: Inductor decides it "
+                f"where it compiles each kernel, in its compile workers, which read it only from the environment "
+                f"when they start (a config patch reaches the calling process only). Set "
+                f"{_WORKER_DECIDED[key]}={int(bool(value[key]))} before the first torch.compile of the process instead."
+            )
     return dict(value)
+
+
+# torch._inductor.config keys read in Inductor's compile workers (torch 2.11-2.13: a worker patches in
+# only use_static_triton_launcher from the caller's config, runtime/compile_tasks.py), with the
+# environment variable that reaches them. static_launch_user_defined_triton_kernels: launch our
+# triton_op kernels through Inductor's static CUDA launcher instead of Triton's Python launcher; the
+# host cost per launch with and without: tools/launch_host_cost.py.
+_WORKER_DECIDED = {
+    "static_launch_user_defined_triton_kernels": "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS",
+}
 
 
 def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,3 +218,44 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any], patches
     _graph_counter[0] += 1
     return compile_fx(gm, example_inputs, inner_compile=_recording_inner_compile(graph_index, requested),
                       config_patches=patches or None)
+
+
+def cudagraph_tree_summary(device_index: int | None = None) -> str:
+    """What Inductor's CUDA-graph trees hold on one GPU right now: how many CUDA graphs were
+    recorded, of which kind (forward, backward, inference), how many compiled functions ran but
+    were never recorded (they run eagerly: Inductor logged why, see :class:`CudaGraphReport`), and
+    how many times a graph was re-recorded. Works for ``backend="inductor"`` too, whose graphs
+    :func:`collect_cudagraph_status` does not see. Call it before ``torch._dynamo.reset()``, which
+    drops the trees.
+
+    Example:
+        >>> compiled = torch.compile(model, mode="reduce-overhead")             # doctest: +SKIP
+        >>> for _ in range(3):                                                   # doctest: +SKIP
+        ...     model.zero_grad(set_to_none=True); compiled(input_ids=ids, labels=ids).loss.backward()
+        >>> cudagraph_tree_summary()                                             # doctest: +SKIP
+        'cuda:0: 2 CUDA graph(s) recorded (1 forward, 1 backward); every compiled function recorded; 0 re-recording(s)'
+    """
+    import torch
+    from torch._inductor import cudagraph_trees
+
+    if not torch.cuda.is_available():
+        return "no CUDA device: no CUDA graphs"
+    index = torch.cuda.current_device() if device_index is None else device_index
+    manager = cudagraph_trees.get_manager(index, create_if_none_exists=False)
+    if manager is None:
+        return f"cuda:{index}: no CUDA-graph tree (nothing ran with CUDA graphs)"
+    nodes, stack = [], [n for roots in manager.roots.values() for n in roots]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(n for children in node.children.values() for n in children)
+    kinds = Counter(manager.id_to_mode[n.wrapped_function.id].name.lower() for n in nodes)
+    recorded = {n.wrapped_function.id for n in nodes}
+    never = [f for f in manager.ids_to_funcs if f not in recorded]
+    rerecords = sum(sum(per_node.values()) for per_node in getattr(manager, "num_rerecord", {}).values())
+    text = f"cuda:{index}: {len(nodes)} CUDA graph(s) recorded"
+    if kinds:
+        text += " (" + ", ".join(f"{kinds[kind]} {kind}" for kind in ("forward", "backward", "inference") if kinds[kind]) + ")"
+    text += "; " + (f"{len(never)} of {len(manager.ids_to_funcs)} compiled function(s) never recorded (run eagerly)"
+                    if never else "every compiled function recorded")
+    return text + f"; {rerecords} re-recording(s)"

@@ -82,7 +82,11 @@ def compile_model(
         model (`nn.Module`): the model; with the built-in kernels, a transformers ``*ForCausalLM``, or
             one wrapped in ``DistributedDataParallel`` (the head goes into ``model.module``) or ``fully_shard``.
         mode (`str`, *optional*): torch.compile's ``mode`` (e.g. ``"reduce-overhead"`` for CUDA graphs),
-            passed through; not together with ``options``.
+            passed through; not together with ``options``. With ``"reduce-overhead"`` every region is
+            swapped (no ``swap_policy="measured"``: replayed launches cost no host time), and a training
+            loop must set each ``.grad`` to None before the step (``optimizer.zero_grad()``): a ``.grad``
+            kept from the previous step is that step's backward-graph buffer, invalidated by the next
+            call, and the backward adding into it raises (see the README, "Speed options").
         options (`dict`, *optional*): the backend's options (``compiler``, ``mode`` "train" / "inference",
             ``verify``, ``report``; see the README), passed through. In training without ``mode``,
             ``swap_policy`` defaults to ``"measured"`` here (the backend's own default is ``"always"``):

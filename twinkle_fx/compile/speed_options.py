@@ -23,7 +23,7 @@ def parse_speed_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
     Example:
         >>> parse_speed_options({"cudagraphs": True})
-        {'inductor': {}, 'cudagraphs': True, 'fuse_projections': 'auto', 'swap_policy': 'measured'}
+        {'inductor': {}, 'cudagraphs': True, 'fuse_projections': 'auto', 'swap_policy': 'always'}
     """
     cudagraphs = options.get("cudagraphs", False)
     if not isinstance(cudagraphs, bool):
@@ -31,7 +31,9 @@ def parse_speed_options(options: Mapping[str, Any]) -> dict[str, Any]:
     fuse = options.get("fuse_projections", "auto")
     if not any(fuse is v if isinstance(v, bool) else fuse == v for v in FUSE_PROJECTIONS):
         raise ValueError(f"twinkle backend option fuse_projections must be True, False or 'auto', got {fuse!r}.")
-    policy = options.get("swap_policy", "measured")
+    # the same default as BackendOptions (and options=None): "always"; before, a dict without the key
+    # got "measured", so options={"cudagraphs": True} and mode="reduce-overhead" swapped different regions
+    policy = options.get("swap_policy", "always")
     if policy not in SWAP_POLICIES:
         raise ValueError(f"twinkle backend option swap_policy={policy!r}; valid: {', '.join(SWAP_POLICIES)}.")
     return {"inductor": parse_inductor_options(options.get("inductor")), "cudagraphs": cudagraphs,

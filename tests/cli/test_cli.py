@@ -102,5 +102,6 @@ def test_step_progress_ticks_after_every_warmup_and_timed_step():
     timing = time_training_steps(step, DeviceClock(torch.device("cpu")), warmup=2, steps=3,
                                  on_step=lambda: ticks.append(1))
     assert len(timing.step_ms) == 3 and len(ticks) == 5
-    # the first (compiling) step, then one tick after each later step; then the host-time steps, untimed
-    assert calls == [0, 0, 1, 2, 3, 4] + [5] * len(timing.host_ms)
+    # the first (compiling) step, then one tick after each later step; then the host-time steps and the
+    # step whose loss is compared with the first one's (last_loss), untimed
+    assert calls == [0, 0, 1, 2, 3, 4] + [5] * (len(timing.host_ms) + 1)

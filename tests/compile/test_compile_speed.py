@@ -124,7 +124,9 @@ def test_reduce_overhead_trains_like_eager_with_the_fused_loss_head(accumulate):
     with collect_cudagraph_status() as cudagraphs, torch._functorch.config.patch(enable_autograd_cache=False):
         losses = _sgd_losses(compiled, model, batches, accumulate=accumulate)
     torch.testing.assert_close(losses, expected, rtol=1e-4, atol=1e-5)
-    assert losses[3] < losses[0]  # the first batch again, after an update: the weights did change
+    # the first batch again, after an update: the weights did change (not necessarily for the better:
+    # with lr 0.5 the H100 run's loss on it went from 4.86 to 4.95, in eager as compiled)
+    assert abs(losses[3] - losses[0]) > 1e-3
     assert not cudagraphs.skips, cudagraphs.summary()
     assert {g.kind for g in cudagraphs.graphs} == {"forward", "backward"}, cudagraphs.summary()
     assert all(s.used for s in cudagraphs.graphs), cudagraphs.summary()

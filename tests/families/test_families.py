@@ -177,12 +177,19 @@ def test_experts_gate_runs_the_kernel_in_every_experts_implementation(implementa
     model = tiny_model("qwen3_moe").train()
     model.config._experts_implementation = implementation
     ids = torch.randint(3, 128, (2, 9), device=device)
+    _assert_experts_kernel_trains_like_the_model(model, ids, model.model.layers[1].mlp.experts, "SwiGLUExperts",
+                                                 "silu_and_mul")
+
+
+def _assert_experts_kernel_trains_like_the_model(model, ids, experts, layer: str, op: str) -> None:
+    """Kernelized, the experts module runs ``layer`` and the op ``op`` forward and backward, and a
+    training step on ``ids`` gives the unswapped model's loss and gradients (fp32)."""
     want_loss, want_grads = _step(model, ids)
     kernelize_model(model, mode="train", use_fallback=False)
-    assert swapped_forward(model.model.layers[1].mlp.experts).kernel_name == "SwiGLUExperts"
+    assert swapped_forward(experts).kernel_name == layer
     with _ops_run() as ran:
         loss, grads = _step(model, ids)
-    assert {"twinkle::silu_and_mul", "twinkle::silu_and_mul_backward"} <= ran
+    assert {f"twinkle::{op}", f"twinkle::{op}_backward"} <= ran
     torch.testing.assert_close(loss, want_loss, **TOLERANCE[torch.float32])
     _assert_grads_close(grads, want_grads, torch.float32)
 
@@ -210,14 +217,7 @@ def test_gpt_oss_experts_run_the_clamped_kernel_in_every_experts_implementation(
     with torch.no_grad():  # the clamps bite on this model's projections: gate above, up on both sides
         h = torch.randn(16, 64, device=device) @ experts.gate_up_proj[0] + experts.gate_up_proj_bias[0]
         assert (h[:, ::2] > 0.5).any() and (h[:, 1::2].abs() > 0.5).any()
-    want_loss, want_grads = _step(model, ids)
-    kernelize_model(model, mode="train", use_fallback=False)
-    assert swapped_forward(experts).kernel_name == "ClampedSwiGLUExperts"
-    with _ops_run() as ran:
-        loss, grads = _step(model, ids)
-    assert {"twinkle::clamped_swiglu", "twinkle::clamped_swiglu_backward"} <= ran
-    torch.testing.assert_close(loss, want_loss, **TOLERANCE[torch.float32])
-    _assert_grads_close(grads, want_grads, torch.float32)
+    _assert_experts_kernel_trains_like_the_model(model, ids, experts, "ClampedSwiGLUExperts", "clamped_swiglu")
 
 
 def test_gpt_oss_experts_kernel_states_what_it_applies_to(device):

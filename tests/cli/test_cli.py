@@ -105,3 +105,37 @@ def test_step_progress_ticks_after_every_warmup_and_timed_step():
     # the first (compiling) step, then one tick after each later step; then the host-time steps and the
     # step whose loss is compared with the first one's (last_loss), untimed
     assert calls == [0, 0, 1, 2, 3, 4] + [5] * (len(timing.host_ms) + 1)
+
+
+def test_training_peak_covers_the_warmup_steps_where_cuda_graphs_are_recorded():
+    """A CUDA graph allocates its memory when it is recorded (a warm-up step) and nothing when it
+    replays: the reported peak covers the warm-up steps, the first (compiling) step's apart."""
+
+    class Clock(DeviceClock):  # the allocator of a graphed model, simulated on the CPU
+        def __init__(self):
+            super().__init__(torch.device("cpu"))
+            self.live, self.high = 0, 0
+
+        def allocated(self):
+            return self.live
+
+        def reset_peak(self):
+            self.high = self.live
+
+        def peak(self):
+            return self.high
+
+        def peak_reserved(self):
+            return self.high
+
+    clock, calls = Clock(), []
+
+    def step():
+        calls.append(1)
+        allocated = {1: 500, 2: 300}.get(len(calls), 10)  # eager first step, then the recording step
+        clock.high = max(clock.high, clock.live + allocated)
+        return torch.tensor(1.0)
+
+    timing = time_training_steps(step, clock, warmup=2, steps=3)
+    assert timing.first_step_peak_bytes == 500
+    assert timing.peak_bytes == 300  # the recording (first warm-up) step, not the replays' 10

@@ -124,8 +124,9 @@ def _model_table(result: BenchResult) -> str:
              f"{w['step']}; {w['steps']} timed steps after {w['warmup']} warm-up")
     text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(1, 13))),
                       "  host ms: host time of a step with the device running behind it; near ms/step = host-bound",
-                      "  reserved GiB: held by the allocator at the peak (CUDA-graph pools included: their replays "
-                      "allocate nothing, so peak GiB misses what a graph writes)"])
+                      "  peak GiB: allocated at the peak of the warm-up and timed steps (CUDA graphs are recorded in "
+                      "a warm-up step: their replays allocate nothing); reserved GiB: held by the allocator then "
+                      "(cached blocks and CUDA-graph pools included)"])
     return text + ("\n\n" + "\n".join(notes) if notes else "")
 
 

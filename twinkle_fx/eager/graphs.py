@@ -615,9 +615,10 @@ class GraphSet:
                 step.owned_in.append(False)
             else:
                 # t's strides when they are dense, else contiguous: an expanded input (a stride 0, e.g. the
-                # position ids a decode step broadcasts over the batch) cannot be copied into a tensor with
+                # attention mask a decode step broadcasts over the batch) cannot be copied into a tensor with
                 # its own strides ("more than one element of the written-to tensor refers to a single
-                # memory location", H100 decode capture)
+                # memory location", H100 decode capture). Such a copy's strides differ from t's, so the
+                # strict check above makes every later block copy that input again (left so: unmeasured)
                 static = torch.empty_like(t, memory_format=torch.preserve_format)
                 with torch.no_grad():
                     static.copy_(t)

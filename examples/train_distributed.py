@@ -21,7 +21,10 @@ Options a training run needs: ``--mixed-precision`` (FSDP2's MixedPrecisionPolic
 weights, bf16 parameters in compute, fp32 gradient reduction), ``--checkpoint`` (activation
 checkpointing of every decoder layer), ``--accum N`` (gradient accumulation: N micro-steps per
 optimizer step, gradients synchronised on the last), ``--compiled-autograd`` (DDP: the backward
-captured by compiled autograd, gradients reduced by DDP's Python reducer). ``--profile DIR`` runs three more
+captured by compiled autograd, gradients reduced by DDP's Python reducer), ``--cudagraphs`` (the compiled
+graphs replayed as CUDA graphs, ``mode="reduce-overhead"``; DDP and single-GPU runs: each parameter
+gets its own ``.grad`` buffer, zeroed in place, because a gradient that *is* a CUDA graph's output is
+overwritten by the next replay, pytorch/pytorch#169545). ``--profile DIR`` runs three more
 steps under torch.profiler on every rank and writes a Chrome trace and a report (device vs wall time,
 top kernels, NCCL included) per rank.
 
@@ -183,6 +186,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "compares with its runs; may be given more than once")
     parser.add_argument("--report", action="store_true", help="every rank prints its twinkle compile report, once")
     parser.add_argument("--out", default=None, help="rank 0 writes the runs and tables here (JSON)")
+    parser.add_argument("--cudagraphs", action="store_true",
+                        help="replay the compiled graphs (whole model or each layer) as CUDA graphs "
+                             "(mode='reduce-overhead'); DDP or none")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="after the timed steps, 3 more under torch.profiler on every rank: DIR/rank<r>/"
                              "profile_trace.json and profile_report.txt (rank 0's report is printed)")
@@ -209,6 +215,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif args.optimize_ddp == "python_reducer":
         parser.error("--optimize-ddp python_reducer needs --compiled-autograd")
     args.optimize_ddp = args.optimize_ddp or "ddp_optimizer"
+    if args.cudagraphs and (not compiled or args.parallel == "fsdp2" or args.compiler != "inductor"):
+        parser.error("--cudagraphs needs a compiled --backend with --compiler inductor and --parallel ddp or none "
+                     "(FSDP2 frees and re-gathers the parameters every step: no static addresses to replay)")
     if args.compare_single is not None and (args.parallel != "none" or args.compare_single < 2):
         parser.error("--compare-single WORLD (>= 2) runs the single-device baselines: use it with --parallel none")
     for name in ("steps", "batch", "seq", "accum"):
@@ -284,17 +293,18 @@ def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argpar
     import twinkle_fx
     from twinkle_fx.compile.regional import compile_layers
 
-    options = {"compiler": args.compiler}
+    options = {"compiler": args.compiler, **({"cudagraphs": True} if args.cudagraphs else {})}
+    inductor_mode = {"mode": "reduce-overhead"} if args.cudagraphs else {}
     if args.regional:
         # the layers are compiled in place (nn.Module.compile): the wrappers keep working on them
         if args.backend == "inductor":
             for layer in model.model.layers:
-                layer.compile()
+                layer.compile(**inductor_mode)
         else:  # twinkle: the head installed on the uncompiled root; kernelize+twinkle: kernelize did it
             compile_layers(model, layers=model.model.layers, options=options, fused_loss=args.fused_loss)
         return wrapped
     if args.backend == "inductor":
-        return torch.compile(wrapped)
+        return torch.compile(wrapped, **inductor_mode)
     if args.backend == "twinkle":
         # the head on the model (DDP's .module; FSDP2's root is the model), the rest by the backend
         return twinkle_fx.compile(wrapped, options=options, fused_loss=args.fused_loss)
@@ -377,6 +387,9 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             wrapped = wrap(model, args, device)
             run = compile_model(model, wrapped, args)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        if args.cudagraphs:  # the backward adds into these buffers instead of handing over its output
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
         losses, tokens_per_s, step_ms = [], [], []
 
         def one_step(micro: list[torch.Tensor]) -> torch.Tensor:
@@ -387,7 +400,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                     (loss / args.accum).backward()
                 total += loss.detach().float()
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=not args.cudagraphs)
             if world > 1:
                 dist.all_reduce(total)  # SUM: gloo has no AVG
             return total
@@ -454,6 +467,7 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
     where = "1 device, no wrapper" if a["parallel"] == "none" else f"{a['parallel']} x {world}"
     backend = a["backend"] + (f" ({a['compiler']})" if a["backend"].endswith("twinkle") else "")
     backend += ", regional" if a["regional"] else ""
+    backend += ", CUDA graphs" if a.get("cudagraphs") else ""
     backend += "" if a["fused_loss"] else ", no fused-loss head"
     precision = "mixed bf16/fp32" if a["mixed_precision"] else (a["dtype"] or ("bf16" if "cuda" in device else "fp32"))
     parts = [where, backend, precision, f"{a['batch']} x {a['seq']} per rank"]

@@ -3,7 +3,7 @@
 >>> compiled = torch.compile(model, backend="twinkle",
 ...                          options={"compiler": "aot_eager", "mode": "train"})   # doctest: +SKIP
 
-The seven passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``, see
+The eight passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``, see
 :mod:`.pipeline`; rewrites in :mod:`.rewrites`, analyses that only report in :mod:`.analyses`):
 
 1. ``graph_breaks`` (analysis): a graph break inside a registered layer or function is reported;
@@ -12,7 +12,10 @@ The seven passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``
 4. ``function_calls`` (analysis): calls of registered functions left unswapped are reported, with the reason;
 5. ``compiled_root`` (analysis): a kernel bound to the compiled module itself is reported (no region);
 6. ``foreign_forwards`` (analysis): layers whose forward another tool replaced are reported;
-7. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
+7. ``attention`` (rewrite): SDPA with a constant causal mask becomes ``is_causal=True`` (flash
+   attention, grouped heads), and SDPA on repeated K/V (``repeat_kv``) with a short query (decode)
+   one grouped-query attention kernel call;
+8. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
 
 Each pass is timed (DEBUG log of its module, and ``GraphReport.pass_ms``);
 ``TWINKLE_FX_DUMP_GRAPHS=<dir>`` or ``options={"dump_graphs": <dir>}`` writes the graph before and
@@ -46,7 +49,7 @@ from .reasons import Reason, ReasonKind
 from .recording import RecordedGraphs, active_recorders, readable
 from .regions import module_roots
 from .report import CompileReport, GraphReport, RegionReport, active_reports
-from .rewrites import function_patterns, gemm_fusion, layer_regions
+from .rewrites import attention, function_patterns, gemm_fusion, layer_regions
 from .swap_policy import active_policy
 
 logger = logging.getLogger(__name__)
@@ -60,6 +63,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("function_calls", function_calls.run, rewrites=False),
     Pass("compiled_root", compiled_root.run, rewrites=False),
     Pass("foreign_forwards", foreign_forwards.run, rewrites=False),
+    Pass("attention", attention.run, rewrites=True),
     Pass("gemm_fusion", gemm_fusion.run, rewrites=True),  # last: sees the linears no kernel took
 )
 
@@ -81,6 +85,7 @@ def twinkle_backend(
         counted_breaks=counted,
     )
     state.fuse_projections = gemm_fusion.should_fuse(opts.fuse_projections, state.mode, opts.compiler)
+    state.gqa_attention, state.causal_mask = opts.gqa_attention, opts.causal_mask
     report = GraphReport(0, state.device, format_mode(state.mode), opts.compiler, code_before=gm.code,
                          graph_break=None if state.graph_break is None else str(state.graph_break))
     recorders = active_recorders()
@@ -227,8 +232,8 @@ def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
     if _WARNED_EMPTY.get(registry) == registry.generation:
         return
     _WARNED_EMPTY[registry] = registry.generation
-    logger.warning("backend='twinkle' found no registered kernels, so it compiles the model unchanged; "
-                   "register kernels first (twinkle_fx.builtin.use_builtin_kernels() for transformers models).")
+    logger.warning("backend='twinkle' found no registered kernels, so it swaps no layer or function (only "
+                   "the graph rewrites of its options run: causal_mask, gqa_attention, fuse_projections); register kernels first (twinkle_fx.builtin.use_builtin_kernels() for transformers models).")
 
 
 # registry -> generation already warned about (weak: a scoped registry that is gone takes its entry)

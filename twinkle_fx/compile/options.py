@@ -33,6 +33,13 @@ class BackendOptions:
             ``mode="reduce-overhead"`` (which cannot be given together with ``options=``).
         fuse_projections (`bool` or `"auto"`, defaults to `"auto"`): one GEMM for the linears that
             read the same input (q/k/v, gate/up); "auto" where measured to pay, see :mod:`.gemm_fusion`.
+        gqa_attention (`bool` or `"auto"`, defaults to `"auto"`): SDPA on key/value repeated to the
+            query's heads (transformers' ``repeat_kv``) becomes one grouped-query attention kernel
+            that reads each KV head once; "auto" for queries of at most 16 tokens (decode steps),
+            see :mod:`.rewrites.attention`.
+        causal_mask (`bool`, defaults to `True`): SDPA given a causal mask that depends on no input
+            (transformers materialises one under torch.compile) runs with ``is_causal=True`` instead,
+            i.e. flash attention over the lower half, see :mod:`.rewrites.attention`.
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).
@@ -48,6 +55,8 @@ class BackendOptions:
     inductor: dict = field(default_factory=dict)
     cudagraphs: bool = False
     fuse_projections: bool | str = "auto"
+    gqa_attention: bool | str = "auto"
+    causal_mask: bool = True
     swap_policy: str = "always"
     dump_graphs: str | None = None
 

@@ -94,6 +94,8 @@ class PassState:
     baked_scalars: dict[int, float] = field(default_factory=dict)
     patterns: Any = None  # the registered functions' patterns (rewrites.function_patterns.registered_patterns)
     fuse_projections: bool | int = False  # the GEMM fusion decision (rewrites.gemm_fusion)
+    gqa_attention: bool | str = False  # which SDPA calls on repeated K/V to rewrite (rewrites.attention)
+    causal_mask: bool = False  # SDPA with a constant causal mask -> is_causal=True (rewrites.attention)
 
     def __post_init__(self) -> None:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .inductor_options import parse_inductor_options
+from .rewrites.attention import GQA_ATTENTION
 
 __all__ = ["parse_speed_options", "SWAP_POLICIES", "FUSE_PROJECTIONS"]
 
@@ -23,7 +24,7 @@ def parse_speed_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
     Example:
         >>> parse_speed_options({"cudagraphs": True})
-        {'inductor': {}, 'cudagraphs': True, 'fuse_projections': 'auto', 'swap_policy': 'always'}
+        {'inductor': {}, 'cudagraphs': True, 'fuse_projections': 'auto', 'gqa_attention': 'auto', 'causal_mask': True, 'swap_policy': 'always'}
     """
     cudagraphs = options.get("cudagraphs", False)
     if not isinstance(cudagraphs, bool):
@@ -31,10 +32,17 @@ def parse_speed_options(options: Mapping[str, Any]) -> dict[str, Any]:
     fuse = options.get("fuse_projections", "auto")
     if not any(fuse is v if isinstance(v, bool) else fuse == v for v in FUSE_PROJECTIONS):
         raise ValueError(f"twinkle backend option fuse_projections must be True, False or 'auto', got {fuse!r}.")
+    gqa = options.get("gqa_attention", "auto")
+    if not any(gqa is v if isinstance(v, bool) else gqa == v for v in GQA_ATTENTION):
+        raise ValueError(f"twinkle backend option gqa_attention must be True, False or 'auto', got {gqa!r}.")
+    causal = options.get("causal_mask", True)
+    if not isinstance(causal, bool):
+        raise ValueError(f"twinkle backend option causal_mask must be True or False, got {causal!r}.")
     # the same default as BackendOptions (and options=None): "always"; before, a dict without the key
     # got "measured", so options={"cudagraphs": True} and mode="reduce-overhead" swapped different regions
     policy = options.get("swap_policy", "always")
     if policy not in SWAP_POLICIES:
         raise ValueError(f"twinkle backend option swap_policy={policy!r}; valid: {', '.join(SWAP_POLICIES)}.")
     return {"inductor": parse_inductor_options(options.get("inductor")), "cudagraphs": cudagraphs,
-            "fuse_projections": fuse, "swap_policy": policy}
+            "fuse_projections": fuse, "gqa_attention": gqa, "causal_mask": causal,
+            "swap_policy": policy}

@@ -31,12 +31,14 @@ def test_tiny_run_compares_both_paths_and_writes_every_row(tmp_path, capsys):
         assert row["status"] == "PASS", row["failed"]
         assert row["loss_rel_err"] <= 1e-5 and row["worst_grad_rel_err"] <= 1e-3 and row["logits_rel_err"] <= 1e-3
     # both paths swap StarCoder2's five LayerNorms (within its own classes), its MLPs and its rotary;
-    # the fused-loss head is the compiled root's class, which a graph rewrite cannot swap (kept, reported)
+    # the fused-loss head is the compiled root's class, which a graph rewrite cannot swap (kept, reported);
+    # compiled, the causal mask transformers materialises becomes is_causal=True in both layers
     assert kernelize["swaps"] == {"LayerNorm->TorchLayerNorm": 5, "Starcoder2MLP->BiasGeluMLP": 2,
                                   "Starcoder2ForCausalLM->CausalLMFusedLoss": 1, "apply_rotary_pos_emb": 1}
     assert kernelize["missing"] == []
     assert compiled["swaps"] == {"LayerNorm->TorchLayerNorm": 5, "Starcoder2MLP->BiasGeluMLP": 2,
-                                 "apply_rotary_pos_emb": 2}
+                                 "apply_rotary_pos_emb": 2,
+                                 "scaled_dot_product_attention with a constant causal mask": 2}
     assert compiled["missing"] == ["Starcoder2ForCausalLM->CausalLMFusedLoss"] and compiled["graphs"] == 1
     table = capsys.readouterr().out
     assert "starcoder2   fp32  kernelize PASS" in table and "# starcoder2:" in table and "2/2 rows pass" in table

@@ -83,7 +83,7 @@ def _blocks(rows: int, head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_S, BLOCK_D, num_warps) of the forward. tl.dot needs every side >= 16, so the
     group's rows are padded to 16 (decode: G * L = 7 rows for Qwen2); more than 64 rows are tiled."""
     block_d = max(16, next_power_of_2(head_dim))
-    block_m = min(64 if not interpreting() else 128, max(16, next_power_of_2(rows)))
+    block_m = min(64, max(16, next_power_of_2(rows)))
     block_s = 64 if block_d <= 128 else 32
     num_warps = 4 if block_m * block_d <= 64 * 128 else 8
     return block_m, block_s, block_d, num_warps
@@ -176,6 +176,7 @@ def _gqa_fwd_kernel(
 
     # Fully masked rows (l = 0) give o = 0 and statistics (0, -inf) for the combine, (0, 0) saved.
     empty = l_i == 0.0
+    log_l = tl.log(tl.where(empty, 1.0, l_i))
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     row_index = (b * n_heads + h) * seq_q + pos
     out_mask = row_ok[:, None] & d_ok[None, :]
@@ -183,11 +184,11 @@ def _gqa_fwd_kernel(
         part = row_index * n_splits + pid_s
         tl.store(part_o_ptr + part[:, None] * head_dim + d[None, :], o, mask=out_mask)
         tl.store(part_stats_ptr + part * 2, tl.where(empty, 0.0, m_i), mask=row_ok)
-        tl.store(part_stats_ptr + part * 2 + 1, tl.where(empty, float("-inf"), tl.log(tl.where(empty, 1.0, l_i))), mask=row_ok)
+        tl.store(part_stats_ptr + part * 2 + 1, tl.where(empty, float("-inf"), log_l), mask=row_ok)
     else:
         tl.store(out_ptr + row_index[:, None] * head_dim + d[None, :], o.to(out_ptr.dtype.element_ty), mask=out_mask)
         tl.store(stats_ptr + row_index * 2, tl.where(empty, 0.0, m_i), mask=row_ok)
-        tl.store(stats_ptr + row_index * 2 + 1, tl.log(tl.where(empty, 1.0, l_i)), mask=row_ok)
+        tl.store(stats_ptr + row_index * 2 + 1, log_l, mask=row_ok)
 
 
 @triton.jit
@@ -541,7 +542,8 @@ def gqa_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor |
 
 
 def repeat_kv(hidden_states: Tensor, n_rep: int) -> Tensor:
-    """transformers' ``repeat_kv``: ``(B, Hkv, S, D)`` -> ``(B, Hkv * n_rep, S, D)``, head ``h`` = KV head ``h // n_rep``."""
+    """transformers' ``repeat_kv``: ``(B, Hkv, S, D)`` -> ``(B, Hkv * n_rep, S, D)``; head ``h`` is KV head
+    ``h // n_rep``."""
     batch, n_kv_heads, seq, head_dim = hidden_states.shape
     if n_rep == 1:
         return hidden_states

@@ -114,9 +114,12 @@ def _load_mask_block(mask_ptr, mask_row, s, valid, MASK_BOOL: tl.constexpr, sms)
     is returned as fp32 bias and its -inf entries leave ``valid``."""
     m = tl.load(mask_ptr + mask_row[:, None] + s[None, :] * sms, mask=valid, other=0)
     if MASK_BOOL:
-        return valid & (m != 0), 0.0
-    bias = m.to(tl.float32)
-    return valid & (bias > float("-inf")), bias
+        valid = valid & (m != 0)
+        bias = tl.zeros(m.shape, tl.float32)
+    else:
+        bias = m.to(tl.float32)
+        valid = valid & (bias > float("-inf"))
+    return valid, bias
 
 
 @triton.jit

@@ -20,7 +20,8 @@ Forward (flash-decoding): one program per (batch, KV head, block of the group's 
 split of the keys); it loops over its keys in blocks of ``BLOCK_S`` with an online softmax in fp32.
 With several splits a second kernel combines the splits' partial results. Key blocks whose mask
 excludes every row are skipped without reading K or V (a static cache's unwritten tail). The
-softmax statistics (row max and log of the row sum, natural units) are saved for the backward.
+softmax statistics are saved for the backward: the row max and the log of the row sum (natural
+units) apart, their sum being the log-sum-exp (apart, a row max of finfo.min keeps the log sum).
 
 Backward: the dQ kernel (one program per (batch, KV head, row block), looping over the keys) also
 computes ``delta = rowsum(dO * O)``; the dK/dV kernel (one program per (batch, KV head, key block))
@@ -61,11 +62,20 @@ def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _num_splits(programs: int, seq_k: int, block_s: int, device: torch.device) -> tuple[int, int]:
+# With a symbolic (dynamic) batch or key length under torch.compile the split count cannot follow
+# them without a recompile per value (it sizes the combine kernel's block), so it is fixed: 8 splits
+# give the heuristic's 512 programs at the Qwen2 decode shape; splits past the keys are empty (they
+# return no weight to the combine).
+SYMBOLIC_SPLITS = 8
+
+
+def _num_splits(programs, seq_k, block_s: int, device: torch.device) -> tuple[int, int]:
     """(splits, keys per split): splits of the keys so that ``programs * splits`` fills the GPU
     (see PROGRAMS_PER_SM), each at least MIN_SPLIT_KEYS keys and a multiple of ``block_s``.
     Under the interpreter the "GPU" is one SM: a few splits still happen (S = 300 gives 3), so the
-    combine path runs in CPU tests too."""
+    combine path runs in CPU tests too. ``programs`` and ``seq_k`` may be SymInts (see SYMBOLIC_SPLITS)."""
+    if not (isinstance(programs, int) and isinstance(seq_k, int)):
+        return _split_length(seq_k, SYMBOLIC_SPLITS, block_s)
     if device.type == "cuda" and not interpreting():
         sms = _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
     else:
@@ -74,16 +84,21 @@ def _num_splits(programs: int, seq_k: int, block_s: int, device: torch.device) -
     return _split_length(seq_k, splits, block_s)
 
 
-def _split_length(seq_k: int, splits: int, block_s: int) -> tuple[int, int]:
-    split_len = max(block_s, cdiv(cdiv(max(seq_k, 1), splits), block_s) * block_s)
-    return cdiv(max(seq_k, 1), split_len), split_len
+def _split_length(seq_k, splits: int, block_s: int) -> tuple[int, int]:
+    """(splits, keys per split) for about ``splits`` splits of whole ``block_s`` blocks; for an int
+    ``seq_k`` the splits that would be empty are dropped, a SymInt keeps ``splits`` (no guard)."""
+    split_len = block_s * torch.sym_max(1, cdiv(seq_k, splits * block_s))
+    if isinstance(seq_k, int):
+        return cdiv(max(seq_k, 1), split_len), split_len
+    return splits, split_len
 
 
-def _blocks(rows: int, head_dim: int) -> tuple[int, int, int, int]:
+def _blocks(rows, head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_S, BLOCK_D, num_warps) of the forward. tl.dot needs every side >= 16, so the
-    group's rows are padded to 16 (decode: G * L = 7 rows for Qwen2); more than 64 rows are tiled."""
+    group's rows are padded to 16 (decode: G * L = 7 rows for Qwen2); more than 64 rows are tiled.
+    Comparisons, not next_power_of_2, on ``rows``: it is a SymInt when L is dynamic."""
     block_d = max(16, next_power_of_2(head_dim))
-    block_m = min(64, max(16, next_power_of_2(rows)))
+    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
     block_s = 64 if block_d <= 128 else 32
     num_warps = 4 if block_m * block_d <= 64 * 128 else 8
     return block_m, block_s, block_d, num_warps
@@ -512,7 +527,10 @@ def gqa_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor |
     attn_mask=attn_mask, scale=scale)`` with transformers' ``repeat_kv`` (query head ``h`` reads KV
     head ``h // G``, ``G = Hq // Hkv``), computed in fp32 with one rounding to the input dtype.
     A query row whose mask excludes every key (all False, or all -inf) returns zeros, not NaN, and
-    passes no gradient.
+    passes no gradient. Large finite additive values (``torch.finfo(dtype).min``) are ordinary mask
+    values: a row of only those attends uniformly, as in SDPA. The backward keeps each row's max
+    and log-sum apart (not one log-sum-exp), so its gradients there are the softmax's (SDPA's CPU
+    backward, which recomputes from the log-sum-exp, is off by a factor of S on such rows).
 
     Args:
         query (`torch.Tensor`): ``(batch, Hq, L, D)``, float16/bfloat16/float32, any strides (a

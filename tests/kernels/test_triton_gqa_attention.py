@@ -8,6 +8,7 @@ combine path under the interpreter (see ``_num_splits``); 17 query rows x 7 head
 
 import functools
 import math
+import sys
 
 import pytest
 import torch
@@ -122,6 +123,8 @@ def test_strided_query_and_cache_read_in_place():
     assert out.is_contiguous() and out.shape == (3, 14, 3, 64)
 
 
+# finfo.min - score overflows to -inf (probability 0, as wanted); the interpreter's numpy says so.
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")
 @pytest.mark.parametrize("num_splits", [2, 5])
 def test_split_keys_combine_to_the_unsplit_result(num_splits):
     # Splits where the mask excludes every key of a split (a static cache's unwritten tail) and a
@@ -132,6 +135,15 @@ def test_split_keys_combine_to_the_unsplit_result(num_splits):
     for mask in masks:
         out, _ = _gqa_forward(q, k, v, mask, 0.2, num_splits)
         assert_close(out, tt.gqa_attention_reference(q, k, v, mask, 0.2), torch.float32, f"{num_splits} splits")
+
+
+def test_splits_past_the_last_key_add_nothing(monkeypatch):
+    # With a symbolic key length the split count is fixed (SYMBOLIC_SPLITS) and trailing splits may be empty.
+    module = sys.modules["twinkle_triton.gqa_attention"]
+    monkeypatch.setattr(module, "_split_length", lambda seq_k, splits, block_s: (8, 64))
+    q, k, v = torch.randn(1, 4, 1, 32), torch.randn(1, 2, 100, 32), torch.randn(1, 2, 100, 32)
+    out, _ = _gqa_forward(q, k, v, None, 0.2, 8)
+    assert_close(out, tt.gqa_attention_reference(q, k, v, None, 0.2), torch.float32, "empty splits")
 
 
 def test_split_heuristic_fills_the_gpu_with_long_enough_splits():
@@ -173,6 +185,17 @@ def test_compiles_with_aot_eager_forward_and_backward():
     assert_close(got, want, torch.float32, "loss")
     for g, w in zip(torch.autograd.grad(got, (q, k, v)), torch.autograd.grad(want, (q, k, v))):
         assert_close(g, w, torch.float32, "grad")
+
+
+def test_compiles_with_dynamic_shapes():
+    # Prefill then decode, and a growing cache: L, S and the batch are symbolic in the graph (on a GPU
+    # the op's impl is traced with them: the split count must not need their values).
+    compiled = torch.compile(tt.gqa_attention, backend="aot_eager", dynamic=True, fullgraph=True)
+    for batch, seq_q, seq_k in ((2, 5, 37), (3, 1, 300), (1, 1, 64)):
+        q, k, v = torch.randn(batch, 4, seq_q, 32), torch.randn(batch, 2, seq_k, 32), torch.randn(batch, 2, seq_k, 32)
+        mask = torch.rand(batch, 1, seq_q, seq_k) > 0.2
+        assert_close(compiled(q, k, v, mask), tt.gqa_attention_reference(q, k, v, mask), torch.float32,
+                     f"dynamic {batch} x {seq_q} x {seq_k}")
 
 
 def test_opcheck():

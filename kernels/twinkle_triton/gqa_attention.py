@@ -8,7 +8,9 @@ transformers' ``repeat_kv(key)`` / ``repeat_kv(value)`` without materializing th
     v = value[:, :, None].expand(B, Hkv, G, S, D).reshape(B, Hq, S, D)
     F.scaled_dot_product_attention(query, k, v, attn_mask=attn_mask, scale=scale)
 
-except that a query row whose mask excludes every key returns zeros (SDPA's math path gives NaN).
+except that a query row whose mask excludes every key always returns zeros: SDPA's own result for
+such a row depends on its backend (zeros from the fused kernels in torch 2.13 on CPU, the mean of V
+from its math path with a bool mask).
 
 Why: transformers' ``sdpa_attention_forward`` calls ``repeat_kv`` whenever a mask is given, which is
 always with a static cache, so each decoder layer of Qwen2-0.5B decoding 32 sequences over a
@@ -38,8 +40,6 @@ from torch import Tensor
 
 from ._launch import cdiv, interpreting, next_power_of_2
 from ._library import define_op, wrap_triton
-
-LOG2E = 1.4426950408889634
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -116,11 +116,16 @@ def _dot_options(dtype: torch.dtype) -> dict:
 # ----------------------------------------------------------------------------- kernels
 
 
+# The kernels compute exp(x) as exp2(x * 1.4426950408889634), log2(e) (one MUFU.EX2 on NVIDIA GPUs).
+
+
 @triton.jit
 def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=PRECISION)
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        result = tl.dot(a, b, input_precision=PRECISION)
+    return result
 
 
 @triton.jit

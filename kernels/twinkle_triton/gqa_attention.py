@@ -184,7 +184,9 @@ def _gqa_fwd_kernel(
             valid, bias = _load_mask_block(mask_ptr, mask_row, s, valid, MASK_BOOL, sms)
         # Skip K and V of a block no row may attend to (a static cache's unwritten tail).
         if tl.max(valid.to(tl.int32)) > 0:
+            # V's load is issued with K's, so both are in flight during the first dot.
             kt = tl.load(k_base + s[None, :] * sks + d[:, None] * skd, mask=s_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(v_base + s[:, None] * svs + d[None, :] * svd, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
             scores = _dot(q, kt, DOT_PRECISION, DOT_UPCAST) * scale + bias
             scores = tl.where(valid, scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -193,7 +195,6 @@ def _gqa_fwd_kernel(
             alpha = tl.exp2((m_i - m_safe) * 1.4426950408889634)
             p = tl.exp2((scores - m_safe[:, None]) * 1.4426950408889634)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + s[:, None] * svs + d[None, :] * svd, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
             acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
             m_i = m_new
 

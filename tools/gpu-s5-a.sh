@@ -10,8 +10,8 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 SECONDS=0
 timeout 230 python3 -m pytest -q -p no:cacheprovider -n 12 --durations=5 > "$out/gpu-pytest.log" 2>&1
 echo "suite exit $? at ${SECONDS} s"; grep -E "^(FAILED|ERROR)" "$out/gpu-pytest.log" | head -20; tail -3 "$out/gpu-pytest.log"
-timeout 60 python3 tools/gqa_attention_bench.py > "$out/gqa-bench.txt" 2>&1; echo "gqa bench exit $? at ${SECONDS} s"
-cat "$out/gqa-bench.txt" | tail -20
+timeout 90 python3 tools/gqa_attention_bench.py --out "$out/gqa-bench.json" > "$out/gqa-bench.txt" 2>&1; echo "gqa bench exit $? at ${SECONDS} s"
+tail -40 "$out/gqa-bench.txt"
 timeout 200 python3 -m twinkle_fx bench --inference --backends inductor+cudagraphs,twinkle+cudagraphs --steps 20 \
   --warmup 3 --out "$out/inf" > "$out/inf.txt" 2>&1; echo "inference bench exit $? at ${SECONDS} s"
 grep -v "UserWarning\|warn" "$out/inf.txt" | tail -16

@@ -68,10 +68,12 @@ class TestExpectedRewrite(expecttest.TestCase):
 @@
 -        getitem: "f32[2, 2, 1, 19, 16]" = l_k_[(slice(None, None, None), slice(None, None, None), None, slice(None, None, None), slice(None, None, None))];  l_k_ = None
 -        hidden_states: "f32[2, 2, 3, 19, 16]" = getitem.expand(2, 2, 3, 19, 16);  getitem = None
+-
 -        k: "f32[2, 6, 19, 16]" = hidden_states.reshape(2, 6, 19, 16);  hidden_states = None
 -
 -        getitem_1: "f32[2, 2, 1, 19, 16]" = l_v_[(slice(None, None, None), slice(None, None, None), None, slice(None, None, None), slice(None, None, None))];  l_v_ = None
 -        hidden_states_1: "f32[2, 2, 3, 19, 16]" = getitem_1.expand(2, 2, 3, 19, 16);  getitem_1 = None
+-
 -        v: "f32[2, 6, 19, 16]" = hidden_states_1.reshape(2, 6, 19, 16);  hidden_states_1 = None
 -
 -        scaled_dot_product_attention: "f32[2, 6, 1, 16]" = torch._C._nn.scaled_dot_product_attention(l_q_, k, v, attn_mask = l_mask_, scale = 0.3);  l_q_ = k = v = l_mask_ = None

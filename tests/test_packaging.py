@@ -16,12 +16,24 @@ from device_under_test import DEVICE, INTERPRETED
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _lock(file) -> None:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no concurrent workers to guard against in practice
+        return
+    fcntl.flock(file, fcntl.LOCK_EX)  # released when the file is closed
+
+
 @pytest.fixture(scope="module")
 def sdist(tmp_path_factory) -> tarfile.TarFile:
     out = tmp_path_factory.mktemp("sdist")
     # setuptools writes twinkle_fx.egg-info next to pyproject.toml (git-ignored), as `pip install -e .` does
     code = f"from setuptools import build_meta as b; print(b.build_sdist({str(out)!r}))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # one build at a time: setuptools stages the sdist in ./twinkle_fx-0.1.0 under the repository, and
+    # pytest-xdist workers each build their own (one seen removing another's staging dir on the GPU run)
+    with open(tmp_path_factory.getbasetemp().parent / "twinkle_fx-sdist.lock", "w") as lock:
+        _lock(lock)
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     name = proc.stdout.strip().splitlines()[-1]
     return tarfile.open(out / name)

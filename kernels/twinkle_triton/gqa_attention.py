@@ -362,8 +362,10 @@ def _mask_layout(attn_mask: Tensor | None, shape: tuple[int, int, int, int], fal
     strides = (0,) * lead + tuple(attn_mask.stride())
     strides = tuple(0 if size == 1 else stride for size, stride in zip(sizes, strides))
     is_bool = attn_mask.dtype == torch.bool
-    # Triton reads torch.bool memory as bytes through a uint8 view (same storage, no copy).
-    return (attn_mask.view(torch.uint8) if is_bool else attn_mask), strides, True, is_bool
+    # passed as it is (Triton reads a torch.bool tensor as *i1): a uint8 view would be aten.view.dtype
+    # in the traced graph, which Inductor cannot lower for bool (torch 2.11, "torch.bool is not
+    # supported by torch.iinfo")
+    return attn_mask, strides, True, is_bool
 
 
 def _gqa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None, scale: float,

@@ -69,7 +69,9 @@ rms_norm_backward_2 = torch.ops.twinkle.rms_norm_backward.default(v11, v12, prim
         uncovered = [line for line in lines if line.startswith("layer classes of Qwen2ForCausalLM without a kernel: ")]
         self.assertEqual(len(uncovered), 1, lines)
         self.assertTrue({"Qwen2Attention", "Qwen2ForCausalLM"} <= set(uncovered[0].split(": ", 1)[1].split(", ")))
-        region_lines = [line for line in lines if line not in uncovered]
+        # transformers 5.17 materialises the causal mask under compile, 5.22 skips it here: the attention
+        # pass's line is there in one version only (tests/compile/test_gqa_attention_rewrite.py pins it)
+        region_lines = [line for line in lines if line not in uncovered and "scaled_dot_product_attention" not in line]
         self.assertExpectedInline("\n".join(region_lines), """\
   swapped 5 x layer Qwen2RMSNorm -> RMSNorm: RMSNorm [<device>, any] from impl RMSNorm (custom op call)  [model.layers.0.input_layernorm, model.layers.0.post_attention_layernorm, model.layers.1.input_layernorm, ... (5 in all)]
   swapped 2 x layer Qwen2MLP -> SwiGLUMLP: SwiGLUMLP [<device>, any] from impl SwiGLUMLP (custom op call)  [model.layers.0.mlp, model.layers.1.mlp]
@@ -131,8 +133,8 @@ class TestBuiltinPatterns(expecttest.TestCase):
                                  func_impl=silu_mul, device=DEVICE, match_anywhere=True)
         model = tiny("llama", layers=1)  # LlamaMLP is bound to nothing
         ids = input_ids()
-        with record_graphs() as graphs:
-            torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(ids)
+        with record_graphs() as graphs:  # without the attention pass, which rewrites the mask on some versions
+            torch.compile(model, backend="twinkle", options={"compiler": "aot_eager", "causal_mask": False})(ids)
         self.assertExpectedInline(renumbered(graphs.diff(context=0)), """\
 @@
 -
@@ -171,7 +173,7 @@ class TestRotaryOfOtherFamilies(expecttest.TestCase):
             model = _tiny_family("phi3", partial_rotary_factor=factor)
             ids = input_ids()
             report = twinkle_fx.explain(model, ids, labels=ids)
-            rotary = [r for r in report.regions if r.kind == "function"]
+            rotary = [r for r in report.regions if "apply_rotary_pos_emb" in r.target]
             self.assertEqual([(r.swapped, r.match) for r in rotary], [(True, "copy")], report.summary())
             self.assertNotIn(ReasonKind.INTERLEAVED, {r.reason and r.reason.kind for r in report.regions})
         _assert_matches_eager(self, model, "aot_eager")
@@ -183,7 +185,8 @@ class TestRotaryOfOtherFamilies(expecttest.TestCase):
         for family in ("glm4", "gpt_oss"):
             ids = input_ids()
             report = twinkle_fx.explain(_tiny_family(family), ids, labels=ids)
-            rotary = [(r.target, r.swapped, r.reason and r.reason.kind) for r in report.regions if r.kind == "function"]
+            rotary = [(r.target, r.swapped, r.reason and r.reason.kind) for r in report.regions
+                      if "apply_rotary_pos_emb" in r.target]
             own = f"transformers.models.{family}.modeling_{family}.apply_rotary_pos_emb"
             self.assertEqual(rotary, [(own, False, ReasonKind.NOT_MATCHED)], report.summary())
 

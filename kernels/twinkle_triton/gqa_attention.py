@@ -151,6 +151,9 @@ def _gqa_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
+    # fp32 whatever the caller passes: Inductor types a Python float argument fp64, which would make the
+    # scores fp64 and the running max change type inside the loop (a compile error)
+    scale = tl.full([1], scale, tl.float32)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -250,6 +253,9 @@ def _gqa_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
+    # fp32 whatever the caller passes: Inductor types a Python float argument fp64, which would make the
+    # scores fp64 and the running max change type inside the loop (a compile error)
+    scale = tl.full([1], scale, tl.float32)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = (pid_bh // n_kv_heads).to(tl.int64)
@@ -305,6 +311,9 @@ def _gqa_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
+    # fp32 whatever the caller passes: Inductor types a Python float argument fp64, which would make the
+    # scores fp64 and the running max change type inside the loop (a compile error)
+    scale = tl.full([1], scale, tl.float32)
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = (pid_bh // n_kv_heads).to(tl.int64)

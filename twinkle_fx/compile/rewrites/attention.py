@@ -67,6 +67,7 @@ _TARGET = "scaled_dot_product_attention on repeated K/V"
 _KERNEL = "twinkle_triton.gqa_attention"
 _CAUSAL_TARGET = "scaled_dot_product_attention with a constant causal mask"
 _CAUSAL_KERNEL = "scaled_dot_product_attention(is_causal=True)"
+_FROM_INPUTS = "the mask is computed from graph inputs"
 
 
 def _kernel():
@@ -201,6 +202,11 @@ def run(state: PassState) -> list[Outcome]:
                 repeats += [key[2], value[2]] if key is not None else []
                 outcomes.append(Swapped("function", _CAUSAL_TARGET, location, _CAUSAL_KERNEL, "SDPA call"))
                 continue
+            if not causal[mask].startswith(_FROM_INPUTS):  # a constant mask, but not one is_causal can stand for
+                outcomes.append(Kept("function", _CAUSAL_TARGET, location,
+                                     Reason(ReasonKind.DOES_NOT_APPLY, causal[mask]), kernel=_CAUSAL_KERNEL))
+            else:
+                logger.debug("%s: %s", location, causal[mask])
         if key is None or value is None:
             continue
 
@@ -265,7 +271,7 @@ def constant_causal(gm: fx.GraphModule, mask: fx.Node) -> bool | str:
     nodes = _ancestors(mask)
     inputs = [n.name for n in nodes if n.op == "placeholder"]
     if inputs:
-        return f"the mask is computed from graph inputs ({', '.join(inputs[:3])})"
+        return f"{_FROM_INPUTS} ({', '.join(inputs[:3])})"
     if any(isinstance(n.target, str) and n.target.endswith("_") and n.op == "call_method" for n in nodes):
         return "the mask's computation has in-place steps"
     sub = fx.Graph()

@@ -219,7 +219,9 @@ def test_a_windowed_or_input_mask_is_left_alone():
     with torch.no_grad(), record_graphs() as graphs, collect_reports() as report:
         _compile(CausalFromArange(groups=3, window=4))(q, k, v)
     assert graphs.diff().strip() == ""
-    assert report.regions == []  # not causal, and a query of 24 is no candidate of the kernel under "auto"
+    # a constant mask that is not causal is reported; a query of 24 is no candidate of the kernel under "auto"
+    (region,) = report.regions
+    assert region.target == _CAUSAL and not region.swapped and "not causal" in str(region.reason)
     torch._dynamo.reset()
     with torch.no_grad(), record_graphs() as graphs:
         _compile(RepeatKVAttention(groups=3), gqa_attention=False)(q, k, v, mask.tril())  # a causal mask from an input
@@ -262,3 +264,37 @@ def test_inductor_compiles_the_kernel_with_a_bool_mask():
         got = torch.compile(model, backend="twinkle", dynamic=False)(q, k, v, mask)
     assert [r.swapped for r in report.regions] == [True]
     torch.testing.assert_close(got, model(q, k, v, mask), rtol=2e-2, atol=2e-2)
+
+
+class CausalBuiltInPlace(torch.nn.Module):
+    """The mask's own tensors changed in place (``&=``, as some transformers versions build it), and a
+    tensor of the mask changed in place outside its computation after the mask read it."""
+
+    def __init__(self, mutate_outside: bool) -> None:
+        super().__init__()
+        self.mutate_outside = mutate_outside
+
+    def forward(self, q, k, v):
+        rows = torch.arange(q.shape[2], device=q.device)
+        cols = torch.arange(k.shape[2], device=q.device)
+        mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
+        mask &= cols[None, :] <= rows[:, None]
+        out = torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 3), repeat_kv(v, 3), attn_mask=mask)
+        if self.mutate_outside:
+            rows.add_(1)  # after the call: the mask the call saw is still causal, but the pass cannot tell
+            return out, rows
+        return out
+
+
+@pytest.mark.parametrize("mutate_outside", [False, True])
+def test_in_place_steps_in_the_mask(mutate_outside):
+    model = CausalBuiltInPlace(mutate_outside)
+    q, k, v, _ = _inputs(24, keys=24)
+    with torch.no_grad(), collect_reports() as report:
+        got = _compile(model)(q, k, v)
+    want = model(q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    (region,) = report.regions
+    assert region.swapped is not mutate_outside
+    if mutate_outside:
+        assert "changes a tensor of the mask's computation in place" in str(region.reason)

@@ -272,8 +272,12 @@ def constant_causal(gm: fx.GraphModule, mask: fx.Node) -> bool | str:
     inputs = [n.name for n in nodes if n.op == "placeholder"]
     if inputs:
         return f"{_FROM_INPUTS} ({', '.join(inputs[:3])})"
-    if any(isinstance(n.target, str) and n.target.endswith("_") and n.op == "call_method" for n in nodes):
-        return "the mask's computation has in-place steps"
+    # In-place steps inside the computation are replayed by the copy evaluated below; a step outside it
+    # that mutates one of its tensors would make the copy read values the graph never has.
+    inside = set(nodes)
+    for n in nodes[0].graph.nodes:
+        if n not in inside and _in_place(n) and n.args and n.args[0] in inside:
+            return f"{n.name} changes a tensor of the mask's computation in place"
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n in nodes:
@@ -299,10 +303,25 @@ def constant_causal(gm: fx.GraphModule, mask: fx.Node) -> bool | str:
     return True
 
 
+_IN_PLACE_OPERATORS = {operator.iadd, operator.iand, operator.ior, operator.imul, operator.isub, operator.ixor,
+                       operator.itruediv, operator.setitem}
+
+
+def _in_place(node: fx.Node) -> bool:
+    """Whether ``node`` writes into its first argument (``x.add_(...)``, ``x &= ...``, ``x[i] = ...``)."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if node.op == "call_method":
+        dunder = name.startswith("__") and name.endswith("__")
+        return name.startswith("__i") if dunder else name.endswith("_") or name == "__setitem__"
+    if node.op == "call_function":
+        return node.target in _IN_PLACE_OPERATORS or (name.endswith("_") and not name.startswith("_"))
+    return False
+
+
 def _erase_unread(graph: fx.Graph, node: fx.Node) -> None:
     """Erase ``node`` and what only it read, newest first (pure nodes only: a constant mask's computation)."""
     for n in reversed(_ancestors(node)):
-        if not n.users and n.op in ("call_function", "call_method") and not n.is_impure():
+        if not n.users and n.op in ("call_function", "call_method") and not n.is_impure() and not _in_place(n):
             graph.erase_node(n)
 
 

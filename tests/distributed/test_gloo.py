@@ -228,3 +228,16 @@ def test_fsdp2_twinkle_swaps_on_every_rank(distributed):
     assert rank0["graphs"] > 1
     assert rank0["swapped"] == {RMSNORM: 2, MLP: 1, ROTARY: 1,
                                 "kernelized FSDPQwen2ForCausalLM -> CausalLMFusedLoss": 1}
+
+
+@pytest.mark.parametrize("extra", ["--parallel fsdp2 --regional", "--compiler aot_eager", "--backend eager"])
+def test_cudagraphs_refuses_what_it_cannot_replay(extra, capsys):
+    argv = f"--size tiny --backend twinkle --cudagraphs {extra}".split()
+    with pytest.raises(SystemExit):
+        train_distributed.parse_args(argv)
+    assert "--cudagraphs needs a compiled --backend with --compiler inductor" in capsys.readouterr().err
+
+
+def test_cudagraphs_names_the_run():
+    args = train_distributed.parse_args("--size tiny --backend twinkle --regional --cudagraphs".split())
+    assert "regional, CUDA graphs" in train_distributed.describe_args(args, 1, torch.device("cpu"))

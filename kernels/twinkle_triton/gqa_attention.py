@@ -129,6 +129,19 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _as_fp32(scale):
+    """The scale as fp32 whatever the caller passes: Inductor types a Python float argument fp64, which
+    would make the scores fp64 and the running max change type inside the loop (a compile error)."""
+    return tl.full([1], scale, tl.float32)
+
+
+@triton.jit
+def _batch_and_kv_head(pid_bh, n_kv_heads):
+    """(batch, KV head) of a program over batch x KV heads, as int64 (offsets of large caches)."""
+    return (pid_bh // n_kv_heads).to(tl.int64), (pid_bh % n_kv_heads).to(tl.int64)
+
+
+@triton.jit
 def _load_mask_block(mask_ptr, mask_row, s, valid, MASK_BOOL: tl.constexpr, sms):
     """(valid, additive bias) of a [rows, keys] block: a bool mask narrows ``valid``; a float mask
     is returned as fp32 bias and its -inf entries leave ``valid``."""
@@ -151,14 +164,11 @@ def _gqa_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
-    # fp32 whatever the caller passes: Inductor types a Python float argument fp64, which would make the
-    # scores fp64 and the running max change type inside the loop (a compile error)
-    scale = tl.full([1], scale, tl.float32)
+    scale = _as_fp32(scale)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
-    b = (pid_bh // n_kv_heads).to(tl.int64)
-    hk = (pid_bh % n_kv_heads).to(tl.int64)
+    b, hk = _batch_and_kv_head(pid_bh, n_kv_heads)
     n_heads = n_kv_heads * group
     # Row r of the group is query head hk * G + r // L at position r % L.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -253,13 +263,10 @@ def _gqa_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
-    # fp32 whatever the caller passes: Inductor types a Python float argument fp64, which would make the
-    # scores fp64 and the running max change type inside the loop (a compile error)
-    scale = tl.full([1], scale, tl.float32)
+    scale = _as_fp32(scale)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
-    b = (pid_bh // n_kv_heads).to(tl.int64)
-    hk = (pid_bh % n_kv_heads).to(tl.int64)
+    b, hk = _batch_and_kv_head(pid_bh, n_kv_heads)
     n_heads = n_kv_heads * group
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < group * seq_q
@@ -311,13 +318,10 @@ def _gqa_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
-    # fp32 whatever the caller passes: Inductor types a Python float argument fp64, which would make the
-    # scores fp64 and the running max change type inside the loop (a compile error)
-    scale = tl.full([1], scale, tl.float32)
+    scale = _as_fp32(scale)
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
-    b = (pid_bh // n_kv_heads).to(tl.int64)
-    hk = (pid_bh % n_kv_heads).to(tl.int64)
+    b, hk = _batch_and_kv_head(pid_bh, n_kv_heads)
     n_heads = n_kv_heads * group
     s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     s_ok = s < seq_k

@@ -41,6 +41,7 @@ query longer than the option allows is no candidate: logged at DEBUG).
 from __future__ import annotations
 
 import logging
+import math
 import operator
 import os
 
@@ -60,6 +61,9 @@ GQA_ATTENTION = (True, False, "auto")
 # "auto": the longest query the kernel takes. Decode steps are 1 token (a few with speculative
 # decoding); there the repeat_kv copy is nearly all of attention's memory traffic.
 AUTO_MAX_QUERY_LEN = 16
+
+# the largest mask (elements) evaluated at compile time: 2**28 booleans is 256 MiB, a 16k x 16k mask
+MAX_EVALUATED_MASK = 2**28
 
 SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -278,6 +282,9 @@ def constant_causal(gm: fx.GraphModule, mask: fx.Node) -> bool | str:
     for n in nodes[0].graph.nodes:
         if n not in inside and _in_place(n) and n.args and n.args[0] in inside:
             return f"{n.name} changes a tensor of the mask's computation in place"
+    shape = getattr(example_value(mask), "shape", None)
+    if shape is not None and all(isinstance(n, int) for n in shape) and math.prod(shape) > MAX_EVALUATED_MASK:
+        return f"the mask has {math.prod(shape):,} elements, more than the pass evaluates at compile time"
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n in nodes:

@@ -4,8 +4,8 @@
 does not skip the causal mask (``_ignore_causal_mask_sdpa`` declines while tracing), so a compiled
 forward without padding (training on packed rows, a prefill of ``model(input_ids)``) passes SDPA a
 materialised ``L x S`` boolean mask. A masked SDPA cannot take grouped heads on CUDA, so the key
-and value are repeated to the query's heads too, and the call runs the memory-efficient kernel over
-the whole square instead of flash attention over its lower half. When the mask depends on no graph
+and value are repeated to the query's heads too, and the call runs a masked kernel over the whole
+square (cuDNN's on an H100 with torch 2.11) instead of causal attention over its lower half. When the mask depends on no graph
 input (it is made from ``arange``s of static sizes), the pass evaluates it once at compile time;
 when it is exactly the upper-left causal mask (key ``j`` visible to query ``i`` iff ``j <= i``, over
 every batch row and head), the call becomes ``scaled_dot_product_attention(q, k, v, is_causal=True)``,
@@ -334,7 +334,7 @@ def _erase_unread(graph: fx.Graph, node: fx.Node) -> None:
 
 def _rewrite_causal(node: fx.Node, args: dict, key: tuple | None, value: tuple | None) -> None:
     """``sdpa(q, k, v, is_causal=True)``, on the unrepeated K/V (``enable_gqa``) where flash attention
-    takes grouped heads: fp16/bf16 (in fp32 CUDA runs the efficient kernel, which has no GQA)."""
+    takes grouped heads: fp16/bf16 (in fp32 CUDA runs the memory-efficient kernel, which has no GQA)."""
     graph = node.graph
     query = _value(args["query"])
     grouped = key is not None and query is not None and (

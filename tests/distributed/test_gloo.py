@@ -48,6 +48,7 @@ LAYERS = train_distributed.SIZES["tiny"]["num_hidden_layers"]
 ROTARY = "function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
 RMSNORM = "layer Qwen2RMSNorm -> RMSNorm"
 MLP = "layer Qwen2MLP -> SwiGLUMLP"
+ATTENTION = "scaled_dot_product_attention"  # the backend's attention rewrites (which fire depends on transformers' masks)
 EAGER_SWAPS = {"kernelized Qwen2RMSNorm -> RMSNorm": 2 * LAYERS + 1, "kernelized Qwen2MLP -> SwiGLUMLP": LAYERS,
                "patched transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb": 1}
 
@@ -216,7 +217,8 @@ def test_kernelize_then_twinkle_swaps_on_every_rank(distributed):
     """Eager swaps first (the fused-loss head among them); the backend finds those layers already
     kernelized (their kernels are in the graph) and swaps nothing twice."""
     for swaps in _swaps(distributed["ddp_kernelize_twinkle"]):
-        assert swaps["swapped"] == EAGER_SWAPS | {"kernelized Qwen2ForCausalLM -> CausalLMFusedLoss": 1}, swaps
+        registered = {k: v for k, v in swaps["swapped"].items() if ATTENTION not in k}
+        assert registered == EAGER_SWAPS | {"kernelized Qwen2ForCausalLM -> CausalLMFusedLoss": 1}, swaps
         assert all("already kernelized eagerly" in reason for reason in swaps["kept"]), swaps["kept"]
 
 
@@ -226,8 +228,8 @@ def test_fsdp2_twinkle_swaps_on_every_rank(distributed):
     rank0, rank1 = _swaps(distributed["fsdp2_twinkle"])
     assert {k: v for k, v in rank0.items() if k != "rank"} == {k: v for k, v in rank1.items() if k != "rank"}
     assert rank0["graphs"] > 1
-    assert rank0["swapped"] == {RMSNORM: 2, MLP: 1, ROTARY: 1,
-                                "kernelized FSDPQwen2ForCausalLM -> CausalLMFusedLoss": 1}
+    registered = {k: v for k, v in rank0["swapped"].items() if ATTENTION not in k}
+    assert registered == {RMSNORM: 2, MLP: 1, ROTARY: 1, "kernelized FSDPQwen2ForCausalLM -> CausalLMFusedLoss": 1}
 
 
 @pytest.mark.parametrize("extra", ["--parallel fsdp2 --regional", "--compiler aot_eager", "--backend eager"])

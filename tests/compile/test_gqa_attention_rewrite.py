@@ -298,3 +298,21 @@ def test_in_place_steps_in_the_mask(mutate_outside):
     assert region.swapped is not mutate_outside
     if mutate_outside:
         assert "changes a tensor of the mask's computation in place" in str(region.reason)
+
+
+def test_only_the_key_repeated_keeps_the_value_as_it_is():
+    """A call whose key alone is repeated (value already has the query's heads) still gets the causal
+    rewrite, on the tensors as they are."""
+
+    class KeyOnly(torch.nn.Module):
+        def forward(self, q, k, v):
+            rows = torch.arange(q.shape[2], device=q.device)
+            mask = rows[None, :] <= rows[:, None]
+            return torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, 3), v, attn_mask=mask)
+
+    q, k, _, _ = _inputs(24, keys=24)
+    v = torch.randn(2, 6, 24, 16, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    with torch.no_grad(), collect_reports() as report:
+        got = _compile(KeyOnly())(q, k, v)
+    assert [r.swapped for r in report.regions] == [True]
+    torch.testing.assert_close(got, KeyOnly()(q, k, v), rtol=1e-4, atol=1e-4)

@@ -192,7 +192,7 @@ def run(state: PassState) -> list[Outcome]:
             continue
         args = _sdpa_args(node)
         key, value = find_repeat(args.get("key")), find_repeat(args.get("value"))
-        if key is not None and value is not None and key[1] != value[1]:
+        if key is None or value is None or key[1] != value[1]:  # both repeated alike, or neither counts
             key = value = None
         location = _location(node)
         mask = args.get("attn_mask")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections import Counter
 
 import expecttest
@@ -316,3 +317,18 @@ def test_only_the_key_repeated_keeps_the_value_as_it_is():
         got = _compile(KeyOnly())(q, k, v)
     assert [r.swapped for r in report.regions] == [True]
     torch.testing.assert_close(got, KeyOnly()(q, k, v), rtol=1e-4, atol=1e-4)
+
+
+def test_one_repeat_read_as_key_and_value_is_erased_once():
+    class SameRepeat(torch.nn.Module):
+        def forward(self, q, k, mask):
+            kv = repeat_kv(k, 3)
+            return torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, scale=0.3)
+
+    q, k, _, mask = _inputs(1)
+    with torch.no_grad(), record_graphs() as graphs, collect_reports() as report, warnings.catch_warnings():
+        warnings.filterwarnings("error", message="erase_node")  # FX warns on erasing a node twice
+        got = _compile(SameRepeat())(q, k, mask)
+    assert [r.swapped for r in report.regions] == [True]
+    assert "expand" not in graphs.after[0]
+    torch.testing.assert_close(got, SameRepeat()(q, k, mask), rtol=1e-4, atol=1e-5)

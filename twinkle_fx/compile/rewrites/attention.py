@@ -48,9 +48,10 @@ import os
 import torch
 import torch.fx as fx
 
-from ..dynamo_internals import common_provenance, example_value, module_stack, set_example_value
+from ..dynamo_internals import common_provenance, example_value, is_erased, set_example_value
 from ..pipeline import Kept, Outcome, PassState, Swapped
 from ..reasons import Reason, ReasonKind
+from .function_patterns import region_location
 
 logger = logging.getLogger(__name__)
 
@@ -173,13 +174,6 @@ def _sdpa_args(node: fx.Node) -> dict[str, object]:
     return bound
 
 
-def _location(node: fx.Node) -> str:
-    for frame in reversed(module_stack(node)):
-        if frame.local and not frame.location.startswith("_"):
-            return f"{frame.location.split('@', 1)[0]} ({node.name})"
-    return node.name
-
-
 def run(state: PassState) -> list[Outcome]:
     """The pass: each SDPA call with a constant causal mask (``state.causal_mask``) or a short query on
     repeated K/V (``state.gqa_attention``) is rewritten; see the module docstring."""
@@ -194,7 +188,7 @@ def run(state: PassState) -> list[Outcome]:
         key, value = find_repeat(args.get("key")), find_repeat(args.get("value"))
         if key is None or value is None or key[1] != value[1]:  # both repeated alike, or neither counts
             key = value = None
-        location = _location(node)
+        location = region_location([node])
         mask = args.get("attn_mask")
         plain = args.get("dropout_p", 0.0) == 0.0 and args.get("is_causal", False) is False \
             and not args.get("enable_gqa", False)
@@ -247,7 +241,7 @@ def run(state: PassState) -> list[Outcome]:
         # in-place updates such as a cache's index_copy_, call_method nodes FX does not know are impure)
         for chain in repeats:
             for repeat in chain:
-                if not repeat.users and repeat.graph is graph:
+                if not repeat.users and not is_erased(repeat):  # a chain two calls share is erased once
                     graph.erase_node(repeat)
         for mask, is_causal in causal.items():
             if is_causal is True:

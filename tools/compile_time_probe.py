@@ -1,0 +1,146 @@
+"""Where the first step of a compiled training step spends its time, per backend (issue 15's
+first-step target: twinkle's first step within 1.10x of Inductor's).
+
+For each backend of the harness (``twinkle_fx.bench.backends``), a fresh reference model (``--workload``, bf16 on CUDA, fp32 on CPU) runs one
+forward + backward with labels after ``torch._dynamo.reset()``, and the script prints:
+
+- the wall time of that first step;
+- Dynamo's own per-phase times (``torch._dynamo.utils.compile_times``: tracing, AOT autograd, the
+  backend's compile);
+- twinkle's pass times (``GraphReport.pass_ms``, summed over graphs);
+- Triton compiles in this process (``triton.compiler.compile``: the custom ops' kernels JIT-compiled
+  at their first launch; Inductor compiles its own kernels in worker processes, not counted here).
+
+Usage::
+
+    python tools/compile_time_probe.py --backends inductor+cudagraphs,twinkle+cudagraphs   # GPU, 4 x 1024
+    python tools/compile_time_probe.py --backends twinkle --layers 2 --batch 1 --seq 16    # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import json
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+
+def _triton_compile_timer():
+    """Count in-process Triton compiles and their seconds (a wrapper around triton.compiler.compile)."""
+    try:
+        import triton.compiler.compiler as compiler_module
+    except ImportError:
+        return None, contextlib.nullcontext()
+    stats = {"count": 0, "s": 0.0, "by_name": defaultdict(float)}
+    original = compiler_module.compile
+
+    @functools.wraps(original)
+    def timed(src, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(src, *args, **kwargs)
+        finally:
+            elapsed = time.perf_counter() - start
+            stats["count"] += 1
+            stats["s"] += elapsed
+            name = getattr(getattr(src, "fn", None), "__name__", "?")
+            stats["by_name"][name] += elapsed
+
+    @contextlib.contextmanager
+    def patched():
+        import triton
+        import triton.runtime.jit as jit_module
+        targets = [(compiler_module, "compile"), (triton, "compile")]
+        if getattr(jit_module, "compile", None) is original:
+            targets.append((jit_module, "compile"))
+        saved = [(module, name, getattr(module, name)) for module, name in targets]
+        for module, name in targets:
+            setattr(module, name, timed)
+        try:
+            yield
+        finally:
+            for module, name, value in saved:
+                setattr(module, name, value)
+
+    return stats, patched()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="inductor,twinkle")
+    parser.add_argument("--workload", default="qwen2")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--layers", type=int, help="override the workload's layer count")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+
+    from torch._dynamo.utils import compile_times
+
+    from twinkle_fx.bench.backends import BACKENDS
+    from twinkle_fx.bench.workloads import build_model, get_workload, make_batch
+    from twinkle_fx.compile import collect_reports
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    workload = get_workload(args.workload)
+    rows = []
+    for backend in args.backends.split(","):
+        torch._dynamo.reset()
+        torch._dynamo.utils.compilation_time_metrics.clear()
+        if args.layers is not None:
+            workload = dataclasses.replace(workload, config={**workload.config, "num_hidden_layers": args.layers})
+        model = build_model(workload, tiny=False, dtype=dtype, device=device, seed=0).train()
+        input_ids, labels = make_batch(workload, tiny=False, batch=args.batch, seq=args.seq, device=device, seed=0)
+        stats, patched = _triton_compile_timer()
+        with BACKENDS[backend].prepare(model, workload.family, device) as prepared, collect_reports() as report, patched:
+            compiled = prepared.model
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            loss = compiled(input_ids=input_ids, labels=labels).loss
+            forward_s = time.perf_counter() - start
+            loss.backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            first_s = time.perf_counter() - start
+        pass_ms: dict[str, float] = defaultdict(float)
+        for graph in report.graphs:
+            for name, ms in (graph.pass_ms or {}).items():
+                pass_ms[name] += ms
+        row = {
+            "backend": backend, "first_step_s": round(first_s, 2), "forward_s": round(forward_s, 2),
+            "dynamo": compile_times(repr="csv", aggregate=True),
+            "pass_ms": {k: round(v, 1) for k, v in pass_ms.items()},
+            "triton_in_process": None if stats is None else {
+                "count": stats["count"], "s": round(stats["s"], 2),
+                "by_name": {k: round(v, 2) for k, v in sorted(stats["by_name"].items(), key=lambda kv: -kv[1])},
+            },
+        }
+        rows.append(row)
+        print(f"== {backend}: first step {first_s:.2f} s (forward incl. compile {forward_s:.2f} s), "
+              f"twinkle passes {sum(pass_ms.values()) / 1e3:.2f} s", flush=True)
+        names, values = row["dynamo"]
+        for n, v in sorted(zip(names, values), key=lambda nv: -float(nv[1] or 0))[:14]:
+            print(f"   dynamo {n}: {float(v):.2f} s")
+        for n, v in sorted(row["pass_ms"].items(), key=lambda nv: -nv[1]):
+            print(f"   pass {n}: {v:.0f} ms")
+        if stats is not None:
+            print(f"   triton compiles in process: {stats['count']}, {stats['s']:.2f} s")
+            for n, v in list(row["triton_in_process"]["by_name"].items())[:12]:
+                print(f"      {n}: {v:.2f} s")
+        del compiled, model, loss
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,9 @@ forward + backward with labels after ``torch._dynamo.reset()``, and the script p
 - Dynamo's own per-phase times (``torch._dynamo.utils.compile_times``: tracing, AOT autograd, the
   backend's compile);
 - twinkle's pass times (``GraphReport.pass_ms``, summed over graphs);
+- how often torch's per-launch Triton front-end run (``generate_ttir``) was answered from twinkle's
+  memo (``twinkle_fx.compile.ttir_memo``); a backend name ending in ``/no-ttir-memo`` runs
+  without the memo, for comparison;
 - Triton compiles in this process (``triton.compiler.compile``: the custom ops' kernels JIT-compiled
   at their first launch; Inductor compiles its own kernels in worker processes, not counted here).
 
@@ -71,6 +74,41 @@ def _triton_compile_timer():
     return stats, patched()
 
 
+def _time_generate_ttir() -> dict:
+    """Count and time torch's generate_ttir for the rest of the process (what runs under the memo's
+    misses, or every call without it)."""
+    timer = {"count": 0, "s": 0.0}
+    try:
+        from torch._higher_order_ops import triton_kernel_wrap
+    except ImportError:
+        return timer
+    original = triton_kernel_wrap.generate_ttir
+
+    @functools.wraps(original)
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            timer["count"] += 1
+            timer["s"] += time.perf_counter() - start
+
+    triton_kernel_wrap.generate_ttir = timed
+    return timer
+
+
+@contextlib.contextmanager
+def _without_ttir_memo():
+    from twinkle_fx.compile import ttir_memo
+
+    saved = ttir_memo.memoized_ttir
+    ttir_memo.memoized_ttir = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        ttir_memo.memoized_ttir = saved
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="inductor,twinkle")
@@ -90,8 +128,14 @@ def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     workload = get_workload(args.workload)
+    from twinkle_fx.bench.model_bench import warm_compiler
+    from twinkle_fx.compile import ttir_memo
+
+    ttir_timer = _time_generate_ttir()
     rows = []
+    warm_compiler(device, args.backends.split(","))
     for backend in args.backends.split(","):
+        name, _, variant = backend.partition("/")
         torch._dynamo.reset()
         torch._dynamo.utils.compilation_time_metrics.clear()
         if args.layers is not None:
@@ -99,7 +143,9 @@ def main() -> int:
         model = build_model(workload, tiny=False, dtype=dtype, device=device, seed=0).train()
         input_ids, labels = make_batch(workload, tiny=False, batch=args.batch, seq=args.seq, device=device, seed=0)
         stats, patched = _triton_compile_timer()
-        with BACKENDS[backend].prepare(model, workload.family, device) as prepared, collect_reports() as report, patched:
+        memo_before = ttir_memo.stats()
+        memo = contextlib.nullcontext() if variant != "no-ttir-memo" else _without_ttir_memo()
+        with memo, BACKENDS[name].prepare(model, workload.family, device) as prepared, collect_reports() as report, patched:
             compiled = prepared.model
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -110,6 +156,10 @@ def main() -> int:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             first_s = time.perf_counter() - start
+        ttir_runs, ttir_s = ttir_timer["count"], ttir_timer["s"]
+        ttir_timer.update(count=0, s=0.0)
+        memo_after = ttir_memo.stats()
+        memo_counts = {k: memo_after[k] - memo_before[k] for k in memo_after}
         pass_ms: dict[str, float] = defaultdict(float)
         for graph in report.graphs:
             for name, ms in (graph.pass_ms or {}).items():
@@ -118,6 +168,7 @@ def main() -> int:
             "backend": backend, "first_step_s": round(first_s, 2), "forward_s": round(forward_s, 2),
             "dynamo": compile_times(repr="csv", aggregate=True),
             "pass_ms": {k: round(v, 1) for k, v in pass_ms.items()},
+            "ttir_memo": memo_counts, "generate_ttir_runs": ttir_runs, "generate_ttir_s": round(ttir_s, 2),
             "triton_in_process": None if stats is None else {
                 "count": stats["count"], "s": round(stats["s"], 2),
                 "by_name": {k: round(v, 2) for k, v in sorted(stats["by_name"].items(), key=lambda kv: -kv[1])},
@@ -125,7 +176,8 @@ def main() -> int:
         }
         rows.append(row)
         print(f"== {backend}: first step {first_s:.2f} s (forward incl. compile {forward_s:.2f} s), "
-              f"twinkle passes {sum(pass_ms.values()) / 1e3:.2f} s", flush=True)
+              f"twinkle passes {sum(pass_ms.values()) / 1e3:.2f} s; TTIR memo {memo_counts}, "
+              f"{ttir_runs} Triton front-end runs for torch's analysis, {ttir_s:.2f} s", flush=True)
         names, values = row["dynamo"]
         for n, v in sorted(zip(names, values), key=lambda nv: -float(nv[1] or 0))[:14]:
             print(f"   dynamo {n}: {float(v):.2f} s")

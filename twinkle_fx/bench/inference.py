@@ -48,7 +48,7 @@ import torch
 from ..tolerances import tolerance
 from .backends import BackendUnavailable, Prepared, _builtin_kernels, _compile_notes
 from .environment import describe_environment
-from .model_bench import free_device_memory
+from .model_bench import free_device_memory, warm_compiler
 from .results import BenchResult, InferenceRow
 from .timing import DeviceClock
 from .workloads import build_model, get_workload
@@ -285,6 +285,7 @@ def run_inference_bench(options: InferenceBenchOptions, progress: Callable[[str]
         names.remove("eager")
         names.insert(0, "eager")
     rows = []
+    warm_compiler(options.device, names, progress)
     for index, name in enumerate(names, 1):
         progress(f"[{index}/{len(names)}] {name}: {INFERENCE_BACKENDS[name][0]} ...")
         row = _run_backend(name, options, clock, reference)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,6 +125,28 @@ def free_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def warm_compiler(device: torch.device, backends: list[str], progress: Callable[[str], None] = print) -> float | None:
+    """On a GPU, compile and run a small forward and backward with Inductor once, before the first
+    backend, when any of ``backends`` compiles; returns the seconds it took (None: not done).
+
+    What a process pays once, on its first Inductor compile (the pool of compile workers, CUDA and
+    cuBLAS initialisation, Triton's driver and its C helper), would otherwise be charged to the
+    first backend's first step: the "1st step s" column compares what each backend compiles."""
+    if device.type != "cuda" or not any("inductor" in name or "twinkle" in name for name in backends):
+        return None  # CPU runs are smoke tests (--tiny): their first-step column compares nothing
+    start = time.perf_counter()
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64)).to(device)
+    x = torch.randn(8, 64, device=device, requires_grad=True)
+    torch.compile(layer)(x).sum().backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    torch._dynamo.reset()
+    elapsed = time.perf_counter() - start
+    progress(f"compiler warmed up in {elapsed:.1f} s (a small Inductor compile: worker pool, CUDA, Triton; "
+             "not counted in any first step)")
+    return elapsed
+
+
 def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] = print,
                     step_progress: StepProgressFactory | None = None) -> BenchResult:
     """Benchmark ``options.backends`` on ``options.model``; rows come back in the order asked, each
@@ -146,6 +169,7 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
     clock = DeviceClock(options.device)
     rows: list[ModelRow] = []
     total = len(options.backends)
+    warm_compiler(options.device, options.backends, progress)
     for index, name in enumerate(options.backends, 1):
         progress(f"[{index}/{total}] {name}: {BACKENDS[name].description}; fresh model, first step, "
                  f"{options.warmup} warm-up + {options.steps} timed steps ...")

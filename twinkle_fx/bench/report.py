@@ -126,7 +126,9 @@ def _model_table(result: BenchResult) -> str:
                       "  host ms: host time of a step with the device running behind it; near ms/step = host-bound",
                       "  peak GiB: allocated at the peak of the warm-up and timed steps (CUDA graphs are recorded in "
                       "a warm-up step: their replays allocate nothing); reserved GiB: held by the allocator then "
-                      "(cached blocks and CUDA-graph pools included)"])
+                      "(cached blocks and CUDA-graph pools included)",
+                      "  1st step s: wall time of the first step, compilation included; the process's one-time start-up "
+                      "(compile workers, CUDA, Triton) is paid by a small compile before the first row (on a GPU)"])
     return text + ("\n\n" + "\n".join(notes) if notes else "")
 
 

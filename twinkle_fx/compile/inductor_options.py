@@ -33,6 +33,8 @@ from typing import Any
 
 import torch.fx as fx
 
+from . import ttir_memo
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -188,7 +190,9 @@ def _recording_inner_compile(graph_index: int, requested: bool) -> Callable[...,
     from torch._inductor.compile_fx import compile_fx_inner
 
     def inner_compile(gm: fx.GraphModule, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
+        # the backward graph is compiled here at the first backward, outside compile_with_inductor
+        with ttir_memo.memoized_ttir():
+            compiled = compile_fx_inner(gm, example_inputs, *args, **kwargs)
         kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
         boxed = kwargs.get("cudagraphs")
         used = bool(requested and boxed is not None and bool(boxed))
@@ -216,8 +220,9 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any], patches
         requested = bool(config.triton.cudagraphs)
     graph_index = _graph_counter[0]
     _graph_counter[0] += 1
-    return compile_fx(gm, example_inputs, inner_compile=_recording_inner_compile(graph_index, requested),
-                      config_patches=patches or None)
+    with ttir_memo.memoized_ttir():  # AOTAutograd's traces analyse every triton_op launch (see ttir_memo)
+        return compile_fx(gm, example_inputs, inner_compile=_recording_inner_compile(graph_index, requested),
+                          config_patches=patches or None)
 
 
 def cudagraph_tree_summary(device_index: int | None = None) -> str:

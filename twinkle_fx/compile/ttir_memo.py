@@ -1,0 +1,158 @@
+"""One TTIR per kernel signature while Inductor compiles a twinkle graph (compile time).
+
+On a GPU the built-in kernels are ``torch.library.triton_op``s: AOTAutograd records each
+``wrap_triton(kernel)[grid](...)`` launch, and to learn which tensors a launch writes, torch's
+``triton_kernel_wrap.identify_mutated_tensors`` (torch 2.11) / ``identify_accessed_tensors``
+(2.13) runs Triton's front end (``generate_ttir``) and walks the resulting TTIR. It does that again
+for every launch of every layer, in the forward trace, the joint trace and Inductor's lowering of
+both graphs: about 200 launches a step for the reference workload (24 layers), each analysed up to
+three times, each analysis a Triton front-end compile of tens of ms on a slow host.
+
+The TTIR of a launch depends only on the kernel and what Triton specialises on: the dtype of
+each tensor (``generate_ttir`` itself replaces every fake tensor by a 2-element CPU tensor of that
+dtype), the value of each plain scalar and constexpr, and every symbolic size replaced by 2. While
+:func:`memoized_ttir` is active, ``generate_ttir`` is answered from a memo keyed by exactly that,
+so the 24 layers share one front-end run per distinct launch. Launches with TMA descriptors, or an
+argument the key cannot describe, go to torch's function unchanged. The memo holds at most
+:data:`MAX_ENTRIES` modules (each a few KB of MLIR), least recently used first out.
+
+Measured with ``tools/compile_time_probe.py`` (see the README's compile-time paragraph).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["memoized_ttir", "ttir_key", "MAX_ENTRIES", "stats"]
+
+MAX_ENTRIES = 256
+
+_lock = threading.RLock()
+_active = 0  # nesting depth of memoized_ttir blocks (the backward compiles inside the forward's block or later)
+_original: Callable[..., Any] | None = None
+_memo: OrderedDict[tuple, Any] = OrderedDict()
+_counts = {"hits": 0, "misses": 0, "bypassed": 0}
+
+
+def stats() -> dict[str, int]:
+    """Front-end runs answered from the memo (``hits``), run and stored (``misses``), and run
+    without the memo (``bypassed``: TMA descriptors, or an argument the key cannot describe)."""
+    with _lock:
+        return dict(_counts)
+
+
+def _arg_key(value: Any) -> tuple | None:
+    import sympy
+
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Expr)):
+        return ("sym",)  # generate_ttir replaces every symbolic value by 2
+    if isinstance(value, torch.Tensor) or _is_tensor_box(value):
+        return ("tensor", str(value.dtype if isinstance(value, torch.Tensor) else value.get_dtype()))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return (type(value).__name__, value)
+    try:
+        hash(value)  # triton dtypes and constexpr values
+    except TypeError:
+        return None
+    return (type(value).__module__, type(value).__qualname__, value)
+
+
+def _is_tensor_box(value: Any) -> bool:
+    ir = __import__("sys").modules.get("torch._inductor.ir")
+    return ir is not None and isinstance(value, ir.TensorBox)
+
+
+def ttir_key(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: Any) -> tuple | None:
+    """The memo key of one ``generate_ttir(kernel, kwargs, tma_descriptor_metadata)`` call, or None
+    when the call must not be memoized.
+
+    Example:
+        >>> import torch
+        >>> a = ttir_key("k", {"x": torch.empty(4, dtype=torch.bfloat16), "n": 7, "BLOCK": 64}, {})
+        >>> a == ttir_key("k", {"x": torch.empty(9, dtype=torch.bfloat16), "n": 7, "BLOCK": 64}, {})
+        True
+        >>> a == ttir_key("k", {"x": torch.empty(4, dtype=torch.float32), "n": 7, "BLOCK": 64}, {})
+        False
+        >>> ttir_key("k", {"x": [1, 2]}, {}) is None   # not hashable: not memoized
+        True
+    """
+    if tma_descriptor_metadata:
+        return None
+    parts = []
+    for name in sorted(kwargs):
+        part = _arg_key(kwargs[name])
+        if part is None:
+            return None
+        parts.append((name, part))
+    device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    return (kernel, device, tuple(parts))
+
+
+def _memoizing(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def generate_ttir(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            key = None if args or kw else ttir_key(kernel, kwargs, tma_descriptor_metadata)
+            hash(key)
+        except TypeError:
+            key = None
+        if key is None:
+            with _lock:
+                _counts["bypassed"] += 1
+            return original(kernel, kwargs, tma_descriptor_metadata, *args, **kw)
+        with _lock:
+            if key in _memo:
+                _memo.move_to_end(key)
+                _counts["hits"] += 1
+                module, names = _memo[key]
+                return module, list(names)
+        result = original(kernel, kwargs, tma_descriptor_metadata)
+        with _lock:
+            _counts["misses"] += 1
+            _memo[key] = (result[0], tuple(result[1]))
+            while len(_memo) > MAX_ENTRIES:
+                _memo.popitem(last=False)
+        return result
+
+    generate_ttir.__twinkle_memo__ = True  # type: ignore[attr-defined]
+    return generate_ttir
+
+
+@contextlib.contextmanager
+def memoized_ttir() -> Iterator[None]:
+    """Answer torch's ``generate_ttir`` from the memo inside the block (re-entrant; restores torch's
+    own function when the outermost block exits). Without Triton, or with a torch that has no
+    ``generate_ttir``, the block changes nothing."""
+    global _active, _original
+    try:
+        from torch._higher_order_ops import triton_kernel_wrap
+    except ImportError:  # no Triton: no user-defined kernels to analyse
+        yield
+        return
+    if not callable(getattr(triton_kernel_wrap, "generate_ttir", None)):
+        yield
+        return
+    with _lock:
+        if _active == 0:
+            _original = triton_kernel_wrap.generate_ttir
+            if not getattr(_original, "__twinkle_memo__", False):
+                triton_kernel_wrap.generate_ttir = _memoizing(_original)
+        _active += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _active -= 1
+            if _active == 0:
+                triton_kernel_wrap.generate_ttir = _original
+                _original = None

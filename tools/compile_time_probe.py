@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import functools
 import json
 import sys
@@ -77,7 +78,7 @@ def _triton_compile_timer():
 def _time_generate_ttir() -> dict:
     """Count and time torch's generate_ttir for the rest of the process (what runs under the memo's
     misses, or every call without it)."""
-    timer = {"count": 0, "s": 0.0}
+    timer = {"count": 0, "s": 0.0, "keys": []}
     try:
         from torch._higher_order_ops import triton_kernel_wrap
     except ImportError:
@@ -92,9 +93,29 @@ def _time_generate_ttir() -> dict:
         finally:
             timer["count"] += 1
             timer["s"] += time.perf_counter() - start
+            from twinkle_fx.compile.ttir_memo import ttir_key
+
+            timer["keys"].append(ttir_key(*args, **kwargs))
 
     triton_kernel_wrap.generate_ttir = timed
     return timer
+
+
+def _print_key_diversity(keys: list) -> None:
+    """Per kernel: how many front-end runs, how many distinct memo keys, and what differs between them."""
+    by_kernel: dict[str, list] = defaultdict(list)
+    for key in keys:
+        if key is not None:
+            kernel = key[0]
+            by_kernel[getattr(getattr(kernel, "fn", kernel), "__name__", repr(kernel))].append(key)
+    for name, runs in by_kernel.items():
+        distinct = list(dict.fromkeys(runs))
+        print(f"   front-end runs of {name}: {len(runs)}, distinct keys {len(distinct)}")
+        first = dict(distinct[0][2])
+        for other in distinct[1:3]:
+            second = dict(other[2])
+            print("      differs:", {n: (first.get(n), second.get(n)) for n in sorted(set(first) | set(second))
+                                      if first.get(n) != second.get(n)} or f"kernel/device {distinct[0][:2]} vs {other[:2]}")
 
 
 @contextlib.contextmanager
@@ -109,6 +130,53 @@ def _without_ttir_memo():
         ttir_memo.memoized_ttir = saved
 
 
+def _first_training_step(workload, name: str, device: torch.device, dtype: torch.dtype, args) -> tuple[float, float]:
+    """Seconds of the first forward + backward with labels (and of its forward alone), compile included."""
+    from twinkle_fx.bench.backends import BACKENDS
+    from twinkle_fx.bench.workloads import build_model, make_batch
+
+    model = build_model(workload, tiny=False, dtype=dtype, device=device, seed=0).train()
+    input_ids, labels = make_batch(workload, tiny=False, batch=args.batch, seq=args.seq, device=device, seed=0)
+    with BACKENDS[name].prepare(model, workload.family, device) as prepared:
+        _sync(device)
+        start = time.perf_counter()
+        loss = prepared.model(input_ids=input_ids, labels=labels).loss
+        forward_s = time.perf_counter() - start
+        loss.backward()
+        _sync(device)
+        return time.perf_counter() - start, forward_s
+
+
+def _first_decode(workload, name: str, device: torch.device, dtype: torch.dtype, args) -> tuple[float, float]:
+    """Seconds of the first compiled decode step (``--batch`` sequences x 1 token on a StaticCache
+    filled by an eager prefill of ``--seq`` tokens), as the harness's ``--inference`` decode rows."""
+    from transformers import StaticCache
+
+    from twinkle_fx.bench.inference import INFERENCE_BACKENDS
+    from twinkle_fx.bench.workloads import build_model
+
+    model = build_model(workload, tiny=False, dtype=dtype, device=device, seed=0).eval()
+    vocab = workload.config_kwargs()["vocab_size"]
+    context = torch.randint(0, vocab, (args.batch, args.seq), device=device)
+    step_ids = torch.randint(0, vocab, (args.batch, 1), device=device)
+    with torch.no_grad(), INFERENCE_BACKENDS[name][1](model, workload.family, device, None) as prepared:
+        cache = StaticCache(config=model.config, max_cache_len=args.seq + 4)
+        model(input_ids=context, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        position = torch.tensor([args.seq], device=device)
+        _sync(device)
+        start = time.perf_counter()
+        prepared.model(input_ids=step_ids, past_key_values=cache, cache_position=position, use_cache=True,
+                       logits_to_keep=1)
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        return elapsed, elapsed
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="inductor,twinkle")
@@ -116,13 +184,15 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--layers", type=int, help="override the workload's layer count")
+    parser.add_argument("--decode", action="store_true",
+                        help="time the first compiled decode step (--batch x 1 on a cache of --seq tokens; "
+                             "backends of bench --inference) instead of a training step")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
 
     from torch._dynamo.utils import compile_times
 
-    from twinkle_fx.bench.backends import BACKENDS
-    from twinkle_fx.bench.workloads import build_model, get_workload, make_batch
+    from twinkle_fx.bench.workloads import get_workload
     from twinkle_fx.compile import collect_reports
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -140,30 +210,22 @@ def main() -> int:
         torch._dynamo.utils.compilation_time_metrics.clear()
         if args.layers is not None:
             workload = dataclasses.replace(workload, config={**workload.config, "num_hidden_layers": args.layers})
-        model = build_model(workload, tiny=False, dtype=dtype, device=device, seed=0).train()
-        input_ids, labels = make_batch(workload, tiny=False, batch=args.batch, seq=args.seq, device=device, seed=0)
         stats, patched = _triton_compile_timer()
         memo_before = ttir_memo.stats()
         memo = contextlib.nullcontext() if variant != "no-ttir-memo" else _without_ttir_memo()
-        with memo, BACKENDS[name].prepare(model, workload.family, device) as prepared, collect_reports() as report, patched:
-            compiled = prepared.model
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            loss = compiled(input_ids=input_ids, labels=labels).loss
-            forward_s = time.perf_counter() - start
-            loss.backward()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            first_s = time.perf_counter() - start
-        ttir_runs, ttir_s = ttir_timer["count"], ttir_timer["s"]
-        ttir_timer.update(count=0, s=0.0)
+        with memo, collect_reports() as report, patched:
+            if args.decode:
+                first_s, forward_s = _first_decode(workload, name, device, dtype, args)
+            else:
+                first_s, forward_s = _first_training_step(workload, name, device, dtype, args)
+        ttir_runs, ttir_s, ttir_keys = ttir_timer["count"], ttir_timer["s"], ttir_timer["keys"]
+        ttir_timer.update(count=0, s=0.0, keys=[])
         memo_after = ttir_memo.stats()
         memo_counts = {k: memo_after[k] - memo_before[k] for k in memo_after}
         pass_ms: dict[str, float] = defaultdict(float)
         for graph in report.graphs:
-            for name, ms in (graph.pass_ms or {}).items():
-                pass_ms[name] += ms
+            for pass_name, ms in (graph.pass_ms or {}).items():
+                pass_ms[pass_name] += ms
         row = {
             "backend": backend, "first_step_s": round(first_s, 2), "forward_s": round(forward_s, 2),
             "dynamo": compile_times(repr="csv", aggregate=True),
@@ -178,6 +240,7 @@ def main() -> int:
         print(f"== {backend}: first step {first_s:.2f} s (forward incl. compile {forward_s:.2f} s), "
               f"twinkle passes {sum(pass_ms.values()) / 1e3:.2f} s; TTIR memo {memo_counts}, "
               f"{ttir_runs} Triton front-end runs for torch's analysis, {ttir_s:.2f} s", flush=True)
+        _print_key_diversity(ttir_keys)
         names, values = row["dynamo"]
         for n, v in sorted(zip(names, values), key=lambda nv: -float(nv[1] or 0))[:14]:
             print(f"   dynamo {n}: {float(v):.2f} s")
@@ -187,7 +250,7 @@ def main() -> int:
             print(f"   triton compiles in process: {stats['count']}, {stats['s']:.2f} s")
             for n, v in list(row["triton_in_process"]["by_name"].items())[:12]:
                 print(f"      {n}: {v:.2f} s")
-        del compiled, model, loss
+        gc.collect()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -97,3 +97,24 @@ def test_a_compiled_model_analyses_each_kernel_signature_once():
     torch.testing.assert_close(loss, expected, rtol=1e-4, atol=1e-5)
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_launches_torch_wraps_in_new_autotuners_share_one_front_end_run(recorded):
+    """A launch with num_warps reaches generate_ttir as a new one-config Autotuner every time (torch
+    wraps it per launch); the TTIR is the wrapped kernel's with the config's kwargs."""
+    triton = pytest.importorskip("triton")
+
+    @triton.jit
+    def kernel(x_ptr, BLOCK: "triton.language.constexpr"):
+        pass
+
+    def launch_wrapper(num_warps, block=64):
+        return triton.autotune(configs=[triton.Config({"BLOCK": block}, num_warps=num_warps)], key=[])(kernel)
+
+    x = {"x_ptr": torch.empty(4, dtype=torch.bfloat16)}
+    with ttir_memo.memoized_ttir():
+        triton_kernel_wrap.generate_ttir(launch_wrapper(4), x, {})
+        triton_kernel_wrap.generate_ttir(launch_wrapper(4), x, {})  # another layer's launch
+        triton_kernel_wrap.generate_ttir(launch_wrapper(8), x, {})  # launch options do not reach the TTIR
+        triton_kernel_wrap.generate_ttir(launch_wrapper(4, block=128), x, {})  # a config constexpr does
+    assert len(recorded) == 2

@@ -93,7 +93,7 @@ class PassState:
     # graph input position -> value (the compiled graph checks them on every call, see backend)
     baked_scalars: dict[int, float] = field(default_factory=dict)
     patterns: Any = None  # the registered functions' patterns (rewrites.function_patterns.registered_patterns)
-    fuse_projections: bool | int = False  # the GEMM fusion decision (rewrites.gemm_fusion)
+    fuse_projections: Any = False  # the GEMM fusion decision: bool or rewrites.gemm_fusion.FusionLimits
     gqa_attention: bool | str = False  # which SDPA calls on repeated K/V to rewrite (rewrites.attention)
     causal_mask: bool = False  # SDPA with a constant causal mask -> is_causal=True (rewrites.attention)
 

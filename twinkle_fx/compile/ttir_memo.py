@@ -10,7 +10,9 @@ three times, each analysis a Triton front-end compile of tens of ms on a slow ho
 
 The TTIR of a launch depends only on the kernel and what Triton specialises on: the dtype of
 each tensor (``generate_ttir`` itself replaces every fake tensor by a 2-element CPU tensor of that
-dtype), the value of each plain scalar and constexpr, and every symbolic size replaced by 2. While
+dtype), the value of each plain scalar and constexpr, and every symbolic size replaced by 2; for a
+launch with ``num_warps`` torch wraps the kernel in a new one-config ``Autotuner`` each time, whose
+``fn`` and first config's kwargs are what ``generate_ttir`` compiles, so those are the key. While
 :func:`memoized_ttir` is active, ``generate_ttir`` is answered from a memo keyed by exactly that,
 so the 24 layers share one front-end run per distinct launch. Launches with TMA descriptors, or an
 argument the key cannot describe, go to torch's function unchanged. The memo holds at most
@@ -88,6 +90,7 @@ def ttir_key(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: Any) 
     """
     if tma_descriptor_metadata:
         return None
+    kernel, kwargs = _unwrap_autotuner(kernel, kwargs)
     parts = []
     for name in sorted(kwargs):
         part = _arg_key(kwargs[name])
@@ -96,6 +99,22 @@ def ttir_key(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: Any) 
         parts.append((name, part))
     device = torch.cuda.current_device() if torch.cuda.is_available() else -1
     return (kernel, device, tuple(parts))
+
+
+def _unwrap_autotuner(kernel: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """What ``generate_ttir`` compiles for ``kernel``: torch wraps a launch that passes ``num_warps``
+    or ``num_stages`` in a new single-config ``Autotuner`` each time (so the object differs for every
+    launch of every layer), and ``generate_ttir`` compiles the autotuner's ``fn`` with its first
+    config's kwargs (launch options such as ``num_warps`` do not reach the TTIR)."""
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:
+        return kernel, kwargs
+    if isinstance(kernel, Autotuner):
+        if kernel.configs:
+            kwargs = {**kwargs, **kernel.configs[0].kwargs}
+        kernel = kernel.fn
+    return kernel, kwargs
 
 
 def _memoizing(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -19,9 +19,11 @@ Cost: the ``cat`` copies the weights on every call (the parameters may change be
 That is noise next to a training step at thousands of tokens, but at decode (a few tokens) the
 GEMMs are weight-read bound and the copy triples their traffic. In inference use Inductor's
 ``freezing`` (``options={"inductor": {"freezing": True}}``): it folds parameters into constants and
-its own concat-linear pattern fuses the same projections with no per-call copy; so under
-``fuse_projections="auto"`` this pass runs only in training, where :data:`AUTO_MIN_IN_FEATURES`
-says it was measured to pay.
+its own concat-linear pattern fuses the same projections with no per-call copy. Under
+``fuse_projections="auto"`` the pass fuses where it was measured to pay: in inference under Inductor,
+groups whose input has at most :data:`AUTO_INFERENCE_MAX_ROWS` rows (decode steps, where three
+small GEMMs cost more in latency than the copy of ~2 MB of weights); in training, where the input
+width is at least :data:`AUTO_MIN_IN_FEATURES` (never, so far).
 
 Regions swapped by other passes are opaque calls by now (the pass runs last), so a swapped MLP
 keeps its own two GEMMs; the measured policy (:mod:`.swap_policy`) decides whether that swap is made.
@@ -42,7 +44,8 @@ from ..pipeline import Outcome, PassState
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["fuse_projections", "FusedGroup", "should_fuse", "AUTO_MIN_IN_FEATURES", "run"]
+__all__ = ["fuse_projections", "FusedGroup", "FusionLimits", "should_fuse", "AUTO_MIN_IN_FEATURES",
+           "AUTO_INFERENCE_MAX_ROWS", "run"]
 
 LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
 
@@ -52,6 +55,22 @@ LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
 # twinkle 37.6, twinkle + fused projections 46.2 ms (0.79x): it loses, so "auto" leaves it off. The
 # Llama-3.2-1B shape (hidden 2048, workload "llama1b") was not measured (device budget): off there too.
 AUTO_MIN_IN_FEATURES: int | None = None
+
+# fuse_projections="auto" in inference under Inductor: fuse where the input has at most this many rows
+# (tokens). Measured through the harness (`bench --inference`, twinkle+cudagraphs with and without
+# fuse_projections, one H100 80GB, torch 2.11, triton 3.6, Qwen2-0.5B shape, bf16; docs/perf/session6):
+# decode 32 x 1 with a 1024-token static cache 1.776 ms against 1.884 (1.06x); prefill 1 x 2048 4.702 ms
+# against 4.757 (1.01x, within run-to-run noise: left unfused).
+AUTO_INFERENCE_MAX_ROWS = 64
+
+
+@dataclass(frozen=True)
+class FusionLimits:
+    """The groups the pass fuses: input width at least ``min_in_features``, and input rows (its
+    numel over its last dimension; a symbolic count never qualifies) at most ``max_rows`` (None: any)."""
+
+    min_in_features: int = 0
+    max_rows: int | None = None
 
 
 @dataclass
@@ -66,13 +85,22 @@ class FusedGroup:
         return f"{' + '.join(self.linears)} on {self.input} -> one GEMM of width {sum(self.widths)}"
 
 
-def should_fuse(setting: bool | str, mode: Mode, compiler: str) -> bool | int:
-    """Whether to run the pass: ``setting`` True/False wins; "auto" answers the minimum input width
-    (an int) in training when :data:`AUTO_MIN_IN_FEATURES` is set, else False."""
+def should_fuse(setting: bool | str, mode: Mode, compiler: str) -> bool | FusionLimits:
+    """Whether to run the pass: ``setting`` True/False wins; "auto" answers the measured limits
+    (see the module docstring) or False.
+
+    Example:
+        >>> should_fuse("auto", Mode.INFERENCE, "inductor")
+        FusionLimits(min_in_features=0, max_rows=64)
+        >>> should_fuse("auto", Mode.TRAINING, "inductor")
+        False
+    """
     if setting is True or setting is False:
         return setting
-    if Mode.TRAINING in mode and AUTO_MIN_IN_FEATURES is not None:
-        return AUTO_MIN_IN_FEATURES
+    if Mode.TRAINING in mode:
+        return False if AUTO_MIN_IN_FEATURES is None else FusionLimits(min_in_features=AUTO_MIN_IN_FEATURES)
+    if compiler == "inductor":
+        return FusionLimits(max_rows=AUTO_INFERENCE_MAX_ROWS)
     return False
 
 
@@ -83,7 +111,8 @@ def run(state: PassState) -> list[Outcome]:
     """
     if state.fuse_projections is False:
         return []
-    groups = fuse_projections(state.gm, min_in_features=0 if state.fuse_projections is True else state.fuse_projections)
+    limits = FusionLimits() if state.fuse_projections is True else state.fuse_projections
+    groups = fuse_projections(state.gm, min_in_features=limits.min_in_features, max_rows=limits.max_rows)
     if groups:
         logger.info("fused %d group(s) of projections: %s", len(groups), "; ".join(map(str, groups)))
     return []
@@ -102,12 +131,13 @@ def _value(node: object) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
-def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0) -> list[FusedGroup]:
+def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0, max_rows: int | None = None) -> list[FusedGroup]:
     """Fuse every group of two or more linears that read the same input; returns the groups.
 
     A group is the linears of one input whose weights are 2D tensors of one dtype and device with
     the same input width (at least ``min_in_features``) and that all have a bias or all have none;
-    every weight and bias must be defined before the group's first linear.
+    every weight and bias must be defined before the group's first linear. With ``max_rows``, only
+    inputs with at most that many rows (a static count) are fused.
 
     Example:
         >>> groups = fuse_projections(gm)                                           # doctest: +SKIP
@@ -123,6 +153,8 @@ def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0) -> list[Fu
             by_input.setdefault(parsed[0], []).append(node)
     groups = []
     for x, linears in by_input.items():
+        if max_rows is not None and not _rows_at_most(x, max_rows):
+            continue
         # one GEMM per kind: same dtype, device and input width, all with or all without a bias
         kinds: dict[tuple, list[fx.Node]] = {}
         for node in linears:
@@ -141,6 +173,13 @@ def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0) -> list[Fu
         graph.lint()
         gm.recompile()
     return groups
+
+
+def _rows_at_most(x: fx.Node, max_rows: int) -> bool:
+    value = _value(x)
+    if value is None or value.dim() == 0 or not all(isinstance(d, int) for d in value.shape):
+        return False  # a symbolic size: reading it would add a guard
+    return value.numel() // max(value.shape[-1], 1) <= max_rows
 
 
 def _eligible(node: fx.Node, min_in_features: int) -> bool:

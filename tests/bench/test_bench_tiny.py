@@ -234,3 +234,21 @@ def test_inference_rows_say_whether_the_timed_steps_replayed_cuda_graphs():
     eager = _Timed(none, none, 1.0, 2.0, graph_passes=0, graph_eager=Counter({"an argument of type X": 20}))
     assert _graph_note("decode", eager, steps=20) == ("WARNING decode: 0 of 20 timed steps replayed CUDA graphs "
                                                       "(the others ran eagerly: 20 x an argument of type X)")
+
+
+def test_a_profiled_row_says_what_the_host_spends_per_kernel_call():
+    """Issue 14's cause stays visible: the host time of a step over the device operations it ran,
+    whatever launched them (a CUDA-graph replay runs many operations for one launch)."""
+    profile = {"host_ms_per_step": 36.0, "device_ms_per_step": 30.0, "launches_per_step": 24.0,
+               "kernels_per_step": 1500.0}
+    graphed = _row("kernelize+cudagraphs", 11.93)
+    graphed.host_ms, graphed.notes = 12.0, {"profile": profile}
+    rows = [_row("eager", 11.93), graphed]
+    annotate_model_rows(rows, dtype=torch.bfloat16)
+    workload = {"model": "qwen2", "shape_of": "Qwen2-0.5B", "batch": 4, "seq": 1024, "dtype": "bfloat16",
+                "step": "forward + backward with labels", "steps": 20, "warmup": 3}
+    environment = {"device": "NVIDIA H100", "device_type": "cuda", "date": "2026-01-01 00:00 UTC",
+                   "versions": {"torch": "2.11.0"}, "commit": "abc1234"}
+    table = format_table(BenchResult("model", environment, workload, rows))
+    assert ("kernelize+cudagraphs: profiled: 36.0 ms wall, 30.0 ms device, 24 launches and 1500 device "
+            "operations per step; host us per kernel call 8.0") in table

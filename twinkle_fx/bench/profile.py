@@ -35,6 +35,8 @@ class ProfileSummary:
     host_ms_per_step: float  # wall clock of a step, device work included
     device_ms_per_step: float | None  # sum of kernel times (None on the CPU)
     launches_per_step: float | None  # None on the CPU
+    # device operations (kernels, copies, fills) per step; a CUDA-graph replay runs many for one launch
+    kernels_per_step: float | None = None
     top: list[dict[str, Any]] = field(default_factory=list)  # name, calls, ms (device, or self CPU)
     trace: str = ""
     report: str = ""
@@ -75,14 +77,15 @@ def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *,
         kernels = [(e.key, e.count, device_us(e) / 1e3) for e in averages if device_us(e) > 0]
         device_ms = sum(ms for _, _, ms in kernels) / steps
         launches = sum(e.count for e in averages if e.key in _LAUNCHES) / steps
+        kernels_run = sum(count for _, count, _ in kernels) / steps
     else:
         kernels = [(e.key, e.count, e.self_cpu_time_total / 1e3) for e in averages
                    if e.self_cpu_time_total > 0 and not e.key.startswith("step ")]
-        device_ms = launches = None
+        device_ms = launches = kernels_run = None
     kernels.sort(key=lambda k: -k[2])
     summary = ProfileSummary(
         steps=steps, host_ms_per_step=sum(walls) / steps, device_ms_per_step=device_ms, launches_per_step=launches,
-        top=[{"name": name, "calls": calls, "ms": ms} for name, calls, ms in kernels[:_TOP]], trace=str(trace),
+        kernels_per_step=kernels_run, top=[{"name": name, "calls": calls, "ms": ms} for name, calls, ms in kernels[:_TOP]], trace=str(trace),
         report=str(out_dir / "profile_report.txt"),
     )
     Path(summary.report).write_text(format_profile(summary, title=title, device=clock.device))
@@ -100,6 +103,8 @@ def format_profile(summary: ProfileSummary, *, title: str, device: torch.device)
         lines.append(f"device (kernel) time per step:{summary.device_ms_per_step:10.3f} ms  "
                      f"({busy:.0%} of the wall time: {'device-bound' if busy > 0.8 else 'host-bound (launches, Python)'})")
         lines.append(f"kernel launches per step:     {summary.launches_per_step:10.1f}")
+        lines.append(f"device operations per step:   {summary.kernels_per_step:10.1f}  (kernels, copies, fills; "
+                     "a CUDA-graph replay runs many for one launch)")
     clock = "device time" if summary.device_ms_per_step is not None else "self CPU time"
     lines += ["", f"top {len(summary.top)} by {clock} (all profiled steps):",
               f"{'ms':>10}  {'calls':>6}  name"]
@@ -110,3 +115,18 @@ def format_profile(summary: ProfileSummary, *, title: str, device: torch.device)
 
 def summary_notes(summary: ProfileSummary) -> dict[str, Any]:
     return asdict(summary)
+
+
+def host_us_per_kernel(host_ms: float | None, profile: dict[str, Any] | None) -> float | None:
+    """Host time of a step (timed without the profiler) over the device operations the profiled step
+    ran: what the host spends per kernel call, whatever launched it (Python, Inductor's code, a
+    CUDA-graph replay).
+
+    Example:
+        >>> host_us_per_kernel(12.0, {"kernels_per_step": 1500.0})
+        8.0
+    """
+    kernels = (profile or {}).get("kernels_per_step")
+    if host_ms is None or not kernels:
+        return None
+    return host_ms * 1e3 / kernels

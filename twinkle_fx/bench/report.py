@@ -119,6 +119,7 @@ def _model_table(result: BenchResult) -> str:
     # compiled rows with mode="reduce-overhead": was each graph captured, and if not why (backends.py)
     notes += [f"  {r.backend}: {r.notes['cudagraphs']}; {r.notes.get('cudagraph_tree', '')}".rstrip("; ")
               for r in result.rows if r.notes.get("cudagraphs")]
+    notes += [_profile_note(r) for r in result.rows if (r.notes or {}).get("profile")]
     w = result.workload
     title = (f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']}, {w['dtype']}, "
              f"{w['step']}; {w['steps']} timed steps after {w['warmup']} warm-up")
@@ -130,6 +131,22 @@ def _model_table(result: BenchResult) -> str:
                       "  1st step s: wall time of the first step, compilation included; the process's one-time start-up "
                       "(compile workers, CUDA, Triton) is paid by a small compile before the first row (on a GPU)"])
     return text + ("\n\n" + "\n".join(notes) if notes else "")
+
+
+def _profile_note(row) -> str:
+    from .profile import host_us_per_kernel
+
+    profile = row.notes["profile"]
+    text = f"  {row.backend}: profiled: {profile['host_ms_per_step']:.1f} ms wall"
+    if profile.get("device_ms_per_step") is not None:
+        text += f", {profile['device_ms_per_step']:.1f} ms device, {profile['launches_per_step']:.0f} launches"
+        if profile.get("kernels_per_step") is not None:  # saved results before session 6 lack it
+            text += f" and {profile['kernels_per_step']:.0f} device operations"
+        text += " per step"
+    per_kernel = host_us_per_kernel(row.host_ms, profile)
+    if per_kernel is not None:
+        text += f"; host us per kernel call {per_kernel:.1f} (host ms / device operations)"
+    return text
 
 
 def _swap_summary(notes: dict) -> str:

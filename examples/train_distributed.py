@@ -173,6 +173,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bucket-cap-mb", type=float, default=None,
                         help="DDP bucket size; small values give several buckets, so DDPOptimizer splits the graph")
+    parser.add_argument("--ddp-static-graph", action="store_true",
+                        help="DDP(static_graph=True): the same parameters get gradients every step, so DDP can fix "
+                             "its bucket order after the first step and skip its per-step search for unused ones")
+    parser.add_argument("--grad-as-bucket-view", action="store_true",
+                        help="DDP(gradient_as_bucket_view=True): .grad tensors are views of the all-reduce buckets "
+                             "(no copy of the gradients into them, one copy less of 1 GB per step for the reference)")
     parser.add_argument("--optimize-ddp", choices=("ddp_optimizer", "no_optimization", "python_reducer"), default=None,
                         help="compiled DDP: split the graph at bucket boundaries (torch's default), compile it whole, "
                              "or reduce in compiled autograd (python_reducer, the default with --compiled-autograd)")
@@ -218,6 +224,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.cudagraphs and (not compiled or args.parallel == "fsdp2" or args.compiler != "inductor"):
         parser.error("--cudagraphs needs a compiled --backend with --compiler inductor and --parallel ddp or none "
                      "(FSDP2 frees and re-gathers the parameters every step: no static addresses to replay)")
+    if (args.ddp_static_graph or args.grad_as_bucket_view) and args.parallel != "ddp":
+        parser.error("--ddp-static-graph and --grad-as-bucket-view are DistributedDataParallel options: use them "
+                     "with --parallel ddp")
     if args.compare_single is not None and (args.parallel != "none" or args.compare_single < 2):
         parser.error("--compare-single WORLD (>= 2) runs the single-device baselines: use it with --parallel none")
     for name in ("steps", "batch", "seq", "accum"):
@@ -275,6 +284,7 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         kwargs = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+        kwargs.update(static_graph=args.ddp_static_graph, gradient_as_bucket_view=args.grad_as_bucket_view)
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -34,7 +34,8 @@ ACCUM = f"{SHORT} --accum 2"
 RUNS = {
     # 1 MB buckets split the 4 MB model: DDPOptimizer hands the backend one subgraph per bucket
     "ddp_twinkle": f"{COMMON} --parallel ddp --backend twinkle --compiler aot_eager --bucket-cap-mb 1",
-    "ddp_kernelize": f"{COMMON} --parallel ddp --backend kernelize",
+    # DDP's static graph and gradients as bucket views (--ddp-static-graph, --grad-as-bucket-view)
+    "ddp_kernelize": f"{COMMON} --parallel ddp --backend kernelize --ddp-static-graph --grad-as-bucket-view",
     "fsdp2_kernelize": f"{COMMON} --parallel fsdp2 --backend kernelize",
     "fsdp2_twinkle": f"{COMMON} --parallel fsdp2 --backend twinkle --compiler aot_eager",
     "ddp_kernelize_twinkle": f"{COMMON} --parallel ddp --backend kernelize+twinkle --compiler aot_eager",
@@ -238,6 +239,12 @@ def test_cudagraphs_refuses_what_it_cannot_replay(extra, capsys):
     with pytest.raises(SystemExit):
         train_distributed.parse_args(argv)
     assert "--cudagraphs needs a compiled --backend with --compiler inductor" in capsys.readouterr().err
+
+
+def test_ddp_options_need_ddp(capsys):
+    with pytest.raises(SystemExit):
+        train_distributed.parse_args("--size tiny --parallel fsdp2 --ddp-static-graph".split())
+    assert "--ddp-static-graph and --grad-as-bucket-view are DistributedDataParallel options" in capsys.readouterr().err
 
 
 def test_cudagraphs_names_the_run():

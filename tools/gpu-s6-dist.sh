@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 6's 2-GPU call (nvidia-h200-x2, NCCL_NVLS_ENABLE=0), ~5 minutes: issue 19. First what NCCL's
+# all-reduce does on this host alone and beside GEMMs (tools/allreduce_probe.py), then the per-layer
+# CUDA-graph DDP run of session 5 (1.42x) against the same with DDP's static graph and gradients as
+# bucket views, each against the single-GPU regional CUDA-graph run of the same call.
+# Reference workload, bf16, 4 x 1024 per GPU, 15 steps, backend twinkle, fused-loss head.
+# Usage from the repo root: COMMIT=$(git rev-parse --short HEAD) bash tools/gpu-s6-dist.sh
+set -uo pipefail
+source "$(dirname "$0")/gpu-env.sh"
+export NCCL_NVLS_ENABLE=0
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
+nvidia-smi topo -m 2>/dev/null | head -4
+shape=(--size reference --batch 4 --seq 1024 --steps 15)
+ex=examples/train_distributed.py
+two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2 "$ex")
+deadline=${DEADLINE:-330}
+run() {  # run NAME COMMAND...: its log and JSON under $out, the table on stdout
+  local name=$1; shift
+  local limit=$(( deadline - SECONDS < 120 ? deadline - SECONDS : 120 ))
+  if [ "$limit" -lt 30 ]; then echo "### $name: skipped, ${SECONDS} s used"; return; fi
+  echo "### $name ($SECONDS s, limit $limit s)"
+  timeout "$limit" "$@" --out "$out/$name.json" > "$out/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then echo "$name: exit $rc"; grep -v "^step" "$out/$name.log" | tail -25; return; fi
+  sed -n '/^| /,$p' "$out/$name.log" | grep -v "swapped\|^| run\|^|---" | head -14
+}
+SECONDS=0
+timeout 60 python3 -m torch.distributed.run --standalone --nproc_per_node 2 tools/allreduce_probe.py --sizes-mb 100,1000 \
+  --json "$out/allreduce.json" 2>&1 | grep "all-reduce"; echo "probe at ${SECONDS} s"
+run single-regional-cg python3 "$ex" "${shape[@]}" --parallel none --backend twinkle --regional --cudagraphs --compare-single 2
+base=(--baseline "$out/single-regional-cg.json")
+run ddp-regional-cg-b100 "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle --regional --cudagraphs \
+  --bucket-cap-mb 100 "${base[@]}"
+run ddp-regional-cg-b100-static-view "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle --regional --cudagraphs \
+  --bucket-cap-mb 100 --ddp-static-graph --grad-as-bucket-view "${base[@]}"
+run ddp-regional-cg-b25-static-view "${two[@]}" "${shape[@]}" --parallel ddp --backend twinkle --regional --cudagraphs \
+  --bucket-cap-mb 25 --ddp-static-graph --grad-as-bucket-view "${base[@]}"
+echo "done in $SECONDS s"

@@ -53,7 +53,9 @@ LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
 # Measured through the harness on one H100 80GB (torch 2.11, triton 3.6), training step batch 4 x 1024
 # bf16 (docs/perf/compilespeed/bench-qwen2.json): Qwen2-0.5B shape (hidden 896) Inductor 36.6 ms/step,
 # twinkle 37.6, twinkle + fused projections 46.2 ms (0.79x): it loses, so "auto" leaves it off. The
-# Llama-3.2-1B shape (hidden 2048, workload "llama1b") was not measured (device budget): off there too.
+# Llama-3.2-1B shape (hidden 2048, workload "llama1b", session 6, docs/perf/session6/bench-llama1b-train-h100.json):
+# Inductor 62.1 ms, twinkle 56.3, twinkle + fused projections 57.3 (0.98x twinkle's) at 1.5 GiB more peak
+# memory (the concatenated weights saved for the backward): off there too.
 AUTO_MIN_IN_FEATURES: int | None = None
 
 # fuse_projections="auto" in inference under Inductor: fuse where the input has at most this many rows

@@ -195,6 +195,8 @@ def test_ddp_twinkle_swaps_in_every_bucket_subgraph(distributed):
     assert rank0["swapped"][MLP] == LAYERS - 1
     kept_mlps = sum(n for what, n in rank0["kept"].items() if what.startswith(MLP))
     assert kept_mlps == 2 and sum(rank0["kept"].values()) == kept_mlps, rank0["kept"]
+    # each half says why (it used to read as "state from outside the module", or failed the reference)
+    assert all("a DDP gradient-bucket boundary cuts this Qwen2MLP" in what for what in rank0["kept"]), rank0["kept"]
     # twinkle_fx.compile(DDP(model)) installed the fused-loss head on the wrapped model
     assert rank0["swapped"]["kernelized Qwen2ForCausalLM -> CausalLMFusedLoss"] == 1, rank0["swapped"]
 

@@ -51,6 +51,7 @@ class ReasonKind(enum.Enum):
     PASS_FAILED = "the pass raised on this region"
     # regions that no rewrite saw
     GRAPH_BREAK = "a graph break split the region"
+    BUCKET_SPLIT = "a DDP bucket boundary split the region"
     NO_PATTERN = "the function has no pattern"
     NOT_MATCHED = "the function's pattern did not match this call"
 

@@ -129,6 +129,9 @@ def _swap(state: PassState, candidate: LayerCandidate) -> Swapped:
     if foreign is not None:
         raise KeepRegion(ReasonKind.FOREIGN_FORWARD, f"forward replaced by {foreign}: the graph runs that kernel as it "
                          "is (twinkle_fx leaves it)")
+    split = _cut_by_bucket_boundary(state, region, module)
+    if split is not None:
+        raise KeepRegion(ReasonKind.BUCKET_SPLIT, split)
     n_args, param_names, picks = bind_layer(state, region, module)
     call = LayerKernelCall(
         f"layer_{choice.name}", module, choice.call, n_args, param_names, picks, single=len(region.outputs) == 1,
@@ -140,6 +143,31 @@ def _swap(state: PassState, candidate: LayerCandidate) -> Swapped:
     for node, value in region.constant_inputs.items():
         state.baked_scalars[positions[node]] = value
     return Swapped("layer", region.target, region.location, str(choice), how)
+
+
+def _cut_by_bucket_boundary(state: PassState, region: Region, module: torch.nn.Module) -> str | None:
+    """Why the region is only part of ``module``'s computation, when Dynamo's DDPOptimizer split the
+    graph inside it; else None.
+
+    DDPOptimizer compiles each gradient bucket's piece of the graph on its own, with fake inputs
+    (how a piece is told from a whole graph). A bucket boundary inside a layer leaves each piece
+    part of the layer's computation, and part of its parameters: without this check the piece reads
+    as "state from outside the module" or fails the reference on fake inputs.
+    """
+    if not any(isinstance(value, FakeTensor) for value in state.example_inputs):
+        return None
+    owned = _parameter_names(module)
+    present = set()
+    for node in external_inputs(region.nodes):
+        value = state.placeholder_values.get(node)
+        if node.op == "placeholder" and isinstance(value, torch.Tensor) and id(value) in owned:
+            present.add(id(value))
+    parameters = {id(p) for p in module.parameters()}
+    if not present or present >= parameters:
+        return None
+    return (f"a DDP gradient-bucket boundary cuts this {type(module).__qualname__}: Dynamo's DDPOptimizer compiled the "
+            f"graph in pieces, and this piece holds {len(present)} of its {len(parameters)} parameters (the rest are in "
+            f"another piece), so it stays as traced. Larger buckets (DDP(bucket_cap_mb=...)) move the boundaries")
 
 
 def _parameter_names(module: torch.nn.Module) -> dict[int, str]:

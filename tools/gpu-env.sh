@@ -12,3 +12,28 @@ unset TRITON_INTERPRET
 # The copy's .git HEAD is not the tree that was sent: the caller names the commit (COMMIT=$(git rev-parse
 # --short HEAD) in the command), and the harness writes it into every saved result.
 export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"
+
+# What every GPU script prints first: the versions and the device(s).
+print_versions() {
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
+}
+
+# run_suite SECONDS: the whole test suite on CUDA (12 workers) into $out/gpu-pytest.log; prints failures and the summary.
+run_suite() {
+  timeout "$1" python3 -m pytest -q -p no:cacheprovider -n 12 --durations=5 > "$out/gpu-pytest.log" 2>&1
+  echo "suite exit $? at ${SECONDS} s"; grep -E "^(FAILED|ERROR)" "$out/gpu-pytest.log" | head -20; tail -1 "$out/gpu-pytest.log"
+}
+
+# run NAME COMMAND...: one examples/train_distributed.py run before $deadline (at most $RUN_CAP s, default 170),
+# its log and JSON under $out, its table on stdout (the distributed scripts).
+run() {
+  local name=$1; shift
+  local cap=${RUN_CAP:-170}
+  local limit=$(( deadline - SECONDS < cap ? deadline - SECONDS : cap ))
+  if [ "$limit" -lt 30 ]; then echo "### $name: skipped, ${SECONDS} s used"; return; fi
+  echo "### $name ($SECONDS s, limit $limit s)"
+  timeout "$limit" "$@" --out "$out/$name.json" > "$out/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then echo "$name: exit $rc"; grep -v "^step" "$out/$name.log" | tail -25; return; fi
+  sed -n '/^| /,$p' "$out/$name.log" | head -40
+}

@@ -6,10 +6,9 @@
 # Usage on the GPU machine: COMMIT=$(git rev-parse --short HEAD) bash tools/gpu-s5-a.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+print_versions
 SECONDS=0
-timeout 230 python3 -m pytest -q -p no:cacheprovider -n 12 --durations=5 > "$out/gpu-pytest.log" 2>&1
-echo "suite exit $? at ${SECONDS} s"; grep -E "^(FAILED|ERROR)" "$out/gpu-pytest.log" | head -20; tail -3 "$out/gpu-pytest.log"
+run_suite 230
 timeout 90 python3 tools/gqa_attention_bench.py --out "$out/gqa-bench.json" > "$out/gqa-bench.txt" 2>&1; echo "gqa bench exit $? at ${SECONDS} s"
 tail -40 "$out/gqa-bench.txt"
 timeout 200 python3 -m twinkle_fx bench --inference --backends inductor+cudagraphs,twinkle+cudagraphs --steps 20 \

@@ -10,21 +10,11 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 export NCCL_NVLS_ENABLE=0
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
+print_versions
 shape=(--size reference --batch 4 --seq 1024 --steps 10)
 ex=examples/train_distributed.py
 two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2 "$ex")
 deadline=${DEADLINE:-540}
-run() {  # run NAME COMMAND...: its log and JSON under $out, the table on stdout
-  local name=$1; shift
-  local limit=$(( deadline - SECONDS < 170 ? deadline - SECONDS : 170 ))
-  if [ "$limit" -lt 30 ]; then echo "### $name: skipped, ${SECONDS} s used"; return; fi
-  echo "### $name ($SECONDS s, limit $limit s)"
-  timeout "$limit" "$@" --out "$out/$name.json" > "$out/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -ne 0 ]; then echo "$name: exit $rc"; grep -v "^step" "$out/$name.log" | tail -25; return; fi
-  sed -n '/^| /,$p' "$out/$name.log" | head -40
-}
 SECONDS=0
 run single-regional-cg python3 "$ex" "${shape[@]}" --parallel none --backend twinkle --regional --cudagraphs --compare-single 2
 base=(--baseline "$out/single-regional-cg.json")

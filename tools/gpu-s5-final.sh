@@ -5,10 +5,9 @@
 # Usage on the GPU machine: COMMIT=$(git rev-parse --short HEAD) bash tools/gpu-s5-final.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+print_versions
 SECONDS=0
-timeout 170 python3 -m pytest -q -p no:cacheprovider -n 12 --durations=5 > "$out/gpu-pytest.log" 2>&1
-echo "suite exit $? at ${SECONDS} s"; grep -E "^(FAILED|ERROR)" "$out/gpu-pytest.log" | head -20; tail -1 "$out/gpu-pytest.log"
+run_suite 170
 timeout 60 python3 tools/causal_mask_probe.py --inference 2>&1 | grep -v "Warn\|warn" | tail -3; echo "probe at ${SECONDS} s"
 timeout 200 python3 -m twinkle_fx bench --inference --backends inductor+cudagraphs,twinkle+cudagraphs \
   --steps 20 --warmup 3 --out "$out/inf" > "$out/inf.txt" 2>&1; echo "inference bench exit $? at ${SECONDS} s"

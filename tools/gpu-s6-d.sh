@@ -5,10 +5,9 @@
 # Usage on the GPU machine: COMMIT=$(git rev-parse --short HEAD) bash tools/gpu-s6-d.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"
+print_versions
 SECONDS=0
-timeout 170 python3 -m pytest -q -p no:cacheprovider -n 12 --durations=5 > "$out/gpu-pytest.log" 2>&1
-echo "suite exit $? at ${SECONDS} s"; grep -E "^(FAILED|ERROR)" "$out/gpu-pytest.log" | head -20; tail -1 "$out/gpu-pytest.log"
+run_suite 170
 timeout 250 python3 -m twinkle_fx bench --backends inductor,inductor+cudagraphs,twinkle+cudagraphs --steps 10 \
   --warmup 2 --out "$out/train" > "$out/train.txt" 2>&1; echo "train bench exit $? at ${SECONDS} s"
 grep -v "UserWarning\|warn" "$out/train.txt" | sed -n '/^backend/,/^$/p' | head -6

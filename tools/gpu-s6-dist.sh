@@ -8,22 +8,13 @@
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 export NCCL_NVLS_ENABLE=0
-python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
+print_versions
 nvidia-smi topo -m 2>/dev/null | head -4
 shape=(--size reference --batch 4 --seq 1024 --steps 15)
 ex=examples/train_distributed.py
 two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2 "$ex")
 deadline=${DEADLINE:-330}
-run() {  # run NAME COMMAND...: its log and JSON under $out, the table on stdout
-  local name=$1; shift
-  local limit=$(( deadline - SECONDS < 120 ? deadline - SECONDS : 120 ))
-  if [ "$limit" -lt 30 ]; then echo "### $name: skipped, ${SECONDS} s used"; return; fi
-  echo "### $name ($SECONDS s, limit $limit s)"
-  timeout "$limit" "$@" --out "$out/$name.json" > "$out/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -ne 0 ]; then echo "$name: exit $rc"; grep -v "^step" "$out/$name.log" | tail -25; return; fi
-  sed -n '/^| /,$p' "$out/$name.log" | grep -v "swapped\|^| run\|^|---" | head -14
-}
+RUN_CAP=120
 SECONDS=0
 timeout 60 python3 -m torch.distributed.run --standalone --nproc_per_node 2 tools/allreduce_probe.py --sizes-mb 100,1000 \
   --json "$out/allreduce.json" 2>&1 | grep "all-reduce"; echo "probe at ${SECONDS} s"

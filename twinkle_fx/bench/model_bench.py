@@ -138,8 +138,7 @@ def warm_compiler(device: torch.device, backends: list[str], progress: Callable[
     layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64)).to(device)
     x = torch.randn(8, 64, device=device, requires_grad=True)
     torch.compile(layer)(x).sum().backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    torch.cuda.synchronize(device)
     torch._dynamo.reset()
     elapsed = time.perf_counter() - start
     progress(f"compiler warmed up in {elapsed:.1f} s (a small Inductor compile: worker pool, CUDA, Triton; "

@@ -85,8 +85,8 @@ def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *,
     kernels.sort(key=lambda k: -k[2])
     summary = ProfileSummary(
         steps=steps, host_ms_per_step=sum(walls) / steps, device_ms_per_step=device_ms, launches_per_step=launches,
-        kernels_per_step=kernels_run, top=[{"name": name, "calls": calls, "ms": ms} for name, calls, ms in kernels[:_TOP]], trace=str(trace),
-        report=str(out_dir / "profile_report.txt"),
+        kernels_per_step=kernels_run, top=[{"name": name, "calls": calls, "ms": ms} for name, calls, ms in kernels[:_TOP]],
+        trace=str(trace), report=str(out_dir / "profile_report.txt"),
     )
     Path(summary.report).write_text(format_profile(summary, title=title, device=clock.device))
     return summary

@@ -16,10 +16,12 @@ its ``state_dict`` are untouched. In the backward the three weight gradients bec
 the three input-gradient GEMMs plus their sum become one.
 
 Cost: the ``cat`` copies the weights on every call (the parameters may change between calls).
-That is noise next to a training step at thousands of tokens, but at decode (a few tokens) the
-GEMMs are weight-read bound and the copy triples their traffic. In inference use Inductor's
-``freezing`` (``options={"inductor": {"freezing": True}}``): it folds parameters into constants and
-its own concat-linear pattern fuses the same projections with no per-call copy. Under
+At decode (a few tokens) the GEMMs are weight-read bound and the copy triples the projections'
+traffic, yet at the Qwen2-0.5B shape one GEMM instead of three still won (see
+:data:`AUTO_INFERENCE_MAX_ROWS`): those weights are ~2 MB a layer and the GEMMs latency-bound.
+Inductor's ``freezing`` (``options={"inductor": {"freezing": True}}``) folds parameters into
+constants and its own concat-linear pattern fuses the projections with no per-call copy, but its
+compile of the reference decode graph did not finish in 126 s on an H100 (session 6). Under
 ``fuse_projections="auto"`` the pass fuses where it was measured to pay: in inference under Inductor,
 groups whose input has at most :data:`AUTO_INFERENCE_MAX_ROWS` rows (decode steps, where three
 small GEMMs cost more in latency than the copy of ~2 MB of weights); in training, where the input

@@ -252,3 +252,14 @@ def test_a_profiled_row_says_what_the_host_spends_per_kernel_call():
     table = format_table(BenchResult("model", environment, workload, rows))
     assert ("kernelize+cudagraphs: profiled: 36.0 ms wall, 30.0 ms device, 24 launches and 1500 device "
             "operations per step; host us per kernel call 8.0") in table
+
+
+def test_compiler_warm_up_runs_on_a_gpu_only_and_a_failure_does_not_stop_the_run():
+    from twinkle_fx.bench.model_bench import warm_compiler
+
+    said = []
+    assert warm_compiler(torch.device("cpu"), ["inductor"], said.append) is None and not said  # CPU: smoke runs
+    assert warm_compiler(torch.device("cuda"), ["eager", "kernelize"], said.append) is None and not said  # nothing compiles
+    if not torch.cuda.is_available():  # the warm-up's own failure is said, and the rows run (and fail) as they would
+        assert warm_compiler(torch.device("cuda"), ["inductor"], said.append) is None
+        assert said and said[0].startswith("compiler warm-up failed"), said

@@ -123,7 +123,8 @@ def _memoizing(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             key = None if args or kw else ttir_key(kernel, kwargs, tma_descriptor_metadata)
             hash(key)
-        except TypeError:
+        except Exception:  # noqa: BLE001 - an argument the key cannot describe: torch's own function answers
+            logger.debug("TTIR memo: no key for a launch of %r", kernel, exc_info=True)
             key = None
         if key is None:
             with _lock:
@@ -175,3 +176,4 @@ def memoized_ttir() -> Iterator[None]:
             if _active == 0:
                 triton_kernel_wrap.generate_ttir = _original
                 _original = None
+                logger.debug("TTIR memo so far: %(hits)d answered, %(misses)d run, %(bypassed)d bypassed", _counts)

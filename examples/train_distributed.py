@@ -170,6 +170,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="FSDP2 MixedPrecisionPolicy: fp32 master weights, bf16 compute, fp32 gradient reduction")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--fused-adamw", action="store_true",
+                        help="AdamW(fused=True): one fused kernel set for the whole step instead of torch's "
+                             "default multi-tensor one (the optimizer step is 19.5 ms of an FSDP2 step on DTensors)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bucket-cap-mb", type=float, default=None,
                         help="DDP bucket size; small values give several buckets, so DDPOptimizer splits the graph")
@@ -396,7 +399,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
         else:
             wrapped = wrap(model, args, device)
             run = compile_model(model, wrapped, args)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, **({"fused": True} if args.fused_adamw else {}))
         if args.cudagraphs:  # the backward adds into these buffers instead of handing over its output
             for p in model.parameters():
                 p.grad = torch.zeros_like(p)

@@ -36,7 +36,7 @@ RUNS = {
     "ddp_twinkle": f"{COMMON} --parallel ddp --backend twinkle --compiler aot_eager --bucket-cap-mb 1",
     # DDP's static graph and gradients as bucket views (--ddp-static-graph, --grad-as-bucket-view)
     "ddp_kernelize": f"{COMMON} --parallel ddp --backend kernelize --ddp-static-graph --grad-as-bucket-view",
-    "fsdp2_kernelize": f"{COMMON} --parallel fsdp2 --backend kernelize",
+    "fsdp2_kernelize": f"{COMMON} --parallel fsdp2 --backend kernelize --fused-adamw",  # AdamW(fused=True) on DTensors
     "fsdp2_twinkle": f"{COMMON} --parallel fsdp2 --backend twinkle --compiler aot_eager",
     "ddp_kernelize_twinkle": f"{COMMON} --parallel ddp --backend kernelize+twinkle --compiler aot_eager",
     # regional: every decoder layer compiled on its own (one shared graph), the head eager on the root

@@ -11,8 +11,6 @@ forward + backward with labels after ``torch._dynamo.reset()``, and the script p
 - how often torch's per-launch Triton front-end run (``generate_ttir``) was answered from twinkle's
   memo (``twinkle_fx.compile.ttir_memo``); a backend name ending in ``/no-ttir-memo`` runs
   without the memo, for comparison;
-- Triton compiles in this process (``triton.compiler.compile``: the custom ops' kernels JIT-compiled
-  at their first launch; Inductor compiles its own kernels in worker processes, not counted here).
 
 Usage::
 
@@ -33,46 +31,6 @@ import time
 from collections import defaultdict
 
 import torch
-
-
-def _triton_compile_timer():
-    """Count in-process Triton compiles and their seconds (a wrapper around triton.compiler.compile)."""
-    try:
-        import triton.compiler.compiler as compiler_module
-    except ImportError:
-        return None, contextlib.nullcontext()
-    stats = {"count": 0, "s": 0.0, "by_name": defaultdict(float)}
-    original = compiler_module.compile
-
-    @functools.wraps(original)
-    def timed(src, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return original(src, *args, **kwargs)
-        finally:
-            elapsed = time.perf_counter() - start
-            stats["count"] += 1
-            stats["s"] += elapsed
-            name = getattr(getattr(src, "fn", None), "__name__", "?")
-            stats["by_name"][name] += elapsed
-
-    @contextlib.contextmanager
-    def patched():
-        import triton
-        import triton.runtime.jit as jit_module
-        targets = [(compiler_module, "compile"), (triton, "compile")]
-        if getattr(jit_module, "compile", None) is original:
-            targets.append((jit_module, "compile"))
-        saved = [(module, name, getattr(module, name)) for module, name in targets]
-        for module, name in targets:
-            setattr(module, name, timed)
-        try:
-            yield
-        finally:
-            for module, name, value in saved:
-                setattr(module, name, value)
-
-    return stats, patched()
 
 
 def _time_generate_ttir() -> dict:
@@ -198,6 +156,8 @@ def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     workload = get_workload(args.workload)
+    if args.layers is not None:
+        workload = dataclasses.replace(workload, config={**workload.config, "num_hidden_layers": args.layers})
     from twinkle_fx.bench.model_bench import warm_compiler
     from twinkle_fx.compile import ttir_memo
 
@@ -208,12 +168,9 @@ def main() -> int:
         name, _, variant = backend.partition("/")
         torch._dynamo.reset()
         torch._dynamo.utils.compilation_time_metrics.clear()
-        if args.layers is not None:
-            workload = dataclasses.replace(workload, config={**workload.config, "num_hidden_layers": args.layers})
-        stats, patched = _triton_compile_timer()
         memo_before = ttir_memo.stats()
         memo = contextlib.nullcontext() if variant != "no-ttir-memo" else _without_ttir_memo()
-        with memo, collect_reports() as report, patched:
+        with memo, collect_reports() as report:
             if args.decode:
                 first_s, forward_s = _first_decode(workload, name, device, dtype, args)
             else:
@@ -231,10 +188,6 @@ def main() -> int:
             "dynamo": compile_times(repr="csv", aggregate=True),
             "pass_ms": {k: round(v, 1) for k, v in pass_ms.items()},
             "ttir_memo": memo_counts, "generate_ttir_runs": ttir_runs, "generate_ttir_s": round(ttir_s, 2),
-            "triton_in_process": None if stats is None else {
-                "count": stats["count"], "s": round(stats["s"], 2),
-                "by_name": {k: round(v, 2) for k, v in sorted(stats["by_name"].items(), key=lambda kv: -kv[1])},
-            },
         }
         rows.append(row)
         print(f"== {backend}: first step {first_s:.2f} s (forward incl. compile {forward_s:.2f} s), "
@@ -246,10 +199,6 @@ def main() -> int:
             print(f"   dynamo {n}: {float(v):.2f} s")
         for n, v in sorted(row["pass_ms"].items(), key=lambda nv: -nv[1]):
             print(f"   pass {n}: {v:.0f} ms")
-        if stats is not None:
-            print(f"   triton compiles in process: {stats['count']}, {stats['s']:.2f} s")
-            for n, v in list(row["triton_in_process"]["by_name"].items())[:12]:
-                print(f"      {n}: {v:.2f} s")
         gc.collect()
     if args.json:
         with open(args.json, "w") as f:

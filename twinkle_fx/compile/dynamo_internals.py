@@ -137,6 +137,12 @@ def set_example_value(node: fx.Node, value: Any) -> None:
     node.meta["example_value"] = value
 
 
+def is_ddp_piece(example_inputs: list[Any]) -> bool:
+    """Whether the graph is one of DDPOptimizer's pieces: it compiles each gradient bucket's piece of
+    a DDP model's graph on fake copies of its inputs, where Dynamo hands a whole graph real ones."""
+    return any(isinstance(value, FakeTensor) for value in example_inputs)
+
+
 def real_input(placeholder: fx.Node, value: Any) -> Any:
     """The real tensor behind a graph input the backend was handed as a FakeTensor, else ``value``.
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -70,7 +71,7 @@ def _arg_key(value: Any) -> tuple | None:
 
 
 def _is_tensor_box(value: Any) -> bool:
-    ir = __import__("sys").modules.get("torch._inductor.ir")
+    ir = sys.modules.get("torch._inductor.ir")  # loaded by Inductor itself: a TensorBox exists only then
     return ir is not None and isinstance(value, ir.TensorBox)
 
 

@@ -26,7 +26,8 @@ from ...eager.layers import swapped_forward
 from ...kernels_mapping import foreign_forward
 from ...selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
 from ..binding import bind, outputs_read_outside
-from ..dynamo_internals import ModuleFrame, example_value, input_source, module_stack, parent_class, parse_source
+from ..dynamo_internals import (ModuleFrame, example_value, input_source, is_ddp_piece, module_stack, parent_class,
+                                parse_source)
 from ..equivalence import module_attributes, reparametrized
 from ..kernel_call import LayerKernelCall
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
@@ -149,21 +150,17 @@ def _cut_by_bucket_boundary(state: PassState, region: Region, module: torch.nn.M
     """Why the region is only part of ``module``'s computation, when Dynamo's DDPOptimizer split the
     graph inside it; else None.
 
-    DDPOptimizer compiles each gradient bucket's piece of the graph on its own, with fake inputs
-    (how a piece is told from a whole graph). A bucket boundary inside a layer leaves each piece
-    part of the layer's computation, and part of its parameters: without this check the piece reads
-    as "state from outside the module" or fails the reference on fake inputs.
+    DDPOptimizer compiles each gradient bucket's piece of the graph on its own. A bucket boundary
+    inside a layer leaves each piece part of the layer's computation, and part of its parameters:
+    without this check the piece reads as "state from outside the module" or fails the reference on
+    fake inputs.
     """
-    if not any(isinstance(value, FakeTensor) for value in state.example_inputs):
+    if not is_ddp_piece(state.example_inputs):
         return None
-    owned = _parameter_names(module)
-    present = set()
-    for node in external_inputs(region.nodes):
-        value = state.placeholder_values.get(node)
-        if node.op == "placeholder" and isinstance(value, torch.Tensor) and id(value) in owned:
-            present.add(id(value))
     parameters = {id(p) for p in module.parameters()}
-    if not present or present >= parameters:
+    present = {id(state.placeholder_values.get(node)) for node in external_inputs(region.nodes)
+               if node.op == "placeholder"} & parameters
+    if not present or present == parameters:
         return None
     return (f"a DDP gradient-bucket boundary cuts this {type(module).__qualname__}: Dynamo's DDPOptimizer compiled the "
             f"graph in pieces, and this piece holds {len(present)} of its {len(parameters)} parameters (the rest are in "

@@ -182,6 +182,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grad-as-bucket-view", action="store_true",
                         help="DDP(gradient_as_bucket_view=True): .grad tensors are views of the all-reduce buckets "
                              "(no copy of the gradients into them, one copy less of 1 GB per step for the reference)")
+    parser.add_argument("--tied-embedding-ddp", action="store_true",
+                        help="wrap with twinkle_fx.distributed.tied_embedding_ddp: the tied embedding / LM-head "
+                             "weight (272 MB in bf16 for the reference) leaves DDP's buckets; the head's gradient "
+                             "is all-reduced while the layers run backward, the embedding's as rows at the end")
     parser.add_argument("--optimize-ddp", choices=("ddp_optimizer", "no_optimization", "python_reducer"), default=None,
                         help="compiled DDP: split the graph at bucket boundaries (torch's default), compile it whole, "
                              "or reduce in compiled autograd (python_reducer, the default with --compiled-autograd)")
@@ -227,9 +231,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.cudagraphs and (not compiled or args.parallel == "fsdp2" or args.compiler != "inductor"):
         parser.error("--cudagraphs needs a compiled --backend with --compiler inductor and --parallel ddp or none "
                      "(FSDP2 frees and re-gathers the parameters every step: no static addresses to replay)")
-    if (args.ddp_static_graph or args.grad_as_bucket_view) and args.parallel != "ddp":
-        parser.error("--ddp-static-graph and --grad-as-bucket-view are DistributedDataParallel options: use them "
-                     "with --parallel ddp")
+    if (args.ddp_static_graph or args.grad_as_bucket_view or args.tied_embedding_ddp) and args.parallel != "ddp":
+        parser.error("--ddp-static-graph, --grad-as-bucket-view and --tied-embedding-ddp are DistributedDataParallel "
+                     "options: use them with --parallel ddp")
     if args.compare_single is not None and (args.parallel != "none" or args.compare_single < 2):
         parser.error("--compare-single WORLD (>= 2) runs the single-device baselines: use it with --parallel none")
     for name in ("steps", "batch", "seq", "accum"):
@@ -287,8 +291,13 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         kwargs = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
-        kwargs.update(static_graph=args.ddp_static_graph, gradient_as_bucket_view=args.grad_as_bucket_view)
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **kwargs)
+        kwargs.update(static_graph=args.ddp_static_graph, gradient_as_bucket_view=args.grad_as_bucket_view,
+                      device_ids=[device.index] if device.type == "cuda" else None)
+        if args.tied_embedding_ddp:
+            from twinkle_fx.distributed import tied_embedding_ddp
+
+            return tied_embedding_ddp(model, **kwargs)
+        return DDP(model, **kwargs)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs = {}
@@ -486,6 +495,7 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
     parts = [where, backend, precision, f"{a['batch']} x {a['seq']} per rank"]
     parts += [f"accum {a['accum']}"] if a["accum"] > 1 else []
     parts += ["activation checkpointing"] if a["checkpoint"] else []
+    parts += ["tied embedding reduced early"] if a.get("tied_embedding_ddp") else []
     if a["parallel"] == "ddp" and a["backend"] in COMPILED:
         parts.append(f"optimize_ddp {a['optimize_ddp']}")
     parts += ["compiled autograd"] if a["compiled_autograd"] else []

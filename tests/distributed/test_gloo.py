@@ -2,8 +2,8 @@
 
 One torchrun launch runs every configuration (DDP and FSDP2; compiled whole with backend="twinkle"
 and its inner aot_eager, compiled per decoder layer, eagerly kernelized; gradient accumulation,
-FSDP2 mixed precision with activation checkpointing, compiled autograd); each must reproduce, step
-by step, the losses of a single-process eager run over the same global batch (mixed precision:
+FSDP2 mixed precision with activation checkpointing, compiled autograd, tied_embedding_ddp); each
+must reproduce, step by step, the losses of a single-process eager run over the same global batch (mixed precision:
 within bf16's tolerance), and every rank must report the swaps.
 """
 
@@ -44,6 +44,10 @@ RUNS = {
     "fsdp2_regional_mixed": f"{SHORT} --parallel fsdp2 --backend twinkle --compiler aot_eager --regional "
                             "--mixed-precision --checkpoint",
     "ddp_compiled_autograd": f"{SHORT} --parallel ddp --backend twinkle --compiler aot_eager --compiled-autograd",
+    # twinkle_fx.distributed.tied_embedding_ddp: regional with accumulation (no_sync), and compiled whole
+    "ddp_tied_regional_accum": f"{ACCUM} --parallel ddp --backend twinkle --compiler aot_eager --regional "
+                               "--tied-embedding-ddp",
+    "ddp_tied_twinkle": f"{SHORT} --parallel ddp --backend twinkle --compiler aot_eager --tied-embedding-ddp",
 }
 LAYERS = train_distributed.SIZES["tiny"]["num_hidden_layers"]
 ROTARY = "function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
@@ -115,7 +119,8 @@ def test_regional_swaps_in_the_shared_layer_graph(distributed):
     """--regional: the decoder layers share one compiled graph, which carries one layer's swaps; the
     fused-loss head is installed eagerly on the uncompiled root (FSDP2: on its FSDP subclass), also
     with mixed precision and activation checkpointing."""
-    for name, head in (("ddp_regional_accum", "Qwen2ForCausalLM"), ("fsdp2_regional_mixed", "FSDPQwen2ForCausalLM")):
+    for name, head in (("ddp_regional_accum", "Qwen2ForCausalLM"), ("fsdp2_regional_mixed", "FSDPQwen2ForCausalLM"),
+                       ("ddp_tied_regional_accum", "Qwen2ForCausalLM")):
         for swaps in _swaps(distributed[name]):
             assert swaps["graphs"] == 1 and swaps["graph_breaks"] == 0, (name, swaps)
             assert swaps["swapped"] == {RMSNORM: 2, MLP: 1, ROTARY: 1,
@@ -201,6 +206,15 @@ def test_ddp_twinkle_swaps_in_every_bucket_subgraph(distributed):
     assert rank0["swapped"]["kernelized Qwen2ForCausalLM -> CausalLMFusedLoss"] == 1, rank0["swapped"]
 
 
+def test_tied_embedding_ddp_compiled_whole_keeps_the_swaps(distributed):
+    """tied_embedding_ddp's hooks run between the graphs of a whole-model compile: every rank still
+    swaps every norm and the head (the losses are checked above)."""
+    rank0, rank1 = _swaps(distributed["ddp_tied_twinkle"])
+    assert {k: v for k, v in rank0.items() if k != "rank"} == {k: v for k, v in rank1.items() if k != "rank"}
+    assert rank0["swapped"][RMSNORM] == 2 * LAYERS + 1 and rank0["swapped"][ROTARY] == LAYERS, rank0
+    assert rank0["swapped"]["kernelized Qwen2ForCausalLM -> CausalLMFusedLoss"] == 1, rank0
+
+
 def test_compiled_autograd_trains_and_keeps_the_head(distributed):
     """--compiled-autograd (DDP's Python reducer) trains to the same losses (checked above); the head is
     swapped on every rank. What the backend finds of the layers under it is reported as it is."""
@@ -246,7 +260,8 @@ def test_cudagraphs_refuses_what_it_cannot_replay(extra, capsys):
 def test_ddp_options_need_ddp(capsys):
     with pytest.raises(SystemExit):
         train_distributed.parse_args("--size tiny --parallel fsdp2 --ddp-static-graph".split())
-    assert "--ddp-static-graph and --grad-as-bucket-view are DistributedDataParallel options" in capsys.readouterr().err
+    assert "--ddp-static-graph, --grad-as-bucket-view and --tied-embedding-ddp are DistributedDataParallel options" \
+        in capsys.readouterr().err
 
 
 def test_cudagraphs_names_the_run():

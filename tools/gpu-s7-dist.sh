@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Session 7's 2-GPU call (nvidia-h200-x2, NCCL_NVLS_ENABLE=0), ~8 minutes: issue 19. Replaces gpu-s6-dist.sh
+# (never run: no 2-GPU machine was lent in sessions 6 and 7).
+# 1. tied_embedding_ddp against plain DDP on NCCL (tests/distributed/tied_runs.py cuda): the gradients
+#    with the head's all-reduce asynchronous on NCCL's stream; CI checks the same cases on gloo only.
+# 2. NCCL's all-reduce alone and beside GEMMs (tools/allreduce_probe.py): the link or the overlap.
+# 3. The single-GPU regional CUDA-graph baselines, session 5's DDP run (1.42x), the same with the tied
+#    embedding reduced early, then with DDP's static graph and bucket views too, and FSDP2 in bf16 with
+#    fused AdamW, all against the single-GPU run of the same call.
+# Reference workload, bf16, 4 x 1024 per GPU, 15 steps, backend twinkle, fused-loss head.
+# Usage from the repo root: COMMIT=$(git rev-parse --short HEAD) bash tools/gpu-s7-dist.sh
+set -uo pipefail
+source "$(dirname "$0")/gpu-env.sh"
+export NCCL_NVLS_ENABLE=0
+print_versions
+nvidia-smi topo -m 2>/dev/null | head -4
+shape=(--size reference --batch 4 --seq 1024 --steps 15)
+ex=examples/train_distributed.py
+two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
+deadline=${DEADLINE:-540}
+RUN_CAP=120
+SECONDS=0
+timeout 90 "${two[@]}" tests/distributed/tied_runs.py "$out/tied-nccl.json" cuda > "$out/tied-nccl.log" 2>&1
+echo "tied_runs on NCCL: exit $? at ${SECONDS} s"
+python3 - "$out/tied-nccl.json" <<'PY' || tail -20 "$out/tied-nccl.log"
+import json, sys
+for case, r in json.load(open(sys.argv[1])).items():
+    print(f"{case:28s}", {k: v for k, v in r.items() if k != "frames"})
+PY
+timeout 60 "${two[@]}" tools/allreduce_probe.py --sizes-mb 100,300,1000 --json "$out/allreduce.json" 2>&1 \
+  | grep "all-reduce"; echo "probe at ${SECONDS} s"
+run single-regional-cg python3 "$ex" "${shape[@]}" --parallel none --backend twinkle --regional --cudagraphs --compare-single 2
+base=(--baseline "$out/single-regional-cg.json")
+ddp=("${two[@]}" "$ex" "${shape[@]}" --parallel ddp --backend twinkle --regional --cudagraphs --bucket-cap-mb 100)
+run ddp-regional-cg-b100 "${ddp[@]}" "${base[@]}"
+run ddp-regional-cg-b100-tied "${ddp[@]}" --tied-embedding-ddp "${base[@]}"
+run ddp-regional-cg-b100-tied-static-view "${ddp[@]}" --tied-embedding-ddp --ddp-static-graph --grad-as-bucket-view \
+  "${base[@]}"
+# FSDP2 in bf16 like the DDP runs (session 4 measured it with fp32 master weights: 0.54x), with fused AdamW
+run fsdp2-regional-bf16-fused-adamw "${two[@]}" "$ex" "${shape[@]}" --parallel fsdp2 --backend twinkle --regional \
+  --fused-adamw "${base[@]}"
+echo "done in $SECONDS s"

@@ -1,0 +1,9 @@
+"""Distributed training helpers: what DDP and FSDP2 leave on the table for models twinkle_fx serves.
+
+- :func:`tied_embedding_ddp`: DDP that all-reduces a tied LM head's gradient during the backward
+  instead of after it, and exchanges the embedding's part as rows.
+"""
+
+from .tied_embedding import TiedEmbeddingReduction, find_tied_pair, tied_embedding_ddp
+
+__all__ = ["TiedEmbeddingReduction", "find_tied_pair", "tied_embedding_ddp"]

@@ -33,7 +33,10 @@ run single-regional-cg python3 "$ex" "${shape[@]}" --parallel none --backend twi
 base=(--baseline "$out/single-regional-cg.json")
 ddp=("${two[@]}" "$ex" "${shape[@]}" --parallel ddp --backend twinkle --regional --cudagraphs --bucket-cap-mb 100)
 run ddp-regional-cg-b100 "${ddp[@]}" "${base[@]}"
-run ddp-regional-cg-b100-tied "${ddp[@]}" --tied-embedding-ddp "${base[@]}"
+# profiled (3 steps after the timed ones; rank 0's report, NCCL kernels included, goes into the log): where the
+# all-reduce sits against the backward with the head's part sent early
+run ddp-regional-cg-b100-tied "${ddp[@]}" --tied-embedding-ddp --profile /tmp/prof-tied "${base[@]}"
+sed -n '/profiled step/,/Chrome trace/p' "$out/ddp-regional-cg-b100-tied.log" | head -40
 run ddp-regional-cg-b100-tied-static-view "${ddp[@]}" --tied-embedding-ddp --ddp-static-graph --grad-as-bucket-view \
   "${base[@]}"
 # FSDP2 in bf16 like the DDP runs (session 4 measured it with fp32 master weights: 0.54x), with fused AdamW

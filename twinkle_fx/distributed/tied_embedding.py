@@ -79,7 +79,8 @@ def find_tied_pair(model: nn.Module) -> tuple[nn.Embedding, nn.Module] | None:
     getters = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     if all(callable(g) for g in getters):
         embedding, head = (g() for g in getters)
-        if isinstance(embedding, nn.Embedding) and head is not None and getattr(head, "weight", None) is embedding.weight:
+        tied = head is not None and getattr(head, "weight", None) is getattr(embedding, "weight", False)
+        if isinstance(embedding, nn.Embedding) and tied:
             return embedding, head
     embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
     for embedding in embeddings:

@@ -173,7 +173,7 @@ class TiedEmbeddingReduction:
     def _stray_gradient(self, grad: Tensor | None) -> None:
         # the functions below hand the weight no gradient: one that arrives comes from a use of the
         # embedding or the head outside the model's forward, which no rank would reduce
-        if grad is not None:
+        if grad is not None:  # DDP itself cannot go on after a backward that stopped: no state to clean up
             raise RuntimeError(
                 f"tied_embedding_ddp: the tied weight ({type(self.embedding).__name__} / {type(self.head).__name__}) "
                 f"received a gradient from a use outside {type(self.model).__name__}.forward (the embedding or "

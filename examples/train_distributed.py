@@ -168,6 +168,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="parameter dtype (default: bf16 on GPU, fp32 on CPU; fp32 with --mixed-precision)")
     parser.add_argument("--mixed-precision", action="store_true",
                         help="FSDP2 MixedPrecisionPolicy: fp32 master weights, bf16 compute, fp32 gradient reduction")
+    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
+                        help="FSDP2 fully_shard(reshard_after_forward=False): each layer keeps its gathered "
+                             "parameters from its forward to its backward (no second all-gather per layer, at the "
+                             "cost of holding them: ZeRO-2's memory, not ZeRO-3's)")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--fused-adamw", action="store_true",
@@ -216,6 +220,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.mixed_precision and args.parallel != "fsdp2":
         parser.error("--mixed-precision is FSDP2's MixedPrecisionPolicy: use it with --parallel fsdp2 "
                      "(DDP and none train in --dtype)")
+    if not args.reshard_after_forward and args.parallel != "fsdp2":
+        parser.error("--no-reshard-after-forward is an FSDP2 option: use it with --parallel fsdp2")
     if args.mixed_precision and args.dtype == "bf16":
         parser.error("--mixed-precision keeps fp32 master weights: leave --dtype out (or fp32)")
     if args.compiled_autograd:
@@ -234,6 +240,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if (args.ddp_static_graph or args.grad_as_bucket_view or args.tied_embedding_ddp) and args.parallel != "ddp":
         parser.error("--ddp-static-graph, --grad-as-bucket-view and --tied-embedding-ddp are DistributedDataParallel "
                      "options: use them with --parallel ddp")
+    if args.ddp_static_graph and args.accum > 1:
+        parser.error("--ddp-static-graph with --accum: DDP(static_graph=True) under no_sync() fails an internal "
+                     "assert on its first backward, and past it stops all-reducing gradients "
+                     "(https://github.com/pytorch/pytorch/issues/143580, fix pending in pytorch/pytorch#187732); "
+                     "leave one of them out")
     if args.compare_single is not None and (args.parallel != "none" or args.compare_single < 2):
         parser.error("--compare-single WORLD (>= 2) runs the single-device baselines: use it with --parallel none")
     for name in ("steps", "batch", "seq", "accum"):
@@ -305,7 +316,7 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device)
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # one FSDP group per decoder layer, the root holds the (tied) embedding / LM head and final norm
     for layer in model.model.layers:
-        fully_shard(layer, **kwargs)
+        fully_shard(layer, reshard_after_forward=args.reshard_after_forward, **kwargs)
     fully_shard(model, **kwargs)
     return model
 
@@ -495,6 +506,7 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
     parts = [where, backend, precision, f"{a['batch']} x {a['seq']} per rank"]
     parts += [f"accum {a['accum']}"] if a["accum"] > 1 else []
     parts += ["activation checkpointing"] if a["checkpoint"] else []
+    parts += ["no reshard after forward"] if not a.get("reshard_after_forward", True) else []
     parts += ["tied embedding reduced early"] if a.get("tied_embedding_ddp") else []
     if a["parallel"] == "ddp" and a["backend"] in COMPILED:
         parts.append(f"optimize_ddp {a['optimize_ddp']}")

@@ -6,7 +6,8 @@
 # 2. NCCL's all-reduce alone and beside GEMMs (tools/allreduce_probe.py): the link or the overlap.
 # 3. The single-GPU regional CUDA-graph baselines, session 5's DDP run (1.42x), the same with the tied
 #    embedding reduced early, then with DDP's static graph and bucket views too, and FSDP2 in bf16 with
-#    fused AdamW, all against the single-GPU run of the same call.
+#    fused AdamW (with and without resharding after the forward), all against the single-GPU run of the
+#    same call.
 # Reference workload, bf16, 4 x 1024 per GPU, 15 steps, backend twinkle, fused-loss head.
 # Usage from the repo root: COMMIT=$(git rev-parse --short HEAD) bash tools/gpu-s7-dist.sh
 set -uo pipefail
@@ -17,7 +18,7 @@ nvidia-smi topo -m 2>/dev/null | head -4
 shape=(--size reference --batch 4 --seq 1024 --steps 15)
 ex=examples/train_distributed.py
 two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
-deadline=${DEADLINE:-540}
+deadline=${DEADLINE:-570}
 RUN_CAP=120
 SECONDS=0
 timeout 90 "${two[@]}" tests/distributed/tied_runs.py "$out/tied-nccl.json" cuda > "$out/tied-nccl.log" 2>&1
@@ -40,6 +41,8 @@ sed -n '/profiled step/,/Chrome trace/p' "$out/ddp-regional-cg-b100-tied.log" | 
 run ddp-regional-cg-b100-tied-static-view "${ddp[@]}" --tied-embedding-ddp --ddp-static-graph --grad-as-bucket-view \
   "${base[@]}"
 # FSDP2 in bf16 like the DDP runs (session 4 measured it with fp32 master weights: 0.54x), with fused AdamW
-run fsdp2-regional-bf16-fused-adamw "${two[@]}" "$ex" "${shape[@]}" --parallel fsdp2 --backend twinkle --regional \
-  --fused-adamw "${base[@]}"
+fsdp=("${two[@]}" "$ex" "${shape[@]}" --parallel fsdp2 --backend twinkle --regional --fused-adamw)
+run fsdp2-regional-bf16-fused-adamw "${fsdp[@]}" "${base[@]}"
+# and without the backward's all-gathers (each layer keeps its gathered parameters until its backward)
+run fsdp2-regional-bf16-fused-adamw-no-reshard "${fsdp[@]}" --no-reshard-after-forward "${base[@]}"
 echo "done in $SECONDS s"

@@ -36,7 +36,8 @@ RUNS = {
     "ddp_twinkle": f"{COMMON} --parallel ddp --backend twinkle --compiler aot_eager --bucket-cap-mb 1",
     # DDP's static graph and gradients as bucket views (--ddp-static-graph, --grad-as-bucket-view)
     "ddp_kernelize": f"{COMMON} --parallel ddp --backend kernelize --ddp-static-graph --grad-as-bucket-view",
-    "fsdp2_kernelize": f"{COMMON} --parallel fsdp2 --backend kernelize --fused-adamw",  # AdamW(fused=True) on DTensors
+    # AdamW(fused=True) on DTensors; the layers keep their gathered parameters until their backward
+    "fsdp2_kernelize": f"{COMMON} --parallel fsdp2 --backend kernelize --fused-adamw --no-reshard-after-forward",
     "fsdp2_twinkle": f"{COMMON} --parallel fsdp2 --backend twinkle --compiler aot_eager",
     "ddp_kernelize_twinkle": f"{COMMON} --parallel ddp --backend kernelize+twinkle --compiler aot_eager",
     # regional: every decoder layer compiled on its own (one shared graph), the head eager on the root
@@ -44,9 +45,12 @@ RUNS = {
     "fsdp2_regional_mixed": f"{SHORT} --parallel fsdp2 --backend twinkle --compiler aot_eager --regional "
                             "--mixed-precision --checkpoint",
     "ddp_compiled_autograd": f"{SHORT} --parallel ddp --backend twinkle --compiler aot_eager --compiled-autograd",
-    # twinkle_fx.distributed.tied_embedding_ddp: regional with accumulation (no_sync), and compiled whole
+    # twinkle_fx.distributed.tied_embedding_ddp: regional with accumulation (no_sync), regional with DDP's
+    # static graph and bucket views (the GPU recipe), and compiled whole
     "ddp_tied_regional_accum": f"{ACCUM} --parallel ddp --backend twinkle --compiler aot_eager --regional "
                                "--tied-embedding-ddp",
+    "ddp_tied_regional_static": f"{SHORT} --parallel ddp --backend twinkle --compiler aot_eager --regional "
+                                "--tied-embedding-ddp --ddp-static-graph --grad-as-bucket-view",
     "ddp_tied_twinkle": f"{SHORT} --parallel ddp --backend twinkle --compiler aot_eager --tied-embedding-ddp",
 }
 LAYERS = train_distributed.SIZES["tiny"]["num_hidden_layers"]
@@ -255,6 +259,21 @@ def test_cudagraphs_refuses_what_it_cannot_replay(extra, capsys):
     with pytest.raises(SystemExit):
         train_distributed.parse_args(argv)
     assert "--cudagraphs needs a compiled --backend with --compiler inductor" in capsys.readouterr().err
+
+
+def test_fsdp2_options_need_fsdp2(capsys):
+    with pytest.raises(SystemExit):
+        train_distributed.parse_args("--size tiny --parallel ddp --no-reshard-after-forward".split())
+    assert "--no-reshard-after-forward is an FSDP2 option" in capsys.readouterr().err
+
+
+def test_static_graph_refuses_accumulation(capsys):
+    """DDP(static_graph=True) with no_sync() fails an internal assert on the first backward (reproduced
+    with torch 2.13 on gloo; pytorch#143580), and past it would stop reducing gradients: the example
+    refuses the pair and says why."""
+    with pytest.raises(SystemExit):
+        train_distributed.parse_args("--size tiny --parallel ddp --ddp-static-graph --accum 2".split())
+    assert "pytorch/pytorch/issues/143580" in capsys.readouterr().err
 
 
 def test_ddp_options_need_ddp(capsys):

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from dist_launch import free_port, torchrun
 
 # gloo runs CPU processes, so the kernels run through the Triton interpreter: not on a GPU run
 pytestmark = pytest.mark.interpreter
@@ -62,23 +61,11 @@ EAGER_SWAPS = {"kernelized Qwen2RMSNorm -> RMSNorm": 2 * LAYERS + 1, "kernelized
                "patched transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb": 1}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("gloo") / "runs.json"
     # no GPU visible: train_distributed then takes gloo on the CPU even on a machine with one
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), str(HERE / "gloo_runs.py"), str(out),
-               *(f"{name}={flags}" for name, flags in RUNS.items())]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return json.loads(out.read_text())
+    return torchrun(HERE / "gloo_runs.py", tmp_path_factory.mktemp("gloo") / "runs.json",
+                    *(f"{name}={flags}" for name, flags in RUNS.items()), timeout=240, env={"TRITON_INTERPRET": "1"})
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +81,7 @@ def single_process() -> dict[str, list[float]]:
 
 @pytest.fixture
 def world_of_one():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         yield

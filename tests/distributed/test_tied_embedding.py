@@ -6,13 +6,10 @@ embedding rows they exchange differ in number.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from dist_launch import torchrun
 
 HERE = Path(__file__).resolve().parent
 GRADIENTS = ["sync", "accumulation", "preset_grads_accumulation", "two_forwards", "padding_not_hf", "compiled_root"]
@@ -20,15 +17,7 @@ GRADIENTS = ["sync", "accumulation", "preset_grads_accumulation", "two_forwards"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    from test_gloo import _free_port
-
-    out = tmp_path_factory.mktemp("tied") / "runs.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), str(HERE / "tied_runs.py"), str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return json.loads(out.read_text())
+    return torchrun(HERE / "tied_runs.py", tmp_path_factory.mktemp("tied") / "runs.json", timeout=180)
 
 
 @pytest.mark.parametrize("case", GRADIENTS)

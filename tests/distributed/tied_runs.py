@@ -10,7 +10,6 @@ Usage: python -m torch.distributed.run --nproc_per_node 2 tied_runs.py OUT.json 
 """
 
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from dist_launch import run_cases  # noqa: E402  (this folder is the script's: first on sys.path)
 from twinkle_fx.distributed import tied_embedding_ddp  # noqa: E402
 
 VOCAB = 61
@@ -179,15 +179,7 @@ def main() -> None:
         "removed": lambda: removed(rank),
         "compiled_root": lambda: compiled_root(rank),
     }
-    results = {}
-    try:
-        for name, case in cases.items():
-            results[name] = case()
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_text(json.dumps(results, indent=1))
+    run_cases(out, rank, cases)
 
 
 if __name__ == "__main__":

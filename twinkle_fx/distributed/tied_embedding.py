@@ -181,7 +181,8 @@ class TiedEmbeddingReduction:
                 "between ranks. Call the model (through DDP) instead, or wrap it in DistributedDataParallel")
 
     def _queue_finalize(self) -> None:
-        if self.sync and not self.window.finalize_queued:
+        """At the end of this backward (one that synchronises: the callers check), reduce what is left."""
+        if not self.window.finalize_queued:
             self.window.finalize_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
 

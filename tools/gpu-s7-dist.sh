@@ -45,6 +45,8 @@ fsdp=("${two[@]}" "$ex" "${shape[@]}" --parallel fsdp2 --backend twinkle --regio
 run fsdp2-regional-bf16-fused-adamw "${fsdp[@]}" "${base[@]}"
 # and without the backward's all-gathers (each layer keeps its gathered parameters until its backward)
 run fsdp2-regional-bf16-fused-adamw-no-reshard "${fsdp[@]}" --no-reshard-after-forward "${base[@]}"
+# the fused-loss head's saving under FSDP2 (the issue asks the peak memory to show it): the same run without it
+run fsdp2-regional-bf16-fused-adamw-no-fused-loss "${fsdp[@]}" --no-fused-loss "${base[@]}"
 # while time is left: the whole model compiled (DDPOptimizer's pieces, each replayed as a CUDA graph), the
 # single-GPU form that is fastest (twinkle+cudagraphs); never measured under DDP
 run ddp-whole-cg-b100 "${two[@]}" "$ex" "${shape[@]}" --parallel ddp --backend twinkle --cudagraphs --bucket-cap-mb 100 \

@@ -54,6 +54,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import sys
 import time
 from collections import Counter
@@ -133,14 +134,24 @@ class RunResult:
     peak_gib: list[float | None] = field(default_factory=list)  # per rank: torch.cuda.max_memory_allocated
 
     @property
+    def _steady(self) -> list[float]:
+        return self.step_ms[2:] or self.step_ms  # after compilation and CUDA-graph recording
+
+    @property
     def steady_ms(self) -> float:
-        """Mean step time after the first two steps (compilation, warm-up), or over all when fewer."""
-        steady = self.step_ms[2:] or self.step_ms
-        return sum(steady) / len(steady)
+        """Median step time after the first two steps (or over all when fewer). The median, not the mean:
+        one step that stalls on the host (a 655 ms step among 50 ms ones in a session 7 run) would
+        otherwise move the figure, and every ratio taken from it, by half."""
+        return statistics.median(self._steady)
+
+    @property
+    def spread_ms(self) -> tuple[float, float]:
+        """The fastest and slowest step of those :attr:`steady_ms` is the median of."""
+        return min(self._steady), max(self._steady)
 
     @property
     def steady_tokens_per_s(self) -> float:
-        """Global tokens per second over the steps after the first two (or all when fewer)."""
+        """Global tokens per second at the median step time (:attr:`steady_ms`)."""
         a = self.args
         return a["batch"] * self.world_size * a["seq"] * a["accum"] / (self.steady_ms / 1e3)
 
@@ -525,8 +536,8 @@ def table(result: RunResult, baseline: list[RunResult] = ()) -> str:
     a = result.args
     peak = ", ".join("-" if p is None else f"{p:.2f}" for p in result.peak_gib)
     rows = [
-        ("tokens/s (global, steps 3+)", f"{result.steady_tokens_per_s:,.0f}"),
-        ("ms/step", f"{result.steady_ms:.1f}"),
+        ("tokens/s (global, median step of 3+)", f"{result.steady_tokens_per_s:,.0f}"),
+        ("ms/step (median; fastest-slowest)", f"{result.steady_ms:.1f} ({result.spread_ms[0]:.1f}-{result.spread_ms[1]:.1f})"),
         ("first step s (compile)", f"{result.step_ms[0] / 1e3:.1f}"),
         ("peak GiB per GPU (rank 0, 1, ...)", peak),
         ("loss per step", ", ".join(f"{x:.4f}" for x in result.losses)),

@@ -149,8 +149,9 @@ def test_table_compares_with_the_single_device_baselines(tmp_path):
     single = train_distributed.parse_args("--parallel none --batch 2 --steps 3 --compare-single 2".split())
     swaps = [train_distributed.RankSwaps(0, swapped={"layer Qwen2RMSNorm -> RMSNorm": 9})]
     both = [*swaps, train_distributed.RankSwaps(1, swapped={"layer Qwen2RMSNorm -> RMSNorm": 9})]
-    run = train_distributed.RunResult(vars(args), 2, "cpu", [5.0, 4.0, 3.0], [], both, [900.0, 200.0, 100.0],
-                                      [None, None])
+    # steps 3+ take 100, 100 and 700 ms (one stalled step): the median, 100, is the run's figure
+    run = train_distributed.RunResult(vars(args), 2, "cpu", [5.0, 4.0, 3.0], [], both,
+                                      [900.0, 200.0, 100.0, 100.0, 700.0], [None, None])
     speed = train_distributed.RunResult(vars(single), 1, "cpu", [9.0] * 3, [], swaps, [900.0, 100.0, 160.0], [None])
     loss = train_distributed.RunResult({**vars(single), "batch": 4}, 1, "cpu", [5.0, 4.001, 3.0], [], swaps,
                                        [900.0, 300.0, 300.0], [None])
@@ -158,7 +159,7 @@ def test_table_compares_with_the_single_device_baselines(tmp_path):
     path.write_text(json.dumps({"runs": [speed.to_json(), loss.to_json()]}))
     text = train_distributed.table(run, train_distributed.load_baseline(str(path)))
     assert "ddp x 2 · twinkle (inductor) · fp32 · 2 x 8 per rank · optimize_ddp ddp_optimizer" in text
-    assert "| ms/step" in text and "| 100.0 |" in text  # steps 3+ only
+    assert "| ms/step (median; fastest-slowest)" in text and "| 100.0 (100.0-700.0) |" in text  # steps 3+ only
     assert "3.20x (100 tokens/s)" in text  # 2 x 2 x 8 tokens in 0.1 s against 2 x 8 in 0.16 s
     assert "max |diff| 1.00e-03" in text
     assert "r0: 9; r1: 9" in text and "9 x RMSNorm" in text

@@ -90,19 +90,6 @@ def find_tied_pair(model: nn.Module) -> tuple[nn.Embedding, nn.Module] | None:
     return None
 
 
-def _host_group(group) -> Any:
-    """A gloo group over the same ranks, for the small counts the host needs (``None``: use ``group``).
-
-    The default group's gloo twin is made here, by every rank (``tied_embedding_ddp`` runs on all of
-    them); a sub-group has no such guarantee, so its counts go through the device.
-    """
-    if dist.get_backend(group) == "gloo":
-        return group
-    if group is not None and group is not dist.group.WORLD:
-        return None
-    return dist.new_group(backend="gloo")
-
-
 @dataclass
 class _Window:
     """What one accumulation window (the backward passes up to the one that synchronises) has produced."""
@@ -132,7 +119,6 @@ class TiedEmbeddingReduction:
         self.ddp, self._ignored_before = ddp, ignored_before
         self.group = getattr(ddp, "process_group", None)
         self.world = dist.get_world_size(self.group)
-        self.host_group = _host_group(self.group)
         self.window = _Window()
         self.active = False  # between the root's pre-hook and its post-hook, while building a graph
         self.sync = True
@@ -246,21 +232,17 @@ class TiedEmbeddingReduction:
             self.weight.grad.add_(grad)
 
     def _add_embedding_rows(self, grad: Tensor, window: _Window) -> None:
-        """Every rank takes part (the counts tell all of them whether there is anything to exchange).
-
-        Nothing here waits for the GPU: the counts travel on the host (a gloo group), padding rows are
-        zero, and the rows are summed per distinct token by sorting into fixed-size segments instead of
-        ``torch.unique`` (whose output size the host would have to wait for). Waiting here would stall
-        the host until the backward has run, with the optimizer step not yet queued.
-        """
+        """Every rank takes part (the counts tell all of them whether there is anything to exchange)."""
         device, hidden = self.weight.device, self.weight.shape[1]
         ids = torch.cat(window.ids) if window.ids else torch.empty(0, dtype=torch.long, device=device)
         rows = torch.cat(window.rows) if window.rows else grad.new_zeros(0, hidden)
         ids, rows = ids.to(device=device, dtype=torch.long), rows.to(grad.dtype)
-        longest = self._longest_count(ids.numel())
+        counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world)]
+        dist.all_gather(counts, torch.tensor([ids.numel()], device=device), group=self.group)
+        counts = [int(c.item()) for c in counts]
+        longest = max(counts)
         if longest == 0:  # no lookup on any rank (inputs_embeds): the head's part is all there is
             return
-        # pad with id 0 and zero rows: they add nothing to row 0
         padded_ids = ids.new_zeros(longest)
         padded_ids[:ids.numel()] = ids
         padded_rows = rows.new_zeros(longest, hidden)
@@ -269,29 +251,13 @@ class TiedEmbeddingReduction:
         all_rows = rows.new_empty(self.world * longest, hidden)
         _all_gather_single(all_ids, padded_ids, group=self.group)
         _all_gather_single(all_rows, padded_rows, group=self.group)
-        # one segment per distinct id, in sorted order; segment k's sum in sums[k], its id in first[k]
-        sorted_ids, order = all_ids.sort()
-        starts = torch.ones_like(sorted_ids, dtype=torch.bool)
-        starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
-        segment = starts.cumsum(0) - 1
-        sums = torch.zeros(all_ids.numel(), hidden, dtype=torch.float32, device=device)
-        sums.index_add_(0, segment, all_rows[order].float())
-        first = torch.zeros_like(sorted_ids).scatter_(0, segment, sorted_ids)
-        # slots past the last segment repeat it (same index, same value: the writes agree)
-        slot = torch.minimum(torch.arange(all_ids.numel(), device=device), segment[-1])
-        rows_of = first[slot]
-        grad[rows_of] = (grad[rows_of].float() + sums[slot] / self.world).to(grad.dtype)
-        self.stats["rows_exchanged"] += self.world * longest
-
-    def _longest_count(self, mine: int) -> int:
-        """The most ids any rank looked up in this window, exchanged on the host."""
-        if self.host_group is not None:
-            counts = [torch.zeros(1, dtype=torch.long) for _ in range(self.world)]
-            dist.all_gather(counts, torch.tensor([mine]), group=self.host_group)
-        else:  # a process group other than the default one, without a gloo twin: the device's (it waits)
-            counts = [torch.zeros(1, dtype=torch.long, device=self.weight.device) for _ in range(self.world)]
-            dist.all_gather(counts, torch.tensor([mine], device=self.weight.device), group=self.group)
-        return max(int(c.item()) for c in counts)
+        keep = torch.cat([torch.arange(longest, device=device) < n for n in counts])
+        all_ids, all_rows = all_ids[keep], all_rows[keep]
+        distinct, inverse = torch.unique(all_ids, return_inverse=True)
+        sums = torch.zeros(distinct.numel(), hidden, dtype=torch.float32, device=device)
+        sums.index_add_(0, inverse, all_rows.float())
+        grad[distinct] = (grad[distinct].float() + sums / self.world).to(grad.dtype)
+        self.stats["rows_exchanged"] += int(all_ids.numel())
 
 
 class _HeadWeight(torch.autograd.Function):

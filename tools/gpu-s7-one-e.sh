@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 7's fifth one-GPU call (~4 minutes): tied_embedding_ddp after its end-of-backward exchange stopped
-# waiting for the GPU (counts on a gloo twin group, segment sums instead of torch.unique). As gpu-s7-one-d:
+# Session 7's fifth one-GPU call (~4 minutes), run at 6320250: tied_embedding_ddp with its end-of-backward exchange
+# made sync-free (counts on a gloo twin group, segment sums instead of torch.unique; reverted after, no better). As gpu-s7-one-d:
 # one process, unwrapped / DDP / tied DDP in turn, two rounds, then the README block and the tied tests.
 # Usage from the repo root: COMMIT=<sha> bash tools/gpu-s7-one-e.sh
 set -uo pipefail

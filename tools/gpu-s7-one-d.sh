@@ -3,6 +3,7 @@
 # DDP in a world of one at 50 to 70 ms against 48 to 50 ms unwrapped, in separate processes on a noisy host;
 # here one process runs unwrapped, DDP, and DDP with --tied-embedding-ddp in turn, three rounds (each run
 # compiles again; the Inductor cache makes that short), regional + CUDA graphs, 12 steps each.
+# ROUNDS=N (default 3); TESTS=1 then runs the tied-embedding tests and the README blocks (at most 120 s).
 # Usage from the repo root: COMMIT=<sha> bash tools/gpu-s7-one-d.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
@@ -10,7 +11,7 @@ print_versions
 SECONDS=0
 c="--size reference --batch 4 --seq 1024 --steps 12 --backend twinkle --regional --cudagraphs"
 runs=()
-for round in 1 2 3; do
+for round in $(seq "${ROUNDS:-3}"); do
   runs+=("none$round=$c --parallel none" "ddp$round=$c --parallel ddp --bucket-cap-mb 100"
          "tied$round=$c --parallel ddp --bucket-cap-mb 100 --tied-embedding-ddp")
 done
@@ -24,3 +25,7 @@ for name, r in runs.items():
     print(f"{name:6s} median {statistics.median(steady):6.1f} ms  min {min(steady):6.1f}  max {max(steady):6.1f}  "
           f"peak {r['peak_gib'][0]:.2f} GiB")
 PY
+if [ -n "${TESTS:-}" ]; then
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/distributed/test_tied_embedding.py tests/readme 2>&1 | tail -2
+fi
+echo "done in $SECONDS s"

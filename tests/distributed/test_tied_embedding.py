@@ -57,6 +57,10 @@ def test_untied_model_gets_plain_ddp(runs):
     assert runs["untied"] == {"plain_ddp": True, "has_reduction": False}
 
 
+def test_unsupported_embedding_is_refused_without_a_trace(runs):
+    assert "sets max_norm" in runs["refused"]["error"] and runs["refused"]["ignored"] is None, runs["refused"]
+
+
 def test_no_grad_forward_leaves_the_weight_alone(runs):
     assert runs["no_grad_eval"] == {"finite": True, "weights_restored": True}
 

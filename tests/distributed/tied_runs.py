@@ -120,6 +120,20 @@ def untied(rank: int) -> dict:
             "has_reduction": hasattr(wrapped, "tied_embedding_reduction")}
 
 
+def refused(rank: int) -> dict:
+    """An embedding whose gradient is not the rows of its lookups (max_norm): refused before DDP is
+    told to leave the weight out, so a plain DDP built next still reduces it."""
+    model = PaddedLM(0)
+    model.embed.max_norm = 1.0
+    try:
+        tied_embedding_ddp(model)
+    except ValueError as error:
+        message = str(error)
+    else:
+        message = None
+    return {"error": message, "ignored": getattr(model, "_ddp_params_and_buffers_to_ignore", None)}
+
+
 def no_grad_eval(rank: int) -> dict:
     model = qwen2(0)
     tied = tied_embedding_ddp(model)
@@ -175,6 +189,7 @@ def main() -> None:
         "padding_not_hf": lambda: compare(PaddedLM, rank, micros=2, with_padding=True),
         "stray": lambda: stray(rank),
         "untied": lambda: untied(rank),
+        "refused": lambda: refused(rank),
         "no_grad_eval": lambda: no_grad_eval(rank),
         "removed": lambda: removed(rank),
         "compiled_root": lambda: compiled_root(rank),

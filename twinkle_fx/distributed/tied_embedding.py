@@ -62,6 +62,7 @@ def tied_embedding_ddp(model: nn.Module, **ddp_kwargs: Any) -> nn.Module:
                        "projection; plain DistributedDataParallel", type(model).__name__)
         return DistributedDataParallel(model, **ddp_kwargs)
     embedding, head = pair
+    _check_supported(embedding)  # before DDP is told to leave the weight alone: a refusal leaves no trace
     names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is embedding.weight]
     before = getattr(model, "_ddp_params_and_buffers_to_ignore", None)
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sorted(set(before or ()) | set(names)))
@@ -90,6 +91,17 @@ def find_tied_pair(model: nn.Module) -> tuple[nn.Embedding, nn.Module] | None:
     return None
 
 
+def _check_supported(embedding: nn.Embedding) -> None:
+    unsupported = [name for name in ("max_norm", "scale_grad_by_freq", "sparse") if getattr(embedding, name)]
+    if unsupported:
+        raise ValueError(f"tied_embedding_ddp: the embedding {type(embedding).__name__} sets "
+                         f"{', '.join(unsupported)}; its gradient is then not the rows of its lookups. "
+                         "Use DistributedDataParallel directly")
+    if type(embedding.weight).__name__ == "DTensor":
+        raise ValueError("tied_embedding_ddp: the tied weight is a DTensor (FSDP2 or tensor parallel); it "
+                         "reduces a plain DDP replica's gradient")
+
+
 @dataclass
 class _Window:
     """What one accumulation window (the backward passes up to the one that synchronises) has produced."""
@@ -102,19 +114,12 @@ class _Window:
 
 
 class TiedEmbeddingReduction:
-    """The hooks of :func:`tied_embedding_ddp` on one model; ``remove()`` takes them off."""
+    """The hooks of :func:`tied_embedding_ddp` on one model (it builds this, after its checks, as
+    ``ddp.tied_embedding_reduction``); ``remove()`` takes them off."""
 
     def __init__(self, model: nn.Module, embedding: nn.Embedding, head: nn.Module, ddp: nn.Module,
                  ignored_before: list[str] | None = None):
         weight = embedding.weight
-        unsupported = [name for name in ("max_norm", "scale_grad_by_freq", "sparse") if getattr(embedding, name)]
-        if unsupported:
-            raise ValueError(f"tied_embedding_ddp: the embedding {type(embedding).__name__} sets "
-                             f"{', '.join(unsupported)}; its gradient is then not the rows of its lookups. "
-                             "Use DistributedDataParallel directly")
-        if type(weight).__name__ == "DTensor":
-            raise ValueError("tied_embedding_ddp: the tied weight is a DTensor (FSDP2 or tensor parallel); it "
-                             "reduces a plain DDP replica's gradient")
         self.model, self.embedding, self.head, self.weight = model, embedding, head, weight
         self.ddp, self._ignored_before = ddp, ignored_before
         self.group = getattr(ddp, "process_group", None)

@@ -22,9 +22,12 @@ weights, bf16 parameters in compute, fp32 gradient reduction), ``--checkpoint`` 
 checkpointing of every decoder layer), ``--accum N`` (gradient accumulation: N micro-steps per
 optimizer step, gradients synchronised on the last), ``--compiled-autograd`` (DDP: the backward
 captured by compiled autograd, gradients reduced by DDP's Python reducer), ``--cudagraphs`` (the compiled
-graphs replayed as CUDA graphs, ``mode="reduce-overhead"``; DDP and single-GPU runs: each parameter
-gets its own ``.grad`` buffer, zeroed in place, because a gradient that *is* a CUDA graph's output is
-overwritten by the next replay, pytorch/pytorch#169545). ``--profile DIR`` runs three more
+graphs replayed as CUDA graphs, ``mode="reduce-overhead"``; DDP and single-GPU runs: under DDP or
+with ``--accum`` each parameter gets its own ``.grad`` buffer, zeroed in place, because a gradient that
+*is* a CUDA graph's output is overwritten by the next replay, pytorch/pytorch#169545; a single-device
+step without accumulation takes the graph's gradients as they are). DDP's own costs: ``--ddp-comm-hook
+allreduce`` (one division per bucket instead of one per gradient), ``--no-broadcast-buffers``,
+``--ddp-static-graph``, ``--grad-as-bucket-view``. ``--profile DIR`` runs three more
 steps under torch.profiler on every rank and writes a Chrome trace and a report (device vs wall time,
 top kernels, NCCL included) per rank.
 
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -197,6 +201,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grad-as-bucket-view", action="store_true",
                         help="DDP(gradient_as_bucket_view=True): .grad tensors are views of the all-reduce buckets "
                              "(no copy of the gradients into them, one copy less of 1 GB per step for the reference)")
+    parser.add_argument("--ddp-comm-hook", choices=("none", "allreduce"), default="none",
+                        help="allreduce: DDP's built-in C++ all-reduce hook, which divides each bucket once before "
+                             "reducing it; without a hook DDP's reducer divides every gradient on its own (one "
+                             "kernel launch per parameter, 291 for the reference, every step)")
+    parser.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false",
+                        help="DDP(broadcast_buffers=False): rank 0's buffers are not broadcast before every "
+                             "forward (Qwen2's only buffer is the rotary inv_freq, a constant)")
+    parser.add_argument("--persistent-grads", action="store_true",
+                        help="with --cudagraphs and one device: keep a zeroed .grad buffer per parameter even "
+                             "when the backward could hand its gradients over (no accumulation, no DDP)")
     parser.add_argument("--tied-embedding-ddp", action="store_true",
                         help="wrap with twinkle_fx.distributed.tied_embedding_ddp: the tied embedding / LM-head "
                              "weight (272 MB in bf16 for the reference) leaves DDP's buckets; the head's gradient "
@@ -248,9 +262,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.cudagraphs and (not compiled or args.parallel == "fsdp2" or args.compiler != "inductor"):
         parser.error("--cudagraphs needs a compiled --backend with --compiler inductor and --parallel ddp or none "
                      "(FSDP2 frees and re-gathers the parameters every step: no static addresses to replay)")
-    if (args.ddp_static_graph or args.grad_as_bucket_view or args.tied_embedding_ddp) and args.parallel != "ddp":
-        parser.error("--ddp-static-graph, --grad-as-bucket-view and --tied-embedding-ddp are DistributedDataParallel "
-                     "options: use them with --parallel ddp")
+    ddp_only = (args.ddp_static_graph or args.grad_as_bucket_view or args.tied_embedding_ddp
+                or args.ddp_comm_hook != "none" or not args.broadcast_buffers)
+    if ddp_only and args.parallel != "ddp":
+        parser.error("--ddp-static-graph, --grad-as-bucket-view, --tied-embedding-ddp, --ddp-comm-hook and "
+                     "--no-broadcast-buffers are DistributedDataParallel options: use them with --parallel ddp")
+    if args.persistent_grads and not args.cudagraphs:
+        parser.error("--persistent-grads is how --cudagraphs runs keep gradients: use it with --cudagraphs")
     if args.ddp_static_graph and args.accum > 1:
         parser.error("--ddp-static-graph with --accum: DDP(static_graph=True) under no_sync() fails an internal "
                      "assert on its first backward, and past it stops all-reducing gradients "
@@ -314,12 +332,16 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device)
 
         kwargs = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
         kwargs.update(static_graph=args.ddp_static_graph, gradient_as_bucket_view=args.grad_as_bucket_view,
-                      device_ids=[device.index] if device.type == "cuda" else None)
+                      broadcast_buffers=args.broadcast_buffers, device_ids=[device.index] if device.type == "cuda" else None)
         if args.tied_embedding_ddp:
             from twinkle_fx.distributed import tied_embedding_ddp
 
-            return tied_embedding_ddp(model, **kwargs)
-        return DDP(model, **kwargs)
+            ddp = tied_embedding_ddp(model, **kwargs)
+        else:
+            ddp = DDP(model, **kwargs)
+        if args.ddp_comm_hook == "allreduce":  # before the first backward, as DDP requires
+            ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        return ddp
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs = {}
@@ -387,6 +409,18 @@ def _gather(value: Any, world: int) -> list[Any]:
     return everyone
 
 
+def persistent_grads(args: argparse.Namespace) -> bool:
+    """Whether ``--cudagraphs`` needs a ``.grad`` buffer per parameter, zeroed in place every step.
+
+    A gradient that *is* a CUDA graph's output is overwritten by the graph's next replay
+    (pytorch/pytorch#169545): with accumulation the next micro-step's backward would add into it, and
+    DDP keeps ``.grad`` across steps (its bucket views). A single-device step without accumulation
+    hands the gradients over (``zero_grad(set_to_none=True)``): the optimizer reads them before the next
+    replay, and no add per parameter runs.
+    """
+    return args.cudagraphs and (args.parallel != "none" or args.accum > 1 or args.persistent_grads)
+
+
 def _skip_sync(wrapped: torch.nn.Module, model: torch.nn.Module, args: argparse.Namespace, sync: bool):
     """Gradient accumulation: no gradient reduction on the micro-steps before the last."""
     if args.parallel == "ddp" and not sync:
@@ -411,6 +445,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or default]
     torch._dynamo.reset()
     if device.type == "cuda":
+        gc.collect()  # an earlier run's model, optimizer and graphs (reference cycles) go before the peak is reset
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     patches = dict(optimize_ddp=args.optimize_ddp, compiled_autograd=args.compiled_autograd)
@@ -431,8 +466,9 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             wrapped = wrap(model, args, device)
             run = compile_model(model, wrapped, args)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, **({"fused": True} if args.fused_adamw else {}))
-        if args.cudagraphs:  # the backward adds into these buffers instead of handing over its output
-            for p in model.parameters():
+        params = list(model.parameters())
+        if persistent_grads(args):  # the backward adds into these buffers instead of handing over its output
+            for p in params:
                 p.grad = torch.zeros_like(p)
         losses, tokens_per_s, step_ms = [], [], []
 
@@ -444,7 +480,10 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                     (loss / args.accum).backward()
                 total += loss.detach().float()
             optimizer.step()
-            optimizer.zero_grad(set_to_none=not args.cudagraphs)
+            if persistent_grads(args):  # one multi-tensor launch, not one zero_() per parameter
+                torch._foreach_zero_([p.grad for p in params if p.grad is not None])
+            else:
+                optimizer.zero_grad(set_to_none=True)
             if world > 1:
                 dist.all_reduce(total)  # SUM: gloo has no AVG
             return total
@@ -519,6 +558,11 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
     parts += ["activation checkpointing"] if a["checkpoint"] else []
     parts += ["no reshard after forward"] if not a.get("reshard_after_forward", True) else []
     parts += ["tied embedding reduced early"] if a.get("tied_embedding_ddp") else []
+    parts += ["all-reduce comm hook"] if a.get("ddp_comm_hook", "none") != "none" else []
+    parts += ["no buffer broadcast"] if not a.get("broadcast_buffers", True) else []
+    parts += ["static graph"] if a.get("ddp_static_graph") else []
+    parts += ["grads as bucket views"] if a.get("grad_as_bucket_view") else []
+    parts += ["persistent grads"] if a.get("persistent_grads") else []
     if a["parallel"] == "ddp" and a["backend"] in COMPILED:
         parts.append(f"optimize_ddp {a['optimize_ddp']}")
     parts += ["compiled autograd"] if a["compiled_autograd"] else []

@@ -32,14 +32,14 @@ def torchrun(script: Path, out: Path, *args: str, timeout: int, env: dict[str, s
 
 
 def run_cases(out: str, rank: int, cases: dict[str, Callable[[], Any]]) -> None:
-    """Run each case on every rank (a barrier after each), end the process group, rank 0 writes
-    ``{name: result}`` to ``out``."""
+    """Run each case on every rank (a barrier after each), then end the process group. Rank 0 writes
+    ``{name: result}`` to ``out`` after every case, so a run stopped by a time limit keeps what finished."""
     results = {}
     try:
         for name, case in cases.items():
             results[name] = case()
             dist.barrier()
+            if rank == 0:
+                Path(out).write_text(json.dumps(results, indent=1))
     finally:
         dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_text(json.dumps(results, indent=1))

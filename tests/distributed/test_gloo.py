@@ -34,7 +34,9 @@ RUNS = {
     # 1 MB buckets split the 4 MB model: DDPOptimizer hands the backend one subgraph per bucket
     "ddp_twinkle": f"{COMMON} --parallel ddp --backend twinkle --compiler aot_eager --bucket-cap-mb 1",
     # DDP's static graph and gradients as bucket views (--ddp-static-graph, --grad-as-bucket-view)
-    "ddp_kernelize": f"{COMMON} --parallel ddp --backend kernelize --ddp-static-graph --grad-as-bucket-view",
+    # and DDP's built-in all-reduce hook (one division per bucket) without the buffer broadcast
+    "ddp_kernelize": f"{COMMON} --parallel ddp --backend kernelize --ddp-static-graph --grad-as-bucket-view "
+                     "--ddp-comm-hook allreduce --no-broadcast-buffers",
     # AdamW(fused=True) on DTensors; the layers keep their gathered parameters until their backward
     "fsdp2_kernelize": f"{COMMON} --parallel fsdp2 --backend kernelize --fused-adamw --no-reshard-after-forward",
     "fsdp2_twinkle": f"{COMMON} --parallel fsdp2 --backend twinkle --compiler aot_eager",
@@ -49,7 +51,7 @@ RUNS = {
     "ddp_tied_regional_accum": f"{ACCUM} --parallel ddp --backend twinkle --compiler aot_eager --regional "
                                "--tied-embedding-ddp",
     "ddp_tied_regional_static": f"{SHORT} --parallel ddp --backend twinkle --compiler aot_eager --regional "
-                                "--tied-embedding-ddp --ddp-static-graph --grad-as-bucket-view",
+                                "--tied-embedding-ddp --ddp-static-graph --grad-as-bucket-view --ddp-comm-hook allreduce",
     "ddp_tied_twinkle": f"{SHORT} --parallel ddp --backend twinkle --compiler aot_eager --tied-embedding-ddp",
 }
 LAYERS = train_distributed.SIZES["tiny"]["num_hidden_layers"]
@@ -267,10 +269,37 @@ def test_static_graph_refuses_accumulation(capsys):
 def test_ddp_options_need_ddp(capsys):
     with pytest.raises(SystemExit):
         train_distributed.parse_args("--size tiny --parallel fsdp2 --ddp-static-graph".split())
-    assert "--ddp-static-graph, --grad-as-bucket-view and --tied-embedding-ddp are DistributedDataParallel options" \
+    assert "--tied-embedding-ddp, --ddp-comm-hook and --no-broadcast-buffers are DistributedDataParallel options" \
         in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cudagraph_gradients_handed_over_or_kept_train_alike():
+    """--cudagraphs on one GPU: without accumulation the backward's gradients are taken as they are
+    (no buffer, no add per parameter); with --persistent-grads or --accum each parameter keeps a
+    buffer zeroed in place. All train to the losses of the eager run (bf16: to its resolution)."""
+    common = "--size tiny --batch 2 --seq 64 --steps 4 --dtype fp32 --parallel none"
+    device = torch.device("cuda")
+
+    def losses(flags: str) -> list[float]:
+        return train_distributed.train(train_distributed.parse_args(f"{common} {flags}".split()), 0, 1, device).losses
+
+    reference = losses("--backend eager")
+    handed_over = losses("--backend twinkle --regional --cudagraphs")
+    kept = losses("--backend twinkle --regional --cudagraphs --persistent-grads")
+    assert len(set(reference)) == len(reference)
+    assert handed_over == pytest.approx(reference, abs=2e-3) and kept == pytest.approx(handed_over, abs=1e-5)
+    accum = "--batch 1 --accum 2"
+    assert losses(f"--backend twinkle --regional --cudagraphs {accum}") == pytest.approx(
+        losses(f"--backend eager {accum}"), abs=2e-3)
 
 
 def test_cudagraphs_names_the_run():
     args = train_distributed.parse_args("--size tiny --backend twinkle --regional --cudagraphs".split())
     assert "regional, CUDA graphs" in train_distributed.describe_args(args, 1, torch.device("cpu"))
+
+
+def test_persistent_grads_needs_cudagraphs(capsys):
+    with pytest.raises(SystemExit):
+        train_distributed.parse_args("--size tiny --persistent-grads".split())
+    assert "--persistent-grads is how --cudagraphs runs keep gradients" in capsys.readouterr().err

@@ -216,8 +216,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "weight (272 MB in bf16 for the reference) leaves DDP's buckets; the head's gradient "
                              "is all-reduced while the layers run backward, the embedding's as rows at the end")
     parser.add_argument("--optimize-ddp", choices=("ddp_optimizer", "no_optimization", "python_reducer"), default=None,
-                        help="compiled DDP: split the graph at bucket boundaries (torch's default), compile it whole, "
-                             "or reduce in compiled autograd (python_reducer, the default with --compiled-autograd)")
+                        help="compiled DDP: split the graph at bucket boundaries (torch's default; with --regional "
+                             "no_optimization is), compile it whole, or reduce in compiled autograd (python_reducer, "
+                             "the default with --compiled-autograd)")
     parser.add_argument("--compiled-autograd", action="store_true",
                         help="capture the backward with compiled autograd (torch._dynamo.config.compiled_autograd)")
     parser.add_argument("--compare-single", type=int, default=None, metavar="WORLD",
@@ -258,7 +259,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.optimize_ddp = args.optimize_ddp or "python_reducer"
     elif args.optimize_ddp == "python_reducer":
         parser.error("--optimize-ddp python_reducer needs --compiled-autograd")
-    args.optimize_ddp = args.optimize_ddp or "ddp_optimizer"
+    # --regional: a layer's graph is not worth splitting at bucket boundaries (compile_layers keeps it whole
+    # on its own; this keeps --backend inductor's layers whole too)
+    args.optimize_ddp = args.optimize_ddp or ("no_optimization" if args.regional else "ddp_optimizer")
     if args.cudagraphs and (not compiled or args.parallel == "fsdp2" or args.compiler != "inductor"):
         parser.error("--cudagraphs needs a compiled --backend with --compiler inductor and --parallel ddp or none "
                      "(FSDP2 frees and re-gathers the parameters every step: no static addresses to replay)")

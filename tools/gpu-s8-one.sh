@@ -1,35 +1,37 @@
 #!/usr/bin/env bash
-# Session 8's one-GPU call (~8 minutes): where DDP's own cost in a world of one goes, interleaved in one
-# process (regional + CUDA graphs, reference workload, bf16, 4 x 1024, 12 steps a run, ROUNDS rounds).
-# Session 7 measured DDP at +9 ms (53 vs 44 ms) with no communication, and the unwrapped step spending
-# host time on 291 zero_() and 291 add_() calls a step (one per parameter). Runs, each adding one thing:
-#   kept      one device, a zeroed .grad buffer per parameter (session 7's baseline, now zeroed by one foreach)
+# Session 8's one-GPU call (~9 minutes): where DDP's own cost in a world of one goes, interleaved in one
+# process (regional + CUDA graphs, reference workload, bf16, 4 x 1024, STEPS steps a run).
+# Session 7 measured DDP at +9 ms (53 vs 44 ms) with no communication; its profile showed 291 zero_() and
+# 291 add_() a step (one per parameter) on the unwrapped step's host, and DDPOptimizer cut every layer's
+# graph in two under DDP. Runs (`twinkle` unless named `ind-`):
 #   none      one device, the graphs' gradients handed over (no buffer, no add per parameter)
-#   ddp       DDP, 100 MB buckets (session 7's DDP run)
-#   view      + gradient_as_bucket_view
-#   hook      + the built-in all-reduce comm hook (one division per bucket, not per gradient)
+#   kept      one device, a zeroed .grad buffer per parameter (session 7's baseline, now zeroed by one foreach)
+#   ddp       DDP, 100 MB buckets (compile_layers now keeps each layer one graph)
+#   hook      + gradient_as_bucket_view + the built-in all-reduce comm hook (one division per bucket)
 #   nobb      + broadcast_buffers=False
 #   static    + static_graph
 #   tied      + --tied-embedding-ddp
+#   ind-split / ind-whole   Inductor's layers under DDP, with DDPOptimizer's split and without
 # then 3 profiled steps of `none` and of `static` (tools/profile_summary.py compares them).
-# Usage from the repo root: COMMIT=<sha> bash tools/gpu-s8-one.sh
+# Usage from the repo root: COMMIT=<sha> bash tools/gpu-s8-one.sh    (RUNS="none ddp ..." to choose)
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 print_versions
 SECONDS=0
-c="--size reference --batch 4 --seq 1024 --steps 12 --backend twinkle --regional --cudagraphs"
-d="$c --parallel ddp --bucket-cap-mb 100"
+c="--size reference --batch 4 --seq 1024 --steps ${STEPS:-30} --regional --cudagraphs"
+d="$c --backend twinkle --parallel ddp --bucket-cap-mb 100"
 declare -A flags=(
-  [kept]="$c --parallel none --persistent-grads" [none]="$c --parallel none" [ddp]="$d"
-  [view]="$d --grad-as-bucket-view" [hook]="$d --grad-as-bucket-view --ddp-comm-hook allreduce"
+  [none]="$c --backend twinkle --parallel none" [kept]="$c --backend twinkle --parallel none --persistent-grads"
+  [ddp]="$d" [hook]="$d --grad-as-bucket-view --ddp-comm-hook allreduce"
   [nobb]="$d --grad-as-bucket-view --ddp-comm-hook allreduce --no-broadcast-buffers"
   [static]="$d --grad-as-bucket-view --ddp-comm-hook allreduce --no-broadcast-buffers --ddp-static-graph"
   [tied]="$d --grad-as-bucket-view --ddp-comm-hook allreduce --no-broadcast-buffers --ddp-static-graph --tied-embedding-ddp"
+  [ind-split]="$c --backend inductor --parallel ddp --bucket-cap-mb 100 --optimize-ddp ddp_optimizer"
+  [ind-whole]="$c --backend inductor --parallel ddp --bucket-cap-mb 100 --optimize-ddp no_optimization"
 )
-order=(kept none ddp view hook nobb static tied)
 runs=()
-for round in $(seq "${ROUNDS:-2}"); do
-  for name in "${order[@]}"; do runs+=("$name$round=${flags[$name]}"); done
+for name in ${RUNS:-none kept ddp hook nobb static ind-split ind-whole none ddp static}; do
+  runs+=("$name-$(( ${#runs[@]} + 1 ))=${flags[$name]}")
 done
 runs+=("none-prof=${flags[none]} --profile $out/prof-none" "static-prof=${flags[static]} --profile $out/prof-static")
 timeout "${CAP:-500}" python3 -m torch.distributed.run --standalone --nproc_per_node 1 tests/distributed/gloo_runs.py \
@@ -39,13 +41,13 @@ import json, statistics, sys
 runs = json.load(open(sys.argv[1]))
 for name, r in runs.items():
     steady = r["step_ms"][2:]
-    print(f"{name:12s} median {statistics.median(steady):6.1f} ms  min {min(steady):6.1f}  max {max(steady):6.1f}  "
-          f"peak {r['peak_gib'][0]:.2f} GiB  losses {r['losses'][0]:.4f} .. {r['losses'][-1]:.4f}")
+    print(f"{name:14s} median {statistics.median(steady):6.1f} ms  min {min(steady):6.1f}  max {max(steady):6.1f}  "
+          f"peak {r['peak_gib'][0]:.2f} GiB  graphs {r['swaps'][0]['graphs']}  losses {r['losses'][0]:.4f} .. {r['losses'][-1]:.4f}")
 PY
 if [ -f "$out/prof-none/rank0/profile_trace.json" ] && [ -f "$out/prof-static/rank0/profile_trace.json" ]; then
   python3 tools/profile_summary.py "$out/prof-none/rank0/profile_trace.json" "$out/prof-static/rank0/profile_trace.json" \
     > "$out/summary-none-vs-static.txt" 2>&1
-  grep -E "^==|busy|kernels/step|runtime" "$out/summary-none-vs-static.txt"; sed -n "/ against /,\$p" "$out/summary-none-vs-static.txt"
+  grep -E "busy|kernels/step|runtime" "$out/summary-none-vs-static.txt"; sed -n "/ against /,\$p" "$out/summary-none-vs-static.txt"
   rm -f "$out"/prof-*/rank0/profile_trace.json  # large; the summary keeps what is read from them
 fi
 if [ -n "${SUITE:-}" ]; then run_suite "$SUITE"; fi

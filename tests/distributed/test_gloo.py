@@ -273,31 +273,6 @@ def test_ddp_options_need_ddp(capsys):
         in capsys.readouterr().err
 
 
-@pytest.mark.gpu
-def test_cudagraph_gradients_handed_over_or_kept_train_alike():
-    """--cudagraphs on one GPU: without accumulation the backward's gradients are taken as they are
-    (no buffer, no add per parameter); with --persistent-grads or --accum each parameter keeps a
-    buffer zeroed in place. All train to the losses of the eager run (bf16: to its resolution)."""
-    common = "--size tiny --batch 2 --seq 64 --steps 4 --dtype fp32 --parallel none"
-    device = torch.device("cuda")
-
-    def losses(flags: str) -> list[float]:
-        return train_distributed.train(train_distributed.parse_args(f"{common} {flags}".split()), 0, 1, device).losses
-
-    reference = losses("--backend eager")
-    handed_over = losses("--backend twinkle --regional --cudagraphs")
-    kept = losses("--backend twinkle --regional --cudagraphs --persistent-grads")
-    assert len(set(reference)) == len(reference)
-    assert handed_over == pytest.approx(reference, abs=2e-3) and kept == pytest.approx(handed_over, abs=1e-5)
-    accum = "--batch 1 --accum 2"
-    assert losses(f"--backend twinkle --regional --cudagraphs {accum}") == pytest.approx(
-        losses(f"--backend eager {accum}"), abs=2e-3)
-
-
-def test_cudagraphs_names_the_run():
-    args = train_distributed.parse_args("--size tiny --backend twinkle --regional --cudagraphs".split())
-    assert "regional, CUDA graphs" in train_distributed.describe_args(args, 1, torch.device("cpu"))
-
 
 def test_persistent_grads_needs_cudagraphs(capsys):
     with pytest.raises(SystemExit):

@@ -6,6 +6,13 @@ layer of the same class shares (one compilation instead of one per layer or per 
 layers stay ordinary modules, so ``DistributedDataParallel`` and ``fully_shard`` wrap them as
 usual. The root module is not compiled, so its own kernel (the built-in fused-loss head of
 ``*ForCausalLM``) is installed eagerly, as :func:`twinkle_fx.compile` does.
+
+Under ``DistributedDataParallel`` each layer's graph stays whole: Dynamo's DDPOptimizer
+(``torch._dynamo.config.optimize_ddp``, on by default) would compile it in pieces at gradient-bucket
+boundaries, the first one after 1 MB of parameters, so every decoder layer of a 0.5B model became two
+graphs: two autograd functions, two CUDA graphs, and a kernel region cut in two. The split lets a
+bucket's all-reduce start inside one large graph's backward; a layer's backward is short and hands
+all of its gradients to DDP's reducer together, so there is no overlap worth the second graph.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch._dynamo.config as dynamo_config
 
 from .one_call import prepare_compile
 
@@ -47,6 +55,34 @@ def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
+def _active_ddp() -> bool:
+    ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)  # absent from builds without distributed
+    return ddp is not None and ddp._active_ddp_module is not None
+
+
+class _WholeUnderDDP:
+    """A compiled layer's call with DDPOptimizer off while it runs inside a DDP forward (see the module).
+
+    Dynamo reads ``optimize_ddp`` only when it compiles the frame (a cache miss); a replay pays two
+    attribute reads, and under DDP two assignments.
+    """
+
+    __slots__ = ("compiled",)
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        saved = dynamo_config.optimize_ddp
+        if saved not in (True, "ddp_optimizer") or not _active_ddp():  # python_reducer and off: as they are
+            return self.compiled(*args, **kwargs)
+        dynamo_config.optimize_ddp = False
+        try:
+            return self.compiled(*args, **kwargs)
+        finally:
+            dynamo_config.optimize_ddp = saved
+
+
 def compile_layers(
     model: torch.nn.Module,
     *,
@@ -63,7 +99,8 @@ def compile_layers(
     Each layer gets ``layer.compile(backend="twinkle", ...)`` (``nn.Module.compile``: the module
     object stays, so call this before or after wrapping it in ``fully_shard`` or before
     ``DistributedDataParallel``). Registrations come from the registry as for
-    :func:`twinkle_fx.compile`.
+    :func:`twinkle_fx.compile`. Under ``DistributedDataParallel`` each layer is compiled as one graph,
+    not split at gradient-bucket boundaries by Dynamo's DDPOptimizer (see the module's description).
 
     Args:
         model (`nn.Module`): the model; with the built-in kernels, a transformers ``*ForCausalLM``.
@@ -97,6 +134,7 @@ def compile_layers(
     chosen = repeated_layers(model) if layers is None else list(layers)
     for layer in chosen:
         layer.compile(backend="twinkle", mode=mode, options=options, fullgraph=fullgraph, dynamic=dynamic)
+        layer._compiled_call_impl = _WholeUnderDDP(layer._compiled_call_impl)  # what nn.Module.compile set
     logger.info("compile_layers: %d layer(s) of %s compiled with backend='twinkle'", len(chosen),
                 sorted({type(layer).__name__ for layer in chosen}))
     return model

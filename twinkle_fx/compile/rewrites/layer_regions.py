@@ -164,7 +164,9 @@ def _cut_by_bucket_boundary(state: PassState, region: Region, module: torch.nn.M
         return None
     return (f"a DDP gradient-bucket boundary cuts this {type(module).__qualname__}: Dynamo's DDPOptimizer compiled the "
             f"graph in pieces, and this piece holds {len(present)} of its {len(parameters)} parameters (the rest are in "
-            f"another piece), so it stays as traced. Larger buckets (DDP(bucket_cap_mb=...)) move the boundaries")
+            f"another piece), so it stays as traced. Larger buckets (DDP(bucket_cap_mb=...)) move the boundaries; "
+            f"a graph of one decoder layer is better not split at all: compile the layers with "
+            f"twinkle_fx.compile.regional.compile_layers, or set torch._dynamo.config.optimize_ddp = False")
 
 
 def _parameter_names(module: torch.nn.Module) -> dict[int, str]:

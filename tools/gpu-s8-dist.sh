@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Session 7's 2-GPU call (nvidia-h200-x2, NCCL_NVLS_ENABLE=0), ~8 minutes: issue 19. Replaces gpu-s6-dist.sh
-# (never run: no 2-GPU machine was lent in sessions 6 and 7).
+# The next 2-GPU call (nvidia-h200-x2, NCCL_NVLS_ENABLE=0), ~9 minutes: issue 19. Was gpu-s7-dist.sh (never
+# run: no 2-GPU machine was lent in sessions 6, 7 and 8); session 8 adds DDP's recipe measured in a world of
+# one (bucket views, the built-in all-reduce hook, no buffer broadcast, static graph: +2 to 3 ms over the
+# unwrapped step, was +9 ms).
 # 1. tied_embedding_ddp against plain DDP on NCCL (tests/distributed/tied_runs.py cuda): the gradients
 #    with the head's all-reduce asynchronous on NCCL's stream; CI checks the same cases on gloo only.
 # 2. NCCL's all-reduce alone and beside GEMMs (tools/allreduce_probe.py): the link or the overlap.
-# 3. The single-GPU regional CUDA-graph baselines, session 5's DDP run (1.42x), the same with the tied
-#    embedding reduced early, then with DDP's static graph and bucket views too, and FSDP2 in bf16 with
+# 3. The single-GPU regional CUDA-graph baselines, session 5's DDP run (1.42x; each layer now one graph),
+#    the same with DDP's recipe, then with the tied embedding reduced early too, and FSDP2 in bf16 with
 #    fused AdamW (with and without resharding after the forward), all against the single-GPU run of the
 #    same call.
 # Reference workload, bf16, 4 x 1024 per GPU, 15 steps, backend twinkle, fused-loss head.
-# Usage from the repo root: COMMIT=$(git rev-parse --short HEAD) bash tools/gpu-s7-dist.sh
+# Usage from the repo root: COMMIT=$(git rev-parse --short HEAD) bash tools/gpu-s8-dist.sh
 set -uo pipefail
 source "$(dirname "$0")/gpu-env.sh"
 export NCCL_NVLS_ENABLE=0
@@ -34,12 +36,13 @@ run single-regional-cg python3 "$ex" "${shape[@]}" --parallel none --backend twi
 base=(--baseline "$out/single-regional-cg.json")
 ddp=("${two[@]}" "$ex" "${shape[@]}" --parallel ddp --backend twinkle --regional --cudagraphs --bucket-cap-mb 100)
 run ddp-regional-cg-b100 "${ddp[@]}" "${base[@]}"
+recipe=(--grad-as-bucket-view --ddp-comm-hook allreduce --no-broadcast-buffers --ddp-static-graph)
+run ddp-regional-cg-b100-recipe "${ddp[@]}" "${recipe[@]}" "${base[@]}"
 # profiled (3 steps after the timed ones; rank 0's report, NCCL kernels included, goes into the log): where the
 # all-reduce sits against the backward with the head's part sent early
-run ddp-regional-cg-b100-tied "${ddp[@]}" --tied-embedding-ddp --profile /tmp/prof-tied "${base[@]}"
-sed -n '/profiled step/,/Chrome trace/p' "$out/ddp-regional-cg-b100-tied.log" | head -40
-run ddp-regional-cg-b100-tied-static-view "${ddp[@]}" --tied-embedding-ddp --ddp-static-graph --grad-as-bucket-view \
+run ddp-regional-cg-b100-recipe-tied "${ddp[@]}" "${recipe[@]}" --tied-embedding-ddp --profile /tmp/prof-tied \
   "${base[@]}"
+sed -n '/profiled step/,/Chrome trace/p' "$out/ddp-regional-cg-b100-recipe-tied.log" | head -40
 # FSDP2 in bf16 like the DDP runs (session 4 measured it with fp32 master weights: 0.54x), with fused AdamW
 fsdp=("${two[@]}" "$ex" "${shape[@]}" --parallel fsdp2 --backend twinkle --regional --fused-adamw)
 run fsdp2-regional-bf16-fused-adamw "${fsdp[@]}" "${base[@]}"

@@ -17,14 +17,7 @@ for round in $(seq "${ROUNDS:-3}"); do
 done
 timeout 400 python3 -m torch.distributed.run --standalone --nproc_per_node 1 tests/distributed/gloo_runs.py \
   "$out/interleaved.json" "${runs[@]}" > "$out/interleaved.log" 2>&1; echo "exit $? at $SECONDS s"
-python3 - "$out/interleaved.json" <<'PY'
-import json, statistics, sys
-runs = json.load(open(sys.argv[1]))
-for name, r in runs.items():
-    steady = r["step_ms"][2:]
-    print(f"{name:6s} median {statistics.median(steady):6.1f} ms  min {min(steady):6.1f}  max {max(steady):6.1f}  "
-          f"peak {r['peak_gib'][0]:.2f} GiB")
-PY
+python3 tools/interleaved_summary.py "$out/interleaved.json"
 if [ -n "${TESTS:-}" ]; then
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/distributed/test_tied_embedding.py tests/readme 2>&1 | tail -2
 fi

@@ -36,14 +36,7 @@ done
 runs+=("none-prof=${flags[none]} --profile $out/prof-none" "static-prof=${flags[static]} --profile $out/prof-static")
 timeout "${CAP:-500}" python3 -m torch.distributed.run --standalone --nproc_per_node 1 tests/distributed/gloo_runs.py \
   "$out/interleaved.json" "${runs[@]}" > "$out/interleaved.log" 2>&1; echo "exit $? at $SECONDS s"
-python3 - "$out/interleaved.json" <<'PY'
-import json, statistics, sys
-runs = json.load(open(sys.argv[1]))
-for name, r in runs.items():
-    steady = r["step_ms"][2:]
-    print(f"{name:14s} median {statistics.median(steady):6.1f} ms  min {min(steady):6.1f}  max {max(steady):6.1f}  "
-          f"peak {r['peak_gib'][0]:.2f} GiB  graphs {r['swaps'][0]['graphs']}  losses {r['losses'][0]:.4f} .. {r['losses'][-1]:.4f}")
-PY
+python3 tools/interleaved_summary.py "$out/interleaved.json"
 if [ -f "$out/prof-none/rank0/profile_trace.json" ] && [ -f "$out/prof-static/rank0/profile_trace.json" ]; then
   python3 tools/profile_summary.py "$out/prof-none/rank0/profile_trace.json" "$out/prof-static/rank0/profile_trace.json" \
     > "$out/summary-none-vs-static.txt" 2>&1

@@ -270,6 +270,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if ddp_only and args.parallel != "ddp":
         parser.error("--ddp-static-graph, --grad-as-bucket-view, --tied-embedding-ddp, --ddp-comm-hook and "
                      "--no-broadcast-buffers are DistributedDataParallel options: use them with --parallel ddp")
+    if args.ddp_comm_hook != "none" and args.compiled_autograd:
+        parser.error("--ddp-comm-hook with --compiled-autograd: DDP's Python reducer all-reduces each gradient in "
+                     "its own hook and never runs the C++ reducer's built-in hook; leave one of them out")
     if args.persistent_grads and not args.cudagraphs:
         parser.error("--persistent-grads is how --cudagraphs runs keep gradients: use it with --cudagraphs")
     if args.ddp_static_graph and args.accum > 1:

@@ -274,6 +274,13 @@ def test_ddp_options_need_ddp(capsys):
 
 
 
+def test_builtin_comm_hook_refuses_compiled_autograd(capsys):
+    with pytest.raises(SystemExit):
+        train_distributed.parse_args("--size tiny --parallel ddp --backend twinkle --compiled-autograd "
+                                     "--ddp-comm-hook allreduce".split())
+    assert "DDP's Python reducer all-reduces each gradient in its own hook" in capsys.readouterr().err
+
+
 def test_persistent_grads_needs_cudagraphs(capsys):
     with pytest.raises(SystemExit):
         train_distributed.parse_args("--size tiny --persistent-grads".split())

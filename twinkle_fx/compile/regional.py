@@ -64,7 +64,9 @@ class _WholeUnderDDP:
     """A compiled layer's call with DDPOptimizer off while it runs inside a DDP forward (see the module).
 
     Dynamo reads ``optimize_ddp`` only when it compiles the frame (a cache miss); a replay pays two
-    attribute reads, and under DDP two assignments.
+    attribute reads, and under DDP two assignments. The setting is process-wide while the layer runs
+    (as with ``torch._dynamo.config.patch``): a compilation in another thread at that moment under DDP
+    would not be split either.
     """
 
     __slots__ = ("compiled",)

@@ -37,3 +37,21 @@ run() {
   if [ $rc -ne 0 ]; then echo "$name: exit $rc"; grep -v "^step" "$out/$name.log" | tail -25; return; fi
   sed -n '/^| /,$p' "$out/$name.log" | head -40
 }
+
+# interleaved PROFILED_A PROFILED_B RUN...: every RUN ("NAME=FLAGS" of examples/train_distributed.py) in one process
+# (tests/distributed/gloo_runs.py in a world of one), then PROFILED_A and PROFILED_B (also "NAME=FLAGS") with
+# --profile; prints one line per run and what B's profile runs that A's does not. At most $CAP s (default 480).
+interleaved() {
+  local a=$1 b=$2; shift 2
+  local an=${a%%=*} bn=${b%%=*}
+  timeout "${CAP:-480}" python3 -m torch.distributed.run --standalone --nproc_per_node 1 tests/distributed/gloo_runs.py \
+    "$out/interleaved.json" "$@" "$a --profile $out/prof-$an" "$b --profile $out/prof-$bn" > "$out/interleaved.log" 2>&1
+  echo "exit $? at $SECONDS s"
+  python3 tools/interleaved_summary.py "$out/interleaved.json"
+  local ta="$out/prof-$an/rank0/profile_trace.json" tb="$out/prof-$bn/rank0/profile_trace.json"
+  if [ -f "$ta" ] && [ -f "$tb" ]; then
+    python3 tools/profile_summary.py "$ta" "$tb" > "$out/summary-$an-vs-$bn.txt" 2>&1
+    grep -E "busy|kernels/step|runtime" "$out/summary-$an-vs-$bn.txt"; sed -n "/ against /,\$p" "$out/summary-$an-vs-$bn.txt"
+    rm -f "$ta" "$tb"  # large; the summary keeps what is read from them
+  fi
+}

@@ -33,15 +33,6 @@ runs=()
 for name in ${RUNS:-none kept ddp hook nobb static ind-split ind-whole none ddp static}; do
   runs+=("$name-$(( ${#runs[@]} + 1 ))=${flags[$name]}")
 done
-runs+=("none-prof=${flags[none]} --profile $out/prof-none" "static-prof=${flags[static]} --profile $out/prof-static")
-timeout "${CAP:-500}" python3 -m torch.distributed.run --standalone --nproc_per_node 1 tests/distributed/gloo_runs.py \
-  "$out/interleaved.json" "${runs[@]}" > "$out/interleaved.log" 2>&1; echo "exit $? at $SECONDS s"
-python3 tools/interleaved_summary.py "$out/interleaved.json"
-if [ -f "$out/prof-none/rank0/profile_trace.json" ] && [ -f "$out/prof-static/rank0/profile_trace.json" ]; then
-  python3 tools/profile_summary.py "$out/prof-none/rank0/profile_trace.json" "$out/prof-static/rank0/profile_trace.json" \
-    > "$out/summary-none-vs-static.txt" 2>&1
-  grep -E "busy|kernels/step|runtime" "$out/summary-none-vs-static.txt"; sed -n "/ against /,\$p" "$out/summary-none-vs-static.txt"
-  rm -f "$out"/prof-*/rank0/profile_trace.json  # large; the summary keeps what is read from them
-fi
+interleaved "none-prof=${flags[none]}" "static-prof=${flags[static]}" "${runs[@]}"
 if [ -n "${SUITE:-}" ]; then run_suite "$SUITE"; fi
 echo "done in $SECONDS s"

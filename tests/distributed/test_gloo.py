@@ -10,14 +10,12 @@ within bf16's tolerance), and every rank must report the swaps.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from dist_launch import free_port, torchrun
+from dist_launch import torchrun
 
 # gloo runs CPU processes, so the kernels run through the Triton interpreter: not on a GPU run
 pytestmark = pytest.mark.interpreter
@@ -79,16 +77,6 @@ def single_process() -> dict[str, list[float]]:
         return train_distributed.train(args, 0, 1, torch.device("cpu")).losses
 
     return {"": losses(COMMON), "accum": losses(ACCUM)}
-
-
-@pytest.fixture
-def world_of_one():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _swaps(result: dict) -> list[dict]:

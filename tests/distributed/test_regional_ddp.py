@@ -3,29 +3,16 @@ and the CUDA-graph gradients of examples/train_distributed.py (GPU)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch._dynamo.config as dynamo_config
-import torch.distributed as dist
-from dist_launch import free_port
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import train_distributed  # noqa: E402
-
-
-@pytest.fixture
-def world_of_one(device):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _step_under_ddp(device: str, compile_layers_of) -> tuple:

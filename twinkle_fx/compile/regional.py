@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch._dynamo.config as dynamo_config
+from torch.nn.parallel import DistributedDataParallel
 
 from .one_call import prepare_compile
 
@@ -55,11 +56,6 @@ def repeated_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-def _active_ddp() -> bool:
-    ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)  # absent from builds without distributed
-    return ddp is not None and ddp._active_ddp_module is not None
-
-
 class _WholeUnderDDP:
     """A compiled layer's call with DDPOptimizer off while it runs inside a DDP forward (see the module).
 
@@ -76,7 +72,7 @@ class _WholeUnderDDP:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         saved = dynamo_config.optimize_ddp
-        if saved not in (True, "ddp_optimizer") or not _active_ddp():  # python_reducer and off: as they are
+        if saved not in (True, "ddp_optimizer") or DistributedDataParallel._active_ddp_module is None:  # python_reducer and off: as they are
             return self.compiled(*args, **kwargs)
         dynamo_config.optimize_ddp = False
         try:

@@ -136,6 +136,7 @@ class RunResult:
     swaps: list[RankSwaps]
     step_ms: list[float] = field(default_factory=list)
     peak_gib: list[float | None] = field(default_factory=list)  # per rank: torch.cuda.max_memory_allocated
+    cudagraphs: list[str] = field(default_factory=list)  # per rank, --cudagraphs: cudagraph_tree_summary()
 
     @property
     def _steady(self) -> list[float]:
@@ -231,7 +232,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="rank 0 writes the runs and tables here (JSON)")
     parser.add_argument("--cudagraphs", action="store_true",
                         help="replay the compiled graphs (whole model or each layer) as CUDA graphs "
-                             "(mode='reduce-overhead'); DDP or none")
+                             "(mode='reduce-overhead'); the table says how many were recorded and re-recorded")
     parser.add_argument("--profile", default=None, metavar="DIR",
                         help="after the timed steps, 3 more under torch.profiler on every rank: DIR/rank<r>/"
                              "profile_trace.json and profile_report.txt (rank 0's report is printed)")
@@ -262,9 +263,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # --regional: a layer's graph is not worth splitting at bucket boundaries (compile_layers keeps it whole
     # on its own; this keeps --backend inductor's layers whole too)
     args.optimize_ddp = args.optimize_ddp or ("no_optimization" if args.regional else "ddp_optimizer")
-    if args.cudagraphs and (not compiled or args.parallel == "fsdp2" or args.compiler != "inductor"):
-        parser.error("--cudagraphs needs a compiled --backend with --compiler inductor and --parallel ddp or none "
-                     "(FSDP2 frees and re-gathers the parameters every step: no static addresses to replay)")
+    if args.cudagraphs and (not compiled or args.compiler != "inductor"):
+        parser.error("--cudagraphs needs a compiled --backend with --compiler inductor")
+    if args.cudagraphs and args.parallel == "fsdp2" and args.accum > 1:
+        parser.error("--cudagraphs with FSDP2 and --accum: between micro-steps FSDP2 keeps each unsharded "
+                     "parameter's gradient, which is the backward graph's output, and the next replay overwrites it "
+                     "(pytorch/pytorch#169545); leave one of them out")
     ddp_only = (args.ddp_static_graph or args.grad_as_bucket_view or args.tied_embedding_ddp
                 or args.ddp_comm_hook != "none" or not args.broadcast_buffers)
     if ddp_only and args.parallel != "ddp":
@@ -273,8 +277,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.ddp_comm_hook != "none" and args.compiled_autograd:
         parser.error("--ddp-comm-hook with --compiled-autograd: DDP's Python reducer all-reduces each gradient in "
                      "its own hook and never runs the C++ reducer's built-in hook; leave one of them out")
-    if args.persistent_grads and not args.cudagraphs:
-        parser.error("--persistent-grads is how --cudagraphs runs keep gradients: use it with --cudagraphs")
+    if args.persistent_grads and (not args.cudagraphs or args.parallel == "fsdp2"):
+        parser.error("--persistent-grads is how --cudagraphs runs keep gradients: use it with --cudagraphs and "
+                     "--parallel ddp or none (FSDP2's gradients are its reduce-scatter's output, not a graph's)")
     if args.ddp_static_graph and args.accum > 1:
         parser.error("--ddp-static-graph with --accum: DDP(static_graph=True) under no_sync() fails an internal "
                      "assert on its first backward, and past it stops all-reducing gradients "
@@ -422,9 +427,11 @@ def persistent_grads(args: argparse.Namespace) -> bool:
     (pytorch/pytorch#169545): with accumulation the next micro-step's backward would add into it, and
     DDP keeps ``.grad`` across steps (its bucket views). A single-device step without accumulation
     hands the gradients over (``zero_grad(set_to_none=True)``): the optimizer reads them before the next
-    replay, and no add per parameter runs.
+    replay, and no add per parameter runs. FSDP2 needs no buffer: its post-backward copies each layer's
+    gradients into the reduce-scatter input and drops them before the layer's graph replays again (with
+    ``--accum`` it would keep them: parse_args refuses that).
     """
-    return args.cudagraphs and (args.parallel != "none" or args.accum > 1 or args.persistent_grads)
+    return args.cudagraphs and (args.parallel == "ddp" or args.accum > 1 or args.persistent_grads)
 
 
 def _skip_sync(wrapped: torch.nn.Module, model: torch.nn.Module, args: argparse.Namespace, sync: bool):
@@ -446,6 +453,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     import twinkle_fx
     from twinkle_fx.builtin import use_builtin_kernels
     from twinkle_fx.compile import collect_reports
+    from twinkle_fx.compile.inductor_options import cudagraph_tree_summary
 
     default = "fp32" if args.mixed_precision or device.type != "cuda" else "bf16"
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or default]
@@ -523,6 +531,9 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                                         steps=3, title=describe_args(args, world, device))
                 if rank == 0:
                     print(Path(summary.report).read_text(), flush=True)
+            # recorded, never recorded, re-recorded (a parameter at a new address each step would re-record
+            # every step): read before torch._dynamo.reset() drops the trees
+            graphs = cudagraph_tree_summary(device.index) if args.cudagraphs and device.type == "cuda" else ""
             mine = kernel_swaps_compiled(rank, report)
             for what, n in kernel_swaps_eager(model).items():  # kernelize, or the head on the root
                 mine.swapped[what] = mine.swapped.get(what, 0) + n
@@ -532,10 +543,11 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
         finally:
             twinkle_fx.undo_kernelize(model)  # function patches are process-wide; the head is an eager swap
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    everyone = _gather((asdict(mine), peak), world)
+    everyone = _gather((asdict(mine), peak, graphs), world)
     torch._dynamo.reset()
     return RunResult(vars(args).copy(), world, str(device), losses, tokens_per_s,
-                     [RankSwaps(**s) for s, _ in everyone], step_ms, [p for _, p in everyone])
+                     [RankSwaps(**s) for s, _, _ in everyone], step_ms, [p for _, p, _ in everyone],
+                     [g for _, _, g in everyone if g])
 
 
 def _sync(device: torch.device) -> None:
@@ -593,6 +605,8 @@ def table(result: RunResult, baseline: list[RunResult] = ()) -> str:
         ("loss per step", ", ".join(f"{x:.4f}" for x in result.losses)),
         ("swaps per rank", "; ".join(f"r{s.rank}: {s.short()}" for s in result.swaps)),
     ]
+    if result.cudagraphs:
+        rows.append(("CUDA graphs (rank 0)", result.cudagraphs[0]))
     first = result.swaps[0]
     if first.swapped:
         rows.append(("swapped (rank 0)", ", ".join(f"{n} x {_short(w)}" for w, n in sorted(first.swapped.items()))))

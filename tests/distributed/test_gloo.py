@@ -231,7 +231,7 @@ def test_fsdp2_twinkle_swaps_on_every_rank(distributed):
     assert registered == {RMSNORM: 2, MLP: 1, ROTARY: 1, "kernelized FSDPQwen2ForCausalLM -> CausalLMFusedLoss": 1}
 
 
-@pytest.mark.parametrize("extra", ["--parallel fsdp2 --regional", "--compiler aot_eager", "--backend eager"])
+@pytest.mark.parametrize("extra", ["--compiler aot_eager", "--backend eager"])
 def test_cudagraphs_refuses_what_it_cannot_replay(extra, capsys):
     argv = f"--size tiny --backend twinkle --cudagraphs {extra}".split()
     with pytest.raises(SystemExit):
@@ -269,7 +269,18 @@ def test_builtin_comm_hook_refuses_compiled_autograd(capsys):
     assert "DDP's Python reducer all-reduces each gradient in its own hook" in capsys.readouterr().err
 
 
-def test_persistent_grads_needs_cudagraphs(capsys):
+@pytest.mark.parametrize("extra", ["", "--cudagraphs --parallel fsdp2 --regional"])
+def test_persistent_grads_needs_cudagraphs_without_fsdp2(extra, capsys):
     with pytest.raises(SystemExit):
-        train_distributed.parse_args("--size tiny --persistent-grads".split())
+        train_distributed.parse_args(f"--size tiny --backend twinkle --persistent-grads {extra}".split())
     assert "--persistent-grads is how --cudagraphs runs keep gradients" in capsys.readouterr().err
+
+
+def test_fsdp2_cudagraphs_refuse_accumulation(capsys):
+    """Between FSDP2 micro-steps each unsharded parameter keeps its gradient, the backward graph's output:
+    the next replay would overwrite it."""
+    with pytest.raises(SystemExit):
+        train_distributed.parse_args("--size tiny --parallel fsdp2 --regional --cudagraphs --accum 2".split())
+    assert "--cudagraphs with FSDP2 and --accum" in capsys.readouterr().err
+    args = train_distributed.parse_args("--size tiny --parallel fsdp2 --regional --cudagraphs".split())
+    assert args.cudagraphs and not train_distributed.persistent_grads(args)

@@ -37,3 +37,38 @@ def test_fsdp2_layers_replay_cuda_graphs_and_train_alike(reshard, world_of_one):
     assert recorded, summary
     assert (int(recorded[2]), int(recorded[3])) == (LAYERS, LAYERS), summary
     assert "every compiled function recorded; 0 re-recording(s)" in summary, summary
+
+
+@pytest.mark.parametrize("sharded", [True, False])
+def test_only_fsdp_managed_parameters_are_unpinned(sharded, world_of_one, device):
+    """Dynamo marks every parameter of a compiled layer a static input; under fully_shard those are the
+    gathered parameters, which unpin_fsdp_parameters hands to CUDA graphs as ordinary inputs. A layer
+    outside FSDP2 keeps all of its marks."""
+    from torch.distributed.fsdp import fully_shard
+
+    from twinkle_fx.compile.inductor_options import unpin_fsdp_parameters
+
+    torch._dynamo.reset()
+    model = train_distributed.build_model("tiny", torch.float32, torch.device(device), 0)
+    layer = model.model.layers[0]
+    if sharded:
+        fully_shard(layer)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    layer.compile(backend=backend)
+    ids = torch.randint(0, model.config.vocab_size, (1, 8), device=device)
+    hidden = model.model.embed_tokens(ids)
+    positions = torch.arange(8, device=device)[None]
+    layer(hidden, position_embeddings=model.model.rotary_emb(hidden, positions)).sum().backward()
+    (gm,) = [g for g in graphs if any(n.op == "call_function" for n in g.graph.nodes)]
+    static = [n for n in gm.graph.find_nodes(op="placeholder")
+              if "_dynamo_static_input_type" in (n.meta.get("tensor_dict") or {})]
+    parameters = len(list(layer.parameters()))
+    assert len(static) == parameters
+    assert unpin_fsdp_parameters(gm) == (parameters if sharded else 0)
+    assert unpin_fsdp_parameters(gm) == 0  # nothing left to unmark
+    torch._dynamo.reset()

@@ -8,8 +8,9 @@
 # 2. NCCL's all-reduce alone and beside GEMMs (tools/allreduce_probe.py): the link or the overlap.
 # 3. The single-GPU regional CUDA-graph baselines, session 5's DDP run (1.42x; each layer now one graph),
 #    the same with DDP's recipe, then with the tied embedding reduced early too, and FSDP2 in bf16 with
-#    fused AdamW (with and without resharding after the forward), all against the single-GPU run of the
-#    same call.
+#    fused AdamW (its layers replayed as CUDA graphs and kept gathered until their backward, session 9's
+#    fastest FSDP2 in a world of one; without graphs; without the fused-loss head), all against the
+#    single-GPU runs of the same call.
 # Reference workload, bf16, 4 x 1024 per GPU, 15 steps, backend twinkle, fused-loss head.
 # Usage from the repo root: COMMIT=$(git rev-parse --short HEAD) bash tools/gpu-s8-dist.sh
 set -uo pipefail
@@ -43,13 +44,19 @@ run ddp-regional-cg-b100-recipe "${ddp[@]}" "${recipe[@]}" "${base[@]}"
 run ddp-regional-cg-b100-recipe-tied "${ddp[@]}" "${recipe[@]}" --tied-embedding-ddp --profile /tmp/prof-tied \
   "${base[@]}"
 sed -n '/profiled step/,/Chrome trace/p' "$out/ddp-regional-cg-b100-recipe-tied.log" | head -40
-# FSDP2 in bf16 like the DDP runs (session 4 measured it with fp32 master weights: 0.54x), with fused AdamW
+# FSDP2 in bf16 like the DDP runs (session 4 measured it with fp32 master weights: 0.54x), fused AdamW, against
+# a single-GPU run with fused AdamW too. Session 9's world of one (one H100): each layer replayed as CUDA graphs
+# with its gathered parameters kept until its backward was FSDP2's fastest (72 ms against 125 ms without graphs;
+# the unwrapped step 36 ms)
+run single-regional-cg-fused python3 "$ex" "${shape[@]}" --parallel none --backend twinkle --regional --cudagraphs \
+  --fused-adamw --compare-single 2
+fbase=(--baseline "$out/single-regional-cg-fused.json")
 fsdp=("${two[@]}" "$ex" "${shape[@]}" --parallel fsdp2 --backend twinkle --regional --fused-adamw)
-run fsdp2-regional-bf16-fused-adamw "${fsdp[@]}" "${base[@]}"
-# and without the backward's all-gathers (each layer keeps its gathered parameters until its backward)
-run fsdp2-regional-bf16-fused-adamw-no-reshard "${fsdp[@]}" --no-reshard-after-forward "${base[@]}"
+run fsdp2-regional-bf16-fused-adamw-cg-no-reshard "${fsdp[@]}" --cudagraphs --no-reshard-after-forward "${fbase[@]}"
+run fsdp2-regional-bf16-fused-adamw "${fsdp[@]}" "${fbase[@]}"
 # the fused-loss head's saving under FSDP2 (the issue asks the peak memory to show it): the same run without it
-run fsdp2-regional-bf16-fused-adamw-no-fused-loss "${fsdp[@]}" --no-fused-loss "${base[@]}"
+run fsdp2-regional-bf16-fused-adamw-cg-no-reshard-no-fused-loss "${fsdp[@]}" --cudagraphs --no-reshard-after-forward \
+  --no-fused-loss "${fbase[@]}"
 # while time is left: the whole model compiled (DDPOptimizer's pieces, each replayed as a CUDA graph), the
 # single-GPU form that is fastest (twinkle+cudagraphs); never measured under DDP
 run ddp-whole-cg-b100 "${two[@]}" "$ex" "${shape[@]}" --parallel ddp --backend twinkle --cudagraphs --bucket-cap-mb 100 \

@@ -22,10 +22,11 @@ weights, bf16 parameters in compute, fp32 gradient reduction), ``--checkpoint`` 
 checkpointing of every decoder layer), ``--accum N`` (gradient accumulation: N micro-steps per
 optimizer step, gradients synchronised on the last), ``--compiled-autograd`` (DDP: the backward
 captured by compiled autograd, gradients reduced by DDP's Python reducer), ``--cudagraphs`` (the compiled
-graphs replayed as CUDA graphs, ``mode="reduce-overhead"``; DDP and single-GPU runs: under DDP or
-with ``--accum`` each parameter gets its own ``.grad`` buffer, zeroed in place, because a gradient that
-*is* a CUDA graph's output is overwritten by the next replay, pytorch/pytorch#169545; a single-device
-step without accumulation takes the graph's gradients as they are). DDP's own costs: ``--ddp-comm-hook
+graphs replayed as CUDA graphs, ``mode="reduce-overhead"``: under DDP or with ``--accum`` each parameter
+gets its own ``.grad`` buffer, zeroed in place, because a gradient that *is* a CUDA graph's output is
+overwritten by the next replay, pytorch/pytorch#169545; a single-device step without accumulation takes
+the graph's gradients as they are; under FSDP2 the gathered parameters are copied into the graphs at each
+replay, since FSDP2 gathers them into new memory every step, and ``--accum`` is refused). DDP's own costs: ``--ddp-comm-hook
 allreduce`` (one division per bucket instead of one per gradient), ``--no-broadcast-buffers``,
 ``--ddp-static-graph``, ``--grad-as-bucket-view``. ``--profile DIR`` runs three more
 steps under torch.profiler on every rank and writes a Chrome trace and a report (device vs wall time,

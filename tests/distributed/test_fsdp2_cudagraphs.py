@@ -17,13 +17,15 @@ LAYERS = train_distributed.SIZES["tiny"]["num_hidden_layers"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("reshard", ["", "--no-reshard-after-forward"])
-def test_fsdp2_layers_replay_cuda_graphs_and_train_alike(reshard, world_of_one):
+@pytest.mark.parametrize("compiled", ["--regional", "--regional --no-reshard-after-forward", ""])
+def test_fsdp2_layers_replay_cuda_graphs_and_train_alike(compiled, world_of_one):
     """FSDP2 frees each layer's gathered parameters after its backward (and, by default, after its
-    forward) and gathers them again: the graphs replay only if the parameters come back to the addresses
-    they were recorded at. Every layer's forward and backward is recorded once, none is re-recorded, and
-    the run trains to the losses of the same run without CUDA graphs."""
-    common = f"--size tiny --batch 2 --seq 64 --steps 5 --dtype fp32 --parallel fsdp2 --backend twinkle --regional {reshard}"
+    forward) and gathers them again into new memory: the graphs replay without re-recording only because
+    the parameters are copied in. Every compiled function is recorded, none re-recorded (regional: each
+    layer's forward and backward once), and the run trains to the losses of the same run without CUDA
+    graphs. Whole-model compilation ends a graph at each fully_shard module's hooks (not measured for
+    speed: tools/gpu-s9-cg.sh runs the regional forms)."""
+    common = f"--size tiny --batch 2 --seq 64 --steps 5 --dtype fp32 --parallel fsdp2 --backend twinkle {compiled}"
     device = torch.device("cuda", torch.cuda.current_device())
 
     def run(flags: str) -> train_distributed.RunResult:
@@ -35,8 +37,12 @@ def test_fsdp2_layers_replay_cuda_graphs_and_train_alike(reshard, world_of_one):
     (summary,) = graphs.cudagraphs
     recorded = re.search(r"(\d+) CUDA graph\(s\) recorded \((\d+) forward, (\d+) backward\)", summary)
     assert recorded, summary
-    assert (int(recorded[2]), int(recorded[3])) == (LAYERS, LAYERS), summary
-    assert "every compiled function recorded; 0 re-recording(s)" in summary, summary
+    assert summary.endswith("; 0 re-recording(s)"), summary
+    if compiled.startswith("--regional"):
+        assert "every compiled function recorded" in summary, summary
+        assert (int(recorded[2]), int(recorded[3])) == (LAYERS, LAYERS), summary
+    else:  # the pieces between the hooks: at least one per layer
+        assert int(recorded[2]) >= LAYERS and int(recorded[3]) >= LAYERS, summary
 
 
 @pytest.mark.parametrize("sharded", [True, False])

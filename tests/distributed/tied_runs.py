@@ -60,12 +60,16 @@ def loss_of(model_out) -> torch.Tensor:
 
 
 def inputs(rank: int, micro: int, with_padding: bool = False) -> dict:
-    """Different shapes on the two ranks (2 × 7 and 1 × 5 tokens), so the exchanged row counts differ."""
+    """Different shapes on the two ranks (2 × 7 and 1 × 5 tokens), so the exchanged row counts differ and
+    rank 1's rows are padded (token 0, zero rows) to rank 0's. Without the padding row, token 0 is a real
+    token of rank 0 (its gradient must survive beside the padding); with it, every sequence starts with it."""
     generator = torch.Generator().manual_seed(100 * rank + micro)
     rows, seq = (2, 7) if rank == 0 else (1, 5)
     ids = torch.randint(1 if not with_padding else 0, VOCAB, (rows, seq), generator=generator)
     if with_padding:
         ids[:, 0] = 0
+    elif rank == 0:
+        ids[1, 2] = 0
     return {"input_ids": ids.to(DEVICE), "labels": ids.to(DEVICE)}
 
 

@@ -237,19 +237,14 @@ class TiedEmbeddingReduction:
             self.weight.grad.add_(grad)
 
     def _add_embedding_rows(self, grad: Tensor, window: _Window) -> None:
-        """Every rank takes part (the counts tell all of them whether there is anything to exchange).
-
-        One host sync: the longest rank's row count, which sizes the exchange. The padding is token 0
-        with a zero row (it adds nothing), so no mask and no ``torch.unique`` (each a sync of its own)
-        picks the real rows out: equal tokens are summed in fp32 by position in the sorted ids.
-        """
+        """Every rank takes part (the counts tell all of them whether there is anything to exchange)."""
         device, hidden = self.weight.device, self.weight.shape[1]
         ids = torch.cat(window.ids) if window.ids else torch.empty(0, dtype=torch.long, device=device)
         rows = torch.cat(window.rows) if window.rows else grad.new_zeros(0, hidden)
         ids, rows = ids.to(device=device, dtype=torch.long), rows.to(grad.dtype)
-        counts = ids.new_empty(self.world)
-        _all_gather_single(counts, torch.tensor([ids.numel()], device=device), group=self.group)
-        counts = counts.tolist()
+        counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world)]
+        dist.all_gather(counts, torch.tensor([ids.numel()], device=device), group=self.group)
+        counts = [int(c.item()) for c in counts]
         longest = max(counts)
         if longest == 0:  # no lookup on any rank (inputs_embeds): the head's part is all there is
             return
@@ -261,16 +256,13 @@ class TiedEmbeddingReduction:
         all_rows = rows.new_empty(self.world * longest, hidden)
         _all_gather_single(all_ids, padded_ids, group=self.group)
         _all_gather_single(all_rows, padded_rows, group=self.group)
-        sorted_ids, order = torch.sort(all_ids)
-        starts = torch.ones_like(sorted_ids, dtype=torch.bool)
-        starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
-        group = torch.cumsum(starts, 0) - 1  # the distinct token each sorted row belongs to
-        sums = torch.zeros(sorted_ids.numel(), hidden, dtype=torch.float32, device=device)
-        sums.index_add_(0, group, all_rows[order].float())
-        # each group's token; the groups past the last hold zeros and point at token 0: they add nothing
-        tokens = torch.zeros_like(sorted_ids).scatter_(0, group, sorted_ids)
-        grad.index_add_(0, tokens, (sums / self.world).to(grad.dtype))
-        self.stats["rows_exchanged"] += sum(counts)
+        keep = torch.cat([torch.arange(longest, device=device) < n for n in counts])
+        all_ids, all_rows = all_ids[keep], all_rows[keep]
+        distinct, inverse = torch.unique(all_ids, return_inverse=True)
+        sums = torch.zeros(distinct.numel(), hidden, dtype=torch.float32, device=device)
+        sums.index_add_(0, inverse, all_rows.float())
+        grad[distinct] = (grad[distinct].float() + sums / self.world).to(grad.dtype)
+        self.stats["rows_exchanged"] += int(all_ids.numel())
 
 
 class _HeadWeight(torch.autograd.Function):

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "CudaGraphStatus", "CudaGraphReport", "collect_cudagraph_status", "parse_inductor_options", "inductor_config_patches",
-    "compile_with_inductor", "cudagraph_tree_summary",
+    "compile_with_inductor", "cudagraph_tree_summary", "unpin_fsdp_parameters",
 ]
 
 
@@ -223,8 +223,9 @@ def unpin_fsdp_parameters(gm: fx.GraphModule) -> int:
     with re-recording steps of 1.7 s; with ``reshard_after_forward=False`` 866 graphs and a median step
     of 1.6 s. Unmarked, such a parameter is an ordinary input, copied into the graph's own buffer at each
     replay (30 MB a layer of that model): 48 graphs, no re-recording, median steps of 95 ms (72 ms with
-    ``reshard_after_forward=False``) against 125 ms without CUDA graphs, 15 steps each. Only the graph's metadata changes (Dynamo's copy of the tensor's
-    attributes), not the parameter.
+    ``reshard_after_forward=False``) against 125 ms without CUDA graphs, 15 steps each. Only the graph's
+    metadata changes (Dynamo's copy of the tensor's attributes), not the parameter. The twinkle backend
+    calls it for every graph it compiles with CUDA graphs; ``backend="inductor"`` does not.
     """
     unpinned = 0
     for node in gm.graph.find_nodes(op="placeholder"):

@@ -25,10 +25,10 @@ captured by compiled autograd, gradients reduced by DDP's Python reducer), ``--c
 graphs replayed as CUDA graphs, ``mode="reduce-overhead"``: under DDP or with ``--accum`` each parameter
 gets its own ``.grad`` buffer, zeroed in place, because a gradient that *is* a CUDA graph's output is
 overwritten by the next replay, pytorch/pytorch#169545; a single-device step without accumulation takes
-the graph's gradients as they are; under FSDP2 the gathered parameters are copied into the graphs at each
-replay, since FSDP2 gathers them into new memory every step, and ``--accum`` is refused). DDP's own costs: ``--ddp-comm-hook
-allreduce`` (one division per bucket instead of one per gradient), ``--no-broadcast-buffers``,
-``--ddp-static-graph``, ``--grad-as-bucket-view``. ``--profile DIR`` runs three more
+the graph's gradients as they are; under FSDP2 the gathered parameters are copied into the graphs at
+each replay, since FSDP2 gathers them into new memory every step, and ``--accum`` is refused). DDP's own
+costs: ``--ddp-comm-hook allreduce`` (one division per bucket instead of one per gradient),
+``--no-broadcast-buffers``, ``--ddp-static-graph``, ``--grad-as-bucket-view``. ``--profile DIR`` runs three more
 steps under torch.profiler on every rank and writes a Chrome trace and a report (device vs wall time,
 top kernels, NCCL included) per rank.
 
@@ -482,7 +482,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             run = compile_model(model, wrapped, args)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, **({"fused": True} if args.fused_adamw else {}))
         params = list(model.parameters())
-        if persistent_grads(args):  # the backward adds into these buffers instead of handing over its output
+        keep_grads = persistent_grads(args)
+        if keep_grads:  # the backward adds into these buffers instead of handing over its output
             for p in params:
                 p.grad = torch.zeros_like(p)
         losses, tokens_per_s, step_ms = [], [], []
@@ -495,7 +496,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                     (loss / args.accum).backward()
                 total += loss.detach().float()
             optimizer.step()
-            if persistent_grads(args):  # one multi-tensor launch, not one zero_() per parameter
+            if keep_grads:  # one multi-tensor launch, not one zero_() per parameter
                 torch._foreach_zero_([p.grad for p in params if p.grad is not None])
             else:
                 optimizer.zero_grad(set_to_none=True)

@@ -261,6 +261,10 @@ def test_ddp_options_need_ddp(capsys):
         in capsys.readouterr().err
 
 
+def test_cudagraphs_names_the_run():
+    args = train_distributed.parse_args("--size tiny --backend twinkle --regional --cudagraphs".split())
+    assert "regional, CUDA graphs" in train_distributed.describe_args(args, 1, torch.device("cpu"))
+
 
 def test_builtin_comm_hook_refuses_compiled_autograd(capsys):
     with pytest.raises(SystemExit):

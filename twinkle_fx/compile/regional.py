@@ -72,7 +72,8 @@ class _WholeUnderDDP:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         saved = dynamo_config.optimize_ddp
-        if saved not in (True, "ddp_optimizer") or DistributedDataParallel._active_ddp_module is None:  # python_reducer and off: as they are
+        # outside DDP, and with python_reducer or the split already off: as they are
+        if saved not in (True, "ddp_optimizer") or DistributedDataParallel._active_ddp_module is None:
             return self.compiled(*args, **kwargs)
         dynamo_config.optimize_ddp = False
         try:

@@ -1,7 +1,8 @@
 """The causal-LM head with the fused linear cross-entropy: the loss without the logits.
 
 ``CausalLMFusedLoss`` replaces the ``forward`` of transformers' ``*ForCausalLM`` (Qwen2, Llama,
-Mistral, Qwen3: same signature). While training with labels it computes the loss with
+Mistral, Qwen3: same signature; the KV cache under the installed release's name). While training
+with labels it computes the loss with
 :func:`fused_linear_cross_entropy` straight from the last hidden states, so the
 (tokens × vocab) logits and their fp32 copy are never materialised; ``outputs.logits`` is then
 ``None`` (as with Liger's fused loss). Without labels, or in eval mode, it returns the logits
@@ -12,6 +13,7 @@ as the original's ``can_return_tuple`` does.
 import torch
 from torch import nn
 
+from .transformers_api import CACHE_ARGUMENT, LEGACY_CACHE_ARGUMENT
 from .fused_linear_cross_entropy import fused_linear_cross_entropy
 
 IGNORE_INDEX = -100
@@ -33,50 +35,66 @@ def causal_lm_loss(hidden_states, lm_head, labels, *, num_items_in_batch=None, s
     return loss / num_items_in_batch
 
 
+def _logits_input(hidden_states, logits_to_keep):
+    """The positions whose logits are asked for: transformers' ``slice_logits_to_keep`` where the
+    installed release has it (5.24 added 2-D position and mask tensors), else the int-or-indices slice."""
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:
+        slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        return hidden_states[:, slice_indices, :]
+    return slice_logits_to_keep(hidden_states, logits_to_keep)
+
+
+def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                       labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    if LEGACY_CACHE_ARGUMENT in kwargs and CACHE_ARGUMENT != LEGACY_CACHE_ARGUMENT:
+        # the replaced forward still takes the old name as a deprecated keyword
+        if cache is not None:
+            raise ValueError(f"pass the KV cache as {CACHE_ARGUMENT}= or as {LEGACY_CACHE_ARGUMENT}=, not both")
+        cache = kwargs.pop(LEGACY_CACHE_ARGUMENT)
+    num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+    shift_labels = kwargs.pop("shift_labels", None)
+    return_dict = kwargs.pop("return_dict", None)
+    if return_dict is None:
+        return_dict = getattr(self.config, "return_dict", True)
+    # the inner model would return a tuple too under config.return_dict=False: ask for the dataclass
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True,
+                         **{CACHE_ARGUMENT: cache}, **kwargs)
+    hidden_states = outputs.last_hidden_state
+    fused = self.training and (labels is not None or shift_labels is not None)
+    logits = loss = None
+    if fused:
+        loss = causal_lm_loss(hidden_states, self.lm_head, labels, num_items_in_batch=num_items_in_batch,
+                              shift_labels=shift_labels)
+    else:
+        logits = self.lm_head(_logits_input(hidden_states, logits_to_keep))
+        if labels is not None or shift_labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
+                                      num_items_in_batch=num_items_in_batch, shift_labels=shift_labels, **kwargs)
+    output = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                    attentions=outputs.attentions,
+                                    **{CACHE_ARGUMENT: getattr(outputs, CACHE_ARGUMENT)})
+    return output if return_dict else output.to_tuple()
+
+
 class CausalLMFusedLoss(nn.Module):
     """``*ForCausalLM.forward`` computing the training loss with the fused linear cross-entropy.
 
-    Uses the replaced module's ``model``, ``lm_head`` and ``training``.
+    Uses the replaced module's ``model``, ``lm_head`` and ``training``. Its KV-cache parameter has
+    the installed transformers' name (:data:`~twinkle_triton.transformers_api.CACHE_ARGUMENT`).
     """
 
     has_backward = True
     can_torch_compile = True
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        position_ids=None,
-        past_key_values=None,
-        inputs_embeds=None,
-        labels=None,
-        use_cache=None,
-        logits_to_keep=0,
-        **kwargs,
-    ):
-        from transformers.modeling_outputs import CausalLMOutputWithPast
-
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        shift_labels = kwargs.pop("shift_labels", None)
-        return_dict = kwargs.pop("return_dict", None)
-        if return_dict is None:
-            return_dict = getattr(self.config, "return_dict", True)
-        # the inner model would return a tuple too under config.return_dict=False: ask for the dataclass
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             return_dict=True, **kwargs)
-        hidden_states = outputs.last_hidden_state
-        fused = self.training and (labels is not None or shift_labels is not None)
-        logits = loss = None
-        if fused:
-            loss = causal_lm_loss(hidden_states, self.lm_head, labels, num_items_in_batch=num_items_in_batch,
-                                  shift_labels=shift_labels)
-        else:
-            slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-            logits = self.lm_head(hidden_states[:, slice_indices, :])
-            if labels is not None or shift_labels is not None:
-                loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size,
-                                          num_items_in_batch=num_items_in_batch, shift_labels=shift_labels, **kwargs)
-        output = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                        hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-        return output if return_dict else output.to_tuple()
+    if CACHE_ARGUMENT == "cache":
+        forward = _causal_lm_forward
+    else:
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                    inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+            return _causal_lm_forward(self, input_ids, attention_mask, position_ids, past_key_values, inputs_embeds,
+                                      labels, use_cache, logits_to_keep, **kwargs)

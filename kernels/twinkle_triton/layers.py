@@ -17,6 +17,7 @@ round differently.)
 import torch
 from torch import nn
 
+from .transformers_api import CACHE_ARGUMENT
 from .add_gelu import add_gelu
 from .causal_lm import CausalLMFusedLoss  # noqa: F401  (a layer too: the causal-LM head with fused loss)
 from .fp32_norm import layer_norm, rms_norm_fp32
@@ -273,6 +274,29 @@ def _decoder_layer_applies_to(module: nn.Module) -> str | None:
     return _missing(module.post_attention_layernorm, "weight", "variance_epsilon")
 
 
+def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                           position_embeddings=None, **kwargs):
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(
+        hidden_states=hidden_states,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=use_cache,
+        position_embeddings=position_embeddings,
+        **{CACHE_ARGUMENT: cache},
+        **kwargs,
+    )
+    norm = self.post_attention_layernorm
+    if hidden_states.dtype == residual.dtype and hidden_states.shape == residual.shape:
+        hidden_states, residual = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
+    else:
+        residual = residual + hidden_states
+        hidden_states = norm(residual)
+    hidden_states = self.mlp(hidden_states)
+    return residual + hidden_states
+
+
 class DecoderLayer(nn.Module):
     """transformers' Qwen2/Llama/Mistral/Qwen3 decoder layer with the attention's residual add fused
     into the post-attention RMSNorm (:func:`add_rms_norm`): one launch instead of two forward, and
@@ -289,33 +313,11 @@ class DecoderLayer(nn.Module):
     has_backward = True
     can_torch_compile = True
 
-    @_declares(_decoder_layer_applies_to)
-    def forward(
-        self,
-        hidden_states,
-        attention_mask=None,
-        position_ids=None,
-        past_key_values=None,
-        use_cache=False,
-        position_embeddings=None,
-        **kwargs,
-    ):
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, _ = self.self_attn(
-            hidden_states=hidden_states,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-            position_embeddings=position_embeddings,
-            **kwargs,
-        )
-        norm = self.post_attention_layernorm
-        if hidden_states.dtype == residual.dtype and hidden_states.shape == residual.shape:
-            hidden_states, residual = add_rms_norm(hidden_states, residual, norm.weight, norm.variance_epsilon)
-        else:
-            residual = residual + hidden_states
-            hidden_states = norm(residual)
-        hidden_states = self.mlp(hidden_states)
-        return residual + hidden_states
+    if CACHE_ARGUMENT == "cache":
+        forward = _declares(_decoder_layer_applies_to)(_decoder_layer_forward)
+    else:
+        @_declares(_decoder_layer_applies_to)
+        def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                    position_embeddings=None, **kwargs):
+            return _decoder_layer_forward(self, hidden_states, attention_mask, position_ids, past_key_values, use_cache,
+                                          position_embeddings, **kwargs)

@@ -113,6 +113,40 @@ def test_parse_source_forms():
     assert (ref.scope, ref.name, ref.modules, ref.member) == ("G", "model", ("layers", "1", "norm", "eps"), None)
     assert di.parse_source("L['self']._buffers['inv_freq']").member == "buffer"
     assert di.parse_source("not a source") is None and di.parse_source(None) is None
+    ref = di.parse_source("L['args'][0]._modules['layers']._modules['1']._parameters['weight']")
+    assert (ref.root, ref.modules, ref.attribute) == (("L", "args", (0,)), ("layers", "1"), "weight")
+
+
+def _forwards_through_args(forward):
+    """A decorator like transformers' ``deprecate_kwarg``: the module reaches the frame as ``args[0]``."""
+    import functools
+
+    @functools.wraps(forward)
+    def wrapper(*args, **kwargs):
+        return forward(*args, **kwargs)
+
+    return wrapper
+
+
+class WrappedBlock(Block):
+    forward = _forwards_through_args(Block.forward)
+
+
+def test_a_root_reached_through_args_has_the_paths_of_a_root_reached_as_self():
+    model = WrappedBlock()
+
+    def check(gm, _):
+        lookup = di.module_lookup()
+        found = {}
+        for node in gm.graph.nodes:
+            for frame in di.module_stack(node):
+                found[frame.location] = (frame.source, lookup.find(frame))
+        return found, lookup.heap_scans
+
+    (found, scans), = _compiled(model, check).results
+    assert found["layers.1"][0].startswith("L['args'][0]")  # how Dynamo names it: not under L['self']
+    assert found["proj"][1] is model.proj and found["layers.1"][1] is model.layers[1]
+    assert scans == 0  # resolved from the frame's args, not by a heap walk
 
 
 def test_graph_break_reason_and_user_stack():

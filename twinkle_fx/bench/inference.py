@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from twinkle_triton.transformers_api import CACHE_ARGUMENT
 
 from ..tolerances import tolerance
 from .backends import BackendUnavailable, Prepared, _builtin_kernels, _compile_notes
@@ -227,12 +228,12 @@ def _run_backend(name: str, options: InferenceBenchOptions, clock: DeviceClock,
             # the cache is filled by the model as built (eager, or kernelized): only decode is compiled;
             # kernelize+cudagraphs runs this prefill eagerly (it allocates the cache's tensors), then
             # its decode steps replay graphs recorded on this cache object (the same one every step)
-            model(input_ids=context, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=context, use_cache=True, logits_to_keep=1, **{CACHE_ARGUMENT: cache})
             position = torch.tensor([options.context], device=options.device)
 
             def decode() -> torch.Tensor:
-                return run(input_ids=step_ids, past_key_values=cache, cache_position=position, use_cache=True,
-                           logits_to_keep=1).logits
+                return run(input_ids=step_ids, cache_position=position, use_cache=True, logits_to_keep=1,
+                           **{CACHE_ARGUMENT: cache}).logits
 
             decode_t = _timed(decode, clock, options.warmup, options.steps, model)
         notes = prepared.notes

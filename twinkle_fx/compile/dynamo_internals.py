@@ -18,6 +18,7 @@ so a torch upgrade that changes one breaks here, and only here:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import re
@@ -89,13 +90,13 @@ def parent_class(stack: list[ModuleFrame], index: int, lookup: ModuleLookup | No
     ref = parse_source(stack[index].source)
     if ref is None or not ref.modules:
         return None
-    want = (ref.scope, ref.name, ref.modules[:-1])
+    want = (ref.root, ref.modules[:-1])
     for frame in reversed(stack[:index]):
         other = parse_source(frame.source)
-        if other is not None and other.member is None and (other.scope, other.name, other.modules) == want:
+        if other is not None and other.member is None and (other.root, other.modules) == want:
             return frame.cls if isinstance(frame.cls, type) else None
     if lookup is not None:
-        owner = lookup.resolve(SourceRef(ref.scope, ref.name, ref.modules[:-1], None, None))
+        owner = lookup.resolve(dataclasses.replace(ref, modules=ref.modules[:-1], member=None, attribute=None))
         if isinstance(owner, torch.nn.Module):
             return type(owner)
     return None
@@ -173,9 +174,19 @@ class SourceRef:
     modules: tuple[str, ...]  # submodule names from the root ("model", "layers", "0", "norm")
     member: str | None  # "parameter", "buffer", "attribute" or None (the source is a module)
     attribute: str | None  # the parameter / buffer / dotted attribute name
+    # indices into the local before the first submodule: a frame whose module arrives through
+    # ``*args`` (a decorator's ``wrapper(*args, **kwargs)``, as transformers' ``deprecate_kwarg``
+    # wraps ``*ForCausalLM.forward``) reads it as ``L['args'][0]``; the root is that element
+    items: tuple[int, ...] = ()
+
+    @property
+    def root(self) -> tuple[str, str, tuple[int, ...]]:
+        """Which object of the frame the path starts from: scope, name and indices."""
+        return self.scope, self.name, self.items
 
 
 _ROOT = re.compile(r"^(?P<scope>[LG])\['(?P<name>[^']+)'\]")
+_ITEM = re.compile(r"\[(?P<index>\d+)\]")
 _TOKEN = re.compile(r"\._modules\['(?P<module>[^']+)'\]|\._(?P<kind>parameters|buffers)\['(?P<member>[^']+)'\]"
                     r"|\[(?P<index>\d+)\]|\['(?P<key>[^']+)'\]|\.(?P<name>[A-Za-z_0-9]\w*)")
 
@@ -194,7 +205,11 @@ def parse_source(source: str | None) -> SourceRef | None:
     if root is None:
         return None
     modules: list[str] = []
+    items: list[int] = []
     pos = root.end()
+    while (item := _ITEM.match(source, pos)) is not None:
+        items.append(int(item.group("index")))
+        pos = item.end()
     while pos < len(source):
         token = _TOKEN.match(source, pos)
         if token is None:
@@ -204,9 +219,9 @@ def parse_source(source: str | None) -> SourceRef | None:
             if pos != len(source):
                 return None
             kind = "parameter" if token.group("kind") == "parameters" else "buffer"
-            return SourceRef(root["scope"], root["name"], tuple(modules), kind, token.group("member"))
+            return SourceRef(root["scope"], root["name"], tuple(modules), kind, token.group("member"), tuple(items))
         modules.append(next(g for g in token.group("module", "index", "key", "name") if g is not None))
-    return SourceRef(root["scope"], root["name"], tuple(modules), None, None)
+    return SourceRef(root["scope"], root["name"], tuple(modules), None, None, tuple(items))
 
 
 # --- graph breaks -----------------------------------------------------------------------------------
@@ -339,6 +354,10 @@ class ModuleLookup:
             return None
         namespace = getattr(frame, "f_locals" if ref.scope == "L" else "f_globals", None) or {}
         obj = namespace.get(ref.name)
+        for item in ref.items:
+            if not isinstance(obj, (tuple, list)) or item >= len(obj):
+                return None
+            obj = obj[item]
         for name in ref.modules:
             modules = getattr(obj, "_modules", None)
             if isinstance(modules, dict) and name in modules:

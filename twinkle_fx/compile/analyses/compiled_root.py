@@ -69,7 +69,7 @@ def run(state: PassState) -> list[Outcome]:
     if found is None:
         return []
     ref, tensor = found
-    root = state.modules.resolve(SourceRef(ref.scope, ref.name, (), None, None))
+    root = state.modules.resolve(SourceRef(ref.scope, ref.name, (), None, None, ref.items))
     if isinstance(root, torch.nn.Module):
         candidates = [root]
     else:  # the frame is not at hand (a backend called directly): search the heap, once

@@ -243,7 +243,7 @@ def _lifted_attribute(state: PassState, region: Region, module: torch.nn.Module,
     if node.op != "placeholder":
         return None
     source, owner = parse_source(input_source(node)), parse_source(region.source)
-    if source is None or owner is None or source.member is not None or (source.scope, source.name) != (owner.scope, owner.name):
+    if source is None or owner is None or source.member is not None or source.root != owner.root:
         return None
     if source.modules[: len(owner.modules)] != owner.modules or len(source.modules) == len(owner.modules):
         return None

@@ -25,17 +25,27 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 sys.path.insert(0, str(EXAMPLES))  # the examples' user package (my_pkg) and local kernel repo
+TESTS = Path(__file__).resolve().parent
+
+# ``-m fast``: the tests that meet transformers' surface (the README's blocks, every built-in model
+# family, the fused-loss head, the names the kernels take) in a few minutes; CI also runs them
+# against the oldest transformers the project supports.
+FAST = ("readme/", "families/", "docs/test_seeds.py", "eager/test_causal_lm_head.py",
+        "kernels/test_transformers_api.py")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped on the CPU/interpreter run)")
     config.addinivalue_line("markers", "interpreter: needs the Triton interpreter (skipped on a GPU run)")
+    config.addinivalue_line("markers", "fast: the fast subset that meets transformers' surface (see FAST)")
 
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device; this run uses the CPU with TRITON_INTERPRET=1")
     skip_interpreter = pytest.mark.skip(reason="needs the Triton interpreter (TRITON_INTERPRET=1); this run uses CUDA")
     for item in items:
+        if Path(item.path).relative_to(TESTS).as_posix().startswith(FAST):
+            item.add_marker(pytest.mark.fast)
         if "gpu" in item.keywords and INTERPRETED:
             item.add_marker(skip_gpu)
         if "interpreter" in item.keywords and not INTERPRETED:

@@ -10,6 +10,7 @@ import transformers
 import twinkle_triton
 from twinkle_fx import register_external_layer, register_layer_kernel
 from twinkle_fx.function import register_function_kernel
+from twinkle_fx.testing import root_as_self
 
 from device_under_test import DEVICE  # the GPU when there is one, else the CPU through the interpreter
 
@@ -44,7 +45,7 @@ def twinkle_lines(graph_code: str) -> str:
     names (``hidden_states_3``) come from the modeling source and change between transformers
     versions. Kernel calls, their results and lifted parameters keep their names.
     """
-    lines = [line.strip().split(";")[0] for line in graph_code.splitlines() if "twinkle" in line]
+    lines = [line.strip().split(";")[0] for line in root_as_self(graph_code).splitlines() if "twinkle" in line]
     names: dict[str, str] = {}
 
     def rename(match: re.Match) -> str:
@@ -98,4 +99,4 @@ def renumbered(code: str) -> str:
             seen[name] = f"{base}_#{counts[base]}"
         return seen[name]
 
-    return re.sub(r"\b([A-Za-z]+)_\d+\b", rename, code)
+    return re.sub(r"\b([A-Za-z]+)_\d+\b", rename, root_as_self(code))

@@ -147,6 +147,18 @@ def _revert(changes: list[_Change]) -> int:
     return reverted
 
 
+def unpatch_all() -> list[_Change]:
+    """Put back the original of every function twinkle_fx patched (and still holds); returns the
+    changes, so a scoped caller can patch them again."""
+    changes = []
+    with _LEDGER_LOCK:
+        for target, patch in list(_LEDGER.items()):
+            if getattr(patch.module, patch.func_name, None) is patch.replacement:
+                _set(target, None, patch)
+                changes.append(_Change(target, patch, None))
+    return changes
+
+
 def restore_functions(targets: list[str] | None = None) -> int:
     """Restore the original of each patched target (all when ``targets`` is None).
 

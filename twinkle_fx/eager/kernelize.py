@@ -20,7 +20,7 @@ from ..selection import Selection, does_not_apply, is_layer_target, select_layer
 from ..settings import DISABLE_ENV, kernels_disabled
 from .function_patches import _apply, _revert, function_verifications
 from .function_patches import _Change as FunctionChange
-from .function_patches import restore_functions
+from .function_patches import restore_functions, unpatch_all
 from .graphs import GraphSet, block_modules
 from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, install_graphs,
                      revert_changes, swapped_forward, uninstall_forward)
@@ -372,11 +372,25 @@ def kernelize_model(
     _check_graphs_option(model, wanted, verify, cuda_graphs, "kernelize_model")
     device_type = _resolve_device(model, device)
     if kernels_disabled():
-        logger.info("%s is set: kernelize_model leaves the model unchanged", DISABLE_ENV)
+        _remove_kernels(model, "kernelize_model")
         return model
 
     _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
     return model
+
+
+def _remove_kernels(model: torch.nn.Module | None, function: str) -> _Changes:
+    """With kernels disabled a call selects no kernel, so (as for any kernel that does not serve a
+    call) the ones earlier calls installed go: an inference-only kernel left in place would break
+    the training that follows. Returns what changed, for :func:`kernelized` to put back."""
+    changes = _Changes()
+    if model is not None:
+        changes.layers = [c for c in (uninstall_forward(m) for m in model.modules()) if c is not None]
+    changes.functions = unpatch_all()
+    removed = len(changes.layers) + len(changes.functions)
+    logger.info("%s is set: %s runs no kernel%s", DISABLE_ENV, function,
+                f"; removed the {removed} kernel(s) earlier calls installed" if removed else "")
+    return changes
 
 
 def verification_report(model: torch.nn.Module | None = None) -> list[Verification]:
@@ -466,14 +480,13 @@ def kernelized(
     _check_model(model, "kernelized")
     check_flag("use_fallback", use_fallback)
     check_flag("verify", verify)
-    if kernels_disabled():
-        yield kernelize_model(model, mode=mode, device=device, use_fallback=use_fallback, verify=verify,
-                              cuda_graphs=cuda_graphs)
-        return
     wanted = _resolve_mode(model, mode)
     _check_graphs_option(model, wanted, verify, cuda_graphs, "kernelized")
     device_type = _resolve_device(model, device)
-    changes = _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
+    if kernels_disabled():
+        changes = _remove_kernels(model, "kernelized")
+    else:
+        changes = _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
     try:
         yield model
     finally:

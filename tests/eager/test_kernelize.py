@@ -245,6 +245,25 @@ def test_env_switch_disables_all_kernels(monkeypatch, caplog):
     assert any("TWINKLE_FX_DISABLE_KERNELS" in r.getMessage() for r in caplog.records)
 
 
+def test_undo_returns_and_logs_what_it_restored(caplog):
+    import my_pkg.math_ops
+
+    from twinkle_fx import register_function_kernel
+
+    _register()
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=torch.add, device="cpu")
+    model = kernelize_model(model_with_gelus(), mode="inference", device="cpu")
+    assert my_pkg.math_ops.add is torch.add
+    with caplog.at_level(logging.INFO, logger="twinkle_fx"):
+        restored = undo_kernelize(model)
+    assert restored.layers == ("1 (Gelu): FastGelu", "3 (Gelu): FastGelu")
+    assert restored.functions == ("my_pkg.math_ops.add",) and len(restored) == 3
+    assert repr(restored) == "Restored(layers=['1 (Gelu): FastGelu', '3 (Gelu): FastGelu'], functions=['my_pkg.math_ops.add'])"
+    assert ("undo_kernelize(Sequential): restored 2 layer forward(s): 1 (Gelu): FastGelu, 3 (Gelu): FastGelu; "
+            "1 function(s): my_pkg.math_ops.add") in caplog.messages
+    assert str(undo_kernelize(model)) == "restored nothing (no kernel was installed)"
+
+
 def test_env_switch_removes_the_kernel_an_earlier_call_installed(monkeypatch):
     # an inference-only kernel must not survive into training once kernels are switched off
     _register(layer=NoBackwardKernel, mode="inference")

@@ -160,12 +160,17 @@ def unpatch_all() -> list[_Change]:
 
 
 def restore_functions(targets: list[str] | None = None) -> int:
-    """Restore the original of each patched target (all when ``targets`` is None).
+    """Restore the original of each patched target (all when ``targets`` is None); returns how many.
 
     A function that something else replaced after twinkle_fx patched it is left as it is (a
     WARNING names it); twinkle_fx forgets its patch.
     """
-    restored = 0
+    return len(restore_function_targets(targets))
+
+
+def restore_function_targets(targets: list[str] | None = None) -> list[str]:
+    """:func:`restore_functions`, returning the ``"module.func"`` targets put back."""
+    restored = []
     with _LEDGER_LOCK:
         for target in list(_LEDGER) if targets is None else targets:
             patch = _LEDGER.pop(target, None)
@@ -178,7 +183,7 @@ def restore_functions(targets: list[str] | None = None) -> int:
                 continue
             setattr(patch.module, patch.func_name, patch.original)
             logger.info("restored %s", target)
-            restored += 1
+            restored.append(target)
     return restored
 
 

@@ -20,7 +20,7 @@ from ..selection import Selection, does_not_apply, is_layer_target, select_layer
 from ..settings import DISABLE_ENV, kernels_disabled
 from .function_patches import _apply, _revert, function_verifications
 from .function_patches import _Change as FunctionChange
-from .function_patches import restore_functions, unpatch_all
+from .function_patches import restore_function_targets, unpatch_all
 from .graphs import GraphSet, block_modules
 from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, install_graphs,
                      revert_changes, swapped_forward, uninstall_forward)
@@ -28,7 +28,7 @@ from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernelize_model", "undo_kernelize", "kernelized", "verification_report", "coverage_notes"]
+__all__ = ["kernelize_model", "undo_kernelize", "Restored", "kernelized", "verification_report", "coverage_notes"]
 
 
 def _check_model(model: Any, function: str) -> None:
@@ -362,6 +362,7 @@ def kernelize_model(
         >>> model(torch.tensor([1.0]))   # the tanh approximation: erf GELU(1) is 0.8413
         tensor([0.8412])
         >>> undo_kernelize(model)
+        Restored(layers=['0 (GELU): FastGelu'], functions=[])
         >>> model(torch.tensor([1.0]))
         tensor([0.8413])
     """
@@ -419,35 +420,89 @@ def verification_report(model: torch.nn.Module | None = None) -> list[Verificati
     return results + function_verifications()
 
 
-def undo_kernelize(model: torch.nn.Module | None = None) -> None:
+@dataclass(frozen=True)
+class Restored:
+    """What :func:`undo_kernelize` put back: each module (its path in the model, its class and the
+    kernel it ran) and each function, plus the modules it left to another tool.
+
+    Example:
+        >>> Restored(layers=("1 (Gelu): FastGelu",), functions=("my_pkg.math_ops.add",))
+        Restored(layers=['1 (Gelu): FastGelu'], functions=['my_pkg.math_ops.add'])
+        >>> print(Restored())
+        restored nothing (no kernel was installed)
+    """
+
+    layers: tuple[str, ...] = ()
+    functions: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()  # modules whose twinkle_fx kernel another tool replaced since
+
+    def __len__(self) -> int:
+        return len(self.layers) + len(self.functions)
+
+    def __repr__(self) -> str:
+        left = f", left={list(self.left)}" if self.left else ""
+        return f"Restored(layers={list(self.layers)}, functions={list(self.functions)}{left})"
+
+    def __str__(self) -> str:
+        parts = []
+        if self.layers:
+            parts.append(f"{len(self.layers)} layer forward(s): {_listed(self.layers)}")
+        if self.functions:
+            parts.append(f"{len(self.functions)} function(s): {_listed(self.functions)}")
+        text = "restored " + ("; ".join(parts) if parts else "nothing (no kernel was installed)")
+        if self.left:
+            text += f"; left {len(self.left)} module(s) another tool changed: {_listed(self.left)}"
+        return text
+
+
+def _listed(items: tuple[str, ...], shown: int = 5) -> str:
+    return ", ".join(items[:shown]) + (f", ... ({len(items) - shown} more)" if len(items) > shown else "")
+
+
+def undo_kernelize(model: torch.nn.Module | None = None) -> Restored:
     """Restore the original forward of every swapped module in ``model`` and every patched function.
 
     Function patches are process-wide (they change module attributes), so their undo is too. A
     forward that another tool installed over a twinkle_fx kernel afterwards (``kernels.kernelize``,
     say) is left to that tool: a WARNING names the modules.
 
+    Returns:
+        :class:`Restored`: what was put back (also logged at INFO), and what was left to another tool.
+
     Example:
-        >>> model = nn.Sequential(nn.Linear(4, 4))
-        >>> model = kernelize_model(model, mode="inference", device="cpu")   # nothing registered: nothing swapped
+        >>> from twinkle_fx import register_external_layer, register_layer_kernel
+        >>> class TanhGelu(nn.Module):
+        ...     def forward(self, input):
+        ...         return nn.functional.gelu(input, approximate="tanh")
+        >>> _ = register_layer_kernel(kernel_name="FastGelu", layer=TanhGelu, device="cpu")
+        >>> register_external_layer(nn.GELU, "FastGelu")
+        >>> model = kernelize_model(nn.Sequential(nn.Linear(4, 4), nn.GELU()), mode="inference", device="cpu")
         >>> undo_kernelize(model)
+        Restored(layers=['1 (GELU): FastGelu'], functions=[])
     """
     _check_model(model, "undo_kernelize")
+    layers: list[str] = []
+    left: list[str] = []
     if model is not None:
         named = {id(m): path or "<model>" for path, m in model.named_modules()}
         foreign = foreign_forwards(m for m in model.modules())
-        count = sum(uninstall_forward(m) is not None for m in model.modules())
-        logger.info("restored %d layer forward(s) of %s", count, type(model).__qualname__)
+        for module in model.modules():
+            change = uninstall_forward(module)
+            if change is not None:
+                layers.append(f"{named[id(module)]} ({type(module).__qualname__}): {change.before.kernel_name}")
         if foreign:
-            names = ", ".join(f"{named[id(m)]} ({type(m).__qualname__})" for m, _ in foreign[:3])
+            left = [f"{named[id(m)]} ({type(m).__qualname__})" for m, _ in foreign]
             logger.warning(
                 "undo_kernelize(%s): %d module(s) run a forward twinkle_fx did not install (%s%s: %r); something "
                 "replaced its kernel after kernelize_model (kernels.kernelize?). Left as it is: undo it with that "
                 "tool, or reload the model; restored the %d twinkle_fx forward(s) still in place",
-                type(model).__qualname__, len(foreign), names, ", ..." if len(foreign) > 3 else "", foreign[0][1],
-                count)
+                type(model).__qualname__, len(foreign), ", ".join(left[:3]), ", ..." if len(foreign) > 3 else "",
+                foreign[0][1], len(layers))
             for module, _ in foreign:
                 forget(module)
-    restore_functions()
+    restored = Restored(tuple(layers), tuple(restore_function_targets()), tuple(left))
+    logger.info("undo_kernelize(%s): %s", "None" if model is None else type(model).__qualname__, restored)
+    return restored
 
 
 @contextlib.contextmanager

@@ -106,7 +106,16 @@ def twinkle_backend(
     gm.recompile()
     if opts.verify and reference is not None and gm.code != report.code_before:
         mismatch = verification.compare(reference, gm, state.example_inputs)
+        if mismatch is None:
+            report.verified = "the example shapes"
+            mismatch, checked = verification.compare_at_other_sizes(reference, gm, state.example_inputs)
+            if checked is not None:
+                report.verified = checked
+                if checked.startswith("only the example shapes"):
+                    logger.warning("verify=True on a graph with dynamic shapes: %s; sizes beyond them run the "
+                                   "kernels unchecked", checked)
         if mismatch is not None and mismatch.startswith("not checked"):
+            report.verified = mismatch
             logger.warning("verify=True but the rewrite was %s", mismatch)
         elif mismatch is not None:
             logger.warning("verify failed (%s); compiling the original graph", mismatch)

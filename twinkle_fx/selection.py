@@ -264,9 +264,10 @@ def layer_target(registry: KernelRegistry, cls: type, *,
     return kernel_name, registrations
 
 
-def is_layer_target(registry: KernelRegistry, cls: type) -> bool:
-    """Whether instances of ``cls`` are swap targets (:func:`layer_target`'s rule). Loads nothing."""
-    return layer_target(registry, cls) is not None
+def is_layer_target(registry: KernelRegistry, cls: type, *, device: str | None = None) -> bool:
+    """Whether instances of ``cls`` are swap targets (:func:`layer_target`'s rule; with ``device``,
+    the ``kernels`` mapping counts too). Loads nothing."""
+    return layer_target(registry, cls, device=device) is not None
 
 
 def select_function_kernel(

@@ -35,6 +35,7 @@ import torch
 import torch.fx as fx
 from torch._dynamo.exc import ShortenTraceback
 
+from ..kernels_mapping import active_kernels_mapping
 from ..modes import Mode, format_mode
 from ..registry import KernelRegistry, get_registry
 from ..settings import DISABLE_ENV, kernels_disabled
@@ -236,8 +237,8 @@ def _parse(options: dict[str, Any] | None) -> BackendOptions:
 
 def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
     """One WARNING per registry state when backend='twinkle' runs with nothing registered at all."""
-    if registry.layer_kernel_names() or registry.function_targets() or registry.bindings():
-        return
+    if registry.layer_kernel_names() or registry.function_targets() or registry.bindings() or active_kernels_mapping():
+        return  # the kernels package's mapping (use_kernel_mapping) serves layers too
     if _WARNED_EMPTY.get(registry) == registry.generation:
         return
     _WARNED_EMPTY[registry] = registry.generation

@@ -153,6 +153,9 @@ def coverage_notes(model: torch.nn.Module) -> list[str]:
         ["layer kernel 'linear' is registered but no class is bound to it: bind the class it replaces, e.g. register_external_layer(nn.Linear, 'linear')"]
     """
     registry = get_registry()
+    # the kernels package's mapping serves a device: without the model's, its layers would be
+    # listed as having no kernel although the mapping swaps them
+    device = next((t.device.type for t in (*model.parameters(), *model.buffers())), None)
     classes = {type(m) for m in model.modules()}
     bound = set(registry.bindings().values()) | {
         name for cls in classes if isinstance(name := getattr(cls, "kernel_layer_name", None), str)}
@@ -160,14 +163,42 @@ def coverage_notes(model: torch.nn.Module) -> list[str]:
              f"register_external_layer(nn.Linear, {name!r})"
              for name in sorted(set(registry.layer_kernel_names()) - bound)]
     uncovered = sorted(cls.__name__ for cls in classes
-                       if _looks_like_layer(cls) and not is_layer_target(registry, cls))
+                       if _looks_like_layer(cls) and not is_layer_target(registry, cls, device=device))
     if uncovered:
         notes.append(f"layer classes of {type(model).__name__} without a kernel: {', '.join(uncovered)}")
     return notes
 
 
+def kept_summary(candidates: int, fallbacks: dict[tuple[type, str], list[str]], functions_patched: int = 0,
+                 functions_kept: list[tuple[str, str]] = ()) -> str:
+    """The sentence that adds up: N swapped + M kept = candidates, each kept group with its count
+    and reason; the same for functions (grouped by reason: the rotary kernel's many copies read as one).
+
+    Example:
+        >>> print(kept_summary(3, {(nn.GELU, "no kernel for device 'cpu'"): ["1", "3"]}, 1, [("m.f", "m.f [cpu, any] from impl g: broken")]))
+        swapped 1 of 3 candidate module(s) and kept 2: 2 GELU (no kernel for device 'cpu'); patched 1 of 2 function(s) and kept 1: m.f ([cpu, any] from impl g: broken)
+    """
+    kept = sum(len(paths) for paths in fallbacks.values())
+    text = f"swapped {candidates - kept} of {candidates} candidate module(s)"
+    if kept:
+        text += f" and kept {kept}: " + "; ".join(f"{len(paths)} {cls.__qualname__} ({reason})"
+                                                 for (cls, reason), paths in fallbacks.items())
+    if functions_kept:
+        text += "; " + _functions_kept(functions_patched, functions_kept)
+    return text
+
+
+def _functions_kept(patched: int, kept: list[tuple[str, str]]) -> str:
+    groups: dict[str, list[str]] = {}
+    for target, reason in kept:
+        # a reason names its registration, which starts with the target: group on the rest
+        groups.setdefault(reason[len(target):].lstrip() if reason.startswith(target) else reason, []).append(target)
+    return (f"patched {patched} of {patched + len(kept)} function(s) and kept {len(kept)}: "
+            + "; ".join(f"{_listed(tuple(targets), 3)} ({reason})" for reason, targets in groups.items()))
+
+
 def _report(model: torch.nn.Module, plan: _Plan, installed: list[LayerSwap], device: str, mode: Mode,
-            registry: KernelRegistry, functions_kept: list[tuple[str, str]]) -> None:
+            registry: KernelRegistry, functions_kept: list[tuple[str, str]], functions_patched: int) -> None:
     """INFO per class, DEBUG per module (in install_forward), and one WARNING when nothing of N
     candidates was swapped or some fell back."""
     model_name = type(model).__qualname__
@@ -196,12 +227,9 @@ def _report(model: torch.nn.Module, plan: _Plan, installed: list[LayerSwap], dev
             _REPORTED_UNCOVERED.add(key)
             logger.info("layer classes of %s without a kernel: %s", model_name, ", ".join(plan.uncovered))
 
-    kept_count = sum(len(paths) for paths in plan.fallbacks.values())
     if plan.fallbacks or functions_kept:
-        kept = [f"kept {len(paths)} {cls.__qualname__}: {reason}" for (cls, reason), paths in plan.fallbacks.items()]
-        kept += [f"kept {target}: {reason}" for target, reason in functions_kept]
-        logger.warning("kernelize_model(%s, %s, %s) swapped %d of %d candidate module(s); %s", model_name,
-                       format_mode(mode), device, plan.candidates - kept_count, plan.candidates, "; ".join(kept))
+        logger.warning("kernelize_model(%s, %s, %s) %s", model_name, format_mode(mode), device,
+                       kept_summary(plan.candidates, plan.fallbacks, functions_patched, functions_kept))
     elif plan.candidates == 0 and registry.layer_kernel_names():
         no_kernel = f"; its layer classes without a kernel: {', '.join(plan.uncovered)}" if plan.uncovered else ""
         logger.warning("kernelize_model(%s, %s, %s) swapped nothing: no module of it is bound to a registered "
@@ -263,14 +291,15 @@ def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallb
         removed = f"; removed the kernel an earlier call installed on {len(plan.stale)} module(s)" if plan.stale else ""
         raise KernelSelectionError(f"{plan.errors[0]} (use_fallback=False; nothing was swapped{removed})")
     functions_kept: list[tuple[str, str]] = []
+    functions_patched = 0
     if registry.function_targets():
         # functions next, still before any layer is touched: a function error leaves nothing half-applied
         patched = _apply(None, device, mode, use_fallback, False, verify)
-        changes.functions, functions_kept = patched._changes, patched._kept
+        changes.functions, functions_kept, functions_patched = patched._changes, patched._kept, len(patched)
     if plan is None:
         if functions_kept:
-            logger.warning("kernelize_model(None, %s, %s): %s", format_mode(mode), device,
-                           "; ".join(f"kept {target}: {reason}" for target, reason in functions_kept))
+            logger.warning("kernelize_model(None, %s, %s) %s", format_mode(mode), device,
+                           _functions_kept(functions_patched, functions_kept))
         return changes
     for _, module, _ in plan.stale:
         change = uninstall_forward(module)
@@ -286,7 +315,7 @@ def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallb
         if change is not None:
             changes.layers.append(change)
         installed.append(swap)
-    _report(model, plan, installed, device, mode, registry, functions_kept)
+    _report(model, plan, installed, device, mode, registry, functions_kept, functions_patched)
     if cuda_graphs:
         _install_graphs(model, device, changes)
     return changes

@@ -35,6 +35,7 @@ import torch
 import torch.fx as fx
 from torch._dynamo.exc import ShortenTraceback
 
+from ..caches import owns_cache
 from ..kernels_mapping import active_kernels_mapping
 from ..modes import Mode, format_mode
 from ..registry import KernelRegistry, get_registry
@@ -248,6 +249,7 @@ def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
 
 # registry -> generation already warned about (weak: a scoped registry that is gone takes its entry)
 _WARNED_EMPTY: weakref.WeakKeyDictionary[KernelRegistry, int] = weakref.WeakKeyDictionary()
+owns_cache(__name__, _WARNED_EMPTY.clear)
 
 
 def _device(example_inputs: list[Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..caches import owns_cache
 from ..devices import check_device_available, check_model_device, infer_device, parse_device
 from ..errors import KernelSelectionError, check_flag
 from ..modes import Mode, format_mode, parse_mode
@@ -65,6 +66,14 @@ _LAYER_SUFFIXES = ("Norm", "MLP", "Attention", "ForCausalLM", "Experts", "Sparse
 _REPORTED_UNCOVERED: set[tuple[str, tuple[str, ...]]] = set()
 # registry -> layer kernel names already warned about (weak: a scope that ends takes its names along)
 _WARNED_UNBOUND: "weakref.WeakKeyDictionary[KernelRegistry, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def _reset() -> None:
+    _REPORTED_UNCOVERED.clear()
+    _WARNED_UNBOUND.clear()
+
+
+owns_cache(__name__, _reset)
 
 
 def _looks_like_layer(cls: type) -> bool:

@@ -347,7 +347,8 @@ def kernelize_model(
     Kernelizing twice is a no-op; kernelizing again in another mode or after the registrations
     changed leaves exactly what this call selects (a kernel an earlier call installed that does not
     serve this one is removed, as ``kernels.kernelize`` does); :func:`undo_kernelize` restores
-    everything.
+    everything. With ``TWINKLE_FX_DISABLE_KERNELS=1`` a call selects no kernel, so it removes the
+    ones earlier calls installed (and restores patched functions).
 
     A WARNING says when the call swapped nothing of its candidates or kept some originals (with the
     reasons), and once when a registered layer kernel has no class bound to it; INFO lines sum up

@@ -73,13 +73,20 @@ def _triton_interpret_as_it_was():
 
 @pytest.fixture(autouse=True)
 def _isolated_registry():
-    """Every test gets its own registry and leaves no function patched: nothing leaks between tests."""
+    """Every test gets its own registry, leaves no function patched and no process-wide cache
+    filled (twinkle_fx.caches; the kernels' own in twinkle_triton): nothing leaks between tests."""
     from twinkle_fx import scoped_registry
+    from twinkle_fx.caches import reset_caches
     from twinkle_fx.function import restore_functions
 
     with scoped_registry(inherit=False) as registry:
         yield registry
     restore_functions()
+    reset_caches()
+    for name in ("twinkle_triton._launcher", "twinkle_triton.rotary"):  # only if a test imported them
+        module = sys.modules.get(name)
+        if module is not None:
+            module.reset()
 
 
 @pytest.fixture

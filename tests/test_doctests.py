@@ -27,6 +27,7 @@ MODULES = (
     "twinkle_fx.config",
     "twinkle_fx.function",
     "twinkle_fx.registry",
+    "twinkle_fx.caches",
     "twinkle_fx.selection",
     "twinkle_fx.modes",
     "twinkle_fx.devices",

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .modes import format_mode
 from .registration import (
     FUNCTION_KEYWORDS,
     LAYER_KEYWORDS,
@@ -28,7 +29,21 @@ def _entries(where: str, value: Any) -> list[tuple[str, Mapping]]:
     items = [value] if isinstance(value, Mapping) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(e, Mapping) for e in items):
         raise ValueError(f"{where}: expected a dict of keyword arguments or a list of them, got {type(value).__name__}.")
+    if not items:
+        # an entry that registers nothing is a mistake (a list meant to be filled), not a choice
+        raise ValueError(f"{where}: an empty list registers nothing; give one dict of keyword arguments per "
+                         "device and mode, or drop the entry.")
     return [(f"{where}[{i}]" if len(items) > 1 else where, entry) for i, entry in enumerate(items)]
+
+
+def _refuse_duplicates(entries: list[tuple[str, Any, str]], what: str) -> None:
+    """Two entries for one key (``(where, key, description)``) would leave the later one in force
+    silently: name both."""
+    seen: dict[Any, str] = {}
+    for where, key, description in entries:
+        if key in seen:
+            raise ValueError(f"{seen[key]} and {where} both register {description}; {what}")
+        seen[key] = where
 
 
 def _section(config: Mapping, key: str) -> Mapping:
@@ -95,6 +110,11 @@ def register_kernels(config: Mapping[str, Any]) -> None:
         ...     "functions": {"add": {"target_module": "my_pkg.math_ops", "func_impl": fast_add, "device": "cuda"}},
         ... })
 
+    Entries of one config must not contradict each other: two entries for the same kernel (or
+    function), device and mode, or one class bound to two kernel names, are refused (a ValueError
+    naming both) rather than letting the later one win silently; so is an empty list, which
+    registers nothing. Registering again in a later call replaces the earlier registration (logged).
+
     Raises:
         ValueError / TypeError: naming the entry and the key; nothing is registered then.
     """
@@ -102,32 +122,45 @@ def register_kernels(config: Mapping[str, Any]) -> None:
         raise TypeError(f"register_kernels expects a dict, got {type(config).__name__}.")
     _check_keys("config", config, _TOP_KEYS)
 
-    layers: list[LayerRegistration] = []
+    layers: list[tuple[str, LayerRegistration]] = []
     for kernel_name, value in dict(_section(config, "layers")).items():
         check_kernel_name(f"layers[{kernel_name!r}]", kernel_name)
         for where, entry in _entries(f"layers[{kernel_name!r}]", value):
             arguments = LAYER_KEYWORDS.complete(where, entry, kernel_name=kernel_name)
-            layers.append(layer_registration(arguments, where=where, flag_prefix=f"{where}: "))
+            layers.append((where, layer_registration(arguments, where=where, flag_prefix=f"{where}: ")))
+    _refuse_duplicates([(where, (r.kernel_name, r.device, r.mode), f"{r.kernel_name!r} for {r.device} "
+                         f"({format_mode(r.mode)})") for where, r in layers],
+                       "keep one, or give them different devices or modes.")
 
-    bindings = []
+    bindings: list[tuple[str, type, str]] = []
     for cls, kernel_name in dict(_section(config, "external_layers")).items():
-        check_kernel_name(f"external_layers[{cls!r}]", kernel_name)
+        where = f"external_layers[{cls!r}]"
+        check_kernel_name(where, kernel_name)
         try:
-            bindings.append((resolve_class(cls), kernel_name))
+            bindings.append((where, resolve_class(cls), kernel_name))
         except TypeError as e:
-            raise TypeError(f"external_layers[{cls!r}]: {e}") from e
+            raise TypeError(f"{where}: {e}") from e
+    bound: dict[type, tuple[str, str]] = {}
+    for where, klass, kernel_name in bindings:
+        first = bound.setdefault(klass, (where, kernel_name))
+        if first[1] != kernel_name:
+            raise ValueError(f"{first[0]} and {where} bind {klass.__qualname__} to two kernel names ({first[1]!r} "
+                             f"and {kernel_name!r}); a class is served by one kernel name: keep one entry.")
 
-    functions: list[FunctionRegistration] = []
+    functions: list[tuple[str, FunctionRegistration]] = []
     for key, value in dict(_section(config, "functions")).items():
         for where, entry in _entries(f"functions[{key!r}]", value):
             arguments = FUNCTION_KEYWORDS.complete(where, entry)
             arguments["target_module"], arguments["func_name"] = _function_target(where, key, entry.get("target_module"))
-            functions.append(function_registration(arguments, where=where, flag_prefix=f"{where}: "))
+            functions.append((where, function_registration(arguments, where=where, flag_prefix=f"{where}: ")))
+    _refuse_duplicates([(where, (r.target, r.device, r.mode), f"a kernel for {r.target} on {r.device} "
+                         f"({format_mode(r.mode)})") for where, r in functions],
+                       "keep one, or give them different devices or modes.")
 
     registry = get_registry()
-    for registration in layers:
+    for _, registration in layers:
         registry.add_layer(registration)
-    for cls, kernel_name in bindings:
+    for _, cls, kernel_name in bindings:
         registry.bind_layer(cls, kernel_name)
-    for registration in functions:
+    for _, registration in functions:
         registry.add_function(registration)

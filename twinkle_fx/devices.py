@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from .caches import owns_cache
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ def check_model_device(model: torch.nn.Module, device_type: str) -> None:
 
 # package -> (len(sys.modules) when scanned, found): rescanned only after more modules were imported
 _TRITON_PACKAGES: dict[str, tuple[int, bool]] = {}
+owns_cache(__name__, _TRITON_PACKAGES.clear)
 
 
 def _compiled_triton_kernels(root: str) -> bool:

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from .caches import owns_cache
 from .devices import ANY_DEVICE, registration_keys
 from .modes import Mode, parse_mode
 from .registry import LayerRegistration
@@ -81,6 +82,14 @@ class _MappingSource(RepoObjectSource):
 # (kernels' own layer cache is keyed the same way)
 _SOURCES: dict[int, tuple[Any, _MappingSource]] = {}
 _SOURCES_LOCK = threading.Lock()
+
+
+def _forget_sources() -> None:
+    with _SOURCES_LOCK:
+        _SOURCES.clear()
+
+
+owns_cache(__name__, _forget_sources)
 
 
 def _source(repo: Any) -> _MappingSource:

@@ -31,6 +31,14 @@ def _registration_mode(mode: Any) -> Mode:
     return Mode.ANY if mode is None else parse_mode(mode, allow_fallback=True)
 
 
+def _device_and_mode(where: str, arguments: Mapping[str, Any]) -> tuple[str, Mode]:
+    """The registration's device and mode; a bad one names ``where`` (in a config: the entry)."""
+    try:
+        return parse_device(arguments["device"], allow_any=True), _registration_mode(arguments["mode"])
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from e
+
+
 def check_kernel_name(where: str, kernel_name: Any) -> str:
     if not isinstance(kernel_name, str) or not kernel_name.strip():
         raise ValueError(f"{where}: the kernel name must be a non-empty string, got {kernel_name!r}.")
@@ -110,10 +118,11 @@ def layer_registration(arguments: Mapping[str, Any], *, where: str, what: str | 
     :func:`register_layer_kernel`'s keywords (``LAYER_KEYWORDS.complete`` fills the defaults)."""
     a = arguments
     check_kernel_name(where, a["kernel_name"])
+    device, mode = _device_and_mode(where, a)
     return LayerRegistration(
         kernel_name=a["kernel_name"],
-        device=parse_device(a["device"], allow_any=True),
-        mode=_registration_mode(a["mode"]),
+        device=device,
+        mode=mode,
         source=make_source(
             what=what or where, is_layer=True, impl=a["layer"], repo=a["repo"], repo_id=a["repo_id"],
             repo_path=a["repo_path"], package_name=a["package_name"], attr=a["layer_name"] or a["kernel_name"],
@@ -219,11 +228,12 @@ def function_registration(arguments: Mapping[str, Any], *, where: str, what: str
     a = arguments
     check_function_target(where, a["target_module"], a["func_name"])
     match_anywhere = check_flag(f"{flag_prefix}match_anywhere", a["match_anywhere"])
+    device, mode = _device_and_mode(where, a)
     return FunctionRegistration(
         target_module=a["target_module"],
         func_name=a["func_name"],
-        device=parse_device(a["device"], allow_any=True),
-        mode=_registration_mode(a["mode"]),
+        device=device,
+        mode=mode,
         source=make_source(
             what=what or where, is_layer=False, impl=a["func_impl"], repo=a["repo"], repo_id=a["repo_id"],
             repo_path=a["repo_path"], package_name=a["package_name"], attr=a["kernel_func_name"] or a["func_name"],

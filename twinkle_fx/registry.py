@@ -7,9 +7,10 @@ It holds three tables:
   ``kernel_layer_name`` attribute, as set by Hugging Face ``kernels`` decorators, bind implicitly);
 - function kernels: "module.func" -> device -> mode -> :class:`FunctionRegistration`.
 
-The active registry is per context: :func:`scoped_registry` gives a block its own copy, so tests
-and libraries never leak registrations into each other; threads that have not entered a scope of
-their own see the innermost block open in the process. All access is guarded by a lock.
+The active registry is per context (a ``ContextVar``): :func:`scoped_registry` gives a block its
+own copy, so tests and libraries never leak registrations into each other, nor threads into each
+other. A thread started inside a block uses the block's registry (see :func:`scoped_registry` for
+how); a scope another thread opens later never reaches it. All access is guarded by a lock.
 
 Registering is pure data: nothing is imported, loaded or traced until a kernel is used.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import threading
 from collections.abc import Iterator
@@ -210,28 +212,57 @@ class KernelRegistry:
 
 _GLOBAL_REGISTRY = KernelRegistry()
 _ACTIVE_REGISTRY: contextvars.ContextVar[KernelRegistry | None] = contextvars.ContextVar("twinkle_fx_registry", default=None)
-# Scopes open in the process, oldest first: a thread starts with an empty context (no context
-# variable set), so a worker thread started inside a block finds the block's registry here.
-_OPEN_SCOPES: list[KernelRegistry] = []
-_SCOPES_LOCK = threading.Lock()
+# threading.Thread attribute holding the registry in effect where the thread was started: before
+# Python 3.14 a new thread starts with an empty context, so the ContextVar alone would drop the scope
+_STARTED_IN = "_twinkle_fx_registry"
+_THREAD_HOOK_LOCK = threading.Lock()
 
 
-def get_registry() -> KernelRegistry:
-    """The registry in effect here: the innermost :func:`scoped_registry` of this context, else
-    (a thread that entered none) the innermost one open in the process, else the process-wide one."""
+def _scope_in_effect() -> KernelRegistry | None:
     active = _ACTIVE_REGISTRY.get()
     if active is not None:
         return active
-    with _SCOPES_LOCK:
-        return _OPEN_SCOPES[-1] if _OPEN_SCOPES else _GLOBAL_REGISTRY
+    return getattr(threading.current_thread(), _STARTED_IN, None)
+
+
+def _pass_scopes_to_new_threads() -> None:
+    """Wrap ``threading.Thread.start`` (once per process) so a thread remembers the scope in effect
+    in the thread that started it, at that moment. Installed by the first :func:`scoped_registry`:
+    until a scope exists there is nothing to pass on."""
+    with _THREAD_HOOK_LOCK:
+        original = threading.Thread.start
+        if getattr(original, "_passes_twinkle_fx_scope", False):
+            return
+
+        @functools.wraps(original)
+        def start(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
+            scope = _scope_in_effect()
+            if scope is not None and not hasattr(self, _STARTED_IN):
+                setattr(self, _STARTED_IN, scope)
+            return original(self, *args, **kwargs)
+
+        start._passes_twinkle_fx_scope = True  # type: ignore[attr-defined]
+        threading.Thread.start = start  # type: ignore[method-assign]
+
+
+def get_registry() -> KernelRegistry:
+    """The registry in effect here: the innermost :func:`scoped_registry` of this context, else the
+    one in effect where this thread was started, else the process-wide one."""
+    scope = _scope_in_effect()
+    return _GLOBAL_REGISTRY if scope is None else scope
 
 
 @contextlib.contextmanager
 def scoped_registry(*, inherit: bool = True) -> Iterator[KernelRegistry]:
     """Make registrations inside the block private to it; they vanish when it exits (also on error).
 
-    Threads started inside the block (which do not inherit context variables) use the block's
-    registry too, unless they enter a scope of their own; so do other threads that entered none.
+    Scopes follow ``contextvars`` semantics: a block is seen by the code it runs, by asyncio tasks
+    created inside it, and by threads started inside it (a ``threading.Thread`` started in the block
+    keeps the block's registry for its whole life, even after the block exits, as a copied context
+    would; Python before 3.14 does not copy contexts into threads, so the first ``scoped_registry``
+    wraps ``threading.Thread.start`` to hand the scope over). Nothing else sees it: neither other
+    threads (a worker's own scope never takes over the main thread's registry) nor threads started
+    before the block opened. Registrations made in such a thread land in the block's registry.
 
     Args:
         inherit (`bool`, defaults to `True`): start from a copy of the registrations in effect;
@@ -247,13 +278,10 @@ def scoped_registry(*, inherit: bool = True) -> Iterator[KernelRegistry]:
         False
     """
     check_flag("inherit", inherit)
+    _pass_scopes_to_new_threads()
     registry = get_registry().copy() if inherit else KernelRegistry()
     token = _ACTIVE_REGISTRY.set(registry)
-    with _SCOPES_LOCK:
-        _OPEN_SCOPES.append(registry)
     try:
         yield registry
     finally:
-        with _SCOPES_LOCK:
-            _OPEN_SCOPES.remove(registry)
         _ACTIVE_REGISTRY.reset(token)

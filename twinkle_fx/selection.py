@@ -8,6 +8,7 @@ rejected), so the report and the fallback log can say it.
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -263,9 +264,10 @@ def layer_target(registry: KernelRegistry, cls: type, *,
     return kernel_name, registrations
 
 
-def is_layer_target(registry: KernelRegistry, cls: type) -> bool:
-    """Whether instances of ``cls`` are swap targets (:func:`layer_target`'s rule). Loads nothing."""
-    return layer_target(registry, cls) is not None
+def is_layer_target(registry: KernelRegistry, cls: type, *, device: str | None = None) -> bool:
+    """Whether instances of ``cls`` are swap targets (:func:`layer_target`'s rule; with ``device``,
+    the ``kernels`` mapping counts too). Loads nothing."""
+    return layer_target(registry, cls, device=device) is not None
 
 
 def select_function_kernel(
@@ -335,6 +337,29 @@ def _parameters(fn: Callable[..., Any], drop_self: bool) -> list[inspect.Paramet
     return params[1:] if drop_self and params else params
 
 
+def _renamed_parameters(ours: list[inspect.Parameter], theirs: list[inspect.Parameter],
+                        original: Callable[..., Any]) -> str | None:
+    """The cause of a signature mismatch when it is a rename (same position and kind, another name
+    neither side has elsewhere): a library release renamed the layer's parameter, as transformers
+    5.24 did with ``past_key_values`` -> ``cache``. None when the mismatch is anything else."""
+    if len(ours) != len(theirs):
+        return None
+    our_names, their_names = {p.name for p in ours}, {p.name for p in theirs}
+    renamed = []
+    for mine, layer in zip(ours, theirs):
+        if mine.name == layer.name:
+            continue
+        if mine.kind != layer.kind or mine.name in their_names or layer.name in our_names:
+            return None
+        renamed.append(f"parameter {mine.name!r} is named {layer.name!r} in the layer")
+    if not renamed:
+        return None
+    package = (getattr(original, "__module__", None) or "").split(".", 1)[0]
+    version = getattr(sys.modules.get(package), "__version__", None) if package else None
+    where = f"renamed in {package} {version}?" if version else "renamed?"
+    return f"{'; '.join(renamed)} ({where})"
+
+
 def signature_mismatch(original: Callable[..., Any], kernel_forward: Callable[..., Any]) -> str | None:
     """Why ``kernel_forward`` cannot replace ``original`` (both ``forward(self, ...)``), or None.
 
@@ -353,7 +378,9 @@ def signature_mismatch(original: Callable[..., Any], kernel_forward: Callable[..
         return f"the layer's forward {original!r} has no Python signature to check the kernel against"
     if [(p.name, p.kind) for p in ours] != [(p.name, p.kind) for p in theirs]:
         fmt = lambda ps: ", ".join(p.name for p in ps)  # noqa: E731
-        return f"forward signature ({fmt(ours)}) differs from the layer's ({fmt(theirs)})"
+        diff = f"forward signature ({fmt(ours)}) differs from the layer's ({fmt(theirs)})"
+        cause = _renamed_parameters(ours, theirs, original)
+        return diff if cause is None else f"{cause}; {diff}"
     for mine, layer in zip(ours, theirs):
         if not _same_default(mine.default, layer.default):
             show = lambda d: "no default" if d is inspect.Parameter.empty else f"{d!r}"  # noqa: E731

@@ -160,6 +160,11 @@ class CachedLauncher:
 _LAUNCHERS: dict[int, CachedLauncher] = {}
 
 
+def reset() -> None:
+    """Drop every cached launcher (each is rebuilt at its kernel's next launch); for test fixtures."""
+    _LAUNCHERS.clear()
+
+
 def cached_launcher(kernel):
     """The :class:`CachedLauncher` of ``kernel`` (one per kernel), or ``kernel`` itself when it is
     not a plain ``triton.runtime.JITFunction`` (the interpreter, an autotuner)."""

@@ -197,6 +197,11 @@ _CHECKED: set[tuple] = set()
 _MAX_CHECKED = 1024
 
 
+def reset() -> None:
+    """Forget the shapes already checked (the next call of each checks again); for test fixtures."""
+    _CHECKED.clear()
+
+
 def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
     # Traced calls (Dynamo, fake or functional tensors; shapes may be symbolic) keep no global state.
     if torch.compiler.is_compiling() or type(q) is not torch.Tensor:

@@ -2,6 +2,7 @@
 models with nothing registered, opaque kernels, shape guards and verify."""
 
 import functools
+import logging
 import re
 
 import pytest
@@ -185,6 +186,69 @@ def test_verify_falls_back_to_the_original_graph_on_a_wrong_kernel():
     torch.testing.assert_close(out, model(x))
     (region,) = report.regions
     assert region.reason.kind is ReasonKind.VERIFY_FAILED
+
+
+class Gelu(torch.nn.Module):
+    def forward(self, x):
+        return F.gelu(x)
+
+
+class WrongForOddWidths(torch.nn.Module):
+    """An opaque kernel (run with real tensors) whose edge handling is wrong for odd widths only."""
+
+    can_torch_compile = False
+
+    def forward(self, x):
+        out = F.gelu(x)
+        return out + 1 if x.shape[-1] % 2 else out
+
+
+class OpaqueGelu(torch.nn.Module):
+    can_torch_compile = False
+
+    def forward(self, x):
+        return F.gelu(x)
+
+
+class WithGelu(torch.nn.Module):
+    def __init__(self, pairs=False):
+        super().__init__()
+        self.act, self.pairs = Gelu(), pairs
+
+    def forward(self, x):
+        out = self.act(x) * 2
+        return out.reshape(-1, 2).sum(-1) if self.pairs else out  # pairs: the model refuses odd sizes itself
+
+
+def test_verify_with_dynamic_shapes_checks_an_awkward_size_too():
+    register_layer_kernel(kernel_name="Gelu", layer=WrongForOddWidths, device="cpu")
+    register_external_layer(Gelu, "Gelu")
+    model = WithGelu()
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "eager", "verify": True})
+    with collect_reports() as report:
+        for width in (4, 6, 5):  # 6 recompiles with a dynamic width, which then serves 5
+            x = torch.randn(3, width)
+            torch.testing.assert_close(compiled(x), model(x))
+    dynamic = report.graphs[-1]
+    (region,) = dynamic.regions
+    assert region.reason.kind is ReasonKind.VERIFY_FAILED
+    assert re.search(r"at s\d+=7 \(example 6\)", str(region.reason)), region.reason
+
+
+def test_verify_says_when_only_the_example_shapes_were_checked(caplog):
+    register_layer_kernel(kernel_name="Gelu", layer=OpaqueGelu, device="cpu")
+    register_external_layer(Gelu, "Gelu")
+    model = WithGelu(pairs=True)
+    compiled = torch.compile(model, backend="twinkle", options={"compiler": "eager", "verify": True}, dynamic=True)
+    with collect_reports() as report:
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(x), model(x))
+    (graph,) = report.graphs
+    assert graph.regions[0].swapped
+    assert graph.verified.startswith("only the example shapes were checked: the original graph does not run at")
+    assert f"verify: {graph.verified}" in report.summary()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("only the example shapes were checked" in w for w in warnings), warnings
 
 
 class _CountingBackend:

@@ -1,6 +1,8 @@
 """``twinkle_fx.compile(model)``: the fused-loss head on the compiled module plus backend="twinkle",
 in one call (a plain torch.compile(model, backend="twinkle") reports the head as kept)."""
 
+import logging
+
 import pytest
 import torch
 
@@ -65,3 +67,49 @@ def test_one_call_keeps_inductor_code_for_measured_regions_in_training_unless_to
     twinkle_fx.compile(model, fused_loss=False, options={"mode": "train"})
     assert seen == [{"swap_policy": "measured"}, {"compiler": "aot_eager", "swap_policy": "measured"},
                     {"swap_policy": "always"}, None, None, {"mode": "train", "swap_policy": "measured"}]
+
+
+def _bound_head(device, layer=None):
+    """A root module whose own class is bound to a kernel: what the fused-loss head is to a *ForCausalLM."""
+    from twinkle_fx import register_external_layer, register_layer_kernel
+
+    from eager.kernels_for_tests import Gelu, TanhGeluKernel
+
+    register_layer_kernel(kernel_name="Head", layer=layer or TanhGeluKernel, device=device)
+    register_external_layer(Gelu, "Head")
+    return Gelu()
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"options": "aot_eager"}, TypeError, r"options must be a dict .* pass options=\{'compiler': 'aot_eager'\}"),
+    ({"options": {"compiler": "aot_eager", "verfy": True}}, ValueError, "Unknown twinkle backend option 'verfy'"),
+    ({"fused_loss": "no"}, TypeError, "twinkle_fx.compile: fused_loss must be True or False, got 'no'"),
+    ({"fullgraph": "yes"}, TypeError, "fullgraph must be True or False"),
+    ({"dynamic": "auto"}, TypeError, "dynamic must be True, False or None"),
+    ({"mode": "fastest"}, ValueError, "mode='fastest' is not a torch.compile mode"),
+])
+def test_bad_arguments_fail_before_the_head_is_installed(device, kwargs, error, message):
+    model = _bound_head(device)
+    with pytest.raises(error, match=message):
+        twinkle_fx.compile(model, device=device, **kwargs)
+    assert swapped_forward(model) is None
+
+
+def test_a_gpu_device_without_a_gpu_is_refused_as_by_kernelize_model(monkeypatch):
+    model = _bound_head("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device='cuda' but torch sees no GPU"):
+        twinkle_fx.compile(model, device="cuda")
+    assert swapped_forward(model) is None
+
+
+def test_a_bound_head_that_cannot_be_installed_is_a_warning_with_the_reason(device, caplog):
+    from eager.kernels_for_tests import WrongSignatureKernel
+
+    model = _bound_head(device, layer=WrongSignatureKernel)
+    with caplog.at_level(logging.INFO, logger="twinkle_fx"):
+        twinkle_fx.compile(model, device=device)
+    assert swapped_forward(model) is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "fused-loss head) is not installed" in warnings[0] and "Gelu on" in warnings[0]

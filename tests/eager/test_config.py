@@ -56,6 +56,25 @@ def test_config_registers_layers_bindings_and_functions(local_repo):
         (lambda c: c["functions"].__setitem__(".add", {"func_impl": fast_add}), "the key must be a function name"),
         (lambda c: c["functions"].__setitem__("mod.", {"func_impl": fast_add}), "the key must be a function name"),
         (lambda c: c["external_layers"].__setitem__("transformers.NoSuchClass", "X"), "Cannot resolve layer class"),
+        # a bad device or mode names the entry it sits in
+        (lambda c: c["layers"]["MyAwesomeMLP"][1].__setitem__("device", "gpu"),
+         r"layers\['MyAwesomeMLP'\]\[1\]: Unknown device 'gpu'"),
+        (lambda c: c["layers"]["FastGelu"].__setitem__("mode", "speedy"), r"layers\['FastGelu'\]: Unknown kernel mode"),
+        (lambda c: c["functions"]["my_pkg.math_ops.add"].__setitem__("device", "gpu"),
+         r"functions\['my_pkg.math_ops.add'\]: Unknown device 'gpu'"),
+        # an empty list registers nothing: a mistake, not a choice
+        (lambda c: c["layers"].__setitem__("K", []), r"layers\['K'\]: an empty list registers nothing"),
+        (lambda c: c["functions"].__setitem__("my_pkg.math_ops.mul", []), r"functions\['my_pkg.math_ops.mul'\]: an empty list"),
+        # entries that contradict each other are refused, naming both, instead of the last one winning
+        (lambda c: c["layers"]["MyAwesomeMLP"][1].__setitem__("device", "cuda"),
+         r"layers\['MyAwesomeMLP'\]\[0\] and layers\['MyAwesomeMLP'\]\[1\] both register 'MyAwesomeMLP' for cuda \(train\)"),
+        (lambda c: c["external_layers"].__setitem__(Qwen2MLP, "FastGelu"),
+         r"external_layers\['transformers.models.qwen2.modeling_qwen2.Qwen2MLP'\] and external_layers\[<class "
+         r"'transformers.models.qwen2.modeling_qwen2.Qwen2MLP'>\] bind Qwen2MLP to two kernel names \('MyAwesomeMLP' "
+         r"and 'FastGelu'\)"),
+        (lambda c: c["functions"].__setitem__("add", {"target_module": "my_pkg.math_ops", "func_impl": fast_add,
+                                                      "device": "cpu", "mode": "inference"}),
+         r"functions\['my_pkg.math_ops.add'\] and functions\['add'\] both register a kernel for my_pkg.math_ops.add on cpu"),
     ],
 )
 def test_bad_config_names_key_and_entry_and_registers_nothing(local_repo, mutate, message):

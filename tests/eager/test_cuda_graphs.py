@@ -206,6 +206,50 @@ def test_graphed_generate_with_a_static_cache_equals_eager_greedy():
         assert status.replays["forward"] - before == 3 * 8, status
 
 
+class SyncingBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.sum().item() == float("inf"):  # a host sync: it invalidates a capture
+            x = x + 1
+        return self.linear(x)
+
+
+class Syncing(torch.nn.Module):
+    _no_split_modules = ["SyncingBlock"]
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([SyncingBlock(), SyncingBlock()])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.gpu  # CUDA graphs
+def test_a_failed_capture_leaves_the_stream_and_the_random_generator_as_they_were(caplog):
+    model = Syncing().cuda().eval()
+    kernelize_model(model, mode="inference", device="cuda", cuda_graphs=True)
+    stream = torch.cuda.current_stream()
+    x = torch.randn(2, 8, device="cuda")
+    with torch.no_grad(), caplog.at_level(logging.WARNING):
+        for _ in range(3):  # warm-up, then the recording pass whose capture fails
+            out = model(x)
+    assert "capturing the forward of SyncingBlock raised" in caplog.text
+    torch.testing.assert_close(out, model.blocks[1].linear(model.blocks[0].linear(x)))
+    assert torch.cuda.current_stream() == stream and not torch.cuda.is_current_stream_capturing()
+    torch.manual_seed(0)
+    first = torch.rand(1000, device="cuda")
+    torch.manual_seed(0)
+    again, then = torch.rand(1000, device="cuda"), torch.rand(1000, device="cuda")
+    assert torch.equal(first, again) and not torch.equal(again, then)  # seeded, and advancing
+    undo_kernelize(model)
+
+
 @pytest.mark.gpu  # CUDA graphs
 def test_graphed_decode_declines_a_dynamic_cache_with_the_reason():
     use_builtin_kernels(devices=("cuda",), models=("qwen2",), decoder_layers=True)

@@ -67,6 +67,29 @@ def test_a_different_default_value_is_refused_eagerly_and_for_compile():
     assert signature_mismatch(Scaled.forward, Scaled.forward) is None
 
 
+def test_a_renamed_parameter_is_named_as_the_cause_of_a_signature_mismatch():
+    import transformers
+
+    class CausalLM(torch.nn.Module):
+        def forward(self, input_ids, cache=None, labels=None):
+            return input_ids
+
+    class Head(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, labels=None):
+            return input_ids
+
+    # the layer's forward as a transformers release defines it
+    CausalLM.forward.__module__ = "transformers.models.qwen2.modeling_qwen2"
+    reason = signature_mismatch(CausalLM.forward, Head.forward)
+    assert reason.startswith("parameter 'past_key_values' is named 'cache' in the layer (renamed in transformers "
+                             f"{transformers.__version__}?); forward signature (input_ids, past_key_values, labels) "
+                             "differs from the layer's (input_ids, cache, labels)"), reason
+    CausalLM.forward.__module__ = __name__
+    assert "is named 'cache' in the layer (renamed?)" in signature_mismatch(CausalLM.forward, Head.forward)
+    # a parameter added, not renamed: only the signatures
+    assert signature_mismatch(CausalLM.forward, Scaled.forward).startswith("forward signature (x, scale)")
+
+
 def test_a_kernel_with_its_own_init_is_refused_with_the_reason():
     message = _swap(StatefulKernel)
     assert "StatefulKernel defines __init__" in message

@@ -245,6 +245,48 @@ def test_env_switch_disables_all_kernels(monkeypatch, caplog):
     assert any("TWINKLE_FX_DISABLE_KERNELS" in r.getMessage() for r in caplog.records)
 
 
+def test_undo_returns_and_logs_what_it_restored(caplog):
+    import my_pkg.math_ops
+
+    from twinkle_fx import register_function_kernel
+
+    _register()
+    register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=torch.add, device="cpu")
+    model = kernelize_model(model_with_gelus(), mode="inference", device="cpu")
+    assert my_pkg.math_ops.add is torch.add
+    with caplog.at_level(logging.INFO, logger="twinkle_fx"):
+        restored = undo_kernelize(model)
+    assert restored.layers == ("1 (Gelu): FastGelu", "3 (Gelu): FastGelu")
+    assert restored.functions == ("my_pkg.math_ops.add",) and len(restored) == 3
+    assert repr(restored) == "Restored(layers=['1 (Gelu): FastGelu', '3 (Gelu): FastGelu'], functions=['my_pkg.math_ops.add'])"
+    assert ("undo_kernelize(Sequential): restored 2 layer forward(s): 1 (Gelu): FastGelu, 3 (Gelu): FastGelu; "
+            "1 function(s): my_pkg.math_ops.add") in caplog.messages
+    assert str(undo_kernelize(model)) == "restored nothing (no kernel was installed)"
+
+
+def test_env_switch_removes_the_kernel_an_earlier_call_installed(monkeypatch):
+    # an inference-only kernel must not survive into training once kernels are switched off
+    _register(layer=NoBackwardKernel, mode="inference")
+    model = model_with_gelus()
+    kernelize_model(model, mode="inference")
+    assert uses_tanh(model[1]) and uses_tanh(model[3])
+    monkeypatch.setenv("TWINKLE_FX_DISABLE_KERNELS", "1")
+    kernelize_model(model.train(), mode="train")
+    assert "forward" not in model[1].__dict__ and "forward" not in model[3].__dict__
+    x = torch.randn(3, 8)
+    model(x).sum().backward()
+    assert not uses_tanh(model[1])
+
+
+def test_env_switch_inside_kernelized_puts_the_earlier_kernel_back(monkeypatch):
+    _register(mode="inference")
+    model = kernelize_model(model_with_gelus(), mode="inference")
+    monkeypatch.setenv("TWINKLE_FX_DISABLE_KERNELS", "1")
+    with kernelized(model, mode="train"):
+        assert not uses_tanh(model[1])
+    assert uses_tanh(model[1])
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"mode": "fast"}, "Unknown kernel mode"),
     ({"mode": "inference", "device": "gpu"}, "Unknown device"),

@@ -1,11 +1,11 @@
-"""What a user sees at the default log level (WARNING), at INFO and in ``explain`` (issues 11, 17, 18)."""
+"""What a user sees at the default log level (WARNING), at INFO and in ``explain``."""
 
 import logging
 
 import pytest
 import torch
 
-from twinkle_fx import kernelize_model, register_external_layer, register_layer_kernel
+from twinkle_fx import kernelize_model, register_external_layer, register_function_kernel, register_layer_kernel
 
 from .kernels_for_tests import Gelu, NoBackwardKernel, TanhGeluKernel, model_with_gelus
 
@@ -49,8 +49,32 @@ def test_one_warning_when_every_candidate_falls_back(caplog):
     with caplog.at_level(logging.WARNING):
         kernelize_model(model_with_gelus(), mode="train")
     [warning] = _warnings(caplog)
-    assert "swapped 0 of 2 candidate module(s)" in warning and "2 Gelu:" in warning
+    assert "swapped 0 of 2 candidate module(s) and kept 2: 2 Gelu (" in warning
     assert "has_backward=False" in warning
+
+
+class Relu(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def test_the_warning_adds_up_swapped_and_kept_modules_and_functions(caplog):
+    register_layer_kernel(kernel_name="FastGelu", layer=TanhGeluKernel, device="cpu")
+    register_external_layer(Gelu, "FastGelu")
+    register_layer_kernel(kernel_name="FastRelu", layer=NoBackwardKernel, device="cpu")
+    register_external_layer(Relu, "FastRelu")
+    for name in ("add", "mul"):
+        register_function_kernel(func_name=name, target_module="my_pkg.math_ops", func_impl=getattr(torch, name),
+                                 device="cpu", mode="inference")
+    model = torch.nn.Sequential(Gelu(), Relu(), Gelu())
+    with caplog.at_level(logging.WARNING):
+        kernelize_model(model, mode="train", device="cpu")
+    [warning] = _warnings(caplog)
+    assert warning.startswith("kernelize_model(Sequential, train, cpu) swapped 2 of 3 candidate module(s) and kept "
+                              "1: 1 Relu (FastRelu [cpu, any] from impl NoBackwardKernel: inference-only kernel"), warning
+    # both functions kept for one cause: named together, once
+    assert ("; patched 0 of 2 function(s) and kept 2: my_pkg.math_ops.add, my_pkg.math_ops.mul (no registration "
+            "serves mode 'train'") in warning, warning
 
 
 def test_a_repo_path_typo_is_visible_at_warning(caplog, tmp_path):

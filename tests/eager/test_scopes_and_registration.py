@@ -1,4 +1,5 @@
-"""``scoped_registry`` reaches threads started inside it, and registering is pure data (issue 12, 4b)."""
+"""``scoped_registry`` is per thread, reaches threads started inside it (and no others), and
+registering is pure data."""
 
 import sys
 import threading
@@ -58,6 +59,104 @@ def test_a_thread_with_its_own_scope_keeps_it():
     with scoped_registry():
         _in_thread(worker)
     assert seen == [True]
+
+
+def _thread(fn):
+    """A started thread running ``fn``; ``join_checked`` re-raises what it raised."""
+    errors = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised by join_checked
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def join_checked():
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+        if errors:
+            raise errors[0]
+
+    return join_checked
+
+
+def test_a_worker_threads_own_scope_does_not_take_over_other_threads():
+    # the "main" role runs in a thread with no scope of its own, which used to see whichever
+    # scope was innermost in the process
+    model = model_with_gelus()
+    worker_in_scope, main_done = threading.Event(), threading.Event()
+
+    def worker():
+        with scoped_registry(inherit=False):
+            worker_in_scope.set()
+            assert main_done.wait(60)
+
+    def main():
+        assert worker_in_scope.wait(60)
+        try:
+            register_layer_kernel(kernel_name="FastGelu", layer=TanhGeluKernel, device="cpu")
+            register_external_layer(Gelu, "FastGelu")
+            kernelize_model(model, mode="inference", device="cpu", use_fallback=False)
+        finally:
+            main_done.set()
+
+    with scoped_registry() as scope:
+        join_worker, join_main = _thread(worker), _thread(main)
+        join_main()
+        join_worker()
+    assert uses_tanh(model[1])
+    assert "FastGelu" in scope.layer_kernel_names()
+
+
+def test_threads_keep_the_scope_they_were_started_in_not_one_opened_later_elsewhere():
+    started, other_opened = threading.Event(), threading.Event()
+    release_other = threading.Event()
+    seen = []
+
+    def child():
+        started.set()
+        assert other_opened.wait(60)
+        seen.append(get_registry())
+        _thread(lambda: seen.append(get_registry()))()  # and so does a thread it starts
+
+    def other():
+        with scoped_registry(inherit=False) as b:
+            seen.append(b)
+            other_opened.set()
+            assert release_other.wait(60)
+
+    with scoped_registry() as a:
+        register_layer_kernel(kernel_name="FastGelu", layer=TanhGeluKernel, device="cpu")
+        join_child = _thread(child)
+        assert started.wait(60)
+        join_other = _thread(other)
+        try:
+            join_child()
+        finally:
+            release_other.set()
+        join_other()
+    b, child_saw, grandchild_saw = seen
+    assert child_saw is a and grandchild_saw is a and a is not b
+    assert "FastGelu" in child_saw.layer_kernel_names()
+
+
+def test_a_scope_opened_after_a_thread_started_does_not_reach_it():
+    go = threading.Event()
+    seen = []
+
+    def child():
+        assert go.wait(60)
+        seen.append(get_registry())
+
+    outer = get_registry()
+    join = _thread(child)
+    with scoped_registry() as later:
+        go.set()
+        join()
+    assert seen == [outer] and seen[0] is not later
 
 
 def test_registering_a_function_kernel_imports_and_runs_nothing(tmp_path, monkeypatch):

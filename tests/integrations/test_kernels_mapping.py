@@ -4,6 +4,7 @@ named in the compile report."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import kernels
@@ -86,13 +87,17 @@ def test_disable_kernel_mapping_is_honoured(model, monkeypatch):
     assert not any(swapped_forward(m) for m in _norms(model))
 
 
-def test_the_twinkle_backend_uses_the_active_kernels_mapping(model):
+def test_the_twinkle_backend_uses_the_active_kernels_mapping(model, caplog):
     ids = torch.randint(0, 128, (2, 8), device=DEVICE)
-    with kernels.use_kernel_mapping(_rms_norm_mapping()), torch.no_grad():
+    with kernels.use_kernel_mapping(_rms_norm_mapping()), torch.no_grad(), caplog.at_level(logging.WARNING):
         report = twinkle_fx.explain(model, ids)
     swapped = [r for r in report.swapped if r.target == "Qwen2RMSNorm -> RMSNorm"]
     assert len(swapped) == 5
     assert "from kernels mapping: LocalLayerRepository" in swapped[0].kernel
+    # the report agrees with itself: the mapping counts as registered kernels, and the class it
+    # swapped is not listed among those without a kernel
+    assert not [m for m in caplog.messages if "found no registered kernels" in m]
+    assert not [note for note in report.notes if "Qwen2RMSNorm" in note], report.notes
 
 
 def test_the_compile_report_names_layers_kernels_kernelize_replaced(model):

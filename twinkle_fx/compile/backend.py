@@ -35,6 +35,8 @@ import torch
 import torch.fx as fx
 from torch._dynamo.exc import ShortenTraceback
 
+from ..caches import owns_cache
+from ..kernels_mapping import active_kernels_mapping
 from ..modes import Mode, format_mode
 from ..registry import KernelRegistry, get_registry
 from ..settings import DISABLE_ENV, kernels_disabled
@@ -106,7 +108,16 @@ def twinkle_backend(
     gm.recompile()
     if opts.verify and reference is not None and gm.code != report.code_before:
         mismatch = verification.compare(reference, gm, state.example_inputs)
+        if mismatch is None:
+            report.verified = "the example shapes"
+            mismatch, checked = verification.compare_at_other_sizes(reference, gm, state.example_inputs)
+            if checked is not None:
+                report.verified = checked
+                if checked.startswith("only the example shapes"):
+                    logger.warning("verify=True on a graph with dynamic shapes: %s; sizes beyond them run the "
+                                   "kernels unchecked", checked)
         if mismatch is not None and mismatch.startswith("not checked"):
+            report.verified = mismatch
             logger.warning("verify=True but the rewrite was %s", mismatch)
         elif mismatch is not None:
             logger.warning("verify failed (%s); compiling the original graph", mismatch)
@@ -227,8 +238,8 @@ def _parse(options: dict[str, Any] | None) -> BackendOptions:
 
 def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
     """One WARNING per registry state when backend='twinkle' runs with nothing registered at all."""
-    if registry.layer_kernel_names() or registry.function_targets() or registry.bindings():
-        return
+    if registry.layer_kernel_names() or registry.function_targets() or registry.bindings() or active_kernels_mapping():
+        return  # the kernels package's mapping (use_kernel_mapping) serves layers too
     if _WARNED_EMPTY.get(registry) == registry.generation:
         return
     _WARNED_EMPTY[registry] = registry.generation
@@ -238,6 +249,7 @@ def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
 
 # registry -> generation already warned about (weak: a scoped registry that is gone takes its entry)
 _WARNED_EMPTY: weakref.WeakKeyDictionary[KernelRegistry, int] = weakref.WeakKeyDictionary()
+owns_cache(__name__, _WARNED_EMPTY.clear)
 
 
 def _device(example_inputs: list[Any]) -> str:

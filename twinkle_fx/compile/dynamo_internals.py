@@ -32,6 +32,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..caches import owns_cache
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -269,6 +271,18 @@ def graph_break(gm: fx.GraphModule, counted: list[str] | None = None) -> GraphBr
 
 
 _COUNTED_BREAKS: dict[str, int] = {}
+
+
+def _forget_counted_breaks() -> None:
+    """Take Dynamo's graph-break counters as they are now as seen: a reset must not make every
+    break counted before it look new to the next compile."""
+    global _COUNTED_BREAKS
+    from torch._dynamo.utils import counters
+
+    _COUNTED_BREAKS = dict(counters.get("graph_break", {}))
+
+
+owns_cache(__name__, _forget_counted_breaks)
 
 
 def graph_breaks_counted() -> list[str]:

@@ -11,55 +11,95 @@ with ``backend="twinkle"``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ..devices import infer_device, parse_device
+from ..devices import check_device_available, check_model_device, infer_device, parse_device
+from ..errors import check_flag
 from ..eager.layers import LayerSwap, install_forward, swapped_forward
 from ..modes import format_mode, parse_mode
 from ..registry import get_registry
 from ..selection import select_layer_kernel, signature_mismatch
 from ..settings import kernels_disabled
+from .options import COMPILERS, parse_options
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["compile_model"]
 
 
-def _install_root_kernel(model: torch.nn.Module, device: str, training: bool) -> str | None:
-    """Swap the kernel bound to ``type(model)`` into ``model`` itself; returns why not, or None."""
+def _install_root_kernel(model: torch.nn.Module, device: str, training: bool) -> tuple[str, bool] | None:
+    """Swap the kernel bound to ``type(model)`` into ``model`` itself; returns (why not, whether a
+    kernel was bound at all), or None when it was installed."""
     mode = parse_mode("train+compile" if training else "compile")
     selection = select_layer_kernel(get_registry(), type(model), device, mode)
     if selection is None:
-        return f"no kernel is bound to {type(model).__qualname__}"
+        return f"no kernel is bound to {type(model).__qualname__}", False
     reason = selection.reason
     if selection.choice is not None:
         reason = signature_mismatch(type(model).forward, selection.choice.call)
     if reason is not None:
-        return f"{type(model).__qualname__} on {device} ({format_mode(mode)}): {reason}"
+        return f"{type(model).__qualname__} on {device} ({format_mode(mode)}): {reason}", True
     install_forward(LayerSwap("", model, selection.choice))
     return None
 
 
-def prepare_compile(caller: str, model: Any, root: torch.nn.Module, *, mode: str | None,
-                    options: dict[str, Any] | None, fused_loss: bool, device: str | None) -> dict[str, Any] | None:
-    """What :func:`compile_model` and :func:`~twinkle_fx.compile.regional.compile_layers` do before
-    compiling: check the arguments, install the fused-loss head on ``root`` (unless kernelized
-    already) and return the backend options, with ``swap_policy="measured"`` by default in training."""
+def _check_arguments(caller: str, model: Any, root: torch.nn.Module, *, mode: str | None, options: Any,
+                     fused_loss: Any, device: Any, fullgraph: Any, dynamic: Any) -> str | None:
+    """Every argument of :func:`compile_model` checked before the model changes; returns the device
+    type asked for (None: the model's)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{caller}: model is a {type(model).__name__}; pass an nn.Module.")
+    check_flag(f"{caller}: fused_loss", fused_loss)
+    check_flag(f"{caller}: fullgraph", fullgraph)
+    if dynamic is not None and not isinstance(dynamic, bool):
+        raise TypeError(f"{caller}: dynamic must be True, False or None (as for torch.compile), got {dynamic!r}.")
     if mode is not None and options is not None:
         raise ValueError(f"{caller}: pass either mode= (torch.compile's, e.g. 'reduce-overhead') or "
                          "options= (the twinkle backend's), not both, as torch.compile requires.")
+    if mode is not None:
+        modes = list(torch._inductor.list_mode_options())
+        if mode not in modes:
+            raise ValueError(f"{caller}: mode={mode!r} is not a torch.compile mode; valid modes: {', '.join(modes)} "
+                             "(the twinkle backend's own mode, 'train' or 'inference', goes in options={'mode': ...}).")
+    if options is not None and not isinstance(options, Mapping):
+        hint = f"; for the inner compiler pass options={{'compiler': {options!r}}}" if options in COMPILERS else ""
+        raise TypeError(f"{caller}: options must be a dict of the twinkle backend's options, got "
+                        f"{type(options).__name__} {options!r:.60}{hint}.")
+    parse_options(options)  # a misspelt option fails here, not at the first call after the head went in
+    if device is None:
+        return None
+    target = parse_device(device)
+    check_model_device(root, target)
+    check_device_available(target)
+    return target
+
+
+def prepare_compile(caller: str, model: Any, root: torch.nn.Module, *, mode: str | None,
+                    options: dict[str, Any] | None, fused_loss: bool, device: str | None,
+                    fullgraph: bool = False, dynamic: bool | None = None) -> dict[str, Any] | None:
+    """What :func:`compile_model` and :func:`~twinkle_fx.compile.regional.compile_layers` do before
+    compiling: check every argument, then install the fused-loss head on ``root`` (unless kernelized
+    already) and return the backend options, with ``swap_policy="measured"`` by default in training.
+
+    A head that is bound to the model's class but cannot be installed is a WARNING with the reason:
+    the model then builds the full logits, and the memory the fused loss saves is gone."""
+    target = _check_arguments(caller, model, root, mode=mode, options=options, fused_loss=fused_loss, device=device,
+                              fullgraph=fullgraph, dynamic=dynamic)
     training = root.training if options is None or "mode" not in options else "train" in str(options["mode"])
     if training and mode is None and (options is None or "swap_policy" not in options):
         options = {**(options or {}), "swap_policy": "measured"}  # see compile_model's docstring: fewer launches
     if fused_loss and not kernels_disabled() and swapped_forward(root) is None:
-        target = parse_device(device) if device is not None else infer_device(root)
-        why_not = _install_root_kernel(root, target, training)
+        why_not = _install_root_kernel(root, target or infer_device(root), training)
         if why_not is not None:
-            logger.info("%s: kept the forward of the root module: %s", caller, why_not)
+            reason, bound = why_not
+            # nothing bound (a model with no fused-loss kernel registered) is no loss; a bound head
+            # that does not fit is one, and a silent one unless said at WARNING
+            logger.log(logging.WARNING if bound else logging.INFO,
+                       "%s: the kernel bound to the model's own class (the fused-loss head) is not installed, so "
+                       "the model computes its full logits: %s", caller, reason)
     return options
 
 
@@ -107,8 +147,15 @@ def compile_model(
         The compiled module (``torch.compile``'s ``OptimizedModule``); ``model`` itself carries the
         head's forward until :func:`twinkle_fx.undo_kernelize` ``(model)``.
 
+    Every argument is checked before the model changes: a bad one leaves the model as it was. When a
+    fused-loss head is bound to the model's class but cannot be installed (a signature that does not
+    match, no kernel for the device or mode), a WARNING says why.
+
     Raises:
-        ValueError: ``mode`` together with ``options`` (as torch.compile), or an unknown device.
+        TypeError: ``model`` is no nn.Module, ``options`` is no dict, or a flag is not a bool.
+        ValueError: ``mode`` together with ``options`` (as torch.compile), an unknown ``mode``, an unknown
+            or misspelt backend option, an unknown device, a device the weights are not on, or a GPU
+            device without a GPU.
 
     Example:
         ```python
@@ -123,5 +170,5 @@ def compile_model(
     # DistributedDataParallel(model): the head is the wrapped model's (DDP's forward calls it)
     root = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     options = prepare_compile("twinkle_fx.compile", model, root, mode=mode, options=options, fused_loss=fused_loss,
-                              device=device)
+                              device=device, fullgraph=fullgraph, dynamic=dynamic)
     return torch.compile(model, backend="twinkle", mode=mode, options=options, fullgraph=fullgraph, dynamic=dynamic)

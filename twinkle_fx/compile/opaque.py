@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..caches import owns_cache
 from .dynamo_internals import example_value
 from .kernel_call import KernelCall
 from .reasons import KeepRegion, ReasonKind
@@ -32,6 +33,16 @@ _COUNTER = itertools.count()
 _LOCK = threading.Lock()
 # (kernel call key, region code, training) -> the op; a key naming a module instance holds it weakly
 _OPS: dict[tuple, tuple[Any, "OpaqueCall"]] = {}
+
+
+def _forget_ops() -> None:
+    """Forget which region has which op (the ops stay registered with torch.library, where graphs
+    compiled earlier still call them; a region compiled later gets a new one)."""
+    with _LOCK:
+        _OPS.clear()
+
+
+owns_cache(__name__, _forget_ops)
 
 
 def registered_opaque_ops() -> int:

@@ -25,7 +25,9 @@ class BackendOptions:
             Default: training when grad is enabled and a graph input (a parameter) requires grad,
             else inference.
         verify (`bool`, defaults to `False`): run the graph before and after the rewrite on the
-            example inputs at compile time; on a mismatch keep the original graph and report it.
+            example inputs at compile time, and a graph with dynamic shapes also at an odd size of
+            each dynamic dimension (or a WARNING says only the example shapes were checked); on a
+            mismatch keep the original graph and report it. See :mod:`.verify`.
         report (`bool`, defaults to `False`): log each graph's report at INFO level.
         inductor (`dict`, *optional*): ``torch._inductor.config`` patches for the inner Inductor
             ("max_autotune", "freezing", ...); see :mod:`.inductor_options`.

@@ -128,9 +128,11 @@ def compile_layers(
         loss = model(input_ids=ids, labels=ids).loss
         ```
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"compile_layers: model is a {type(model).__name__}; pass an nn.Module.")
+    chosen = repeated_layers(model) if layers is None else list(layers)  # before the model changes
     options = prepare_compile("compile_layers", model, model, mode=mode, options=options, fused_loss=fused_loss,
-                              device=device)
-    chosen = repeated_layers(model) if layers is None else list(layers)
+                              device=device, fullgraph=fullgraph, dynamic=dynamic)
     for layer in chosen:
         layer.compile(backend="twinkle", mode=mode, options=options, fullgraph=fullgraph, dynamic=dynamic)
         layer._compiled_call_impl = _WholeUnderDDP(layer._compiled_call_impl)  # what nn.Module.compile set

@@ -69,6 +69,7 @@ class GraphReport:
     pass_ms: dict[str, float] = field(default_factory=dict)
     code_before: str = ""
     code_after: str = ""
+    verified: str | None = None  # with verify=True: the shapes the rewrite was checked at (or why not)
 
     @property
     def total_ms(self) -> float:
@@ -88,6 +89,9 @@ class GraphReport:
         lines = [head]
         if self.graph_break:
             lines.append(f"  ends at a graph break: {self.graph_break}")
+        if self.verified:
+            lines.append(f"  verify checked {self.verified}" if not self.verified.startswith(("only", "not"))
+                         else f"  verify: {self.verified}")
         lines.extend(f"  {line}" for line in _grouped(self.regions))
         if not self.regions:
             lines.append("  no registered layer or function found")

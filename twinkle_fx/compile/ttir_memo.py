@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from ..caches import owns_cache
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["memoized_ttir", "ttir_key", "MAX_ENTRIES", "stats"]
@@ -45,6 +47,15 @@ _active = 0  # nesting depth of memoized_ttir blocks (the backward compiles insi
 _original: Callable[..., Any] | None = None
 _memo: OrderedDict[tuple, Any] = OrderedDict()
 _counts = {"hits": 0, "misses": 0, "bypassed": 0}
+
+
+def _reset() -> None:
+    with _lock:
+        _memo.clear()
+        _counts.update(hits=0, misses=0, bypassed=0)
+
+
+owns_cache(__name__, _reset)
 
 
 def stats() -> dict[str, int]:

@@ -1,12 +1,13 @@
 """The eager path: per-instance forward replacement, function patching, and their undo."""
 
 from .function_patches import PatchedFunctions, apply_function_kernel, restore_functions
-from .kernelize import kernelize_model, kernelized, undo_kernelize, verification_report
+from .kernelize import Restored, kernelize_model, kernelized, undo_kernelize, verification_report
 from .layers import KernelForward, restore_layers
 
 __all__ = [
     "KernelForward",
     "PatchedFunctions",
+    "Restored",
     "apply_function_kernel",
     "kernelize_model",
     "kernelized",

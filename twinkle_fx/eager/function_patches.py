@@ -147,13 +147,30 @@ def _revert(changes: list[_Change]) -> int:
     return reverted
 
 
+def unpatch_all() -> list[_Change]:
+    """Put back the original of every function twinkle_fx patched (and still holds); returns the
+    changes, so a scoped caller can patch them again."""
+    changes = []
+    with _LEDGER_LOCK:
+        for target, patch in list(_LEDGER.items()):
+            if getattr(patch.module, patch.func_name, None) is patch.replacement:
+                _set(target, None, patch)
+                changes.append(_Change(target, patch, None))
+    return changes
+
+
 def restore_functions(targets: list[str] | None = None) -> int:
-    """Restore the original of each patched target (all when ``targets`` is None).
+    """Restore the original of each patched target (all when ``targets`` is None); returns how many.
 
     A function that something else replaced after twinkle_fx patched it is left as it is (a
     WARNING names it); twinkle_fx forgets its patch.
     """
-    restored = 0
+    return len(restore_function_targets(targets))
+
+
+def restore_function_targets(targets: list[str] | None = None) -> list[str]:
+    """:func:`restore_functions`, returning the ``"module.func"`` targets put back."""
+    restored = []
     with _LEDGER_LOCK:
         for target in list(_LEDGER) if targets is None else targets:
             patch = _LEDGER.pop(target, None)
@@ -166,7 +183,7 @@ def restore_functions(targets: list[str] | None = None) -> int:
                 continue
             setattr(patch.module, patch.func_name, patch.original)
             logger.info("restored %s", target)
-            restored += 1
+            restored.append(target)
     return restored
 
 

@@ -36,7 +36,8 @@ else runs the block's ordinary forward, which is always correct, with the reason
 - the CPU, ``torch.compile`` tracing, another CUDA-graph capture in progress, autocast, gradient
   checkpointing, hooks on a block's submodules (a graph would not call them), dropout with p > 0
   while training, arguments that are not tensors, plain values or a static KV cache (below);
-- a capture that fails (the error is logged; the signature is not tried again).
+- a capture that fails (the error is logged; the signature is not tried again; the ambient stream
+  and the CUDA random generator are left as they were before it, see :func:`_capture`).
 
 Decoding with a KV cache: a transformers ``StaticCache`` (full-attention layers) is accepted as an
 argument, by identity: the cache object is part of the signature, and its ``StaticLayer`` tensors
@@ -70,11 +71,12 @@ steps would see the buffer change.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -638,7 +640,7 @@ class GraphSet:
         # H100, torch 2.11). Made inside, they belong to the capture stream (the engine warns once
         # about the stream mismatch when an eager backward reaches them; the sync it adds is correct).
         graph = torch.cuda.CUDAGraph()
-        with torch.set_grad_enabled(step.training), torch.cuda.graph(graph, pool=self.pool):
+        with torch.set_grad_enabled(step.training), _capture(graph, self.pool):
             out = step.fn(step.module, *args, **kwargs)
         step.fwd = graph
         outs: list[torch.Tensor] = []
@@ -669,7 +671,7 @@ class GraphSet:
         grad_outs = [g for g in static_grad_out if g is not None]
         targets = [c for c, rg in zip(step.capture_in, step.grad_mask) if rg] + step.grad_params
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with _capture(graph, self.pool):
             grads_in = torch.autograd.grad(outs, targets, grad_outputs=grad_outs, allow_unused=True)
         step.static_grad_out = static_grad_out
         step.static_grads = tuple(None if g is None else g.detach() for g in grads_in)
@@ -679,6 +681,32 @@ class GraphSet:
             if g is not None:
                 seq.statics[_data_ptr(g)] = g
         step.capture_in, step.capture_out = [], []  # frees the captured autograd graph (its memory to the pool)
+
+
+@contextlib.contextmanager
+def _capture(graph: torch.cuda.CUDAGraph, pool: Any) -> Iterator[None]:
+    """``torch.cuda.graph(graph, pool=pool)`` that leaves the process as it was when the capture fails.
+
+    torch's ``graph.__exit__`` ends the capture first; when that raises (a capture the block
+    invalidated, say by a host sync) it neither restores the ambient stream nor runs the epilogue of
+    the CUDA generator's capture, and the default generator stays in capture mode: every later eager
+    random op (dropout, ``torch.rand``) then draws from the graph's offsets. On a failure the ambient
+    stream is restored and the generator gets back a copy of its state from before the capture (the
+    failed graph is never replayed, so the offsets it reserved are not needed).
+    """
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    # graph-safe generator states (torch >= 2.5): a copy taken outside any capture
+    saved = generator.clone_state() if hasattr(generator, "clone_state") else None
+    capture = torch.cuda.graph(graph, pool=pool)
+    try:
+        with capture:
+            yield
+    except BaseException:
+        if torch.cuda.current_stream() == capture.capture_stream:  # capture_end raised before the stream's exit
+            capture.stream_ctx.__exit__(None, None, None)
+        if saved is not None:
+            generator.graphsafe_set_state(saved)
+        raise
 
 
 def _copy_inputs(p: _Pass, step: _Step, tensors: list[torch.Tensor]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..caches import owns_cache
 from ..devices import check_device_available, check_model_device, infer_device, parse_device
 from ..errors import KernelSelectionError, check_flag
 from ..modes import Mode, format_mode, parse_mode
@@ -20,7 +21,7 @@ from ..selection import Selection, does_not_apply, is_layer_target, select_layer
 from ..settings import DISABLE_ENV, kernels_disabled
 from .function_patches import _apply, _revert, function_verifications
 from .function_patches import _Change as FunctionChange
-from .function_patches import restore_functions
+from .function_patches import restore_function_targets, unpatch_all
 from .graphs import GraphSet, block_modules
 from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, install_graphs,
                      revert_changes, swapped_forward, uninstall_forward)
@@ -28,7 +29,7 @@ from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernelize_model", "undo_kernelize", "kernelized", "verification_report", "coverage_notes"]
+__all__ = ["kernelize_model", "undo_kernelize", "Restored", "kernelized", "verification_report", "coverage_notes"]
 
 
 def _check_model(model: Any, function: str) -> None:
@@ -65,6 +66,14 @@ _LAYER_SUFFIXES = ("Norm", "MLP", "Attention", "ForCausalLM", "Experts", "Sparse
 _REPORTED_UNCOVERED: set[tuple[str, tuple[str, ...]]] = set()
 # registry -> layer kernel names already warned about (weak: a scope that ends takes its names along)
 _WARNED_UNBOUND: "weakref.WeakKeyDictionary[KernelRegistry, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def _reset() -> None:
+    _REPORTED_UNCOVERED.clear()
+    _WARNED_UNBOUND.clear()
+
+
+owns_cache(__name__, _reset)
 
 
 def _looks_like_layer(cls: type) -> bool:
@@ -153,6 +162,9 @@ def coverage_notes(model: torch.nn.Module) -> list[str]:
         ["layer kernel 'linear' is registered but no class is bound to it: bind the class it replaces, e.g. register_external_layer(nn.Linear, 'linear')"]
     """
     registry = get_registry()
+    # the kernels package's mapping serves a device: without the model's, its layers would be
+    # listed as having no kernel although the mapping swaps them
+    device = next((t.device.type for t in (*model.parameters(), *model.buffers())), None)
     classes = {type(m) for m in model.modules()}
     bound = set(registry.bindings().values()) | {
         name for cls in classes if isinstance(name := getattr(cls, "kernel_layer_name", None), str)}
@@ -160,14 +172,42 @@ def coverage_notes(model: torch.nn.Module) -> list[str]:
              f"register_external_layer(nn.Linear, {name!r})"
              for name in sorted(set(registry.layer_kernel_names()) - bound)]
     uncovered = sorted(cls.__name__ for cls in classes
-                       if _looks_like_layer(cls) and not is_layer_target(registry, cls))
+                       if _looks_like_layer(cls) and not is_layer_target(registry, cls, device=device))
     if uncovered:
         notes.append(f"layer classes of {type(model).__name__} without a kernel: {', '.join(uncovered)}")
     return notes
 
 
+def kept_summary(candidates: int, fallbacks: dict[tuple[type, str], list[str]], functions_patched: int = 0,
+                 functions_kept: list[tuple[str, str]] = ()) -> str:
+    """The sentence that adds up: N swapped + M kept = candidates, each kept group with its count
+    and reason; the same for functions (grouped by reason: the rotary kernel's many copies read as one).
+
+    Example:
+        >>> print(kept_summary(3, {(nn.GELU, "no kernel for device 'cpu'"): ["1", "3"]}, 1, [("m.f", "m.f [cpu, any] from impl g: broken")]))
+        swapped 1 of 3 candidate module(s) and kept 2: 2 GELU (no kernel for device 'cpu'); patched 1 of 2 function(s) and kept 1: m.f ([cpu, any] from impl g: broken)
+    """
+    kept = sum(len(paths) for paths in fallbacks.values())
+    text = f"swapped {candidates - kept} of {candidates} candidate module(s)"
+    if kept:
+        text += f" and kept {kept}: " + "; ".join(f"{len(paths)} {cls.__qualname__} ({reason})"
+                                                 for (cls, reason), paths in fallbacks.items())
+    if functions_kept:
+        text += "; " + _functions_kept(functions_patched, functions_kept)
+    return text
+
+
+def _functions_kept(patched: int, kept: list[tuple[str, str]]) -> str:
+    groups: dict[str, list[str]] = {}
+    for target, reason in kept:
+        # a reason names its registration, which starts with the target: group on the rest
+        groups.setdefault(reason[len(target):].lstrip() if reason.startswith(target) else reason, []).append(target)
+    return (f"patched {patched} of {patched + len(kept)} function(s) and kept {len(kept)}: "
+            + "; ".join(f"{_listed(tuple(targets), 3)} ({reason})" for reason, targets in groups.items()))
+
+
 def _report(model: torch.nn.Module, plan: _Plan, installed: list[LayerSwap], device: str, mode: Mode,
-            registry: KernelRegistry, functions_kept: list[tuple[str, str]]) -> None:
+            registry: KernelRegistry, functions_kept: list[tuple[str, str]], functions_patched: int) -> None:
     """INFO per class, DEBUG per module (in install_forward), and one WARNING when nothing of N
     candidates was swapped or some fell back."""
     model_name = type(model).__qualname__
@@ -196,12 +236,9 @@ def _report(model: torch.nn.Module, plan: _Plan, installed: list[LayerSwap], dev
             _REPORTED_UNCOVERED.add(key)
             logger.info("layer classes of %s without a kernel: %s", model_name, ", ".join(plan.uncovered))
 
-    kept_count = sum(len(paths) for paths in plan.fallbacks.values())
     if plan.fallbacks or functions_kept:
-        kept = [f"kept {len(paths)} {cls.__qualname__}: {reason}" for (cls, reason), paths in plan.fallbacks.items()]
-        kept += [f"kept {target}: {reason}" for target, reason in functions_kept]
-        logger.warning("kernelize_model(%s, %s, %s) swapped %d of %d candidate module(s); %s", model_name,
-                       format_mode(mode), device, plan.candidates - kept_count, plan.candidates, "; ".join(kept))
+        logger.warning("kernelize_model(%s, %s, %s) %s", model_name, format_mode(mode), device,
+                       kept_summary(plan.candidates, plan.fallbacks, functions_patched, functions_kept))
     elif plan.candidates == 0 and registry.layer_kernel_names():
         no_kernel = f"; its layer classes without a kernel: {', '.join(plan.uncovered)}" if plan.uncovered else ""
         logger.warning("kernelize_model(%s, %s, %s) swapped nothing: no module of it is bound to a registered "
@@ -263,14 +300,15 @@ def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallb
         removed = f"; removed the kernel an earlier call installed on {len(plan.stale)} module(s)" if plan.stale else ""
         raise KernelSelectionError(f"{plan.errors[0]} (use_fallback=False; nothing was swapped{removed})")
     functions_kept: list[tuple[str, str]] = []
+    functions_patched = 0
     if registry.function_targets():
         # functions next, still before any layer is touched: a function error leaves nothing half-applied
         patched = _apply(None, device, mode, use_fallback, False, verify)
-        changes.functions, functions_kept = patched._changes, patched._kept
+        changes.functions, functions_kept, functions_patched = patched._changes, patched._kept, len(patched)
     if plan is None:
         if functions_kept:
-            logger.warning("kernelize_model(None, %s, %s): %s", format_mode(mode), device,
-                           "; ".join(f"kept {target}: {reason}" for target, reason in functions_kept))
+            logger.warning("kernelize_model(None, %s, %s) %s", format_mode(mode), device,
+                           _functions_kept(functions_patched, functions_kept))
         return changes
     for _, module, _ in plan.stale:
         change = uninstall_forward(module)
@@ -286,7 +324,7 @@ def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallb
         if change is not None:
             changes.layers.append(change)
         installed.append(swap)
-    _report(model, plan, installed, device, mode, registry, functions_kept)
+    _report(model, plan, installed, device, mode, registry, functions_kept, functions_patched)
     if cuda_graphs:
         _install_graphs(model, device, changes)
     return changes
@@ -309,7 +347,8 @@ def kernelize_model(
     Kernelizing twice is a no-op; kernelizing again in another mode or after the registrations
     changed leaves exactly what this call selects (a kernel an earlier call installed that does not
     serve this one is removed, as ``kernels.kernelize`` does); :func:`undo_kernelize` restores
-    everything.
+    everything. With ``TWINKLE_FX_DISABLE_KERNELS=1`` a call selects no kernel, so it removes the
+    ones earlier calls installed (and restores patched functions).
 
     A WARNING says when the call swapped nothing of its candidates or kept some originals (with the
     reasons), and once when a registered layer kernel has no class bound to it; INFO lines sum up
@@ -362,6 +401,7 @@ def kernelize_model(
         >>> model(torch.tensor([1.0]))   # the tanh approximation: erf GELU(1) is 0.8413
         tensor([0.8412])
         >>> undo_kernelize(model)
+        Restored(layers=['0 (GELU): FastGelu'], functions=[])
         >>> model(torch.tensor([1.0]))
         tensor([0.8413])
     """
@@ -372,11 +412,25 @@ def kernelize_model(
     _check_graphs_option(model, wanted, verify, cuda_graphs, "kernelize_model")
     device_type = _resolve_device(model, device)
     if kernels_disabled():
-        logger.info("%s is set: kernelize_model leaves the model unchanged", DISABLE_ENV)
+        _remove_kernels(model, "kernelize_model")
         return model
 
     _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
     return model
+
+
+def _remove_kernels(model: torch.nn.Module | None, function: str) -> _Changes:
+    """With kernels disabled a call selects no kernel, so (as for any kernel that does not serve a
+    call) the ones earlier calls installed go: an inference-only kernel left in place would break
+    the training that follows. Returns what changed, for :func:`kernelized` to put back."""
+    changes = _Changes()
+    if model is not None:
+        changes.layers = [c for c in (uninstall_forward(m) for m in model.modules()) if c is not None]
+    changes.functions = unpatch_all()
+    removed = len(changes.layers) + len(changes.functions)
+    logger.info("%s is set: %s runs no kernel%s", DISABLE_ENV, function,
+                f"; removed the {removed} kernel(s) earlier calls installed" if removed else "")
+    return changes
 
 
 def verification_report(model: torch.nn.Module | None = None) -> list[Verification]:
@@ -405,35 +459,89 @@ def verification_report(model: torch.nn.Module | None = None) -> list[Verificati
     return results + function_verifications()
 
 
-def undo_kernelize(model: torch.nn.Module | None = None) -> None:
+@dataclass(frozen=True)
+class Restored:
+    """What :func:`undo_kernelize` put back: each module (its path in the model, its class and the
+    kernel it ran) and each function, plus the modules it left to another tool.
+
+    Example:
+        >>> Restored(layers=("1 (Gelu): FastGelu",), functions=("my_pkg.math_ops.add",))
+        Restored(layers=['1 (Gelu): FastGelu'], functions=['my_pkg.math_ops.add'])
+        >>> print(Restored())
+        restored nothing (no kernel was installed)
+    """
+
+    layers: tuple[str, ...] = ()
+    functions: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()  # modules whose twinkle_fx kernel another tool replaced since
+
+    def __len__(self) -> int:
+        return len(self.layers) + len(self.functions)
+
+    def __repr__(self) -> str:
+        left = f", left={list(self.left)}" if self.left else ""
+        return f"Restored(layers={list(self.layers)}, functions={list(self.functions)}{left})"
+
+    def __str__(self) -> str:
+        parts = []
+        if self.layers:
+            parts.append(f"{len(self.layers)} layer forward(s): {_listed(self.layers)}")
+        if self.functions:
+            parts.append(f"{len(self.functions)} function(s): {_listed(self.functions)}")
+        text = "restored " + ("; ".join(parts) if parts else "nothing (no kernel was installed)")
+        if self.left:
+            text += f"; left {len(self.left)} module(s) another tool changed: {_listed(self.left)}"
+        return text
+
+
+def _listed(items: tuple[str, ...], shown: int = 5) -> str:
+    return ", ".join(items[:shown]) + (f", ... ({len(items) - shown} more)" if len(items) > shown else "")
+
+
+def undo_kernelize(model: torch.nn.Module | None = None) -> Restored:
     """Restore the original forward of every swapped module in ``model`` and every patched function.
 
     Function patches are process-wide (they change module attributes), so their undo is too. A
     forward that another tool installed over a twinkle_fx kernel afterwards (``kernels.kernelize``,
     say) is left to that tool: a WARNING names the modules.
 
+    Returns:
+        :class:`Restored`: what was put back (also logged at INFO), and what was left to another tool.
+
     Example:
-        >>> model = nn.Sequential(nn.Linear(4, 4))
-        >>> model = kernelize_model(model, mode="inference", device="cpu")   # nothing registered: nothing swapped
+        >>> from twinkle_fx import register_external_layer, register_layer_kernel
+        >>> class TanhGelu(nn.Module):
+        ...     def forward(self, input):
+        ...         return nn.functional.gelu(input, approximate="tanh")
+        >>> _ = register_layer_kernel(kernel_name="FastGelu", layer=TanhGelu, device="cpu")
+        >>> register_external_layer(nn.GELU, "FastGelu")
+        >>> model = kernelize_model(nn.Sequential(nn.Linear(4, 4), nn.GELU()), mode="inference", device="cpu")
         >>> undo_kernelize(model)
+        Restored(layers=['1 (GELU): FastGelu'], functions=[])
     """
     _check_model(model, "undo_kernelize")
+    layers: list[str] = []
+    left: list[str] = []
     if model is not None:
         named = {id(m): path or "<model>" for path, m in model.named_modules()}
         foreign = foreign_forwards(m for m in model.modules())
-        count = sum(uninstall_forward(m) is not None for m in model.modules())
-        logger.info("restored %d layer forward(s) of %s", count, type(model).__qualname__)
+        for module in model.modules():
+            change = uninstall_forward(module)
+            if change is not None:
+                layers.append(f"{named[id(module)]} ({type(module).__qualname__}): {change.before.kernel_name}")
         if foreign:
-            names = ", ".join(f"{named[id(m)]} ({type(m).__qualname__})" for m, _ in foreign[:3])
+            left = [f"{named[id(m)]} ({type(m).__qualname__})" for m, _ in foreign]
             logger.warning(
                 "undo_kernelize(%s): %d module(s) run a forward twinkle_fx did not install (%s%s: %r); something "
                 "replaced its kernel after kernelize_model (kernels.kernelize?). Left as it is: undo it with that "
                 "tool, or reload the model; restored the %d twinkle_fx forward(s) still in place",
-                type(model).__qualname__, len(foreign), names, ", ..." if len(foreign) > 3 else "", foreign[0][1],
-                count)
+                type(model).__qualname__, len(foreign), ", ".join(left[:3]), ", ..." if len(foreign) > 3 else "",
+                foreign[0][1], len(layers))
             for module, _ in foreign:
                 forget(module)
-    restore_functions()
+    restored = Restored(tuple(layers), tuple(restore_function_targets()), tuple(left))
+    logger.info("undo_kernelize(%s): %s", "None" if model is None else type(model).__qualname__, restored)
+    return restored
 
 
 @contextlib.contextmanager
@@ -466,14 +574,13 @@ def kernelized(
     _check_model(model, "kernelized")
     check_flag("use_fallback", use_fallback)
     check_flag("verify", verify)
-    if kernels_disabled():
-        yield kernelize_model(model, mode=mode, device=device, use_fallback=use_fallback, verify=verify,
-                              cuda_graphs=cuda_graphs)
-        return
     wanted = _resolve_mode(model, mode)
     _check_graphs_option(model, wanted, verify, cuda_graphs, "kernelized")
     device_type = _resolve_device(model, device)
-    changes = _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
+    if kernels_disabled():
+        changes = _remove_kernels(model, "kernelized")
+    else:
+        changes = _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
     try:
         yield model
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ...caches import owns_cache
 from ...eager.layers import swapped_forward
 from ...selection import select_layer_kernel
 from ..dynamo_internals import SourceRef, input_source, parse_source
@@ -28,6 +29,7 @@ __all__ = ["run"]
 # backend one subgraph per gradient bucket of the same frame, each with the root's parameters among
 # its inputs: without this the root was reported once per bucket (26 times for Qwen2-0.5B, 25 MB buckets).
 _REPORTED: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+owns_cache(__name__, _REPORTED.clear)
 
 
 def _frame_parameter(state: PassState) -> tuple[SourceRef, torch.Tensor] | None:

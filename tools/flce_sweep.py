@@ -5,7 +5,7 @@ vocab, bf16, every 7th label -100, forward + backward).
 Times and extra memory come from the harness's own ``time_calls`` (CUDA events, cold L2, peak
 allocated over one call minus what was allocated before). Writes JSON lines to ``--out``.
 
-    python docs/perf/flce_sweep.py --out flce_sweep.jsonl
+    python tools/flce_sweep.py --out flce_sweep.jsonl
 """
 
 from __future__ import annotations

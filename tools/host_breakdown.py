@@ -1,6 +1,6 @@
 """Host cost of the eager kernel path, piece by piece, on a GPU (a diagnostic, not a benchmark):
 small tensors (8 x 896 bf16) so the device never holds the host back; best of 7 x 200 calls.
-Run from the repository root: PYTHONPATH=.:kernels python docs/perf/host_breakdown.py"""
+Run from the repository root: PYTHONPATH=.:kernels python tools/host_breakdown.py"""
 import cProfile, io, pstats, sys, time, types
 import torch
 import triton.language as tl

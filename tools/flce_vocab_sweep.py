@@ -8,7 +8,7 @@ grad_W): the weights are at init scale (0.02), so the softmax is flat and filter
 Times and extra memory come from the harness's ``time_calls`` (CUDA events, cold L2, peak allocated
 over one call minus what was allocated before: the gradients grad_x, grad_W are included).
 
-    python docs/perf/flce_vocab_sweep.py --out flce_vocab_sweep.jsonl
+    python tools/flce_vocab_sweep.py --out flce_vocab_sweep.jsonl
 """
 
 from __future__ import annotations

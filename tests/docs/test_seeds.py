@@ -22,7 +22,7 @@ SEEDS = ROOT / "docs" / "seeds"
 SCRIPTS = ROOT / "examples" / "docs"
 sys.path.insert(0, str(SCRIPTS))  # the scripts import _setup and quickstart_4_triton_kernel
 
-# The only changes between a document's block and its script (issue 11), in order.
+# The only changes between a document's block and its script, in order.
 SUBSTITUTIONS = (
     ("from twinkle.kernel.function import", "from twinkle_fx.function import"),
     ("from twinkle.kernel import", "from twinkle_fx import"),
@@ -142,7 +142,7 @@ def test_scenario_1_layers(run):
 
 
 def test_scenario_1_says_no_class_is_bound_to_linear(run, caplog):
-    """Needs the "unbound layer kernel" warning of kernelize_model (helper "eager", issue 12)."""
+    """kernelize_model warns once about a registered layer kernel that no class is bound to, naming the fix."""
     run("user_scenarios_1")
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("linear" in w and re.search(r"register_external_layer\((torch\.)?nn\.Linear, ['\"]linear['\"]\)", w)

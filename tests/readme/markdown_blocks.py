@@ -119,7 +119,10 @@ def check(block: Block, *, has_cuda: bool) -> str | None:
         output = f"$ {' '.join(map(str, done.args))}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
         assert done.returncode == 0, output
         if block.lang == "python":
-            assert not done.stderr.strip(), f"a Python block prints nothing on stderr on the happy path\n{output}"
+            # the tests serve the Hub from an offline cache, where `kernels` cannot check a publisher and says so;
+            # a user online never sees that line
+            stderr = re.sub(r"(?m)^Skipping publisher trust check for .* offline mode\.\n?", "", done.stderr)
+            assert not stderr.strip(), f"a Python block prints nothing on stderr on the happy path\n{output}"
         else:  # the command-line tools report progress on stderr, but no warning
             assert not re.search(r"(?i)warn", done.stderr), f"a command warns on the happy path\n{output}"
     return None

@@ -71,7 +71,7 @@ def test_dependencies_admit_the_installed_transformers_and_kernels_is_optional(s
 def test_sdist_carries_tests_examples_docs_and_the_license(sdist):
     names = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
     for expected in ("LICENSE", "README.md", "tests/conftest.py", "tests/cli/test_cli.py", "examples/demo.py",
-                     "examples/local_repo/my_kernels/layers.py", "docs/perf/bench-qwen2.json",
+                     "examples/local_repo/my_kernels/layers.py", "docs/performance/training-compiled-h100.json",
                      "kernels/twinkle_triton/metadata.json", "kernels/twinkle_triton/README.md", ".ci/run"):
         assert expected in names, expected
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)

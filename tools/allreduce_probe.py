@@ -1,5 +1,5 @@
-"""NCCL all-reduce bandwidth between the GPUs of one host, alone and beside a GEMM stream (issue 19:
-DDP's gradient all-reduce runs while the backward's GEMMs occupy the SMs).
+"""NCCL all-reduce bandwidth between the GPUs of one host, alone and beside a GEMM stream (DDP's
+gradient all-reduce runs while the backward's GEMMs occupy the SMs).
 
 Run with torchrun, one process per GPU::
 

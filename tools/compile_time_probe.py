@@ -1,5 +1,5 @@
-"""Where the first step of a compiled training step spends its time, per backend (issue 15's
-first-step target: twinkle's first step within 1.10x of Inductor's).
+"""Where the first step of a compiled training step spends its time, per backend (how much longer
+twinkle's first step takes than Inductor's, and in which phase).
 
 For each backend of the harness (``twinkle_fx.bench.backends``), a fresh reference model (``--workload``, bf16 on CUDA, fp32 on CPU) runs one
 forward + backward with labels after ``torch._dynamo.reset()``, and the script prints:

@@ -2,8 +2,9 @@
 ``twinkle_fx.kernels_api`` (the document's API over twinkle_fx's registry), with ``my_pkg.layers``
 for ``somelibrary`` and the machine's device for the mapping's "cuda" key. The mapping
 (blocks 8 and 9) is registered before the kernelize calls that need it (blocks 4-7; with
-``use_fallback=False`` and no mapping, block 7 raises, as the document says it should). Each
-kernelize call prints what it swapped.
+``use_fallback=False`` and no mapping, block 7 raises, as the document says it should; here it
+raises because block 1's layer names its argument differently, and the script prints the refusal).
+Each kernelize call prints what it swapped.
 
     python examples/docs/hf_kernels_layers.py
 """
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from _setup import DEVICE
+from twinkle_fx import KernelSelectionError
 from twinkle_fx.eager.layers import swapped_forward
 from twinkle_fx.kernels_api import (LayerRepository, kernelize, register_kernel_mapping,
                                     replace_kernel_forward_from_hub, use_kernel_forward_from_hub, use_kernel_mapping)
@@ -108,7 +110,14 @@ model = kernelize(model, needs_torch_compile=True)
 show("kernelize(model, needs_torch_compile=True)", model)
 
 # --- block 7 ---
-model = MyModel(...)
-model = kernelize(model, needs_torch_compile=True, use_fallback=False)
+try:
+    model = MyModel(...)
+    model = kernelize(model, needs_torch_compile=True, use_fallback=False)
+except KernelSelectionError as e:
+    # block 1's layer names its forward argument `input`, the Hub layer `x`: twinkle_fx refuses a kernel whose
+    # parameter names differ (Hugging Face kernels compares only their number and kinds), and use_fallback=False
+    # makes the refusal an error
+    print(f"kernelize(model, needs_torch_compile=True, use_fallback=False) refused: {e}")
+else:
+    show("kernelize(model, needs_torch_compile=True, use_fallback=False)", model)
 # --- end of block 7 ---
-show("kernelize(model, needs_torch_compile=True, use_fallback=False)", model)

@@ -7,12 +7,13 @@ own Qwen3 model, checked against the original.
 
 import functools
 
+# first: on the CPU it switches the Triton interpreter on, which must happen before transformers imports triton
+from _setup import DEVICE
+
 import torch
 from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.models.qwen3 import modeling_qwen3
-
-from _setup import DEVICE
 
 # The block's context: its Qwen3Attention takes the config only (transformers' also takes layer_idx).
 Qwen3Attention = functools.partial(modeling_qwen3.Qwen3Attention, layer_idx=0)

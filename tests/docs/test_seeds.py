@@ -22,7 +22,7 @@ SEEDS = ROOT / "docs" / "seeds"
 SCRIPTS = ROOT / "examples" / "docs"
 sys.path.insert(0, str(SCRIPTS))  # the scripts import _setup and quickstart_4_triton_kernel
 
-# The only changes between a document's block and its script (issue 11), in order.
+# The only changes between a document's block and its script, in order.
 SUBSTITUTIONS = (
     ("from twinkle.kernel.function import", "from twinkle_fx.function import"),
     ("from twinkle.kernel import", "from twinkle_fx import"),
@@ -142,7 +142,7 @@ def test_scenario_1_layers(run):
 
 
 def test_scenario_1_says_no_class_is_bound_to_linear(run, caplog):
-    """Needs the "unbound layer kernel" warning of kernelize_model (helper "eager", issue 12)."""
+    """kernelize_model warns once about a registered layer kernel that no class is bound to, naming the fix."""
     run("user_scenarios_1")
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("linear" in w and re.search(r"register_external_layer\((torch\.)?nn\.Linear, ['\"]linear['\"]\)", w)
@@ -167,20 +167,8 @@ def test_scenario_4_one_config(run):
 
 # -- hf-kernels-layers.md -----------------------------------------------------------------------------
 
-_INPUT_NAMED = ("block 1's layer names its forward argument `input`, the Hub layer `x`: twinkle_fx refuses "
-                "differing parameter names (selection.signature_mismatch), Hugging Face kernels compares only "
-                "their number and kinds")
-
-
-def test_hf_kernels_layers_blocks(offline_hub, capsys, monkeypatch, tmp_path):
-    from twinkle_fx import KernelSelectionError
-
-    monkeypatch.chdir(tmp_path)
-    try:
-        runpy.run_path(str(SCRIPTS / "hf_kernels_layers.py"), run_name="__main__")
-    except KernelSelectionError as e:  # block 7 (use_fallback=False) meets the refusal of the test below
-        assert "forward signature (x) differs from the layer's (input)" in str(e)
-    out = capsys.readouterr().out
+def test_hf_kernels_layers_blocks(run):
+    out = run("hf_kernels_layers")
     assert "kernelize(model) before any mapping is registered: swapped nothing" in out
     # the bound library layer gets the Hub kernel (revision "layers") inside the with block only
     assert "with use_kernel_mapping(...): kernelize(model): swapped ['external']" in out
@@ -190,9 +178,13 @@ def test_hf_kernels_layers_blocks(offline_hub, capsys, monkeypatch, tmp_path):
         assert re.search(rf"kernelize\(model, {re.escape(flags)}\): swapped \['external'\]", out), (flags, out)
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason=_INPUT_NAMED)
-def test_hf_kernels_layers_block_7_swaps_the_decorated_layer(run):
-    run("hf_kernels_layers")
+def test_hf_kernels_layers_block_7_refuses_the_layer_whose_parameter_names_differ(run):
+    """Block 1's layer names its forward argument `input`, the Hub layer `x`: twinkle_fx refuses differing
+    parameter names (selection.signature_mismatch), where Hugging Face kernels compares only their number and
+    kinds; with use_fallback=False the refusal is the error the script prints."""
+    out = run("hf_kernels_layers")
+    assert re.search(r"use_fallback=False\) refused: .*forward signature \(x\) differs from the layer's \(input\)",
+                     out), out
 
 
 # -- custom-kernel-quickstart.md ----------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Every documentation example runs as written, as a script, with the Hub served by an offline cache."""
+"""Every example runs as written, as a script (`python examples/<name>.py`, no TRITON_INTERPRET preset: the scripts
+switch the interpreter on themselves without a GPU), with the Hub served by an offline cache; examples/README.md
+lists every script."""
 
 import os
 import subprocess
@@ -6,18 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from device_under_test import INTERPRETED
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(script: str, hf_home: Path) -> str:
     env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    # the examples run on the device of this run: the CPU through the interpreter, else the GPU
-    if INTERPRETED:
-        env["TRITON_INTERPRET"] = "1"
-    else:
-        env.pop("TRITON_INTERPRET", None)
+    # as a user runs them: examples/_common.py switches the interpreter on where there is no GPU
+    env.pop("TRITON_INTERPRET", None)
     done = subprocess.run([sys.executable, str(EXAMPLES / script)], env=env, capture_output=True, text=True, timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
@@ -61,3 +59,30 @@ def test_demo(offline_hub):
     assert "kernelize_model swapped 8 layers" in output and "9 region(s) swapped, 1 kept" in output
     assert "Qwen2ForCausalLM -> CausalLMFusedLoss: the module being compiled is no graph region" in output
     assert "losses match" in output
+
+
+SCRIPTS = sorted(p for p in EXAMPLES.rglob("*.py") if not p.name.startswith("_") and "local_repo" not in p.parts
+                 and "my_pkg" not in p.parts and "hub_repos" not in p.parts)
+
+
+def test_examples_index_lists_every_script():
+    index = (EXAMPLES / "README.md").read_text()
+    assert SCRIPTS and [str(p.relative_to(EXAMPLES)) for p in SCRIPTS if f"`{p.relative_to(EXAMPLES)}`" not in index] == []
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[str(p.relative_to(EXAMPLES)) for p in SCRIPTS])
+def test_scripts_set_up_the_device_before_transformers_imports_triton(script):
+    """The interpreter must be on before triton is first imported (transformers imports it with `kernels`):
+    a script imports its setup module (examples/_common.py or examples/docs/_setup.py) before transformers."""
+    lines = script.read_text().splitlines()
+    setup = next((i for i, line in enumerate(lines) if line.startswith(("from _common import", "from _setup import",
+                                                                          "import _common", "import _setup"))), None)
+    first_transformers = next((i for i, line in enumerate(lines) if line.startswith(("from transformers",
+                                                                                       "import transformers"))), None)
+    if setup is not None and first_transformers is not None:
+        assert setup < first_transformers, f"{script.name}: transformers imported (line {first_transformers + 1}) " \
+                                           f"before the setup module (line {setup + 1})"
+
+
+def test_qwen3_quickstart_runs_as_a_script(offline_hub):
+    assert "logits match: True" in _run("docs/quickstart_3_qwen3_layer.py", offline_hub)

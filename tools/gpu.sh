@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The GPU half of CI and the measurements behind docs/performance.md, run by hand on a GPU machine
+# (CI has none). One script, named jobs, run in the order given:
+#
+#   suite        the whole test suite on CUDA (no Triton interpreter)
+#   train        training step, Qwen2-0.5B shape, 4 x 1024: eager, Inductor (+ CUDA graphs), twinkle + CUDA graphs,
+#                kernelize (+ CUDA graphs)
+#   inference    prefill 1 x 2048 and decode 32 x 1 on a static cache: the same backends
+#   kernels      `twinkle-fx bench --micro`: every kernel and the fused loss against eager, Inductor, Liger, CCE
+#   matrix       training across model shapes (MODELS, default "qwen2 llama1b qwen3 qwen3_moe mixtral"), then
+#                tools/family_reference.py: every family at its published dimensions against the unswapped model
+#   distributed  2 GPUs (NCCL): single-GPU baselines, DDP with per-layer CUDA graphs (plain and with DDP's recipe,
+#                then with the tied embedding reduced early), FSDP2 with and without graphs and the fused-loss head
+#   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
+#
+# Usage, from the repository root:
+#   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference
+#   bash tools/gpu.sh distributed --tiny     # the distributed sequence as a dry run: CPU processes, gloo, tiny model
+# Results (harness JSON stamped with device, versions and $COMMIT, logs) go under $OUT (default ./gpu-out); a JSON
+# that replaces one in docs/performance/ keeps that file's name. Wheels in .whl/ (git-ignored) are installed
+# first, for packages the GPU image lacks (kernels, expecttest, pytest-xdist, liger-kernel, cut-cross-entropy).
+# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-out}; mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/site:$PWD:$PWD/kernels"
+else
+  export PYTHONPATH="$PWD:$PWD/kernels"
+fi
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+# a copied tree has no reliable git HEAD: the caller names the commit and the harness stamps every result with it
+export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"
+tiny=0
+jobs=()
+for arg in "$@"; do if [ "$arg" = "--tiny" ]; then tiny=1; else jobs+=("$arg"); fi; done
+[ ${#jobs[@]} -gt 0 ] || { sed -n '2,24p' "$0"; exit 2; }
+if [ "$tiny" = 1 ]; then export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1; else unset TRITON_INTERPRET; fi
+status=0
+
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', transformers.__version__, [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])"
+
+bench() {  # bench NAME SECONDS ARGS...: one `twinkle-fx bench` run, its table on stdout
+  local name=$1 limit=$2; shift 2
+  echo "### $name: twinkle-fx bench $*"
+  timeout "$limit" python3 -m twinkle_fx bench "$@" --out "$out/$name" > "$out/$name.txt" 2>&1
+  local rc=$?; [ $rc -eq 0 ] || { status=1; echo "$name: exit $rc"; tail -20 "$out/$name.txt"; }
+  sed -n '/^backend/,/^$/p' "$out/$name.txt"
+}
+
+distributed_run() {  # distributed_run NAME COMMAND...: one examples/train_distributed.py run, its table on stdout
+  local name=$1; shift
+  echo "### $name"
+  timeout "${RUN_S:-150}" "$@" --out "$out/$name.json" > "$out/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then status=1; echo "$name: exit $rc"; grep -v "^step" "$out/$name.log" | tail -25; return; fi
+  sed -n '/^| /,$p' "$out/$name.log" | head -40
+}
+
+job_suite() {
+  timeout "${SUITE_S:-400}" python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-12}" --durations=10 \
+    > "$out/gpu-pytest.log" 2>&1 || status=1
+  grep -E "^(FAILED|ERROR)" "$out/gpu-pytest.log" | head -20; tail -1 "$out/gpu-pytest.log"
+}
+
+job_train() {
+  bench training-compiled "${TRAIN_S:-300}" --backends inductor,inductor+cudagraphs,twinkle+cudagraphs --steps 10 --warmup 2
+  bench training-eager "${TRAIN_S:-300}" --backends eager,kernelize,kernelize+cudagraphs --steps 10 --warmup 3
+}
+
+job_inference() {
+  bench inference-compiled "${INFERENCE_S:-300}" --inference --backends inductor+cudagraphs,twinkle+cudagraphs \
+    --steps 20 --warmup 3
+  bench inference-eager "${INFERENCE_S:-300}" --inference --backends eager,kernelize,kernelize+cudagraphs --steps 20 --warmup 3
+}
+
+job_kernels() {
+  bench kernels "${KERNELS_S:-300}" --micro
+  bench fused-loss "${KERNELS_S:-300}" --micro --ops fused_linear_cross_entropy --backends eager,inductor,twinkle,liger,cce
+}
+
+job_matrix() {
+  for model in ${MODELS:-qwen2 llama1b qwen3 qwen3_moe mixtral}; do
+    bench "matrix-$model" "${MATRIX_S:-240}" --model "$model" \
+      --backends inductor+cudagraphs,twinkle+cudagraphs,kernelize+cudagraphs --steps 10 --warmup 2
+  done
+  timeout "${MATRIX_S:-400}" python3 tools/family_reference.py --out "$out/families.json" > "$out/families.txt" 2>&1 \
+    || status=1
+  tail -70 "$out/families.txt"
+}
+
+job_distributed() {
+  local ex=examples/train_distributed.py shape two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
+  if [ "$tiny" = 1 ]; then
+    shape=(--size tiny --batch 1 --seq 8 --steps 3 --compiler aot_eager)
+  else
+    shape=(--size reference --batch 4 --seq 1024 --steps 15 --cudagraphs)
+    nvidia-smi topo -m 2>/dev/null | head -4
+    # the tied embedding's two-part reduction against plain DDP on NCCL (CI checks the same cases on gloo)
+    timeout 90 "${two[@]}" tests/distributed/tied_runs.py "$out/tied-nccl.json" cuda > "$out/tied-nccl.log" 2>&1 \
+      || { status=1; tail -20 "$out/tied-nccl.log"; }
+    # NCCL's all-reduce alone and beside GEMMs: the link, and what overlap leaves of it
+    timeout 60 "${two[@]}" tools/allreduce_probe.py --sizes-mb 100,300,1000 --json "$out/allreduce.json" 2>&1 \
+      | grep "all-reduce"
+  fi
+  local regional=(--backend twinkle --regional "${shape[@]}")
+  distributed_run single python3 "$ex" --parallel none "${regional[@]}" --compare-single 2
+  local base=(--baseline "$out/single.json")
+  local ddp=("${two[@]}" "$ex" --parallel ddp "${regional[@]}" --bucket-cap-mb 100)
+  local recipe=(--grad-as-bucket-view --ddp-comm-hook allreduce --no-broadcast-buffers --ddp-static-graph)
+  distributed_run ddp "${ddp[@]}" "${base[@]}"
+  distributed_run ddp-recipe "${ddp[@]}" "${recipe[@]}" "${base[@]}"
+  distributed_run ddp-recipe-tied "${ddp[@]}" "${recipe[@]}" --tied-embedding-ddp "${base[@]}"
+  distributed_run single-fused-adamw python3 "$ex" --parallel none "${regional[@]}" --fused-adamw --compare-single 2
+  local fbase=(--baseline "$out/single-fused-adamw.json")
+  local fsdp=("${two[@]}" "$ex" --parallel fsdp2 "${regional[@]}" --fused-adamw)
+  if [ "$tiny" = 1 ]; then
+    distributed_run fsdp2 "${fsdp[@]}" "${fbase[@]}"
+  else
+    distributed_run fsdp2-no-reshard "${fsdp[@]}" --no-reshard-after-forward "${fbase[@]}"
+    distributed_run fsdp2-no-reshard-no-fused-loss "${fsdp[@]}" --no-reshard-after-forward --no-fused-loss "${fbase[@]}"
+  fi
+}
+
+job_check() {
+  timeout "${CHECK_S:-400}" python3 -m twinkle_fx check --out "$out/check.json" > "$out/check.txt" 2>&1 || status=1
+  tail -40 "$out/check.txt"
+}
+
+SECONDS=0
+for job in "${jobs[@]}"; do
+  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference kernels matrix distributed check"; exit 2; fi
+  echo "=== $job (${SECONDS} s)"
+  "job_$job"
+done
+echo "done in ${SECONDS} s, status $status"
+exit $status

@@ -146,7 +146,7 @@ class RunResult:
     @property
     def steady_ms(self) -> float:
         """Median step time after the first two steps (or over all when fewer). The median, not the mean:
-        one step that stalls on the host (a 655 ms step among 50 ms ones in a session 7 run) would
+        one step that stalls on the host (a 655 ms step among 50 ms ones, seen on a GPU run) would
         otherwise move the figure, and every ratio taken from it, by half."""
         return statistics.median(self._steady)
 

@@ -195,7 +195,7 @@ def test_backend_names_are_checked():
 
 @pytest.mark.interpreter  # --tiny is the CPU through the Triton interpreter by definition
 def test_tiny_inference_bench_prefill_and_static_cache_decode(tmp_path):
-    """compilespeed: ``--inference`` runs prefill and a static-cache decode step per row and checks
+    """``--inference`` runs prefill and a static-cache decode step per row and checks
     each row's logits against eager's."""
     _bench("--inference", "--tiny", "--backends", "eager,kernelize", "--warmup", "0", out=tmp_path)
     result = json.loads((tmp_path / "bench-inference-qwen2.json").read_text())
@@ -237,7 +237,7 @@ def test_inference_rows_say_whether_the_timed_steps_replayed_cuda_graphs():
 
 
 def test_a_profiled_row_says_what_the_host_spends_per_kernel_call():
-    """Issue 14's cause stays visible: the host time of a step over the device operations it ran,
+    """The host cost stays visible: the host time of a step over the device operations it ran,
     whatever launched them (a CUDA-graph replay runs many operations for one launch)."""
     profile = {"host_ms_per_step": 36.0, "device_ms_per_step": 30.0, "launches_per_step": 24.0,
                "kernels_per_step": 1500.0}

@@ -126,7 +126,7 @@ def test_saved_results_say_which_code_ran(monkeypatch):
     import twinkle_fx
     from twinkle_fx.bench import environment
 
-    monkeypatch.delenv("TWINKLE_FX_COMMIT", raising=False)  # the GPU scripts set it (tools/gpu-env.sh)
+    monkeypatch.delenv("TWINKLE_FX_COMMIT", raising=False)  # the GPU scripts set it (tools/gpu.sh)
     env = describe_environment(torch.device("cpu"))
     assert env["versions"]["twinkle_fx"] == twinkle_fx.__version__
     assert len(env["source_sha256"]) == 12

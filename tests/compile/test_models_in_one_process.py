@@ -1,4 +1,4 @@
-"""Issue 12 item 11: several models compiled by Inductor one after the other in one process.
+"""Several models compiled by Inductor one after the other in one process.
 
 A user compiling a second model used to hit ``NameError: name '_grid_0' is not defined`` in the code
 Inductor generates for our user Triton kernels (``triton_op``) once other compile tests had run in the

@@ -24,7 +24,7 @@ def test_fsdp2_layers_replay_cuda_graphs_and_train_alike(compiled, world_of_one)
     the parameters are copied in. Every compiled function is recorded, none re-recorded (regional: each
     layer's forward and backward once), and the run trains to the losses of the same run without CUDA
     graphs. Whole-model compilation ends a graph at each fully_shard module's hooks (not measured for
-    speed: tools/gpu-s9-cg.sh runs the regional forms)."""
+    speed: `tools/gpu.sh distributed` runs the regional forms)."""
     common = f"--size tiny --batch 2 --seq 64 --steps 5 --dtype fp32 --parallel fsdp2 --backend twinkle {compiled}"
     device = torch.device("cuda", torch.cuda.current_device())
 

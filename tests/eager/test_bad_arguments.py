@@ -1,4 +1,4 @@
-"""Bad arguments fail at once, with an error that names the argument or the entry (issue 12, item 4)."""
+"""Bad arguments fail at once, with an error that names the argument or the entry."""
 
 import pytest
 import torch

@@ -132,7 +132,7 @@ def test_undo_notices_a_forward_installed_by_another_tool(caplog):
 
 
 def test_the_swapped_forward_adds_no_python_frame_of_ours():
-    """Nothing on the eager call path that could be decided at swap time (issue 14)."""
+    """Nothing on the eager call path that could be decided at swap time."""
     callers = []
 
     class Spy(torch.nn.Module):

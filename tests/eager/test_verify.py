@@ -105,7 +105,7 @@ def test_builtin_kernels_pass_verification_in_training(device):
     assert all(v.passed for v in report), [str(v) for v in report if not v.passed]
 
 
-# -- what a check must catch (issue 12, item 2) ---------------------------------------------------
+# -- what a check must catch -------------------------------------------------------------------
 
 class Double(torch.nn.Module):
     def forward(self, x):

@@ -252,7 +252,7 @@ def test_function_swaps_are_labelled_with_the_function_found_in_the_model(device
 
 
 def test_swiglu_refuses_a_gelu_config_eagerly_and_under_compile(caplog, device):
-    """Issue 12.5b: a Qwen2 config with hidden_act="gelu_pytorch_tanh" keeps its MLP, with the reason."""
+    """A Qwen2 config with hidden_act="gelu_pytorch_tanh" keeps its MLP, with the reason."""
     use_builtin_kernels(devices=(device,), models=("qwen2",), fused_loss=False)
     model = tiny_model("qwen2", hidden_act="gelu_pytorch_tanh").eval()
     ids = torch.randint(3, 128, (1, 6), device=device)

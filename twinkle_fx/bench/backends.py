@@ -243,7 +243,7 @@ BACKENDS: dict[str, Backend] = {
         Backend("kernelize+cudagraphs", 'kernelize_model(model, mode="train", cuda_graphs=True), built-in kernels',
                 _kernelize(cuda_graphs=True)),
         Backend("liger", "apply_liger_kernel_to_<model>(model=model)", _liger(compiled=False)),
-        # compilespeed (issue 15): CUDA graphs and horizontal GEMM fusion in the training step
+        # CUDA graphs and horizontal GEMM fusion in the training step
         Backend("inductor+cudagraphs", 'torch.compile(model, mode="reduce-overhead")', _inductor_cudagraphs),
         Backend("twinkle+cudagraphs", 'backend="twinkle", mode="reduce-overhead"', _twinkle(False, mode="reduce-overhead")),
         Backend("twinkle+gemm-fusion", 'backend="twinkle", options={"fuse_projections": True}',

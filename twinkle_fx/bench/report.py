@@ -140,7 +140,7 @@ def _profile_note(row) -> str:
     text = f"  {row.backend}: profiled: {profile['host_ms_per_step']:.1f} ms wall"
     if profile.get("device_ms_per_step") is not None:
         text += f", {profile['device_ms_per_step']:.1f} ms device, {profile['launches_per_step']:.0f} launches"
-        if profile.get("kernels_per_step") is not None:  # saved results before session 6 lack it
+        if profile.get("kernels_per_step") is not None:  # older saved results lack it
             text += f" and {profile['kernels_per_step']:.0f} device operations"
         text += " per step"
     per_kernel = host_us_per_kernel(row.host_ms, profile)
@@ -217,7 +217,7 @@ def _environment_line(result: BenchResult) -> str:
 
 def format_table(result: BenchResult) -> str:
     """The result as a plain-text table for the terminal (and for pasting into the README)."""
-    if result.kind == "inference":  # compilespeed: the inference workload
+    if result.kind == "inference":  # the inference workload
         from .inference import format_inference_table
 
         return format_inference_table(result)

@@ -101,7 +101,7 @@ WORKLOADS: dict[str, Workload] = {
                  num_key_value_heads=2, vocab_size=32768, tie_word_embeddings=False, sliding_window=None),
             "Qwen2-0.5B dims with Mistral v0.3 vocab",
         ),
-        Workload(  # compilespeed: the wider shape the GEMM-fusion decision was measured at
+        Workload(  # the wider shape the GEMM-fusion decision was measured at
             "llama1b", "llama", "LlamaConfig",
             dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                  num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True),

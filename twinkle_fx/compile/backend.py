@@ -306,6 +306,6 @@ def _inner_compile(
         if not recorders:
             return aot_eager(gm, example_inputs)
         return aot_eager(gm, example_inputs, fw_compiler=recording("forward"), bw_compiler=recording("backward"))
-    # compilespeed: torch.compile's mode, options["cudagraphs"], options["inductor"]; CUDA-graph status recorded
+    # torch.compile's mode, options["cudagraphs"], options["inductor"]; CUDA-graph status recorded
     patches = inductor_config_patches(mode, opts.cudagraphs, opts.inductor)
     return compile_with_inductor(gm, example_inputs, patches)

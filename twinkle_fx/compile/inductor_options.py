@@ -218,7 +218,7 @@ def unpin_fsdp_parameters(gm: fx.GraphModule) -> int:
     Dynamo marks every ``nn.Parameter`` a static input: a CUDA graph reads it at the address it was
     recorded with, and Inductor's CUDA-graph trees record the graph again when the address changes.
     FSDP2 frees a layer's gathered parameters after its backward (by default after its forward too) and
-    gathers them into fresh memory. Measured on an H100 (session 9, the reference model under FSDP2 in a
+    gathers them into fresh memory. Measured on an H100 (the reference model under FSDP2 in a
     world of one, its 24 layers compiled regionally, 20 steps): 192 to 240 graphs recorded instead of 48,
     with re-recording steps of 1.7 s; with ``reshard_after_forward=False`` 866 graphs and a median step
     of 1.6 s. Unmarked, such a parameter is an ordinary input, copied into the graph's own buffer at each

@@ -53,7 +53,7 @@ class BackendOptions:
     mode: Mode | None = None
     verify: bool = False
     report: bool = False
-    # compilespeed (issue 15): Inductor passthrough, CUDA graphs, GEMM fusion, swap policy
+    # the speed options: Inductor passthrough, CUDA graphs, GEMM fusion, swap policy
     inductor: dict = field(default_factory=dict)
     cudagraphs: bool = False
     fuse_projections: bool | str = "auto"
@@ -85,7 +85,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
     dump_graphs = options.get("dump_graphs")
     if dump_graphs is not None and not isinstance(dump_graphs, (str, os.PathLike)):
         raise ValueError(f"twinkle backend option dump_graphs must be a directory path, got {dump_graphs!r}.")
-    from .speed_options import parse_speed_options  # compilespeed (issue 15)
+    from .speed_options import parse_speed_options
 
     return BackendOptions(compiler, mode, options.get("verify", False), options.get("report", False),
                           **parse_speed_options(options), dump_graphs=None if dump_graphs is None else os.fspath(dump_graphs))

@@ -51,7 +51,7 @@ def place_kernel(
     (:class:`KeepRegion`, with the error), so the compiled model never crashes where the original runs.
     """
     first = example_value(region.call_args[0]) if region.call_args else None
-    kept = keep_inductor_reason(choice.name, state.device, state.mode, first)  # compilespeed: measured swap policy
+    kept = keep_inductor_reason(choice.name, state.device, state.mode, first)  # the measured swap policy (swap_policy.py)
     if kept is not None:
         raise KeepRegion(ReasonKind.SWAP_POLICY, kept)
     statics = static_inputs([example_value(n) for n in region.call_args] + [example_value(n) for n in region.outputs])

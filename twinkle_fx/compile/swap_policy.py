@@ -61,7 +61,7 @@ class Decision:
 
 
 # Measured on one H100 80GB HBM3, torch 2.11, triton 3.6, bf16, Qwen2-0.5B shapes, by
-# ``python -m twinkle_fx.bench.swap_table`` (docs/perf/compilespeed/swap-table.json); twinkle's speed-up
+# ``python -m twinkle_fx.bench.swap_table``; twinkle's speed-up
 # over Inductor's code for the op's reference, both replayed from CUDA graphs. A swap is kept only where
 # it wins by at least 2%; the row bounds sit between the measured sizes (32, 2048, 4096 tokens).
 # apply_rotary_pos_emb wins everywhere (1.22-1.96x) and is always swapped.

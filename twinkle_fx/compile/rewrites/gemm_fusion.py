@@ -21,7 +21,7 @@ traffic, yet at the Qwen2-0.5B shape one GEMM instead of three still won (see
 :data:`AUTO_INFERENCE_MAX_ROWS`): those weights are ~2 MB a layer and the GEMMs latency-bound.
 Inductor's ``freezing`` (``options={"inductor": {"freezing": True}}``) folds parameters into
 constants and its own concat-linear pattern fuses the projections with no per-call copy, but its
-compile of the reference decode graph did not finish in 126 s on an H100 (session 6). Under
+compile of the reference decode graph did not finish in 126 s on an H100. Under
 ``fuse_projections="auto"`` the pass fuses where it was measured to pay: in inference under Inductor,
 groups whose input has at most :data:`AUTO_INFERENCE_MAX_ROWS` rows (decode steps, where three
 small GEMMs cost more in latency than the copy of ~2 MB of weights); in training, where the input
@@ -53,16 +53,16 @@ LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
 
 # fuse_projections="auto": in training, fuse where the input width is at least this; None: never.
 # Measured through the harness on one H100 80GB (torch 2.11, triton 3.6), training step batch 4 x 1024
-# bf16 (docs/perf/compilespeed/bench-qwen2.json): Qwen2-0.5B shape (hidden 896) Inductor 36.6 ms/step,
+# bf16: Qwen2-0.5B shape (hidden 896) Inductor 36.6 ms/step,
 # twinkle 37.6, twinkle + fused projections 46.2 ms (0.79x): it loses, so "auto" leaves it off. The
-# Llama-3.2-1B shape (hidden 2048, workload "llama1b", session 6, docs/perf/session6/bench-llama1b-train-h100.json):
+# Llama-3.2-1B shape (hidden 2048, workload "llama1b"):
 # Inductor 62.1 ms, twinkle 56.3, twinkle + fused projections 57.3 (0.98x twinkle's) at 1.5 GiB more peak
 # memory (the concatenated weights saved for the backward): off there too.
 AUTO_MIN_IN_FEATURES: int | None = None
 
 # fuse_projections="auto" in inference under Inductor: fuse where the input has at most this many rows
 # (tokens). Measured through the harness (`bench --inference`, twinkle+cudagraphs with and without
-# fuse_projections, one H100 80GB, torch 2.11, triton 3.6, Qwen2-0.5B shape, bf16; docs/perf/session6):
+# fuse_projections, one H100 80GB, torch 2.11, triton 3.6, Qwen2-0.5B shape, bf16):
 # decode 32 x 1 with a 1024-token static cache 1.776 ms against 1.884 (1.06x); prefill 1 x 2048 4.702 ms
 # against 4.757 (1.01x, within run-to-run noise: left unfused).
 AUTO_INFERENCE_MAX_ROWS = 64

@@ -10,7 +10,8 @@ with ``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``. The full ``cos``/``s
 ``[B, S, Hq, D]`` (``unsqueeze_dim=2``), k likewise with its own head count (GQA); cos/sin are
 anything that broadcasts after the unsqueeze (``[B, S, D]``, ``[1, S, D]``). Inputs are read
 through their strides, so the usual ``.view(...).transpose(1, 2)`` q and k cost no copy; outputs
-keep q's and k's layout (``empty_like``), as PyTorch's elementwise ops do.
+keep q's and k's layout (``empty_like``), as PyTorch's elementwise ops do, unless that layout's
+last dim is not unit-stride (the kernel writes head dims at unit stride): those outputs are contiguous.
 
 One program handles one (batch, position): it loads that position's cos/sin row once and applies
 it to every q and k head. Backward is the transpose of the rotation (same kernel shape, sin's
@@ -102,6 +103,14 @@ def _rotary_embedding_kernel(
                   BLOCK_HK, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COMPUTE_DTYPE, TRANSPOSE)
 
 
+def out_like(t: Tensor) -> Tensor:
+    """An output for ``t``: its layout (``empty_like``) when the head dim is unit-stride there, the
+    kernels' only way to write a head; else contiguous. The fakes use it too, so compiled graphs get
+    the strides the kernels produce."""
+    out = torch.empty_like(t)
+    return out if out.stride(-1) == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
 def _bhsd_strides(t: Tensor, unsqueeze_dim: int) -> tuple[int, int, int]:
     """(batch, head, seq) strides of a 4D q/k/out, whichever of the two layouts it has."""
     st = t.stride()
@@ -127,7 +136,7 @@ def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, 
     (i, i + rotary_dim/2); ``shared_angle`` uses entry i of cos/sin for both columns of pair i."""
     # Host cost matters here: the GPU work is ~25 us at Llama-8B shapes (B 4, S 1024), so the
     # wrapper reads strides as numbers instead of building views.
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q_out, k_out = out_like(q), out_like(k)
     if q.numel() == 0 and k.numel() == 0:
         return q_out, k_out
     # Head dim must be unit-stride for the vector loads; a transposed last dim is rare enough to copy.
@@ -168,7 +177,7 @@ def _rotary_embedding_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqu
 
 
 def _rotary_embedding_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k)
+    return out_like(q), out_like(k)
 
 
 def _rotary_embedding_backward_impl(
@@ -180,7 +189,7 @@ def _rotary_embedding_backward_impl(
 def _rotary_embedding_backward_fake(
     grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
 ) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(grad_q), torch.empty_like(grad_k)
+    return out_like(grad_q), out_like(grad_k)
 
 
 _rotary_embedding_op = define_differentiable_op(

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ._library import define_differentiable_op
-from .rotary import _check, _launch
+from .rotary import _check, _launch, out_like
 
 
 def _variant_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, rotary_dim: int,
@@ -38,7 +38,7 @@ def _variant_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim:
 
 def _variant_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, rotary_dim: int,
                   interleaved: bool, shared_angle: bool) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k)
+    return out_like(q), out_like(k)
 
 
 def _variant_backward_impl(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int,
@@ -49,7 +49,7 @@ def _variant_backward_impl(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Ten
 
 def _variant_backward_fake(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int,
                            rotary_dim: int, interleaved: bool, shared_angle: bool) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(grad_q), torch.empty_like(grad_k)
+    return out_like(grad_q), out_like(grad_k)
 
 
 _variant_op = define_differentiable_op(

@@ -154,7 +154,8 @@ def _fused_linear_cross_entropy_impl(
     )
     compute_grad = compute_grad_x or compute_grad_weight or compute_grad_bias
     hidden, vocab = x.shape[-1], weight.shape[0]
-    x2, target1 = x.reshape(-1, hidden), target.reshape(-1)
+    # the row kernel reads the labels at unit stride
+    x2, target1 = x.reshape(-1, hidden), target.reshape(-1).contiguous()
     grad_x2 = grad_x.view(-1, hidden) if compute_grad_x else grad_x
     n_rows = x2.shape[0]
     loss_dtype = _loss_dtype(x)

@@ -115,6 +115,7 @@ def _add_gelu_backward_fake(grad: Tensor, x: Tensor, bias: Tensor, approximate: 
 _add_gelu_op = define_differentiable_op(
     "add_gelu", _add_gelu_impl, fake=_add_gelu_fake,
     backward=_add_gelu_backward_impl, backward_fake=_add_gelu_backward_fake, saved=("x", "bias", "approximate"),
+    reference=lambda *args: add_gelu_reference(*args),  # defined below
 )
 
 

@@ -43,6 +43,7 @@ _clamped_swiglu_op = define_differentiable_op(
     "clamped_swiglu", _clamped_swiglu_impl, fake=_clamped_swiglu_fake,
     backward=_clamped_swiglu_backward_impl, backward_fake=_clamped_swiglu_backward_fake,
     saved=("x", "alpha", "limit"),
+    reference=lambda *args: clamped_swiglu_reference(*args),  # defined below
 )
 
 

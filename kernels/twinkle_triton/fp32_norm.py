@@ -155,6 +155,7 @@ _rms_norm_fp32_op = define_differentiable_op(
     "rms_norm_fp32", _rms_norm_fp32_impl, fake=_rms_norm_fp32_fake,
     backward=_rms_norm_fp32_backward_impl, backward_fake=_rms_norm_fp32_backward_fake,
     saved=("x", "weight", "eps", "offset"),
+    reference=lambda *args: rms_norm_fp32_reference(*args),  # defined below
 )
 
 
@@ -221,6 +222,7 @@ _layer_norm_op = define_differentiable_op(
     saved=("x", "weight", "bias", "eps"),
     # without a bias the backward op's third result is zeros: the missing input gets None
     gradients=lambda grads, saved: (grads[0], grads[1], grads[2] if saved[2] is not None else None, None),
+    reference=lambda *args: layer_norm_reference(*args),  # defined below
 )
 
 

@@ -259,6 +259,9 @@ _fused_linear_cross_entropy_op = define_op(
     "fused_linear_cross_entropy", _fused_linear_cross_entropy_impl, fake=_fused_linear_cross_entropy_fake,
     backward=_fused_linear_cross_entropy_backward, setup_context=_fused_linear_cross_entropy_setup_context,
     inline_kernels=False,
+    # the loss; the gradients then come from autograd through the reference
+    reference=lambda x, weight, target, bias, ignore_index, reduction, *_: (
+        fused_linear_cross_entropy_reference(x, weight, target, bias, ignore_index, reduction), None, None, None),
 )
 
 
@@ -650,6 +653,7 @@ def _flce_tiled_backward(ctx, grad_loss, _grad_lse, _grad_tile_max):
 _flce_tiled_op = define_op(
     "fused_linear_cross_entropy_tiled", _flce_tiled_impl, fake=_flce_tiled_fake, backward=_flce_tiled_backward,
     setup_context=_flce_tiled_setup_context, inline_kernels=False,
+    reference=lambda *args: (_row_loss_reference(*args[:8]), None, None),
 )
 
 
@@ -888,6 +892,7 @@ def _flce_vocab_backward(ctx, grad_loss, _grad_lse):
 _flce_vocab_op = define_op(
     "fused_linear_cross_entropy_vocab_chunked", _flce_vocab_impl, fake=_flce_vocab_fake,
     backward=_flce_vocab_backward, setup_context=_flce_vocab_setup_context, inline_kernels=False,
+    reference=lambda *args: (_row_loss_reference(*args[:8]), None),
 )
 
 
@@ -1069,3 +1074,10 @@ def fused_linear_cross_entropy_reference(
     if reduction == "sum":
         return loss.sum()
     return loss.sum() / valid.sum()
+
+
+def _row_loss_reference(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ignore_index: int,
+                        label_smoothing: float, z_loss: float, softcap: float) -> Tensor:
+    """The loss per row of the tiled and vocab-chunked ops (x [N, D], softcap 0 for none), in plain PyTorch."""
+    return fused_linear_cross_entropy_reference(x, weight, target, bias, ignore_index, "none",
+                                                label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap or None)

@@ -46,6 +46,7 @@ def _gelu_mul_backward_fake(grad: Tensor, gate: Tensor, up: Tensor, approximate:
 _gelu_mul_op = define_differentiable_op(
     "gelu_mul", _gelu_mul_impl, fake=_gelu_mul_fake,
     backward=_gelu_mul_backward_impl, backward_fake=_gelu_mul_backward_fake, saved=("gate", "up", "approximate"),
+    reference=lambda *args: gelu_mul_reference(*args),  # defined below
 )
 
 
@@ -105,6 +106,7 @@ def _gelu_and_mul_backward_fake(grad: Tensor, x: Tensor, approximate: str) -> Te
 _gelu_and_mul_op = define_differentiable_op(
     "gelu_and_mul", _gelu_and_mul_impl, fake=_gelu_and_mul_fake,
     backward=_gelu_and_mul_backward_impl, backward_fake=_gelu_and_mul_backward_fake, saved=("x", "approximate"),
+    reference=lambda *args: gelu_and_mul_reference(*args),  # defined below
 )
 
 

@@ -494,6 +494,8 @@ def _gqa_attention_backward(ctx, grad_out, _grad_stats):
 _gqa_attention_op = define_op(
     "gqa_attention", _gqa_attention_impl, fake=_gqa_attention_fake,
     backward=_gqa_attention_backward, setup_context=_gqa_attention_setup_context,
+    # the statistics are the kernels' own (for their backward): none without them
+    reference=lambda *args: (gqa_attention_reference(*args), None),  # defined below
 )
 
 

@@ -103,7 +103,8 @@ def _mul_add_backward(ctx, grad):
 
 
 _mul_add_op = define_op(
-    "mul_add", _mul_add_impl, fake=_mul_add_fake, backward=_mul_add_backward, setup_context=_mul_add_setup_context
+    "mul_add", _mul_add_impl, fake=_mul_add_fake, backward=_mul_add_backward, setup_context=_mul_add_setup_context,
+    reference=lambda *args: mul_add_reference(*args),  # defined below
 )
 
 

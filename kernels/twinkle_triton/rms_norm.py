@@ -177,6 +177,7 @@ def _rms_norm_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, eps: float)
 _rms_norm_op = define_differentiable_op(
     "rms_norm", _rms_norm_impl, fake=_rms_norm_fake,
     backward=_rms_norm_backward_impl, backward_fake=_rms_norm_backward_fake, saved=("x", "weight", "eps"),
+    reference=lambda *args: rms_norm_reference(*args),  # defined below
 )
 
 
@@ -240,6 +241,7 @@ _add_rms_norm_op = define_differentiable_op(
     saved=("output[1]", "weight", "eps"),  # the sum x + residual, the norm's input
     # d(x + residual)/dx = d(x + residual)/d(residual) = identity: both get the same gradient.
     gradients=lambda grads, _: (grads[0], grads[0], grads[1], None),
+    reference=lambda *args: add_rms_norm_reference(*args),  # defined below
 )
 
 

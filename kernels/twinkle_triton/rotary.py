@@ -197,6 +197,7 @@ _rotary_embedding_op = define_differentiable_op(
     backward=_rotary_embedding_backward_impl, backward_fake=_rotary_embedding_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim"),
     gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (see the module docstring)
+    reference=lambda *args: apply_rotary_pos_emb_reference(*args),  # defined below
 )
 
 

@@ -123,6 +123,8 @@ _op = define_differentiable_op(
     "rotary_embedding_deinterleave", _impl, fake=_fake, backward=_backward_impl, backward_fake=_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim"),
     gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (as rotary_embedding)
+    reference=lambda q, k, cos, sin, unsqueeze_dim: apply_rotary_pos_emb_deinterleave_reference(
+        q, k, cos, sin, None, unsqueeze_dim),  # defined below
 )
 
 

@@ -57,6 +57,8 @@ _variant_op = define_differentiable_op(
     backward=_variant_backward_impl, backward_fake=_variant_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim", "rotary_dim", "interleaved", "shared_angle"),
     gradients=lambda grads, _: (*grads, None, None, None, None, None, None),  # cos, sin and the layout get none
+    reference=lambda q, k, cos, sin, unsqueeze_dim, rotary_dim, interleaved, shared_angle: _REFERENCES[
+        interleaved, shared_angle](q, k, cos, sin, unsqueeze_dim),
 )
 
 
@@ -200,3 +202,12 @@ def apply_rotary_pos_emb_half_angle_reference(q: Tensor, k: Tensor, cos: Tensor,
         first, second = torch.chunk(x, 2, dim=-1)
         out.append(torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1))
     return out[0], out[1]
+
+
+# The reference of each layout (interleaved, shared_angle); the rotary dim follows from cos/sin's width in each.
+_REFERENCES = {
+    (False, False): apply_rotary_pos_emb_partial_reference,
+    (True, True): apply_rotary_pos_emb_interleaved_partial_reference,
+    (True, False): apply_rotary_pos_emb_interleaved_reference,
+    (False, True): apply_rotary_pos_emb_half_angle_reference,
+}

@@ -38,6 +38,7 @@ def _silu_and_mul_backward_fake(grad: Tensor, x: Tensor) -> Tensor:
 _silu_and_mul_op = define_differentiable_op(
     "silu_and_mul", _silu_and_mul_impl, fake=_silu_and_mul_fake,
     backward=_silu_and_mul_backward_impl, backward_fake=_silu_and_mul_backward_fake, saved=("x",),
+    reference=lambda *args: silu_and_mul_reference(*args),  # defined below
 )
 
 
@@ -94,6 +95,7 @@ def _silu_mul_backward_fake(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Ten
 _silu_mul_op = define_differentiable_op(
     "silu_mul", _silu_mul_impl, fake=_silu_mul_fake,
     backward=_silu_mul_backward_impl, backward_fake=_silu_mul_backward_fake, saved=("gate", "up"),
+    reference=lambda *args: silu_mul_reference(*args),  # defined below
 )
 
 

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, compute_dtype, elementwise_block
+from ._launch import cdiv, check_tensors, compute_dtype, elementwise_block
 from ._library import define_differentiable_op, wrap_triton
 
 _APPROXIMATIONS = ("none", "tanh")
@@ -138,6 +138,7 @@ def add_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
         h = add_gelu(x @ fc.weight.T, fc.bias, approximate="tanh")
         ```
     """
+    check_tensors("add_gelu", min_dim=1, x=x, bias=bias)
     if approximate not in _APPROXIMATIONS:
         raise ValueError(f"add_gelu: approximate={approximate!r}; use one of {_APPROXIMATIONS}.")
     if x.dim() == 0 or bias.dtype != x.dtype or (

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ._gated import CLAMPED_SWIGLU, interleaved_backward_impl, interleaved_impl
+from ._launch import check_tensors
 from ._library import define_differentiable_op
 
 
@@ -67,6 +68,7 @@ def clamped_swiglu(x: Tensor, alpha: float, limit: float) -> Tensor:
         h = clamped_swiglu(hidden @ expert.gate_up_proj[e] + expert.gate_up_proj_bias[e], 1.702, 7.0)
         ```
     """
+    check_tensors("clamped_swiglu", min_dim=1, x=x)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"clamped_swiglu: x has shape {tuple(x.shape)}; its last dimension must be even "
                          "(interleaved gate and up columns).")

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, persistent_programs, row_block, rows
+from ._launch import check_tensors, compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 
@@ -85,6 +85,7 @@ def _fp32_norm_bwd_kernel(
 
 
 def _check(op: str, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> None:
+    check_tensors(op, min_dim=1, x=x, weight=weight, bias=bias)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and (t.dim() != 1 or x.dim() == 0 or t.shape[0] != x.shape[-1]):
             raise ValueError(

@@ -72,7 +72,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, interpreting
+from ._launch import ANY_DTYPE, check_tensors, compute_dtype, interpreting
 from ._library import define_op
 
 LOGITS_CHUNK_BYTES = 320 * 1024 * 1024
@@ -908,6 +908,8 @@ def _resolve_filter_eps(filter_eps: float | str | None, dtype: torch.dtype) -> f
 
 def _check(x, weight, target, bias, reduction, options) -> None:
     op = "fused_linear_cross_entropy"
+    check_tensors(op, min_dim=1, x=x, weight=weight, bias=bias)
+    check_tensors(op, dtypes=ANY_DTYPE, x=x, target=target)
     strategy, chunk_size = options["strategy"], options["chunk_size"]
     if strategy not in (None, *_STRATEGIES):
         raise ValueError(f"{op}: strategy={strategy!r}; use one of {_STRATEGIES} or None (tiled, or chunked "

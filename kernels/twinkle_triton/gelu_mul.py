@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ._gated import GELU_APPROXIMATIONS, packed_backward_impl, packed_impl, separate_backward_impl, separate_impl
+from ._launch import check_tensors
 from ._library import define_differentiable_op
 
 _APPROXIMATIONS = tuple(GELU_APPROXIMATIONS)
@@ -70,6 +71,7 @@ def gelu_mul(gate: Tensor, up: Tensor, approximate: str = "tanh") -> Tensor:
         out = down_proj(gelu_mul(gate_proj(x), up_proj(x)))
         ```
     """
+    check_tensors("gelu_mul", min_dim=1, gate=gate, up=up)
     _check_approximate("gelu_mul", approximate)
     if gate.shape != up.shape or gate.dtype != up.dtype or gate.dim() == 0:
         raise ValueError(
@@ -129,6 +131,7 @@ def gelu_and_mul(x: Tensor, approximate: str = "tanh") -> Tensor:
         act = gelu_and_mul(gate_up_proj(x))   # gate_up_proj: Linear(hidden, 2 * intermediate)
         ```
     """
+    check_tensors("gelu_and_mul", min_dim=1, x=x)
     _check_approximate("gelu_and_mul", approximate)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, compute_dtype, elementwise_block
+from ._launch import REAL, cdiv, check_tensors, compute_dtype, elementwise_block
 from ._library import define_op, wrap_triton
 
 
@@ -127,6 +127,7 @@ def mul_add(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
         y = mul_add(x, scale, shift)   # x [B, S, H]; scale, shift [H]
         ```
     """
+    check_tensors("mul_add", dtypes=REAL, a=a, b=b, c=c)
     if not (a.dtype == b.dtype == c.dtype):
         raise ValueError(
             f"mul_add: dtypes are a={a.dtype}, b={b.dtype}, c={c.dtype}; cast them to one dtype first."

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows
+from ._launch import cdiv, check_tensors, compute_dtype, interpreting, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 # Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8
@@ -96,6 +96,7 @@ def _rms_norm_bwd_kernel(
 
 
 def _check(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:
+    check_tensors(op, min_dim=1, x=x, residual=residual, weight=weight)
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
         raise ValueError(
             f"{op}: weight has shape {tuple(weight.shape)} but x's last dimension is {x.shape[-1]}; "

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, next_power_of_2
+from ._launch import check_tensors, compute_dtype, next_power_of_2
 from ._library import define_differentiable_op, wrap_triton
 
 
@@ -208,12 +208,14 @@ _MAX_CHECKED = 1024
 
 
 def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
-    # Traced calls (Dynamo, fake or functional tensors; shapes may be symbolic) keep no global state.
-    if torch.compiler.is_compiling() or type(q) is not torch.Tensor:
+    # Traced calls (Dynamo, fake or functional tensors; shapes may be symbolic) keep no global state;
+    # nor do calls with anything but plain tensors (checked each time, refused if not tensors).
+    if torch.compiler.is_compiling() or not type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
         _check_shapes(q, k, cos, sin, unsqueeze_dim)
         key = None
     else:
-        key = (q.shape, k.shape, cos.shape, sin.shape, q.dtype, k.dtype, unsqueeze_dim)
+        key = (q.shape, k.shape, cos.shape, sin.shape, q.dtype, k.dtype, cos.dtype, sin.dtype,
+               q.device, k.device, cos.device, sin.device, unsqueeze_dim)
     if key is not None and key not in _CHECKED:
         _check_shapes(q, k, cos, sin, unsqueeze_dim)
         if len(_CHECKED) >= _MAX_CHECKED:
@@ -230,6 +232,7 @@ def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -
 
 
 def _check_shapes(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
+    check_tensors("apply_rotary_pos_emb", q=q, k=k, cos=cos, sin=sin)
     if unsqueeze_dim not in (1, 2):
         raise ValueError(
             f"apply_rotary_pos_emb: unsqueeze_dim={unsqueeze_dim!r}; use 1 for q/k laid out "

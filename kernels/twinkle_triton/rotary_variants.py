@@ -26,6 +26,7 @@ its launch are :mod:`.rotary`'s, whose Llama layout is the case with no variant.
 import torch
 from torch import Tensor
 
+from ._launch import check_tensors
 from ._library import define_differentiable_op
 from .rotary import _check, _launch, out_like
 
@@ -64,6 +65,7 @@ _variant_op = define_differentiable_op(
 
 def _run(name: str, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, rotary_dim: int,
          interleaved: bool, shared_angle: bool) -> tuple[Tensor, Tensor]:
+    check_tensors(name, q=q, k=k, cos=cos, sin=sin)
     head_dim = q.shape[-1] if q.dim() else 0
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise ValueError(

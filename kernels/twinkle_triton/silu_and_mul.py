@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ._gated import SILU, packed_backward_impl, packed_impl, separate_backward_impl, separate_impl
+from ._launch import check_tensors
 from ._library import define_differentiable_op
 
 # ----------------------------------------------------------------------------- silu_and_mul
@@ -59,6 +60,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
         act = silu_and_mul(gate_up_proj(x))   # gate_up_proj: Linear(hidden, 2 * intermediate)
         ```
     """
+    check_tensors("silu_and_mul", min_dim=1, x=x)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(
             f"silu_and_mul: x has shape {tuple(x.shape)}; its last dimension must be even "
@@ -117,6 +119,7 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
         out = down_proj(silu_mul(gate_proj(x), up_proj(x)))
         ```
     """
+    check_tensors("silu_mul", min_dim=1, gate=gate, up=up)
     if gate.shape != up.shape or gate.dtype != up.dtype or gate.dim() == 0:
         raise ValueError(
             f"silu_mul: gate is {tuple(gate.shape)} {gate.dtype}, up is {tuple(up.shape)} {up.dtype}; "

@@ -131,7 +131,9 @@ def add_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
         `torch.Tensor`: contiguous, x's shape and dtype.
 
     Raises:
-        ValueError: unknown ``approximate``, or a bias shape/dtype other than the supported ones.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: unknown ``approximate``, a bias shape/dtype other than the supported ones, or
+            tensors on two devices.
 
     Example:
         ```python

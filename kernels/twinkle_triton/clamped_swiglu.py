@@ -61,6 +61,7 @@ def clamped_swiglu(x: Tensor, alpha: float, limit: float) -> Tensor:
         `torch.Tensor`: contiguous ``[..., d]`` in x's dtype.
 
     Raises:
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
         ValueError: the last dimension is odd, or ``limit`` is not positive.
 
     Example:

@@ -176,7 +176,9 @@ def rms_norm_fp32(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 
         `torch.Tensor`: contiguous ``[..., hidden]`` in x's dtype.
 
     Raises:
-        ValueError: weight's shape does not match x's last dimension, or hidden > 65536.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: x is 0-D, weight's shape does not match x's last dimension, hidden > 65536, or
+            tensors on two devices.
 
     Example:
         ```python
@@ -241,7 +243,9 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float
         `torch.Tensor`: contiguous ``[..., hidden]`` in x's dtype.
 
     Raises:
-        ValueError: weight or bias shapes do not match x's last dimension, or hidden > 65536.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: x is 0-D, weight or bias shapes do not match x's last dimension, hidden > 65536, or
+            tensors on two devices.
 
     Example:
         ```python

@@ -999,8 +999,9 @@ def fused_linear_cross_entropy(
         `torch.Tensor`: fp32 loss (fp64 for fp64 inputs), a scalar or per token (``"none"``).
 
     Raises:
-        ValueError: an unknown option value, an option the chosen strategy lacks, or shapes/dtypes that
-            F.linear / F.cross_entropy reject.
+        TypeError: x, weight or bias is not a floating-point tensor.
+        ValueError: an unknown option value, an option the chosen strategy lacks, shapes/dtypes that
+            F.linear / F.cross_entropy reject, or tensors on two devices.
 
     Example:
         ```python

@@ -64,7 +64,8 @@ def gelu_mul(gate: Tensor, up: Tensor, approximate: str = "tanh") -> Tensor:
         `torch.Tensor`: contiguous, gate's shape and dtype.
 
     Raises:
-        ValueError: shapes or dtypes differ, or an unknown ``approximate``.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: shapes, dtypes or devices differ, or an unknown ``approximate``.
 
     Example:
         ```python
@@ -124,6 +125,7 @@ def gelu_and_mul(x: Tensor, approximate: str = "tanh") -> Tensor:
         `torch.Tensor`: contiguous ``[..., d]`` in x's dtype.
 
     Raises:
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
         ValueError: the last dimension is odd, or an unknown ``approximate``.
 
     Example:

@@ -112,7 +112,8 @@ def mul_add(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     """``a * b + c`` in one pass, with torch broadcasting.
 
     Args:
-        a (`torch.Tensor`): any shape.
+        a (`torch.Tensor`): any shape; a floating, integer or bool dtype (integers are computed exactly,
+            wrapping on overflow like torch).
         b (`torch.Tensor`): broadcastable with a and c, same dtype.
         c (`torch.Tensor`): broadcastable with a and b, same dtype.
 
@@ -120,7 +121,8 @@ def mul_add(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
         `torch.Tensor`: contiguous, the broadcast shape, the inputs' dtype.
 
     Raises:
-        ValueError: dtypes differ or shapes do not broadcast.
+        TypeError: an argument is not a tensor (a Python number included: pass a tensor) or is complex.
+        ValueError: dtypes or devices differ, or shapes do not broadcast.
 
     Example:
         ```python

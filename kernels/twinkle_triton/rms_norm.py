@@ -194,7 +194,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
         `torch.Tensor`: contiguous ``[..., hidden]`` in ``torch.promote_types(weight.dtype, x.dtype)``.
 
     Raises:
-        ValueError: weight's shape does not match x's last dimension, or hidden > 65536.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: x is 0-D, weight's shape does not match x's last dimension, hidden > 65536, or
+            tensors on two devices.
 
     Example:
         ```python

@@ -292,7 +292,8 @@ def apply_rotary_pos_emb(
         `tuple[torch.Tensor, torch.Tensor]`: ``(q_embed, k_embed)``, laid out like q and k.
 
     Raises:
-        ValueError: bad ranks/shapes/dtypes, odd head dim, or cos/sin requiring grad.
+        TypeError: q, k, cos or sin is not a floating-point tensor.
+        ValueError: bad ranks/shapes/dtypes, odd head dim, cos/sin requiring grad, or tensors on two devices.
 
     Example:
         ```python

@@ -147,7 +147,8 @@ def apply_rotary_pos_emb_deinterleave(q: Tensor, k: Tensor, cos: Tensor, sin: Te
         `tuple[torch.Tensor, torch.Tensor]`: ``(q_embed, k_embed)`` laid out like q and k.
 
     Raises:
-        ValueError: bad shapes, an odd head dim, cos/sin requiring grad.
+        TypeError: q, k, cos or sin is not a floating-point tensor.
+        ValueError: bad shapes, an odd head dim, cos/sin requiring grad, tensors on two devices.
 
     Example:
         ```python

@@ -97,7 +97,9 @@ def apply_rotary_pos_emb_partial(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
         `tuple[torch.Tensor, torch.Tensor]`: ``(q_embed, k_embed)`` laid out like q and k.
 
     Raises:
-        ValueError: bad shapes, an odd rotary width or one wider than the head, cos/sin requiring grad.
+        TypeError: q, k, cos or sin is not a floating-point tensor.
+        ValueError: bad shapes, an odd rotary width or one wider than the head, cos/sin requiring grad,
+            tensors on two devices.
 
     Example:
         ```python

@@ -53,6 +53,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
         `torch.Tensor`: contiguous ``[..., d]`` in x's dtype.
 
     Raises:
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
         ValueError: the last dimension is odd.
 
     Example:
@@ -112,7 +113,8 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
         `torch.Tensor`: contiguous, gate's shape and dtype.
 
     Raises:
-        ValueError: shapes or dtypes differ.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: shapes, dtypes or devices differ.
 
     Example:
         ```python

@@ -18,7 +18,8 @@ ACTIVATIONS = {
     "add_rms_norm": (tt.add_rms_norm, ("x",), lambda t: (t(4, 8), t(4, 8), t(8))),
     "rms_norm_fp32": (tt.rms_norm_fp32, ("x",), lambda t: (t(4, 8), t(8))),
     "layer_norm": (tt.layer_norm, ("x",), lambda t: (t(4, 8), t(8))),
-    "apply_rotary_pos_emb": (tt.apply_rotary_pos_emb, ("q",), lambda t: (t(1, 2, 3, 8), t(1, 2, 3, 8), t(1, 3, 8), t(1, 3, 8))),
+    "apply_rotary_pos_emb": (tt.apply_rotary_pos_emb, ("q",),
+                             lambda t: (t(1, 2, 3, 8), t(1, 2, 3, 8), t(1, 3, 8), t(1, 3, 8))),
 }
 
 
@@ -66,13 +67,6 @@ def _meta(*shape, dtype=torch.float32):
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def _flce(strategy, reduction="mean"):
-    def call(fn, x, w, t):
-        return fn(x, w, t, reduction=reduction, **({"strategy": strategy} if fn is tt.fused_linear_cross_entropy else {}))
-
-    return call
-
-
 META_CASES = {
     "rms_norm": (tt.rms_norm, lambda: (_meta(2, 3, 8, dtype=torch.bfloat16), _meta(8))),
     "add_rms_norm": (tt.add_rms_norm, lambda: (_meta(2, 3, 8), _meta(2, 3, 8), _meta(8))),
@@ -91,8 +85,9 @@ META_CASES = {
                                      lambda: (_meta(2, 4, 5, 8), _meta(2, 2, 5, 8), _meta(2, 5, 6), _meta(2, 5, 6))),
     "apply_rotary_pos_emb_half_angle": (tt.apply_rotary_pos_emb_half_angle,
                                         lambda: (_meta(2, 4, 5, 8), _meta(2, 2, 5, 8), _meta(1, 5, 4), _meta(1, 5, 4))),
-    "apply_rotary_pos_emb_deinterleave": (tt.apply_rotary_pos_emb_deinterleave,
-                                          lambda: (_meta(2, 4, 5, 8), _meta(2, 1, 5, 8), _meta(2, 5, 8), _meta(2, 5, 8))),
+    "apply_rotary_pos_emb_deinterleave": (
+        tt.apply_rotary_pos_emb_deinterleave,
+        lambda: (_meta(2, 4, 5, 8), _meta(2, 1, 5, 8), _meta(2, 5, 8), _meta(2, 5, 8))),
     "gqa_attention": (tt.gqa_attention, lambda: (_meta(2, 4, 3, 16), _meta(2, 2, 7, 16), _meta(2, 2, 7, 16))),
 }
 for _strategy in ("chunked", "vocab_chunked", "tiled"):

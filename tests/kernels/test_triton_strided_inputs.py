@@ -48,14 +48,14 @@ def _rms_norm(lay):
 
 def _add_rms_norm(lay):
     x, r, w = lay(torch.randn(2, 3, 24)), lay(torch.randn(2, 3, 24)), lay(torch.randn(24))
-    return ((lambda x, r, w: tt.add_rms_norm(x, r, w, 1e-6)), (lambda x, r, w: tt.add_rms_norm_reference(x, r, w, 1e-6)),
-            (x, r, w))
+    return ((lambda x, r, w: tt.add_rms_norm(x, r, w, 1e-6)),
+            (lambda x, r, w: tt.add_rms_norm_reference(x, r, w, 1e-6)), (x, r, w))
 
 
 def _rms_norm_fp32(lay):
     x, w = lay(torch.randn(6, 24)), lay(torch.randn(24))
-    return ((lambda x, w: tt.rms_norm_fp32(x, w, 1e-6, 1.0)), (lambda x, w: tt.rms_norm_fp32_reference(x, w, 1e-6, 1.0)),
-            (x, w))
+    return ((lambda x, w: tt.rms_norm_fp32(x, w, 1e-6, 1.0)),
+            (lambda x, w: tt.rms_norm_fp32_reference(x, w, 1e-6, 1.0)), (x, w))
 
 
 def _layer_norm(lay):
@@ -110,8 +110,8 @@ def _gqa_attention(lay):
     keep = torch.rand(2, 1, 5, 7) > 0.3
     keep[..., 0] = True
     mask = lay(keep)
-    return ((lambda q, k, v: tt.gqa_attention(q, k, v, mask)), (lambda q, k, v: tt.gqa_attention_reference(q, k, v, mask)),
-            (q, k, v))
+    return ((lambda q, k, v: tt.gqa_attention(q, k, v, mask)),
+            (lambda q, k, v: tt.gqa_attention_reference(q, k, v, mask)), (q, k, v))
 
 
 def _fused_linear_cross_entropy(strategy):

@@ -27,9 +27,15 @@ from its generated code like its own, with no custom-op dispatch per call. Measu
 step waited on the host. The Triton interpreter (``TRITON_INTERPRET=1``, CPU) keeps
 ``torch.library.custom_op``: ``triton_op`` + ``wrap_triton`` does not run under the interpreter
 inside torch.compile. ``TWINKLE_TRITON_OP=0``/``1`` overrides the choice (read once, at import).
+
+Tensors on a device without a Triton backend (the CPU without ``TRITON_INTERPRET=1``, MPS, ...) run
+the op's PyTorch reference instead, with one logging WARNING per device type; meta tensors run the
+op's fake implementation (meta outputs of the right shape and dtype). The decision is made here,
+for every op, from the device of the op's first argument: on CUDA it costs one ``is_cuda`` test.
 """
 
 import inspect
+import logging
 import os
 import threading
 import typing
@@ -55,6 +61,15 @@ def _use_triton_op() -> bool:
 
 # Whether ops are defined with torch.library.triton_op (True) or torch.library.custom_op (False).
 USE_TRITON_OP = _use_triton_op()
+
+# Whether Triton runs the kernels on CPU tensors (its interpreter). Read once, at import, as
+# triton.jit reads it when the kernels below it are defined.
+KERNELS_RUN_ON_CPU = os.environ.get("TRITON_INTERPRET") == "1"
+
+logger = logging.getLogger(__name__)
+
+# Device types whose fallback to the references was already logged (once each per process).
+_FALLBACK_LOGGED: set[str] = set()
 
 
 class _EagerCall(threading.local):
@@ -87,11 +102,14 @@ class TwinkleOp:
     ``op`` is the custom op (``torch.ops.twinkle.<name>.default`` semantics). Calling the object
     runs ``impl`` directly (ops without autograd) or through a ``torch.autograd.Function`` built
     from the same ``setup_context``/``backward`` (ops with autograd) when nothing may trace or
-    intercept the call (see the module docstring); otherwise it calls ``op``.
+    intercept the call (see the module docstring); otherwise it calls ``op``. On a device without a
+    Triton backend it runs ``reference`` (plain, differentiable PyTorch) instead, or ``op`` (its
+    fake) for meta tensors.
     """
 
-    def __init__(self, name: str, op, impl: Callable, backward: Callable | None, setup_context: Callable | None):
-        self.name, self.op, self.impl = name, op, impl
+    def __init__(self, name: str, op, impl: Callable, backward: Callable | None, setup_context: Callable | None,
+                 reference: Callable | None = None):
+        self.name, self.op, self.impl, self.reference = name, op, impl, reference
         self._function = None
         if backward is not None:
             def forward(ctx, *args):
@@ -106,6 +124,9 @@ class TwinkleOp:
 
     def __call__(self, *args):
         # Everything in one frame: this runs a few hundred times a training step.
+        first = args[0]
+        if not first.is_cuda and not (KERNELS_RUN_ON_CPU and first.device.type == "cpu"):
+            return self._without_kernels(first.device.type, args)
         if (
             torch.compiler.is_compiling()
             or torch._C._len_torch_dispatch_stack()
@@ -127,6 +148,28 @@ class TwinkleOp:
         finally:
             state.active = False
 
+    def _without_kernels(self, device: str, args: tuple):
+        """The call on a device Triton cannot launch on: the fake for meta tensors, else the reference."""
+        if device == "meta":
+            return self.op(*args)
+        if self.reference is None:
+            raise RuntimeError(
+                f"{NAMESPACE}::{self.name}: Triton has no backend for {device} tensors here and this op has no "
+                "PyTorch reference to run instead; pass CUDA tensors, or set TRITON_INTERPRET=1 before importing "
+                "twinkle_triton to run the kernels on the CPU through Triton's interpreter."
+            )
+        # Not from inside a graph being traced: the log call would break it, and the eager run logs.
+        if not torch.compiler.is_compiling() and device not in _FALLBACK_LOGGED:
+            _FALLBACK_LOGGED.add(device)
+            logger.warning(
+                "twinkle_triton: Triton has no backend for %s tensors here (%s was called on them); the ops run "
+                "their PyTorch references (<op>_reference) on %s: same results, none of the kernels' speed. "
+                "Pass CUDA tensors, or set TRITON_INTERPRET=1 before importing twinkle_triton to run the "
+                "kernels on the CPU through Triton's interpreter (slow; for tests).",
+                device, self.name, device,
+            )
+        return self.reference(*args)
+
     def _run(self, args: tuple):
         if self._function is None or not torch.is_grad_enabled():
             return self.impl(*args)
@@ -145,8 +188,14 @@ def define_op(
     backward: Callable | None = None,
     setup_context: Callable | None = None,
     inline_kernels: bool = True,
+    reference: Callable | None = None,
 ) -> TwinkleOp:
     """Define ``twinkle::<name>`` from a type-annotated ``impl`` with its fake and autograd.
+
+    ``impl``'s first argument is a tensor: its device decides between the kernels and
+    ``reference``, a plain-PyTorch (differentiable) function of the same arguments that calls on a
+    device without a Triton backend run instead. It returns what the op's callers use: outputs that
+    only the kernels' backward needs (saved statistics, gradients computed in the forward) may be None.
 
     With ``USE_TRITON_OP`` and ``inline_kernels`` the op is a ``torch.library.triton_op``: ``impl``
     may then use only torch ops and ``wrap_triton(kernel)[grid](...)`` launches (no ``data_ptr``,
@@ -165,7 +214,7 @@ def define_op(
         op.register_fake(fake)
         if backward is not None:
             op.register_autograd(backward, setup_context=setup_context)
-    return TwinkleOp(name, op, impl, backward, setup_context)
+    return TwinkleOp(name, op, impl, backward, setup_context, reference)
 
 
 def define_differentiable_op(
@@ -178,9 +227,11 @@ def define_differentiable_op(
     saved: Sequence[str],
     gradients: Callable[[tuple, list], tuple] | None = None,
     inline_kernels: bool = True,
+    reference: Callable | None = None,
 ) -> TwinkleOp:
     """Define ``twinkle::<name>`` and ``twinkle::<name>_backward`` with the autograd wiring between
     them generated from a declaration, instead of a hand-written ``setup_context`` and backward.
+    ``reference`` is :func:`define_op`'s.
 
     ``backward(*output_gradients, *saved)`` is the backward op's impl (type-annotated, like ``impl``):
     it receives the gradient of each output of ``impl``, then the values named in ``saved``: names of
@@ -240,7 +291,7 @@ def define_differentiable_op(
 
     autograd_backward.__name__ = f"{name}_autograd_backward"
     return define_op(name, impl, fake=fake, backward=autograd_backward, setup_context=setup_context,
-                     inline_kernels=inline_kernels)
+                     inline_kernels=inline_kernels, reference=reference)
 
 
 def _is_tensor_hint(hint) -> bool:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, compute_dtype, elementwise_block
+from ._launch import cdiv, check_tensors, compute_dtype, elementwise_block
 from ._library import define_differentiable_op, wrap_triton
 
 _APPROXIMATIONS = ("none", "tanh")
@@ -115,6 +115,7 @@ def _add_gelu_backward_fake(grad: Tensor, x: Tensor, bias: Tensor, approximate: 
 _add_gelu_op = define_differentiable_op(
     "add_gelu", _add_gelu_impl, fake=_add_gelu_fake,
     backward=_add_gelu_backward_impl, backward_fake=_add_gelu_backward_fake, saved=("x", "bias", "approximate"),
+    reference=lambda *args: add_gelu_reference(*args),  # defined below
 )
 
 
@@ -130,13 +131,16 @@ def add_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
         `torch.Tensor`: contiguous, x's shape and dtype.
 
     Raises:
-        ValueError: unknown ``approximate``, or a bias shape/dtype other than the supported ones.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: unknown ``approximate``, a bias shape/dtype other than the supported ones, or
+            tensors on two devices.
 
     Example:
         ```python
         h = add_gelu(x @ fc.weight.T, fc.bias, approximate="tanh")
         ```
     """
+    check_tensors("add_gelu", min_dim=1, x=x, bias=bias)
     if approximate not in _APPROXIMATIONS:
         raise ValueError(f"add_gelu: approximate={approximate!r}; use one of {_APPROXIMATIONS}.")
     if x.dim() == 0 or bias.dtype != x.dtype or (

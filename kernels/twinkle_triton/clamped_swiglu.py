@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ._gated import CLAMPED_SWIGLU, interleaved_backward_impl, interleaved_impl
+from ._launch import check_tensors
 from ._library import define_differentiable_op
 
 
@@ -43,6 +44,7 @@ _clamped_swiglu_op = define_differentiable_op(
     "clamped_swiglu", _clamped_swiglu_impl, fake=_clamped_swiglu_fake,
     backward=_clamped_swiglu_backward_impl, backward_fake=_clamped_swiglu_backward_fake,
     saved=("x", "alpha", "limit"),
+    reference=lambda *args: clamped_swiglu_reference(*args),  # defined below
 )
 
 
@@ -59,6 +61,7 @@ def clamped_swiglu(x: Tensor, alpha: float, limit: float) -> Tensor:
         `torch.Tensor`: contiguous ``[..., d]`` in x's dtype.
 
     Raises:
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
         ValueError: the last dimension is odd, or ``limit`` is not positive.
 
     Example:
@@ -66,6 +69,7 @@ def clamped_swiglu(x: Tensor, alpha: float, limit: float) -> Tensor:
         h = clamped_swiglu(hidden @ expert.gate_up_proj[e] + expert.gate_up_proj_bias[e], 1.702, 7.0)
         ```
     """
+    check_tensors("clamped_swiglu", min_dim=1, x=x)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"clamped_swiglu: x has shape {tuple(x.shape)}; its last dimension must be even "
                          "(interleaved gate and up columns).")

@@ -27,13 +27,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, persistent_programs, row_block, rows
+from ._launch import check_tensors, compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 
 @triton.jit
 def _fp32_norm_fwd_kernel(
-    x_ptr, weight_ptr, bias_ptr, out_ptr, x_row_stride, n_cols, eps, offset,
+    x_ptr, weight_ptr, bias_ptr, out_ptr, x_row_stride, weight_stride, bias_stride, n_cols, eps, offset,
     CENTER: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -43,24 +43,24 @@ def _fp32_norm_fwd_kernel(
     if CENTER:
         h = tl.where(mask, h - tl.sum(h, axis=0) / n_cols, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    w = tl.load(weight_ptr + cols * weight_stride, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     out = h * rstd * (offset + w)
     if HAS_BIAS:
-        out += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        out += tl.load(bias_ptr + cols * bias_stride, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     tl.store(out_ptr + row * n_cols + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _fp32_norm_bwd_kernel(
     grad_ptr, x_ptr, weight_ptr, grad_x_ptr, grad_weight_partial_ptr, grad_bias_partial_ptr,
-    grad_row_stride, x_row_stride, n_rows, n_cols, eps, offset,
+    grad_row_stride, x_row_stride, weight_stride, n_rows, n_cols, eps, offset,
     CENTER: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     n_programs = tl.num_programs(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE) + offset
+    w = tl.load(weight_ptr + cols * weight_stride, mask=mask, other=0.0).to(COMPUTE_DTYPE) + offset
     grad_weight = tl.zeros([BLOCK], dtype=COMPUTE_DTYPE)
     grad_bias = tl.zeros([BLOCK], dtype=COMPUTE_DTYPE)
     for row in range(pid, n_rows, n_programs):
@@ -85,6 +85,7 @@ def _fp32_norm_bwd_kernel(
 
 
 def _check(op: str, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> None:
+    check_tensors(op, min_dim=1, x=x, weight=weight, bias=bias)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and (t.dim() != 1 or x.dim() == 0 or t.shape[0] != x.shape[-1]):
             raise ValueError(
@@ -101,7 +102,8 @@ def _launch_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, offs
         return out
     block, num_warps = row_block(x2.shape[1], op=op)
     wrap_triton(_fp32_norm_fwd_kernel)[(x2.shape[0],)](
-        x2, weight, bias if bias is not None else weight, out, x2.stride(0), x2.shape[1], eps, offset,
+        x2, weight, bias if bias is not None else weight, out, x2.stride(0), weight.stride(0),
+        bias.stride(0) if bias is not None else 0, x2.shape[1], eps, offset,
         CENTER=center, HAS_BIAS=bias is not None, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
         num_warps=num_warps,
     )
@@ -123,7 +125,7 @@ def _launch_bwd(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, eps: fl
     partial_b = torch.empty((programs, n_cols), dtype=acc, device=x.device) if has_bias else partial_w
     wrap_triton(_fp32_norm_bwd_kernel)[(programs,)](
         grad2, x2, weight, grad_x, partial_w, partial_b,
-        grad2.stride(0), x2.stride(0), n_rows, n_cols, eps, offset,
+        grad2.stride(0), x2.stride(0), weight.stride(0), n_rows, n_cols, eps, offset,
         CENTER=center, HAS_BIAS=has_bias, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=num_warps,
     )
     grad_bias = partial_b.sum(0).to(weight.dtype) if has_bias else torch.zeros_like(weight)
@@ -154,6 +156,7 @@ _rms_norm_fp32_op = define_differentiable_op(
     "rms_norm_fp32", _rms_norm_fp32_impl, fake=_rms_norm_fp32_fake,
     backward=_rms_norm_fp32_backward_impl, backward_fake=_rms_norm_fp32_backward_fake,
     saved=("x", "weight", "eps", "offset"),
+    reference=lambda *args: rms_norm_fp32_reference(*args),  # defined below
 )
 
 
@@ -173,7 +176,9 @@ def rms_norm_fp32(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 
         `torch.Tensor`: contiguous ``[..., hidden]`` in x's dtype.
 
     Raises:
-        ValueError: weight's shape does not match x's last dimension, or hidden > 65536.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: x is 0-D, weight's shape does not match x's last dimension, hidden > 65536, or
+            tensors on two devices.
 
     Example:
         ```python
@@ -220,6 +225,7 @@ _layer_norm_op = define_differentiable_op(
     saved=("x", "weight", "bias", "eps"),
     # without a bias the backward op's third result is zeros: the missing input gets None
     gradients=lambda grads, saved: (grads[0], grads[1], grads[2] if saved[2] is not None else None, None),
+    reference=lambda *args: layer_norm_reference(*args),  # defined below
 )
 
 
@@ -237,7 +243,9 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float
         `torch.Tensor`: contiguous ``[..., hidden]`` in x's dtype.
 
     Raises:
-        ValueError: weight or bias shapes do not match x's last dimension, or hidden > 65536.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: x is 0-D, weight or bias shapes do not match x's last dimension, hidden > 65536, or
+            tensors on two devices.
 
     Example:
         ```python

@@ -72,7 +72,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, interpreting
+from ._launch import ANY_DTYPE, check_tensors, compute_dtype, interpreting
 from ._library import define_op
 
 LOGITS_CHUNK_BYTES = 320 * 1024 * 1024
@@ -154,7 +154,8 @@ def _fused_linear_cross_entropy_impl(
     )
     compute_grad = compute_grad_x or compute_grad_weight or compute_grad_bias
     hidden, vocab = x.shape[-1], weight.shape[0]
-    x2, target1 = x.reshape(-1, hidden), target.reshape(-1)
+    # the row kernel reads the labels at unit stride
+    x2, target1 = x.reshape(-1, hidden), target.reshape(-1).contiguous()
     grad_x2 = grad_x.view(-1, hidden) if compute_grad_x else grad_x
     n_rows = x2.shape[0]
     loss_dtype = _loss_dtype(x)
@@ -258,6 +259,9 @@ _fused_linear_cross_entropy_op = define_op(
     "fused_linear_cross_entropy", _fused_linear_cross_entropy_impl, fake=_fused_linear_cross_entropy_fake,
     backward=_fused_linear_cross_entropy_backward, setup_context=_fused_linear_cross_entropy_setup_context,
     inline_kernels=False,
+    # the loss; the gradients then come from autograd through the reference
+    reference=lambda x, weight, target, bias, ignore_index, reduction, *_: (
+        fused_linear_cross_entropy_reference(x, weight, target, bias, ignore_index, reduction), None, None, None),
 )
 
 
@@ -649,6 +653,7 @@ def _flce_tiled_backward(ctx, grad_loss, _grad_lse, _grad_tile_max):
 _flce_tiled_op = define_op(
     "fused_linear_cross_entropy_tiled", _flce_tiled_impl, fake=_flce_tiled_fake, backward=_flce_tiled_backward,
     setup_context=_flce_tiled_setup_context, inline_kernels=False,
+    reference=lambda *args: (_row_loss_reference(*args[:8]), None, None),
 )
 
 
@@ -887,6 +892,7 @@ def _flce_vocab_backward(ctx, grad_loss, _grad_lse):
 _flce_vocab_op = define_op(
     "fused_linear_cross_entropy_vocab_chunked", _flce_vocab_impl, fake=_flce_vocab_fake,
     backward=_flce_vocab_backward, setup_context=_flce_vocab_setup_context, inline_kernels=False,
+    reference=lambda *args: (_row_loss_reference(*args[:8]), None),
 )
 
 
@@ -902,6 +908,8 @@ def _resolve_filter_eps(filter_eps: float | str | None, dtype: torch.dtype) -> f
 
 def _check(x, weight, target, bias, reduction, options) -> None:
     op = "fused_linear_cross_entropy"
+    check_tensors(op, min_dim=1, x=x, weight=weight, bias=bias)
+    check_tensors(op, dtypes=ANY_DTYPE, x=x, target=target)
     strategy, chunk_size = options["strategy"], options["chunk_size"]
     if strategy not in (None, *_STRATEGIES):
         raise ValueError(f"{op}: strategy={strategy!r}; use one of {_STRATEGIES} or None (tiled, or chunked "
@@ -991,8 +999,9 @@ def fused_linear_cross_entropy(
         `torch.Tensor`: fp32 loss (fp64 for fp64 inputs), a scalar or per token (``"none"``).
 
     Raises:
-        ValueError: an unknown option value, an option the chosen strategy lacks, or shapes/dtypes that
-            F.linear / F.cross_entropy reject.
+        TypeError: x, weight or bias is not a floating-point tensor.
+        ValueError: an unknown option value, an option the chosen strategy lacks, shapes/dtypes that
+            F.linear / F.cross_entropy reject, or tensors on two devices.
 
     Example:
         ```python
@@ -1068,3 +1077,10 @@ def fused_linear_cross_entropy_reference(
     if reduction == "sum":
         return loss.sum()
     return loss.sum() / valid.sum()
+
+
+def _row_loss_reference(x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ignore_index: int,
+                        label_smoothing: float, z_loss: float, softcap: float) -> Tensor:
+    """The loss per row of the tiled and vocab-chunked ops (x [N, D], softcap 0 for none), in plain PyTorch."""
+    return fused_linear_cross_entropy_reference(x, weight, target, bias, ignore_index, "none",
+                                                label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap or None)

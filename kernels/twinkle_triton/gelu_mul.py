@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ._gated import GELU_APPROXIMATIONS, packed_backward_impl, packed_impl, separate_backward_impl, separate_impl
+from ._launch import check_tensors
 from ._library import define_differentiable_op
 
 _APPROXIMATIONS = tuple(GELU_APPROXIMATIONS)
@@ -46,6 +47,7 @@ def _gelu_mul_backward_fake(grad: Tensor, gate: Tensor, up: Tensor, approximate:
 _gelu_mul_op = define_differentiable_op(
     "gelu_mul", _gelu_mul_impl, fake=_gelu_mul_fake,
     backward=_gelu_mul_backward_impl, backward_fake=_gelu_mul_backward_fake, saved=("gate", "up", "approximate"),
+    reference=lambda *args: gelu_mul_reference(*args),  # defined below
 )
 
 
@@ -62,13 +64,15 @@ def gelu_mul(gate: Tensor, up: Tensor, approximate: str = "tanh") -> Tensor:
         `torch.Tensor`: contiguous, gate's shape and dtype.
 
     Raises:
-        ValueError: shapes or dtypes differ, or an unknown ``approximate``.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: shapes, dtypes or devices differ, or an unknown ``approximate``.
 
     Example:
         ```python
         out = down_proj(gelu_mul(gate_proj(x), up_proj(x)))
         ```
     """
+    check_tensors("gelu_mul", min_dim=1, gate=gate, up=up)
     _check_approximate("gelu_mul", approximate)
     if gate.shape != up.shape or gate.dtype != up.dtype or gate.dim() == 0:
         raise ValueError(
@@ -105,6 +109,7 @@ def _gelu_and_mul_backward_fake(grad: Tensor, x: Tensor, approximate: str) -> Te
 _gelu_and_mul_op = define_differentiable_op(
     "gelu_and_mul", _gelu_and_mul_impl, fake=_gelu_and_mul_fake,
     backward=_gelu_and_mul_backward_impl, backward_fake=_gelu_and_mul_backward_fake, saved=("x", "approximate"),
+    reference=lambda *args: gelu_and_mul_reference(*args),  # defined below
 )
 
 
@@ -120,6 +125,7 @@ def gelu_and_mul(x: Tensor, approximate: str = "tanh") -> Tensor:
         `torch.Tensor`: contiguous ``[..., d]`` in x's dtype.
 
     Raises:
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
         ValueError: the last dimension is odd, or an unknown ``approximate``.
 
     Example:
@@ -127,6 +133,7 @@ def gelu_and_mul(x: Tensor, approximate: str = "tanh") -> Tensor:
         act = gelu_and_mul(gate_up_proj(x))   # gate_up_proj: Linear(hidden, 2 * intermediate)
         ```
     """
+    check_tensors("gelu_and_mul", min_dim=1, x=x)
     _check_approximate("gelu_and_mul", approximate)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(

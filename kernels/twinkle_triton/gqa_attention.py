@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, interpreting, next_power_of_2
+from ._launch import ANY_DTYPE, cdiv, check_tensors, interpreting, next_power_of_2
 from ._library import define_op, wrap_triton
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -494,10 +494,13 @@ def _gqa_attention_backward(ctx, grad_out, _grad_stats):
 _gqa_attention_op = define_op(
     "gqa_attention", _gqa_attention_impl, fake=_gqa_attention_fake,
     backward=_gqa_attention_backward, setup_context=_gqa_attention_setup_context,
+    # the statistics are the kernels' own (for their backward): none without them
+    reference=lambda *args: (gqa_attention_reference(*args), None),  # defined below
 )
 
 
 def _check(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None) -> None:
+    check_tensors("gqa_attention", dtypes=ANY_DTYPE, query=query, key=key, value=value, attn_mask=attn_mask)
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             raise ValueError(f"gqa_attention: {name} must be a 4-D tensor (batch, heads, seq, head_dim), got "
@@ -519,9 +522,6 @@ def _check(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None) 
     if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"gqa_attention: head_dim {head_dim} > {MAX_HEAD_DIM}, more than the kernel keeps in "
                          "registers; use gqa_attention_reference.")
-    if key.device != query.device or value.device != query.device:
-        raise ValueError(f"gqa_attention: query is on {query.device}, key on {key.device}, value on "
-                         f"{value.device}; pass them on one device.")
     if attn_mask is None:
         return
     if not isinstance(attn_mask, Tensor) or not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
@@ -530,9 +530,6 @@ def _check(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None) 
     if attn_mask.requires_grad:
         raise ValueError("gqa_attention: attn_mask requires grad, but the kernel gives the mask no gradient; "
                          "pass attn_mask.detach() or use gqa_attention_reference.")
-    if attn_mask.device != query.device:
-        raise ValueError(f"gqa_attention: attn_mask is on {attn_mask.device}, query on {query.device}; "
-                         "pass them on one device.")
     target = (batch, n_heads, seq_q, key.shape[2])
     sizes = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
     if attn_mask.dim() > 4 or any(s != t and s != 1 for s, t in zip(sizes, target)):

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, compute_dtype, elementwise_block
+from ._launch import REAL, cdiv, check_tensors, compute_dtype, elementwise_block
 from ._library import define_op, wrap_triton
 
 
@@ -103,7 +103,8 @@ def _mul_add_backward(ctx, grad):
 
 
 _mul_add_op = define_op(
-    "mul_add", _mul_add_impl, fake=_mul_add_fake, backward=_mul_add_backward, setup_context=_mul_add_setup_context
+    "mul_add", _mul_add_impl, fake=_mul_add_fake, backward=_mul_add_backward, setup_context=_mul_add_setup_context,
+    reference=lambda *args: mul_add_reference(*args),  # defined below
 )
 
 
@@ -111,7 +112,8 @@ def mul_add(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     """``a * b + c`` in one pass, with torch broadcasting.
 
     Args:
-        a (`torch.Tensor`): any shape.
+        a (`torch.Tensor`): any shape; a floating, integer or bool dtype (integers are computed exactly,
+            wrapping on overflow like torch).
         b (`torch.Tensor`): broadcastable with a and c, same dtype.
         c (`torch.Tensor`): broadcastable with a and b, same dtype.
 
@@ -119,13 +121,15 @@ def mul_add(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
         `torch.Tensor`: contiguous, the broadcast shape, the inputs' dtype.
 
     Raises:
-        ValueError: dtypes differ or shapes do not broadcast.
+        TypeError: an argument is not a tensor (a Python number included: pass a tensor) or is complex.
+        ValueError: dtypes or devices differ, or shapes do not broadcast.
 
     Example:
         ```python
         y = mul_add(x, scale, shift)   # x [B, S, H]; scale, shift [H]
         ```
     """
+    check_tensors("mul_add", dtypes=REAL, a=a, b=b, c=c)
     if not (a.dtype == b.dtype == c.dtype):
         raise ValueError(
             f"mul_add: dtypes are a={a.dtype}, b={b.dtype}, c={c.dtype}; cast them to one dtype first."

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows
+from ._launch import cdiv, check_tensors, compute_dtype, interpreting, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 # Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8
@@ -40,7 +40,7 @@ BWD_PROGRAMS_PER_SM = 2
 @triton.jit
 def _rms_norm_fwd_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr,
-    x_row_stride, residual_row_stride, n_cols, eps,
+    x_row_stride, residual_row_stride, weight_stride, n_cols, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -55,14 +55,14 @@ def _rms_norm_fwd_kernel(
     h = x.to(COMPUTE_DTYPE)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
     normed = (h * rstd).to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    w = tl.load(weight_ptr + cols * weight_stride, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rms_norm_bwd_kernel(
     grad_ptr, grad_sum_ptr, x_ptr, weight_ptr, grad_x_ptr, grad_weight_partial_ptr,
-    grad_row_stride, grad_sum_row_stride, x_row_stride, n_rows, n_cols, eps,
+    grad_row_stride, grad_sum_row_stride, x_row_stride, weight_stride, n_rows, n_cols, eps,
     HAS_GRAD_SUM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
     # Persistent: each program walks tiles of ROWS rows (strided by the grid) and keeps its share
@@ -73,7 +73,7 @@ def _rms_norm_bwd_kernel(
     n_programs = tl.num_programs(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)[None, :]
     col_mask = cols < n_cols
-    w = tl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
+    w = tl.load(weight_ptr + cols * weight_stride, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
     grad_weight = tl.zeros([BLOCK], dtype=COMPUTE_DTYPE)
     for start in range(pid * ROWS, n_rows, n_programs * ROWS):
         row = start + tl.arange(0, ROWS)[:, None]
@@ -96,6 +96,7 @@ def _rms_norm_bwd_kernel(
 
 
 def _check(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:
+    check_tensors(op, min_dim=1, x=x, residual=residual, weight=weight)
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
         raise ValueError(
             f"{op}: weight has shape {tuple(weight.shape)} but x's last dimension is {x.shape[-1]}; "
@@ -124,7 +125,7 @@ def _launch_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
     # the traced launch clones each written argument on its own).
     wrap_triton(_rms_norm_fwd_kernel)[(x2.shape[0],)](
         x2, residual2, weight, out, summed if summed is not None else x2,
-        x2.stride(0), residual2.stride(0), x2.shape[1], eps,
+        x2.stride(0), residual2.stride(0), weight.stride(0), x2.shape[1], eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
         num_warps=num_warps,
     )
@@ -148,7 +149,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
     partial = torch.empty((programs, n_cols), dtype=acc, device=x.device)
     wrap_triton(_rms_norm_bwd_kernel)[(programs,)](
         grad2, grad_sum2, x2, weight, grad_x, partial,
-        grad2.stride(0), grad_sum2.stride(0), x2.stride(0), n_rows, n_cols, eps,
+        grad2.stride(0), grad_sum2.stride(0), x2.stride(0), weight.stride(0), n_rows, n_cols, eps,
         HAS_GRAD_SUM=grad_sum is not None, ROWS=rows_per_tile, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
         num_warps=num_warps,
     )
@@ -177,6 +178,7 @@ def _rms_norm_backward_fake(grad: Tensor, x: Tensor, weight: Tensor, eps: float)
 _rms_norm_op = define_differentiable_op(
     "rms_norm", _rms_norm_impl, fake=_rms_norm_fake,
     backward=_rms_norm_backward_impl, backward_fake=_rms_norm_backward_fake, saved=("x", "weight", "eps"),
+    reference=lambda *args: rms_norm_reference(*args),  # defined below
 )
 
 
@@ -192,7 +194,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
         `torch.Tensor`: contiguous ``[..., hidden]`` in ``torch.promote_types(weight.dtype, x.dtype)``.
 
     Raises:
-        ValueError: weight's shape does not match x's last dimension, or hidden > 65536.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: x is 0-D, weight's shape does not match x's last dimension, hidden > 65536, or
+            tensors on two devices.
 
     Example:
         ```python
@@ -240,6 +244,7 @@ _add_rms_norm_op = define_differentiable_op(
     saved=("output[1]", "weight", "eps"),  # the sum x + residual, the norm's input
     # d(x + residual)/dx = d(x + residual)/d(residual) = identity: both get the same gradient.
     gradients=lambda grads, _: (grads[0], grads[0], grads[1], None),
+    reference=lambda *args: add_rms_norm_reference(*args),  # defined below
 )
 
 

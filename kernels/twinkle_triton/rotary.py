@@ -10,7 +10,8 @@ with ``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``. The full ``cos``/``s
 ``[B, S, Hq, D]`` (``unsqueeze_dim=2``), k likewise with its own head count (GQA); cos/sin are
 anything that broadcasts after the unsqueeze (``[B, S, D]``, ``[1, S, D]``). Inputs are read
 through their strides, so the usual ``.view(...).transpose(1, 2)`` q and k cost no copy; outputs
-keep q's and k's layout (``empty_like``), as PyTorch's elementwise ops do.
+keep q's and k's layout (``empty_like``), as PyTorch's elementwise ops do, unless that layout's
+last dim is not unit-stride (the kernel writes head dims at unit stride): those outputs are contiguous.
 
 One program handles one (batch, position): it loads that position's cos/sin row once and applies
 it to every q and k head. Backward is the transpose of the rotation (same kernel shape, sin's
@@ -23,7 +24,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import compute_dtype, next_power_of_2
+from ._launch import check_tensors, compute_dtype, next_power_of_2
 from ._library import define_differentiable_op, wrap_triton
 
 
@@ -102,6 +103,14 @@ def _rotary_embedding_kernel(
                   BLOCK_HK, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COMPUTE_DTYPE, TRANSPOSE)
 
 
+def out_like(t: Tensor) -> Tensor:
+    """An output for ``t``: its layout (``empty_like``) when the head dim is unit-stride there, the
+    kernels' only way to write a head; else contiguous. The fakes use it too, so compiled graphs get
+    the strides the kernels produce."""
+    out = torch.empty_like(t)
+    return out if out.stride(-1) == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
 def _bhsd_strides(t: Tensor, unsqueeze_dim: int) -> tuple[int, int, int]:
     """(batch, head, seq) strides of a 4D q/k/out, whichever of the two layouts it has."""
     st = t.stride()
@@ -127,7 +136,7 @@ def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, 
     (i, i + rotary_dim/2); ``shared_angle`` uses entry i of cos/sin for both columns of pair i."""
     # Host cost matters here: the GPU work is ~25 us at Llama-8B shapes (B 4, S 1024), so the
     # wrapper reads strides as numbers instead of building views.
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q_out, k_out = out_like(q), out_like(k)
     if q.numel() == 0 and k.numel() == 0:
         return q_out, k_out
     # Head dim must be unit-stride for the vector loads; a transposed last dim is rare enough to copy.
@@ -168,7 +177,7 @@ def _rotary_embedding_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqu
 
 
 def _rotary_embedding_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k)
+    return out_like(q), out_like(k)
 
 
 def _rotary_embedding_backward_impl(
@@ -180,7 +189,7 @@ def _rotary_embedding_backward_impl(
 def _rotary_embedding_backward_fake(
     grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
 ) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(grad_q), torch.empty_like(grad_k)
+    return out_like(grad_q), out_like(grad_k)
 
 
 _rotary_embedding_op = define_differentiable_op(
@@ -188,6 +197,7 @@ _rotary_embedding_op = define_differentiable_op(
     backward=_rotary_embedding_backward_impl, backward_fake=_rotary_embedding_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim"),
     gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (see the module docstring)
+    reference=lambda *args: apply_rotary_pos_emb_reference(*args),  # defined below
 )
 
 
@@ -203,12 +213,14 @@ def reset() -> None:
 
 
 def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
-    # Traced calls (Dynamo, fake or functional tensors; shapes may be symbolic) keep no global state.
-    if torch.compiler.is_compiling() or type(q) is not torch.Tensor:
+    # Traced calls (Dynamo, fake or functional tensors; shapes may be symbolic) keep no global state;
+    # nor do calls with anything but plain tensors (checked each time, refused if not tensors).
+    if torch.compiler.is_compiling() or not type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
         _check_shapes(q, k, cos, sin, unsqueeze_dim)
         key = None
     else:
-        key = (q.shape, k.shape, cos.shape, sin.shape, q.dtype, k.dtype, unsqueeze_dim)
+        key = (q.shape, k.shape, cos.shape, sin.shape, q.dtype, k.dtype, cos.dtype, sin.dtype,
+               q.device, k.device, cos.device, sin.device, unsqueeze_dim)
     if key is not None and key not in _CHECKED:
         _check_shapes(q, k, cos, sin, unsqueeze_dim)
         if len(_CHECKED) >= _MAX_CHECKED:
@@ -225,6 +237,7 @@ def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -
 
 
 def _check_shapes(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
+    check_tensors("apply_rotary_pos_emb", q=q, k=k, cos=cos, sin=sin)
     if unsqueeze_dim not in (1, 2):
         raise ValueError(
             f"apply_rotary_pos_emb: unsqueeze_dim={unsqueeze_dim!r}; use 1 for q/k laid out "
@@ -284,7 +297,8 @@ def apply_rotary_pos_emb(
         `tuple[torch.Tensor, torch.Tensor]`: ``(q_embed, k_embed)``, laid out like q and k.
 
     Raises:
-        ValueError: bad ranks/shapes/dtypes, odd head dim, or cos/sin requiring grad.
+        TypeError: q, k, cos or sin is not a floating-point tensor.
+        ValueError: bad ranks/shapes/dtypes, odd head dim, cos/sin requiring grad, or tensors on two devices.
 
     Example:
         ```python

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ._launch import compute_dtype
 from ._library import define_differentiable_op, wrap_triton
-from .rotary import _bhsd_strides, _check, _cos_sin_rows
+from .rotary import _bhsd_strides, _check, _cos_sin_rows, out_like
 
 
 @triton.jit
@@ -74,7 +74,7 @@ def _rotary_deinterleave_kernel(
 
 def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, transpose: bool
             ) -> tuple[Tensor, Tensor]:
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q_out, k_out = out_like(q), out_like(k)
     if q.numel() == 0 and k.numel() == 0:
         return q_out, k_out
     if q.stride(-1) != 1:
@@ -106,7 +106,7 @@ def _impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) ->
 
 
 def _fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k)
+    return out_like(q), out_like(k)
 
 
 def _backward_impl(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
@@ -116,13 +116,15 @@ def _backward_impl(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, uns
 
 def _backward_fake(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
                    ) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(grad_q), torch.empty_like(grad_k)
+    return out_like(grad_q), out_like(grad_k)
 
 
 _op = define_differentiable_op(
     "rotary_embedding_deinterleave", _impl, fake=_fake, backward=_backward_impl, backward_fake=_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim"),
     gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (as rotary_embedding)
+    reference=lambda q, k, cos, sin, unsqueeze_dim: apply_rotary_pos_emb_deinterleave_reference(
+        q, k, cos, sin, None, unsqueeze_dim),  # defined below
 )
 
 
@@ -145,7 +147,8 @@ def apply_rotary_pos_emb_deinterleave(q: Tensor, k: Tensor, cos: Tensor, sin: Te
         `tuple[torch.Tensor, torch.Tensor]`: ``(q_embed, k_embed)`` laid out like q and k.
 
     Raises:
-        ValueError: bad shapes, an odd head dim, cos/sin requiring grad.
+        TypeError: q, k, cos or sin is not a floating-point tensor.
+        ValueError: bad shapes, an odd head dim, cos/sin requiring grad, tensors on two devices.
 
     Example:
         ```python

@@ -26,8 +26,9 @@ its launch are :mod:`.rotary`'s, whose Llama layout is the case with no variant.
 import torch
 from torch import Tensor
 
+from ._launch import check_tensors
 from ._library import define_differentiable_op
-from .rotary import _check, _launch
+from .rotary import _check, _launch, out_like
 
 
 def _variant_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, rotary_dim: int,
@@ -38,7 +39,7 @@ def _variant_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim:
 
 def _variant_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, rotary_dim: int,
                   interleaved: bool, shared_angle: bool) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k)
+    return out_like(q), out_like(k)
 
 
 def _variant_backward_impl(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int,
@@ -49,7 +50,7 @@ def _variant_backward_impl(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Ten
 
 def _variant_backward_fake(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int,
                            rotary_dim: int, interleaved: bool, shared_angle: bool) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(grad_q), torch.empty_like(grad_k)
+    return out_like(grad_q), out_like(grad_k)
 
 
 _variant_op = define_differentiable_op(
@@ -57,11 +58,14 @@ _variant_op = define_differentiable_op(
     backward=_variant_backward_impl, backward_fake=_variant_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim", "rotary_dim", "interleaved", "shared_angle"),
     gradients=lambda grads, _: (*grads, None, None, None, None, None, None),  # cos, sin and the layout get none
+    reference=lambda q, k, cos, sin, unsqueeze_dim, rotary_dim, interleaved, shared_angle: _REFERENCES[
+        interleaved, shared_angle](q, k, cos, sin, unsqueeze_dim),
 )
 
 
 def _run(name: str, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, rotary_dim: int,
          interleaved: bool, shared_angle: bool) -> tuple[Tensor, Tensor]:
+    check_tensors(name, q=q, k=k, cos=cos, sin=sin)
     head_dim = q.shape[-1] if q.dim() else 0
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise ValueError(
@@ -93,7 +97,9 @@ def apply_rotary_pos_emb_partial(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
         `tuple[torch.Tensor, torch.Tensor]`: ``(q_embed, k_embed)`` laid out like q and k.
 
     Raises:
-        ValueError: bad shapes, an odd rotary width or one wider than the head, cos/sin requiring grad.
+        TypeError: q, k, cos or sin is not a floating-point tensor.
+        ValueError: bad shapes, an odd rotary width or one wider than the head, cos/sin requiring grad,
+            tensors on two devices.
 
     Example:
         ```python
@@ -200,3 +206,12 @@ def apply_rotary_pos_emb_half_angle_reference(q: Tensor, k: Tensor, cos: Tensor,
         first, second = torch.chunk(x, 2, dim=-1)
         out.append(torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1))
     return out[0], out[1]
+
+
+# The reference of each layout (interleaved, shared_angle); the rotary dim follows from cos/sin's width in each.
+_REFERENCES = {
+    (False, False): apply_rotary_pos_emb_partial_reference,
+    (True, True): apply_rotary_pos_emb_interleaved_partial_reference,
+    (True, False): apply_rotary_pos_emb_interleaved_reference,
+    (False, True): apply_rotary_pos_emb_half_angle_reference,
+}

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ._gated import SILU, packed_backward_impl, packed_impl, separate_backward_impl, separate_impl
+from ._launch import check_tensors
 from ._library import define_differentiable_op
 
 # ----------------------------------------------------------------------------- silu_and_mul
@@ -38,6 +39,7 @@ def _silu_and_mul_backward_fake(grad: Tensor, x: Tensor) -> Tensor:
 _silu_and_mul_op = define_differentiable_op(
     "silu_and_mul", _silu_and_mul_impl, fake=_silu_and_mul_fake,
     backward=_silu_and_mul_backward_impl, backward_fake=_silu_and_mul_backward_fake, saved=("x",),
+    reference=lambda *args: silu_and_mul_reference(*args),  # defined below
 )
 
 
@@ -51,6 +53,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
         `torch.Tensor`: contiguous ``[..., d]`` in x's dtype.
 
     Raises:
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
         ValueError: the last dimension is odd.
 
     Example:
@@ -58,6 +61,7 @@ def silu_and_mul(x: Tensor) -> Tensor:
         act = silu_and_mul(gate_up_proj(x))   # gate_up_proj: Linear(hidden, 2 * intermediate)
         ```
     """
+    check_tensors("silu_and_mul", min_dim=1, x=x)
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(
             f"silu_and_mul: x has shape {tuple(x.shape)}; its last dimension must be even "
@@ -94,6 +98,7 @@ def _silu_mul_backward_fake(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Ten
 _silu_mul_op = define_differentiable_op(
     "silu_mul", _silu_mul_impl, fake=_silu_mul_fake,
     backward=_silu_mul_backward_impl, backward_fake=_silu_mul_backward_fake, saved=("gate", "up"),
+    reference=lambda *args: silu_mul_reference(*args),  # defined below
 )
 
 
@@ -108,13 +113,15 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
         `torch.Tensor`: contiguous, gate's shape and dtype.
 
     Raises:
-        ValueError: shapes or dtypes differ.
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: shapes, dtypes or devices differ.
 
     Example:
         ```python
         out = down_proj(silu_mul(gate_proj(x), up_proj(x)))
         ```
     """
+    check_tensors("silu_mul", min_dim=1, gate=gate, up=up)
     if gate.shape != up.shape or gate.dtype != up.dtype or gate.dim() == 0:
         raise ValueError(
             f"silu_mul: gate is {tuple(gate.shape)} {gate.dtype}, up is {tuple(up.shape)} {up.dtype}; "

@@ -51,7 +51,10 @@ def leaf(t, dtype=None):
     if not isinstance(t, torch.Tensor) or not t.is_floating_point():
         return t
     if dtype is not None:
-        t = torch.empty_strided(t.shape, t.stride(), dtype=dtype).copy_(t)
+        # An expanded view (a stride of 0) cannot be copied into at its own strides: its
+        # conversion is contiguous (only the truth is converted, whose layout does not matter).
+        strides = t.stride() if 0 not in t.stride() else torch.empty(t.shape).stride()
+        t = torch.empty_strided(t.shape, strides, dtype=dtype).copy_(t)
     return t.detach().requires_grad_(True)
 
 

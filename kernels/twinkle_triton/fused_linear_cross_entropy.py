@@ -47,7 +47,7 @@ Measured by ``twinkle-fx bench --micro`` on an H100 (torch 2.11, triton 3.6; 409
 0.262; Inductor 6.82 / 1.42; chunked (exact, the default) 6.8 / 0.55; eager 15.3 / 6.96.
 Most of the tiled backward's gain comes from the forward's per-tile logit maximum: the backward
 skips a tile without computing it when no entry can reach ``filter_eps`` (see the kernel).
-The exact strategies on one H100 (docs/perf/flce_vocab_sweep.py, same shape, one run; relative error of
+The exact strategies on one H100 (tools/flce_vocab_sweep.py, same shape, one run; relative error of
 grad_x against fp32 in brackets, weights at init scale): chunked 7.02 ms / 0.550 GiB (3.0e-3);
 vocab_chunked 9.40 ms / 0.312 GiB with 32 MiB chunks (3.0e-3), 9.18 / 0.344 with 64 MiB, 8.79 / 0.406
 with 128 MiB, 18.3 / 0.297 with 16 MiB (host-bound: ~150 chunks); beside them tiled with
@@ -271,8 +271,8 @@ _fused_linear_cross_entropy_op = define_op(
 
 # Tile sizes (BLOCK_M tokens x BLOCK_N vocab, BLOCK_K hidden per matmul step; BLOCK_D hidden per
 # gradient add), warps and pipeline stages; SPLITS_PER_SM: vocab ranges per token tile so that
-# (token tiles x ranges) ~ SPLITS_PER_SM x SMs programs run. Chosen by docs/perf/flce_sweep.py on an
-# H100 at the shape above (docs/perf/flce_sweep-h100.jsonl): forward 128x256x64, 8 warps, 3 stages,
+# (token tiles x ranges) ~ SPLITS_PER_SM x SMs programs run. Chosen by tools/flce_sweep.py on an
+# H100 at the shape above: forward 128x256x64, 8 warps, 3 stages,
 # 2.6-2.9 ms (128x128 4 warps: 3.9); backward 64x128, 4 warps: 4.7 ms fwd+bwd, vs 5.3-6.6 for 128-row
 # or 256-column tiles; 64x64 was faster (4.1) but filters finer, 2.02e-2 from fp32 instead of 1.99e-2.
 # Module-level so the sweep and the tests can set them.
@@ -663,7 +663,7 @@ _flce_tiled_op = define_op(
 
 # Bytes of the one logits chunk (tokens x vocab columns) the vocab-chunked backward reuses; the columns
 # per chunk follow from the token count (whole 256-column tiles, at least 256). Swept by
-# docs/perf/flce_vocab_sweep.py on an H100 (4096 x 896 -> 151936, bf16, fwd+bwd, ms / extra GiB):
+# tools/flce_vocab_sweep.py on an H100 (4096 x 896 -> 151936, bf16, fwd+bwd, ms / extra GiB):
 #     chunk MiB (columns)   8 (1024)      16 (2048)     32 (4096)     64 (8192)     128 (16384)
 #     tiled forward         26.6 / 0.289  18.3 / 0.297  9.40 / 0.312  9.18 / 0.344  8.79 / 0.406
 #     cublas forward        33.3 / 0.289  19.0 / 0.297  11.6 / 0.312  9.06 / 0.344  8.53 / 0.406

@@ -18,7 +18,7 @@ so the 24 layers share one front-end run per distinct launch. Launches with TMA 
 argument the key cannot describe, go to torch's function unchanged. The memo holds at most
 :data:`MAX_ENTRIES` modules (each a few KB of MLIR), least recently used first out.
 
-Measured with ``tools/compile_time_probe.py`` (see the README's compile-time paragraph).
+Measured with ``tools/compile_time_probe.py`` (see the compile-time section of docs/compile.md).
 """
 
 from __future__ import annotations

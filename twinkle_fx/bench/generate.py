@@ -1,0 +1,319 @@
+"""``model.generate()`` as users call it: prefill latency and decode tokens/s under each recipe.
+
+``python -m twinkle_fx.bench.generate`` (one process; every row starts from a fresh model with the
+same seed; greedy decoding, EOS disabled so every call generates exactly the asked-for tokens):
+
+==========================  ======================================================================
+eager                       ``generate(..., disable_compile=True)``, transformers' dynamic cache
+hf-static                   ``cache_implementation="static"``: transformers compiles the decode step
+                            itself (Inductor, ``mode="reduce-overhead"``: CUDA graphs), its recipe
+twinkle                     the same with ``compile_config=CompileConfig(backend="twinkle")`` and the
+                            built-in kernels registered
+kernelize+cudagraphs        ``kernelize_model(mode="inference", cuda_graphs=True)`` (decoder layers
+                            bound too), a static cache, ``disable_compile=True``
+==========================  ======================================================================
+
+Per row and batch size: two warm-up calls (the first one's wall time is reported: it compiles),
+then ``repeats`` calls generating 1 token and ``repeats`` generating ``new_tokens``; the medians give
+the prefill latency (``t_1``) and the decode rate ``B * (N - 1) / (t_N - t_1)``. ``of limit`` is the
+time one decode step would take reading every weight once at the device's measured copy bandwidth,
+over the measured step time. ``tokens`` compares, in fp32 (random-init bf16 logits are too flat for
+argmax to agree), the tokens a short generate produces with eager's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .environment import describe_environment
+from .workloads import WORKLOADS, build_model, get_workload
+
+__all__ = ["GENERATE_ROWS", "GenerateOptions", "GenerateRow", "run_generate_bench", "format_generate_table", "main"]
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    model: str = "qwen2"
+    rows: tuple[str, ...] = ("eager", "hf-static", "twinkle", "kernelize+cudagraphs")
+    batches: tuple[int, ...] = (1, 8, 32)
+    prompt: int = 512
+    new_tokens: int = 128
+    repeats: int = 3
+    dtype: torch.dtype = torch.bfloat16
+    device: torch.device = field(default_factory=lambda: torch.device("cuda"))
+    tiny: bool = False
+    seed: int = 0
+    check_tokens: bool = True
+
+
+@dataclass
+class GenerateRow:
+    row: str
+    batch: int
+    first_call_s: float | None = None  # the first generate (compiles, records graphs)
+    prefill_ms: float | None = None
+    step_ms: float | None = None  # per decode step
+    decode_tok_s: float | None = None
+    of_limit: float | None = None  # weight-read time per step at copy bandwidth / measured step time
+    tokens_equal: bool | None = None  # fp32 tokens equal eager's
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@contextlib.contextmanager
+def _plain(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[dict[str, Any]]:
+    yield {"disable_compile": True}
+
+
+@contextlib.contextmanager
+def _hf_static(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[dict[str, Any]]:
+    yield {"cache_implementation": "static"}
+
+
+@contextlib.contextmanager
+def _twinkle(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[dict[str, Any]]:
+    from transformers import CompileConfig
+
+    from .backends import _builtin_kernels
+
+    with _builtin_kernels(family, device):
+        yield {"cache_implementation": "static", "compile_config": CompileConfig(backend="twinkle")}
+
+
+@contextlib.contextmanager
+def _kernelize_cudagraphs(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[dict[str, Any]]:
+    from twinkle_fx import kernelize_model, undo_kernelize
+
+    from .backends import _builtin_kernels
+
+    with _builtin_kernels(family, device, decoder_layers=True):
+        kernelize_model(model, mode="inference", device=device, cuda_graphs=True)
+        try:
+            yield {"cache_implementation": "static", "disable_compile": True}
+        finally:
+            undo_kernelize(model)
+
+
+GENERATE_ROWS: dict[str, Callable[..., Any]] = {
+    "eager": _plain,
+    "hf-static": _hf_static,
+    "twinkle": _twinkle,
+    "kernelize+cudagraphs": _kernelize_cudagraphs,
+}
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Bytes per second a device-to-device copy moves (read plus write), the best of five."""
+    if device.type != "cuda":
+        return float("nan")
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * nbytes / best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct parameters (a tied embedding counted once)."""
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        seen[p.data_ptr()] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, kwargs: dict[str, Any]) -> torch.Tensor:
+    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                          eos_token_id=None, pad_token_id=0, **kwargs)
+
+
+def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _fresh_model(options: GenerateOptions, dtype: torch.dtype) -> torch.nn.Module:
+    model = build_model(get_workload(options.model), tiny=options.tiny, dtype=dtype, device=options.device,
+                        seed=options.seed).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def _tokens(options: GenerateOptions, row: str) -> torch.Tensor:
+    """The tokens of a short fp32 generate under ``row`` (batch 2, 32-token prompt, 8 new)."""
+    model = _fresh_model(options, torch.float32)
+    workload = get_workload(options.model)
+    vocab = workload.config_kwargs(tiny=options.tiny)["vocab_size"]
+    ids = torch.randint(0, vocab, (2, 32), generator=torch.Generator().manual_seed(options.seed + 1)).to(options.device)
+    with torch.no_grad(), GENERATE_ROWS[row](model, workload.family, options.device) as kwargs:
+        return _generate(model, ids, 8, kwargs).cpu()
+
+
+def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: torch.Tensor | None) -> list[GenerateRow]:
+    workload = get_workload(options.model)
+    vocab = workload.config_kwargs(tiny=options.tiny)["vocab_size"]
+    results = []
+    model = _fresh_model(options, options.dtype)
+    limit_s = weight_bytes(model) / bandwidth
+    with torch.no_grad(), GENERATE_ROWS[row](model, workload.family, options.device) as kwargs:
+        for batch in options.batches:
+            result = GenerateRow(row, batch)
+            results.append(result)
+            generator = torch.Generator().manual_seed(options.seed + batch)
+            ids = torch.randint(0, vocab, (batch, options.prompt), generator=generator).to(options.device)
+            try:
+                _sync(options.device)
+                start = time.perf_counter()
+                _generate(model, ids, options.new_tokens, kwargs)
+                _sync(options.device)
+                result.first_call_s = time.perf_counter() - start
+                _generate(model, ids, options.new_tokens, kwargs)
+                t1 = _timed(lambda: _generate(model, ids, 1, kwargs), options.device, options.repeats)
+                tn = _timed(lambda: _generate(model, ids, options.new_tokens, kwargs), options.device, options.repeats)
+            except Exception as error:  # noqa: BLE001  a row that fails is reported, the others still run
+                result.error = f"{type(error).__name__}: {error}"[:300]
+                continue
+            result.prefill_ms = t1 * 1e3
+            step_s = (tn - t1) / (options.new_tokens - 1)
+            if step_s <= 0:  # timing noise larger than the decode time: say so rather than print a rate
+                result.notes.append(f"batch {batch}: {options.new_tokens} tokens took no longer than 1")
+                continue
+            result.step_ms = step_s * 1e3
+            result.decode_tok_s = batch / step_s
+            result.of_limit = limit_s / step_s if limit_s == limit_s else None  # NaN off CUDA
+        if row == "kernelize+cudagraphs":
+            from twinkle_fx.eager.graphs import graph_status
+
+            status = graph_status(model)  # recorded and replayed graphs, and why passes ran eagerly
+            if status is not None:
+                results[-1].notes.append(str(status))
+    if options.check_tokens and reference is not None:
+        try:
+            equal = bool(torch.equal(_tokens(options, row), reference))
+        except Exception as error:  # noqa: BLE001
+            equal = None
+            results[-1].notes.append(f"fp32 token check failed: {type(error).__name__}: {error}"[:300])
+        for result in results:
+            result.tokens_equal = equal
+    del model
+    if options.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return results
+
+
+def run_generate_bench(options: GenerateOptions, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every row of ``options`` at every batch size; a dict with the environment and the rows."""
+    for row in options.rows:
+        if row not in GENERATE_ROWS:
+            raise ValueError(f"Unknown generate row {row!r}; choose from: {', '.join(GENERATE_ROWS)}.")
+    bandwidth = copy_bandwidth(options.device)
+    reference = None
+    if options.check_tokens:
+        progress("fp32 reference tokens (eager)")
+        reference = _tokens(options, "eager")
+    rows: list[GenerateRow] = []
+    for row in options.rows:
+        progress(f"{row}: batches {', '.join(map(str, options.batches))}")
+        rows.extend(_run_row(row, options, bandwidth, reference))
+    return {"environment": describe_environment(options.device), "copy_bandwidth_gb_s": bandwidth / 1e9,
+            "options": {k: str(v) for k, v in asdict(options).items()}, "rows": [asdict(r) for r in rows]}
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+def format_generate_table(result: dict[str, Any]) -> str:
+    """The rows as a Markdown table, with the speed-up of each row over ``hf-static`` at its batch size."""
+    rows = result["rows"]
+    base = {r["batch"]: r["decode_tok_s"] for r in rows if r["row"] == "hf-static" and r["decode_tok_s"]}
+    env = result["environment"]
+    versions = env.get("versions", {})
+    lines = [f"{env.get('device')}; torch {versions.get('torch')}, transformers {versions.get('transformers')}; "
+             f"copy bandwidth {result['copy_bandwidth_gb_s']:.0f} GB/s",
+             "",
+             "| row | batch | first call s | prefill ms | decode tok/s | ms/step | vs hf-static | of limit | fp32 tokens |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["error"]:
+            lines.append(f"| {r['row']} | {r['batch']} | failed: {r['error']} | | | | | | |")
+            continue
+        ratio = r["decode_tok_s"] / base[r["batch"]] if r["decode_tok_s"] and base.get(r["batch"]) else None
+        equal = {True: "equal", False: "DIFFER", None: "–"}[r["tokens_equal"]]
+        lines.append(f"| {r['row']} | {r['batch']} | {_cell(r['first_call_s'], '.1f')} | {_cell(r['prefill_ms'], '.2f')} "
+                     f"| {_cell(r['decode_tok_s'], ',.0f')} | {_cell(r['step_ms'], '.3f')} | {_cell(ratio, '.2f')} "
+                     f"| {_cell(r['of_limit'], '.0%')} | {equal} |")
+    notes = [f"- {r['row']}: {note}" for r in rows for note in r["notes"]]
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m twinkle_fx.bench.generate", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="qwen2", choices=sorted(WORKLOADS))
+    parser.add_argument("--rows", default=",".join(GenerateOptions.rows),
+                        help=f"comma-separated, from: {', '.join(GENERATE_ROWS)}")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="the tiny config on the CPU (a smoke run, no timing value)")
+    parser.add_argument("--no-token-check", action="store_true")
+    parser.add_argument("--out", help="write the result as JSON here")
+    args = parser.parse_args(argv)
+    rows = tuple(r for r in args.rows.split(",") if r)
+    unknown = [r for r in rows if r not in GENERATE_ROWS]
+    if unknown:
+        parser.error(f"unknown row(s) {', '.join(unknown)}; choose from: {', '.join(GENERATE_ROWS)}")
+    try:
+        batches = tuple(int(b) for b in args.batches.split(","))
+    except ValueError:
+        parser.error(f"--batches takes comma-separated positive integers, got {args.batches!r}")
+    for name, value in (("--prompt", args.prompt), ("--new-tokens", args.new_tokens), ("--repeats", args.repeats),
+                        *(("--batches", b) for b in batches)):
+        if value < 1 or (name == "--new-tokens" and value < 2):
+            parser.error(f"{name} must be at least {2 if name == '--new-tokens' else 1}, got {value}")
+    if not args.tiny and not torch.cuda.is_available():
+        parser.error("timing generate() needs a CUDA device; --tiny runs the tiny config on the CPU")
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    if device.type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
+    options = GenerateOptions(args.model, rows, batches, args.prompt, args.new_tokens, args.repeats,
+                              torch.bfloat16 if device.type == "cuda" else torch.float32, device, args.tiny,
+                              check_tokens=not args.no_token_check)
+    result = run_generate_bench(options)
+    print(format_generate_table(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,10 +23,21 @@ from .registration import register_external_layer, register_function_kernel, reg
 from .registry import get_registry, scoped_registry
 from . import compile as _compile  # noqa: E402,F401  the "twinkle" backend name and the pattern-tracing hook
 from .explain import explain
-from .benchmark import KernelTiming, benchmark_kernel
-from .check import check_kernels
 
 __version__ = "0.1.0"
+
+# the tools (the kernel checklist, the timer) import on first use: the library does not depend on them
+_TOOLS = {"check_kernels": ".cli.checklist", "benchmark_kernel": ".benchmark", "KernelTiming": ".benchmark"}
+
+
+def __getattr__(name: str):
+    if name in _TOOLS:
+        import importlib
+
+        value = getattr(importlib.import_module(_TOOLS[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "KernelLoadError",

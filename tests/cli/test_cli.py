@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import twinkle_fx
-from twinkle_fx.__main__ import main
-from twinkle_fx._cli import StepProgress
+from twinkle_fx.cli import main
+from twinkle_fx.cli.common import StepProgress
 from twinkle_fx.bench.timing import DeviceClock, time_training_steps
 
 

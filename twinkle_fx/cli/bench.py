@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .._cli import CommandError, StepProgress, checked_device, non_negative_int, positive_int
+from .common import CommandError, StepProgress, checked_device, non_negative_int, positive_int
 from ..settings import use_triton_interpreter
 
 __all__ = ["add_parser", "run"]
@@ -45,7 +45,7 @@ _INFERENCE_BACKENDS = "eager,kernelize,kernelize+cudagraphs,inductor,inductor+cu
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to the ``twinkle-fx`` parser."""
-    from .workloads import WORKLOADS  # the package is imported already (so is torch): no extra start-up cost
+    from ..bench.workloads import WORKLOADS  # the package is imported already (so is torch): no extra start-up cost
 
     parser = subparsers.add_parser(
         "bench",
@@ -106,7 +106,7 @@ def _progress(line: str) -> None:
 
 
 def _load_saved(path: Path):
-    from .results import BenchResult
+    from ..bench.results import BenchResult
 
     if not path.is_file():
         raise CommandError(f"--plot {path}: no such file (a JSON written by `twinkle-fx bench --out DIR`)")
@@ -125,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``twinkle-fx bench`` with parsed ``args``; returns the exit status."""
     import torch
 
-    from .backends import BACKENDS, parse_backends
-    from .environment import resolve_device
-    from .report import format_table, plot, write_outputs
+    from ..bench.backends import BACKENDS, parse_backends
+    from ..bench.environment import resolve_device
+    from ..bench.report import format_table, plot, write_outputs
 
     if args.plot is not None:
         result = _load_saved(args.plot)
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     if args.inference:
         return _run_inference(args, device)
     if args.micro:
-        from .micro import MICRO_CASES, MICRO_IMPLS, MicroBenchOptions, run_micro_bench
+        from ..bench.micro import MICRO_CASES, MICRO_IMPLS, MicroBenchOptions, run_micro_bench
 
         ops = [] if not args.ops else [op.strip() for op in args.ops.split(",") if op.strip()]
         unknown = sorted(set(ops) - {c.op for c in MICRO_CASES})
@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
         )
         result, stem = run_micro_bench(options, progress=_progress), "bench-micro"
     else:
-        from .model_bench import ModelBenchOptions, run_model_bench
-        from .workloads import get_workload
+        from ..bench.model_bench import ModelBenchOptions, run_model_bench
+        from ..bench.workloads import get_workload
 
         _parse(get_workload, args.model)
         options = ModelBenchOptions(
@@ -198,9 +198,9 @@ def _run_inference(args: argparse.Namespace, device) -> int:
 
     import torch
 
-    from .backends import parse_backends
-    from .inference import INFERENCE_BACKENDS, InferenceBenchOptions, format_inference_table, run_inference_bench
-    from .workloads import get_workload
+    from ..bench.backends import parse_backends
+    from ..bench.inference import INFERENCE_BACKENDS, InferenceBenchOptions, format_inference_table, run_inference_bench
+    from ..bench.workloads import get_workload
 
     _parse(get_workload, args.model)
     try:

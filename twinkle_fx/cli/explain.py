@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from ._cli import CommandError, checked_device, note, positive_int
+from .common import CommandError, checked_device, note, positive_int
 
 __all__ = ["add_parser"]
 
@@ -28,7 +28,7 @@ _TINY_OVERRIDES = {"deepseek_v3": dict(num_key_value_heads=4)}
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``explain`` subcommand to the ``twinkle-fx`` parser."""
-    from .builtin import BUILTIN_MODELS
+    from ..builtin import BUILTIN_MODELS
 
     parser = subparsers.add_parser(
         "explain", help="show what the twinkle backend swaps in a tiny transformers model",
@@ -54,7 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _check_model_type(name: str) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from .builtin import BUILTIN_MODELS
+    from ..builtin import BUILTIN_MODELS
 
     if name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or name in BUILTIN_MODELS:
         return
@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``twinkle-fx explain`` with parsed ``args``; returns the exit status."""
     import torch
 
-    from .builtin import BUILTIN_MODELS
-    from .settings import use_triton_interpreter
+    from ..builtin import BUILTIN_MODELS
+    from ..settings import use_triton_interpreter
 
     _check_model_type(args.config)
     if args.device is not None:
@@ -83,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
     if device.type == "cpu":
         use_triton_interpreter(command="twinkle-fx explain")
     if not args.no_builtin and args.config in BUILTIN_MODELS:
-        from .builtin import use_builtin_kernels
+        from ..builtin import use_builtin_kernels
 
         # the fused-loss head only changes a training forward with labels: leave it out of inference
         use_builtin_kernels(devices=(device.type,), models=[args.config], fused_loss=args.train)
     import transformers
 
-    from .explain import explain
+    from ..explain import explain
 
     step = "a training step" if args.train else "an inference forward"
     note(f"twinkle-fx explain: tiny random {args.config} (2 layers, hidden 64) on {device}, {step} of 2 x {args.seq} "

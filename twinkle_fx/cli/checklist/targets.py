@@ -21,7 +21,13 @@ __all__ = ["find_targets", "unchecked_check"]
 
 def find_targets(registry: KernelRegistry, device: str, inputs: dict, tiny: bool, kernels: Sequence[str] | None,
              unchecked: list[KernelCheck]) -> list[Target]:
-    """Every bound layer class and every registered function, with the kernel the device gets."""
+    """Every bound layer class and every registered function, with the kernel the device gets.
+
+    Raises:
+        ValueError: a name in ``kernels`` names no kernel, bound class or function of the registry.
+    """
+    if kernels:
+        _check_known(registry, kernels)
     found: list[Target] = []
 
     def wanted(*names: str) -> bool:
@@ -71,6 +77,19 @@ def find_targets(registry: KernelRegistry, device: str, inputs: dict, tiny: bool
                              (lambda rows, width, dtype, dev, make=make: make(rows, dtype, dev)) if make else
                              (lambda rows, width, dtype, dev, fn=original, func=func: function_inputs(func, fn, rows, width, dtype, dev, tiny))))
     return found
+
+
+def _check_known(registry: KernelRegistry, kernels: Sequence[str]) -> None:
+    known = {*registry.layer_kernel_names()}
+    for cls, kernel_name in registry.bindings().items():
+        known.update((kernel_name, cls.__qualname__))
+    for target in registry.function_targets():
+        known.update((target, target.rsplit(".", 1)[1]))
+    unknown = [name for name in kernels if name not in known]
+    if unknown:
+        registered = ", ".join(sorted(known)) or "nothing (register kernels first, e.g. in a --setup file)"
+        raise ValueError(f"unknown kernel name(s) {', '.join(map(repr, unknown))}: no registered kernel, bound class "
+                         f"or function is called so; registered: {registered}")
 
 
 def unchecked_check(kernel: str, target: str, kind: str, reason: str) -> KernelCheck:

@@ -45,6 +45,10 @@ _LIBRARY = (".config", ".eager", ".errors", ".modes", ".registration", ".registr
 
 __all__ = sorted(_PUBLIC, key=str.lower)
 
+# The backend name, known to torch.compile as soon as the package is imported. Cheap where the package
+# is installed (its entry point names the backend); from a bare checkout it imports torch._dynamo.
+from . import compile as _compile  # noqa: E402,F401
+
 if TYPE_CHECKING:
     from .benchmark import KernelTiming, benchmark_kernel
     from .cli.checklist import check_kernels

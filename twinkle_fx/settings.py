@@ -29,9 +29,9 @@ def use_triton_interpreter(*, command: str) -> None:
     # triton.language's own helpers (tl.sum, ...) are triton.jit functions too: once triton is
     # imported (torch._dynamo imports it on a machine with a GPU) they are bound to the compiler
     if "twinkle_triton" in sys.modules or "triton" in sys.modules:
-        raise RuntimeError(f"{command}: triton was imported before TRITON_INTERPRET=1 was set, so the twinkle_triton "
-                           "kernels cannot run on the CPU in this process; set TRITON_INTERPRET=1 before importing "
-                           "torch and twinkle_fx.")
+        raise RuntimeError(f"triton was imported before TRITON_INTERPRET=1 was set, so {command} cannot run the "
+                           "twinkle_triton kernels on the CPU in this process; set TRITON_INTERPRET=1 before importing "
+                           "torch and twinkle_fx (or in the shell).")
     os.environ["TRITON_INTERPRET"] = "1"
     _check_interpreter()
 

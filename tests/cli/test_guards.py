@@ -123,3 +123,13 @@ def test_the_model_types_read_from_the_source_are_transformers_mapping():
     from twinkle_fx.cli.explain import causal_lm_model_types
 
     assert causal_lm_model_types() == list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def test_a_cpu_run_after_triton_was_imported_says_to_set_the_variable(monkeypatch, capsys):
+    import types
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or types.ModuleType("triton"))
+    error = _fails(["check", "--tiny", "--no-builtin", "--device", "cpu"], capsys)
+    assert "triton was imported before TRITON_INTERPRET=1 was set, so twinkle-fx check cannot run" in error
+    assert "set TRITON_INTERPRET=1 before importing torch" in error

@@ -117,7 +117,10 @@ def choose_device(text: str | None, *, default_cpu: bool, command: str, full_siz
                                "it anyway")
         from ..settings import use_triton_interpreter
 
-        use_triton_interpreter(command=command)
+        try:
+            use_triton_interpreter(command=command)
+        except RuntimeError as e:  # triton imported already, or an interpreter that cannot run: said in one line
+            raise CommandError(str(e)) from None
     return device
 
 

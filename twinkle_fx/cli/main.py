@@ -2,7 +2,10 @@
 
 Each subcommand lives in its own module with ``add_parser(subparsers)``, which adds its parser and
 sets ``run`` (``run(args) -> exit status``) as its default; adding a command is one line in COMMANDS.
-A bad argument is one line on stderr (``twinkle-fx <command>: error: ...``), never a traceback.
+A bad argument is one line on stderr (``twinkle-fx <command>: error: ...``) and exit status 2, never a
+traceback. A command module imports nothing heavy at module level, and ``run`` checks every argument
+before it imports torch, transformers or triton (seconds on a small machine): ``--help``, ``--version``
+and a mistyped flag answer at once.
 """
 
 from __future__ import annotations

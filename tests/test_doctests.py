@@ -37,7 +37,7 @@ MODULES = (
     "twinkle_fx.kernels_api",
     "twinkle_fx.kernels_mapping",
     "twinkle_fx.explain",
-    "twinkle_fx.check",
+    "twinkle_fx.cli.checklist.checklist",
     "twinkle_fx.hub",
     "twinkle_fx.testing",
     "twinkle_fx.benchmark",

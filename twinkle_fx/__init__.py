@@ -15,37 +15,88 @@ then, with a model and the repo on a GPU machine (not run here)::
     compiled = torch.compile(model, backend="twinkle")             # graph rewrite
 """
 
-from .config import register_kernels
-from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
-from .errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
-from .modes import Mode
-from .registration import register_external_layer, register_function_kernel, register_layer_kernel
-from .registry import get_registry, scoped_registry
-from . import compile as _compile  # noqa: E402,F401  the "twinkle" backend name and the pattern-tracing hook
-from .explain import explain
-from .benchmark import KernelTiming, benchmark_kernel
-from .check import check_kernels
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "KernelLoadError",
-    "KernelSelectionError",
-    "KernelTiming",
-    "KernelVerificationError",
-    "Mode",
-    "TwinkleError",
-    "benchmark_kernel",
-    "check_kernels",
-    "explain",
-    "get_registry",
-    "kernelize_model",
-    "kernelized",
-    "register_external_layer",
-    "register_function_kernel",
-    "register_kernels",
-    "register_layer_kernel",
-    "scoped_registry",
-    "undo_kernelize",
-    "verification_report",
-]
+# Each public name and the module that defines it. Importing the package imports none of them (torch,
+# transformers and triton take seconds), so ``twinkle-fx --help`` and a bad argument answer at once;
+# the first public name used imports the library as a plain import of the package used to.
+_PUBLIC = {
+    "register_kernels": ".config",
+    **dict.fromkeys(("kernelize_model", "kernelized", "undo_kernelize", "verification_report"), ".eager"),
+    **dict.fromkeys(("KernelLoadError", "KernelSelectionError", "KernelVerificationError", "TwinkleError"), ".errors"),
+    "Mode": ".modes",
+    **dict.fromkeys(("register_external_layer", "register_function_kernel", "register_layer_kernel"), ".registration"),
+    **dict.fromkeys(("get_registry", "scoped_registry"), ".registry"),
+    "explain": ".explain",
+    # the tools: the library itself never imports them
+    "check_kernels": ".cli.checklist",
+    **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".benchmark"),
+}
+# what the package imported up front before it was lazy: its submodules stay attributes of the package
+# once the library is in use, and "compile" makes the backend name known to torch.compile
+_LIBRARY = (".config", ".eager", ".errors", ".modes", ".registration", ".registry", ".compile", ".explain")
+
+__all__ = sorted(_PUBLIC, key=str.lower)
+
+# The backend name, known to torch.compile as soon as the package is imported. Cheap where the package
+# is installed (its entry point names the backend); from a bare checkout it imports torch._dynamo.
+from . import compile as _compile  # noqa: E402,F401
+
+if TYPE_CHECKING:
+    from .benchmark import KernelTiming, benchmark_kernel
+    from .cli.checklist import check_kernels
+    from .config import register_kernels
+    from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
+    from .errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
+    from .explain import explain
+    from .modes import Mode
+    from .registration import register_external_layer, register_function_kernel, register_layer_kernel
+    from .registry import get_registry, scoped_registry
+
+
+def _load_library() -> None:
+    for module in _LIBRARY:
+        importlib.import_module(module, __name__)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        _load_library()
+        value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+        if name != "explain":  # the property below answers for it
+            globals()[name] = value
+        return value
+    if not name.startswith("__"):
+        _load_library()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
+
+
+class _Package(types.ModuleType):
+    """``twinkle_fx.explain`` is the function, although a submodule has that name too: importing
+    the submodule (which the import system follows by setting the package attribute) leaves it so."""
+
+    @property
+    def explain(self):
+        from .explain import explain
+
+        return explain
+
+    @explain.setter
+    def explain(self, module: types.ModuleType) -> None:
+        pass
+
+
+sys.modules[__name__].__class__ = _Package

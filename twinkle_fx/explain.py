@@ -1,7 +1,7 @@
 """``twinkle_fx.explain``: what the ``twinkle`` backend swaps in a model, and why not elsewhere.
 
 The command line, ``python -m twinkle_fx explain --config qwen2`` on a tiny transformers model, is in
-:mod:`twinkle_fx.explain_cli`.
+:mod:`twinkle_fx.cli.explain`.
 """
 
 from __future__ import annotations

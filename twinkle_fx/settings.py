@@ -17,28 +17,23 @@ def kernels_disabled() -> bool:
 
 def use_triton_interpreter(*, command: str) -> None:
     """Run Triton kernels through the interpreter (no GPU). The variable is read when ``triton.jit``
-    decorates a kernel, so it must be set before twinkle_triton is imported; if something imported
-    it already, the ``twinkle-fx`` command starts over in a fresh interpreter with the variable set.
+    decorates a kernel, so it must be set before triton is imported: ``command`` (the caller, named in
+    the error) calls this before importing anything that imports triton.
 
     Raises:
-        RuntimeError: twinkle_triton was imported already and this is not the ``twinkle-fx`` command.
+        RuntimeError: triton was imported before, so its kernels are bound to the compiler.
     """
     if os.environ.get("TRITON_INTERPRET") == "1":
         _check_interpreter()
         return
-    os.environ["TRITON_INTERPRET"] = "1"
     # triton.language's own helpers (tl.sum, ...) are triton.jit functions too: once triton is
     # imported (torch._dynamo imports it on a machine with a GPU) they are bound to the compiler
-    if "twinkle_triton" not in sys.modules and "triton" not in sys.modules:
-        _check_interpreter()
-        return
-    main_spec = getattr(sys.modules["__main__"], "__spec__", None)
-    if (main_spec is not None and main_spec.name == "twinkle_fx.__main__") or os.path.basename(sys.argv[0]) == "twinkle-fx":
-        print(f"{command}: restarting with TRITON_INTERPRET=1 (twinkle_triton was imported before it was set)",
-              file=sys.stderr, flush=True)
-        os.execv(sys.executable, sys.orig_argv)
-    raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set, so the twinkle_triton kernels cannot "
-                       "run on the CPU in this process; set TRITON_INTERPRET=1 before importing torch and twinkle_fx.")
+    if "twinkle_triton" in sys.modules or "triton" in sys.modules:
+        raise RuntimeError(f"triton was imported before TRITON_INTERPRET=1 was set, so {command} cannot run the "
+                           "twinkle_triton kernels on the CPU in this process; set TRITON_INTERPRET=1 before importing "
+                           "torch and twinkle_fx (or in the shell).")
+    os.environ["TRITON_INTERPRET"] = "1"
+    _check_interpreter()
 
 
 def _check_interpreter() -> None:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import twinkle_fx
-from twinkle_fx.__main__ import main
-from twinkle_fx._cli import StepProgress
+from twinkle_fx.cli import main
+from twinkle_fx.cli.common import StepProgress
 from twinkle_fx.bench.timing import DeviceClock, time_training_steps
 
 
@@ -44,9 +44,9 @@ def test_version(capsys):
     (["bench", "--batch", "-1"], "argument --batch: must be a positive integer, got -1"),
     (["bench", "--warmup", "x"], "argument --warmup: must be an integer, got 'x'"),
     (["bench", "--plot", "missing.json"], "--plot missing.json: no such file"),
-    (["bench", "--tiny", "--backends", "eager,fast"], "Unknown backend(s) 'fast'"),
-    (["bench", "--tiny", "--model", "gpt9"], "Unknown model 'gpt9'"),
-    (["bench", "--tiny", "--micro", "--ops", "nope"], "unknown op(s) nope; valid: silu_and_mul"),
+    (["bench", "--tiny", "--backends", "eager,fast"], "--backends: unknown backend(s) 'fast'; valid: eager, inductor"),
+    (["bench", "--tiny", "--model", "gpt9"], "--model: unknown model(s) 'gpt9'; valid: qwen2"),
+    (["bench", "--tiny", "--micro", "--ops", "nope"], "--ops: unknown op(s) 'nope'; valid: silu_and_mul"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, expected, capsys, device):
     if "--tiny" in argv:

@@ -15,11 +15,13 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from .._cli import CommandError, StepProgress, checked_device, non_negative_int, positive_int
-from ..settings import use_triton_interpreter
+from . import names
+from .common import (CommandError, StepProgress, check_names, check_out_dir, choose_device, comma_list, device_name,
+                     non_negative_int, positive_float, positive_int, quiet_profiler)
 
 __all__ = ["add_parser", "run"]
 
@@ -45,8 +47,6 @@ _INFERENCE_BACKENDS = "eager,kernelize,kernelize+cudagraphs,inductor,inductor+cu
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``bench`` subcommand to the ``twinkle-fx`` parser."""
-    from .workloads import WORKLOADS  # the package is imported already (so is torch): no extra start-up cost
-
     parser = subparsers.add_parser(
         "bench",
         help="benchmark backends on a training step, or the kernels (--micro)",
@@ -57,10 +57,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         epilog=__doc__.split("Examples::", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default="qwen2", help=f"workload, one of {', '.join(WORKLOADS)} (qwen2, the "
+    parser.add_argument("--model", default="qwen2", help=f"workload, one of {', '.join(names.WORKLOADS)} (qwen2, the "
                                                           "default: Qwen2-0.5B shape; every family of the built-in "
                                                           "mapping is one, see twinkle_fx.bench.workloads)")
-    parser.add_argument("--backends", help=f"comma-separated; default {_MODEL_BACKENDS} "
+    parser.add_argument("--backends", type=comma_list, help=f"comma-separated; default {_MODEL_BACKENDS} "
                                            f"(--tiny: {_TINY_MODEL_BACKENDS}; --micro: {_MICRO_BACKENDS})")
     parser.add_argument("--batch", type=positive_int, help="sequences per step (default 4; --tiny 2)")
     parser.add_argument("--seq", type=positive_int, help="tokens per sequence (default 1024; --tiny 32)")
@@ -70,17 +70,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--warmup", type=non_negative_int,
                         help="untimed steps after the first (default 3; --micro 5; --tiny 1)")
     parser.add_argument("--micro", action="store_true", help="kernel microbenchmarks instead of the model")
-    parser.add_argument("--ops", help="--micro: comma-separated subset of the ops (default all)")
+    parser.add_argument("--ops", type=comma_list, help="--micro: comma-separated subset of the ops (default all)")
     parser.add_argument("--out", type=Path, help="directory for the JSON result and the PNG chart")
     parser.add_argument("--tiny", action="store_true",
                         help="a tiny config on the CPU through the Triton interpreter, the same code path: ~20 s "
                              "with the default eager,kernelize on a 2-core CPU; each compiled backend (inductor, "
                              "twinkle, ...) adds about a minute of Inductor compilation")
-    parser.add_argument("--device", help="default cuda when available (--tiny: cpu)")
+    parser.add_argument("--device", type=device_name, help="default cuda when available (--tiny: cpu)")
     parser.add_argument("--force", action="store_true",
                         help="run the full-size workload even on a CPU (through the Triton interpreter: hours)")
     parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
-    parser.add_argument("--loss-rtol", type=float,
+    parser.add_argument("--loss-rtol", type=positive_float,
                         help="first-step loss agreement with eager, relative (default: the dtype's loss_rtol in "
                              "twinkle_fx.tolerances, 1e-2 bf16/fp16, 1e-5 fp32)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
@@ -89,9 +89,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--inference", action="store_true",
                         help="prefill latency and decode tokens/s (no grad) instead of the training step; backends "
                              f"default {_INFERENCE_BACKENDS}")
-    parser.add_argument("--prefill", type=int, help="--inference: prompt tokens, batch 1 (default 2048; --tiny 32)")
-    parser.add_argument("--decode-batch", type=int, help="--inference: sequences per decode step (default 32; --tiny 2)")
-    parser.add_argument("--context", type=int, help="--inference: tokens in the static KV cache (default 1024; "
+    parser.add_argument("--prefill", type=positive_int, help="--inference: prompt tokens, batch 1 (default 2048; --tiny 32)")
+    parser.add_argument("--decode-batch", type=positive_int, help="--inference: sequences per decode step (default 32; --tiny 2)")
+    parser.add_argument("--context", type=positive_int, help="--inference: tokens in the static KV cache (default 1024; "
                                                     "--tiny 16)")
     parser.add_argument("--twinkle-options", metavar="JSON",
                         help='--inference: options= of the twinkle rows, e.g. \'{"fuse_projections": true}\'')
@@ -106,10 +106,8 @@ def _progress(line: str) -> None:
 
 
 def _load_saved(path: Path):
-    from .results import BenchResult
+    from ..bench.results import BenchResult
 
-    if not path.is_file():
-        raise CommandError(f"--plot {path}: no such file (a JSON written by `twinkle-fx bench --out DIR`)")
     try:
         return BenchResult.load(path)
     except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
@@ -121,15 +119,47 @@ def _default(args: argparse.Namespace, name: str, table: dict) -> object:
     return table[name][1 if args.tiny else 0] if value is None else value
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Every argument against what it may be, before anything heavy is imported (seconds)."""
+    if args.plot is not None:
+        if not args.plot.is_file():
+            raise CommandError(f"--plot {args.plot}: no such file (a JSON written by `twinkle-fx bench --out DIR`)")
+        check_out_dir("--out", args.out)
+        return
+    if args.micro and args.inference:
+        raise CommandError("--micro (the kernels) and --inference (prefill and decode) are two benchmarks; give one")
+    if args.micro and args.profile is not None:
+        raise CommandError("--profile profiles the model benchmark's backends; leave out --micro (or profile one "
+                           "kernel with torch.profiler, see README 'For kernel authors')")
+    if args.ops is not None and not args.micro:
+        raise CommandError("--ops chooses the kernels of --micro; add --micro or leave it out")
+    check_out_dir("--out", args.out)
+    check_out_dir("--profile", args.profile)
+    if args.micro:
+        check_names("--ops", args.ops or (), names.MICRO_OPS, "op")
+        check_names("--backends", args.backends or (), names.MICRO_IMPLS, "backend")
+        return
+    check_names("--model", [args.model], names.WORKLOADS, "model")
+    check_names("--backends", args.backends or (), names.INFERENCE_BACKENDS if args.inference else names.MODEL_BACKENDS,
+                "backend")
+    if args.twinkle_options is not None:
+        if not args.inference:
+            raise CommandError("--twinkle-options sets the twinkle rows of --inference; add --inference or leave it out")
+        try:
+            options = json.loads(args.twinkle_options)
+        except json.JSONDecodeError as e:
+            raise CommandError(f"--twinkle-options is not JSON: {e}") from None
+        if not isinstance(options, dict):
+            raise CommandError(f"--twinkle-options must be a JSON object ({{\"name\": value, ...}}), got "
+                               f"{args.twinkle_options}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``twinkle-fx bench`` with parsed ``args``; returns the exit status."""
-    import torch
-
-    from .backends import BACKENDS, parse_backends
-    from .environment import resolve_device
-    from .report import format_table, plot, write_outputs
-
+    _check_arguments(args)
     if args.plot is not None:
+        from ..bench.report import format_table, plot
+
         result = _load_saved(args.plot)
         print(format_table(result))
         png = (args.out or args.plot.parent) / (args.plot.stem + ".png")
@@ -137,45 +167,37 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nwrote {png}" if plot(result, png) else "\nmatplotlib is not installed: no PNG")
         return 0
 
-    device = resolve_device(None if args.device is None else str(checked_device(args.device)), tiny=args.tiny)
-    if device.type == "cpu" and not args.tiny and not args.force:
-        what = "kernel microbenchmarks (LLM-size tensors)" if args.micro else f"{args.model} training step (full size)"
-        raise CommandError(f"a full-size benchmark on the CPU ({what} through the Triton interpreter) takes hours; "
-                           "use --tiny for the CPU smoke test, a GPU (--device cuda), or --force to run it anyway")
-    if device.type == "cpu":
-        use_triton_interpreter(command="twinkle-fx bench")
+    quiet_profiler()
+    what = ("kernel microbenchmarks (LLM-size tensors)" if args.micro else
+            f"{args.model} {'inference' if args.inference else 'training step'} (full size)")
+    device = choose_device(args.device, default_cpu=args.tiny, command="twinkle-fx bench",
+                           full_size=None if args.tiny else what, force=args.force)
+    import torch
+
+    from ..bench.report import format_table, write_outputs
+
     if args.tiny:
         # tiny ops gain nothing from intra-op threads, and on a busy 2-core machine their OpenMP
         # barriers made an eager step 300x slower (2 ms -> 700 ms) while another process compiled
         torch.set_num_threads(1)
-    if args.micro and args.profile is not None:
-        raise SystemExit("twinkle-fx bench: --profile profiles the model benchmark's backends; leave out --micro "
-                         "(or profile one kernel with torch.profiler, see README 'For kernel authors')")
     if args.inference:
         return _run_inference(args, device)
     if args.micro:
-        from .micro import MICRO_CASES, MICRO_IMPLS, MicroBenchOptions, run_micro_bench
+        from ..bench.micro import MicroBenchOptions, run_micro_bench
 
-        ops = [] if not args.ops else [op.strip() for op in args.ops.split(",") if op.strip()]
-        unknown = sorted(set(ops) - {c.op for c in MICRO_CASES})
-        if unknown:
-            raise CommandError(f"unknown op(s) {', '.join(unknown)}; valid: {', '.join(c.op for c in MICRO_CASES)}")
         options = MicroBenchOptions(
-            impls=_parse(parse_backends, args.backends or _MICRO_BACKENDS, dict.fromkeys(MICRO_IMPLS)),
+            impls=args.backends or _MICRO_BACKENDS.split(","),
             dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MICRO_DEFAULTS)]),
             reps=_default(args, "steps", _MICRO_DEFAULTS), warmup=_default(args, "warmup", _MICRO_DEFAULTS),
-            device=device, tiny=args.tiny, seed=args.seed, ops=ops,
+            device=device, tiny=args.tiny, seed=args.seed, ops=args.ops or [],
         )
         result, stem = run_micro_bench(options, progress=_progress), "bench-micro"
     else:
-        from .model_bench import ModelBenchOptions, run_model_bench
-        from .workloads import get_workload
+        from ..bench.model_bench import ModelBenchOptions, run_model_bench
 
-        _parse(get_workload, args.model)
         options = ModelBenchOptions(
             model=args.model,
-            backends=_parse(parse_backends, args.backends or (_TINY_MODEL_BACKENDS if args.tiny else _MODEL_BACKENDS),
-                            BACKENDS),
+            backends=args.backends or (_TINY_MODEL_BACKENDS if args.tiny else _MODEL_BACKENDS).split(","),
             batch=_default(args, "batch", _MODEL_DEFAULTS), seq=_default(args, "seq", _MODEL_DEFAULTS),
             dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
             steps=_default(args, "steps", _MODEL_DEFAULTS), warmup=_default(args, "warmup", _MODEL_DEFAULTS),
@@ -194,27 +216,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_inference(args: argparse.Namespace, device) -> int:
-    import json
-
     import torch
 
-    from .backends import parse_backends
-    from .inference import INFERENCE_BACKENDS, InferenceBenchOptions, format_inference_table, run_inference_bench
-    from .workloads import get_workload
+    from ..bench.inference import InferenceBenchOptions, format_inference_table, run_inference_bench
 
-    _parse(get_workload, args.model)
-    try:
-        twinkle_options = None if args.twinkle_options is None else json.loads(args.twinkle_options)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"twinkle-fx bench: --twinkle-options is not JSON: {e}") from None
     options = InferenceBenchOptions(
-        model=args.model, backends=_parse(parse_backends, args.backends or _INFERENCE_BACKENDS, INFERENCE_BACKENDS),
+        model=args.model, backends=args.backends or _INFERENCE_BACKENDS.split(","),
         prefill=_default(args, "prefill", _INFERENCE_DEFAULTS),
         decode_batch=_default(args, "decode_batch", _INFERENCE_DEFAULTS),
         context=_default(args, "context", _INFERENCE_DEFAULTS),
         dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
         steps=_default(args, "steps", _INFERENCE_DEFAULTS), warmup=_default(args, "warmup", _INFERENCE_DEFAULTS),
-        device=device, tiny=args.tiny, seed=args.seed, options=twinkle_options,
+        device=device, tiny=args.tiny, seed=args.seed,
+        options=None if args.twinkle_options is None else json.loads(args.twinkle_options),
     )
     result = run_inference_bench(options, progress=_progress)
     print()
@@ -225,11 +239,3 @@ def _run_inference(args: argparse.Namespace, device) -> int:
         result.save(path)
         print(f"\nwrote {path}")
     return 1 if any(row.status in ("failed", "wrong") for row in result.rows) else 0
-
-
-def _parse(parse, *args):
-    """Turn a ValueError of argument parsing into a one-line usage error."""
-    try:
-        return parse(*args)
-    except ValueError as e:
-        raise CommandError(str(e)) from None

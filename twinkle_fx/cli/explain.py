@@ -10,12 +10,16 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
+import importlib.util
 import os
 import time
+from pathlib import Path
 from typing import Any
 
-from ._cli import CommandError, checked_device, note, positive_int
+from . import names
+from .common import CommandError, choose_device, device_name, note, positive_int
 
 __all__ = ["add_parser"]
 
@@ -28,21 +32,19 @@ _TINY_OVERRIDES = {"deepseek_v3": dict(num_key_value_heads=4)}
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``explain`` subcommand to the ``twinkle-fx`` parser."""
-    from .builtin import BUILTIN_MODELS
-
     parser = subparsers.add_parser(
         "explain", help="show what the twinkle backend swaps in a tiny transformers model",
         description="Compile a tiny random-weight model of a transformers family with backend='twinkle', run it "
                     "once and print the report: every candidate region, swapped with which kernel or kept and why. "
-                    f"The built-in kernels cover {', '.join(BUILTIN_MODELS)}.",
+                    f"The built-in kernels cover {', '.join(names.BUILTIN_FAMILIES)}.",
         epilog=__doc__.split("Examples::", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", default="qwen2", metavar="MODEL_TYPE",
                         help=f"transformers causal-LM model type (default qwen2; built-in kernels: "
-                             f"{', '.join(BUILTIN_MODELS)})")
+                             f"{', '.join(names.BUILTIN_FAMILIES)})")
     parser.add_argument("--train", action="store_true", help="explain a training step (default: inference)")
     parser.add_argument("--seq", type=positive_int, default=8, help="sequence length (default 8)")
-    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--device", type=device_name, help="default: cuda if available, else cpu")
     parser.add_argument("--no-builtin", action="store_true", help="do not register the built-in twinkle_triton kernels")
     parser.add_argument("--diff", action="store_true", help="also print the FX code diff of every graph")
     # the summary used to need --summary; it is the default now, and old command lines keep working
@@ -51,45 +53,65 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def causal_lm_model_types() -> list[str] | None:
+    """transformers' causal-LM model types (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``), read from its source
+    file: importing the module imports torch (seconds), and a bad ``--config`` is answered before
+    that. None when the file no longer holds the table as a literal (the caller then imports it)."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        return None
+    source = Path(spec.origin).parent / "models" / "auto" / "modeling_auto.py"
+    try:
+        tree = ast.parse(source.read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES" and isinstance(node.value, ast.Call)
+                and len(node.value.args) == 1):
+            try:
+                return [name for name, _ in ast.literal_eval(node.value.args[0])]
+            except (ValueError, TypeError):
+                return None
+    return None
+
+
 def _check_model_type(name: str) -> None:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    from .builtin import BUILTIN_MODELS
-
-    if name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or name in BUILTIN_MODELS:
+    if name in names.BUILTIN_FAMILIES:
         return
-    close = difflib.get_close_matches(name, list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), n=3)
+    known = causal_lm_model_types()
+    if known is None:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        known = list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    if name in known:
+        return
+    close = difflib.get_close_matches(name, known, n=3)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise CommandError(f"--config {name!r} is not a transformers causal-LM model type; {hint}"
-                       f"the built-in kernels cover {', '.join(BUILTIN_MODELS)} "
-                       f"({len(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)} model types work, see "
+                       f"the built-in kernels cover {', '.join(names.BUILTIN_FAMILIES)} "
+                       f"({len(known)} model types work, see "
                        "transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``twinkle-fx explain`` with parsed ``args``; returns the exit status."""
+    _check_model_type(args.config)
+    # TRITON_INTERPRET=1 asks for the interpreter, which runs on host memory only: the CPU then
+    device = choose_device(args.device, default_cpu=os.environ.get("TRITON_INTERPRET") == "1",
+                           command="twinkle-fx explain")
     import torch
 
-    from .builtin import BUILTIN_MODELS
-    from .settings import use_triton_interpreter
+    from ..builtin import BUILTIN_MODELS
 
-    _check_model_type(args.config)
-    if args.device is not None:
-        device = checked_device(args.device)
-    else:
-        # TRITON_INTERPRET=1 asks for the interpreter, which runs on host memory only: the CPU then
-        device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-                              else "cpu")
-    if device.type == "cpu":
-        use_triton_interpreter(command="twinkle-fx explain")
     if not args.no_builtin and args.config in BUILTIN_MODELS:
-        from .builtin import use_builtin_kernels
+        from ..builtin import use_builtin_kernels
 
         # the fused-loss head only changes a training forward with labels: leave it out of inference
         use_builtin_kernels(devices=(device.type,), models=[args.config], fused_loss=args.train)
     import transformers
 
-    from .explain import explain
+    from ..explain import explain
 
     step = "a training step" if args.train else "an inference forward"
     note(f"twinkle-fx explain: tiny random {args.config} (2 layers, hidden 64) on {device}, {step} of 2 x {args.seq} "

@@ -1,0 +1,10 @@
+"""The ``twinkle-fx`` command line and the tools behind it: ``check`` (:mod:`.checklist`), ``bench``
+(the harness in :mod:`twinkle_fx.bench`) and ``explain``.
+
+Importing this package (and parsing a command line) imports neither torch nor transformers nor
+triton: every argument is checked first, and a command imports what it runs only then.
+"""
+
+from .main import build_parser, main
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,33 @@
+"""The names a command line may give, known without importing torch: the command checks every
+argument against them before it imports anything heavy. Each list mirrors the table the library
+runs from (named beside it); tests/cli check that they agree.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BUILTIN_FAMILIES", "WORKLOADS", "MODEL_BACKENDS", "INFERENCE_BACKENDS", "MICRO_IMPLS", "MICRO_OPS",
+           "DTYPES"]
+
+# twinkle_fx.builtin.BUILTIN_MODELS
+BUILTIN_FAMILIES = ("qwen2", "llama", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite",
+                    "smollm3", "glm4", "deepseek_v3", "mixtral", "qwen3_moe", "gpt_oss", "ernie4_5", "ernie4_5_moe",
+                    "cohere", "starcoder2")
+# twinkle_fx.bench.workloads.WORKLOADS
+WORKLOADS = ("qwen2", "qwen3", "llama", "mistral", "llama1b", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite",
+             "smollm3", "glm4", "deepseek_v3", "mixtral", "qwen3_moe", "gpt_oss", "ernie4_5", "ernie4_5_moe", "cohere",
+             "starcoder2")
+# twinkle_fx.bench.backends.BACKENDS
+MODEL_BACKENDS = ("eager", "inductor", "twinkle", "kernelize+twinkle", "kernelize", "kernelize+cudagraphs", "liger",
+                  "inductor+cudagraphs", "twinkle+cudagraphs", "twinkle+gemm-fusion", "twinkle-all-swaps",
+                  "liger+inductor")
+# twinkle_fx.bench.inference.INFERENCE_BACKENDS
+INFERENCE_BACKENDS = ("eager", "kernelize", "kernelize+cudagraphs", "inductor", "inductor+cudagraphs", "twinkle",
+                      "twinkle+cudagraphs")
+# twinkle_fx.bench.micro.MICRO_IMPLS
+MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger", "cce")
+# the ops of twinkle_fx.bench.micro.MICRO_CASES
+MICRO_OPS = ("silu_and_mul", "silu_mul", "rms_norm", "add_rms_norm", "apply_rotary_pos_emb", "add_gelu", "mul_add",
+             "fused_linear_cross_entropy", "gelu_mul", "rms_norm_fp32", "layer_norm", "apply_rotary_pos_emb_partial",
+             "apply_rotary_pos_emb_deinterleave", "clamped_swiglu")
+# twinkle_fx.cli.checklist.checklist._DTYPE_NAMES (bench --dtype takes the same)
+DTYPES = ("fp32", "bf16", "fp16")

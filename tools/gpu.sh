@@ -6,6 +6,8 @@
 #   train        training step, Qwen2-0.5B shape, 4 x 1024: eager, Inductor (+ CUDA graphs), twinkle + CUDA graphs,
 #                kernelize (+ CUDA graphs)
 #   inference    prefill 1 x 2048 and decode 32 x 1 on a static cache: the same backends
+#   generate     model.generate() at B1/B8/B32, prompt 512, 128 new tokens: eager, transformers' static-cache recipe,
+#                twinkle through CompileConfig, kernelize with CUDA graphs (python -m twinkle_fx.bench.generate)
 #   kernels      `twinkle-fx bench --micro`: every kernel and the fused loss against eager, Inductor, Liger, CCE
 #   matrix       training across model shapes (MODELS, default "qwen2 llama1b qwen3 qwen3_moe mixtral"), then
 #                tools/family_reference.py: every family at its published dimensions against the unswapped model
@@ -19,7 +21,7 @@
 # Results (harness JSON stamped with device, versions and $COMMIT, logs) go under $OUT (default ./gpu-out); a JSON
 # that replaces one in docs/performance/ keeps that file's name. Wheels in .whl/ (git-ignored) are installed
 # first, for packages the GPU image lacks (kernels, expecttest, pytest-xdist, liger-kernel, cut-cross-entropy).
-# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S.
+# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -35,7 +37,7 @@ export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"
 tiny=0
 jobs=()
 for arg in "$@"; do if [ "$arg" = "--tiny" ]; then tiny=1; else jobs+=("$arg"); fi; done
-[ ${#jobs[@]} -gt 0 ] || { sed -n '2,24p' "$0"; exit 2; }
+[ ${#jobs[@]} -gt 0 ] || { sed -n '2,26p' "$0"; exit 2; }
 if [ "$tiny" = 1 ]; then export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1; else unset TRITON_INTERPRET; fi
 status=0
 
@@ -74,6 +76,13 @@ job_inference() {
   bench inference-compiled "${INFERENCE_S:-300}" --inference --backends inductor+cudagraphs,twinkle+cudagraphs \
     --steps 20 --warmup 3
   bench inference-eager "${INFERENCE_S:-300}" --inference --backends eager,kernelize,kernelize+cudagraphs --steps 20 --warmup 3
+}
+
+job_generate() {
+  echo "### generate"
+  timeout "${GENERATE_S:-500}" python3 -m twinkle_fx.bench.generate ${GENERATE_ARGS:-} --out "$out/generate.json" \
+    > "$out/generate.txt" 2>&1 || { status=1; tail -20 "$out/generate.txt"; }
+  sed -n '/^| row/,$p' "$out/generate.txt"
 }
 
 job_kernels() {
@@ -131,7 +140,7 @@ job_check() {
 
 SECONDS=0
 for job in "${jobs[@]}"; do
-  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference kernels matrix distributed check"; exit 2; fi
+  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed check"; exit 2; fi
   echo "=== $job (${SECONDS} s)"
   "job_$job"
 done

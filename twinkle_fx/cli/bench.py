@@ -31,7 +31,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _MODEL_DEFAULTS = {"batch": (4, 2), "seq": (1024, 32), "dtype": ("bf16", "fp32"), "steps": (20, 2), "warmup": (3, 1)}
 _MICRO_DEFAULTS = {"dtype": ("bf16", "fp32"), "steps": (50, 2), "warmup": (5, 1)}
 # the full run: each way of running the model, plain and with CUDA graphs (the fastest twinkle_fx
-# configurations, eager and compiled, are the CUDA-graph ones: README, session 6), and the Liger anchor
+# configurations, eager and compiled, are the CUDA-graph ones: docs/performance.md), and the Liger anchor
 _MODEL_BACKENDS = ("eager,inductor,inductor+cudagraphs,twinkle,twinkle+cudagraphs,kernelize,kernelize+cudagraphs,"
                    "liger")
 # --tiny: the backends that run in seconds on a CPU. Measured on the 2-core CI machine (busy):
@@ -39,7 +39,7 @@ _MODEL_BACKENDS = ("eager,inductor,inductor+cudagraphs,twinkle,twinkle+cudagraph
 # (twinkle alone: 57 s), so the full list took 3.5 minutes.
 _TINY_MODEL_BACKENDS = "eager,kernelize"
 _MICRO_BACKENDS = "eager,inductor,twinkle,liger,cce"
-# compilespeed: the inference workload; (full run, --tiny) defaults
+# the inference workload: (full run, --tiny) defaults
 _INFERENCE_DEFAULTS = {"prefill": (2048, 32), "decode_batch": (32, 2), "context": (1024, 16), "steps": (20, 2),
                        "warmup": (3, 1)}
 _INFERENCE_BACKENDS = "eager,kernelize,kernelize+cudagraphs,inductor,inductor+cudagraphs,twinkle,twinkle+cudagraphs"

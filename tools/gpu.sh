@@ -37,7 +37,7 @@ export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"
 tiny=0
 jobs=()
 for arg in "$@"; do if [ "$arg" = "--tiny" ]; then tiny=1; else jobs+=("$arg"); fi; done
-[ ${#jobs[@]} -gt 0 ] || { sed -n '2,26p' "$0"; exit 2; }
+[ ${#jobs[@]} -gt 0 ] || { sed -n '2,24p' "$0"; exit 2; }
 if [ "$tiny" = 1 ]; then export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1; else unset TRITON_INTERPRET; fi
 status=0
 

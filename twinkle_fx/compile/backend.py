@@ -42,8 +42,8 @@ from ..registry import KernelRegistry, get_registry
 from ..settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
 from .analyses import compiled_root, foreign_forwards, function_calls, graph_breaks
-from .dynamo_internals import (compiled_code, graph_break, graph_breaks_counted, input_source, module_lookup,
-                               parse_source)
+from .dynamo_internals import (checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break,
+                               graph_breaks_counted, input_source, module_lookup, parse_source)
 from .inductor_options import compile_with_inductor, inductor_config_patches
 from .options import BackendOptions, parse_options
 from .pipeline import Pass, PassState, run_passes
@@ -59,11 +59,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["twinkle_backend", "PASSES"]
 
 PASSES: tuple[Pass, ...] = (
-    Pass("graph_breaks", graph_breaks.run, rewrites=False),
+    Pass("graph_breaks", graph_breaks.run, rewrites=False, outer_only=True),
     Pass("layer_regions", layer_regions.run, rewrites=True),
     Pass("function_patterns", function_patterns.run, rewrites=True),
     Pass("function_calls", function_calls.run, rewrites=False),
-    Pass("compiled_root", compiled_root.run, rewrites=False),
+    Pass("compiled_root", compiled_root.run, rewrites=False, outer_only=True),
     Pass("foreign_forwards", foreign_forwards.run, rewrites=False),
     Pass("attention", attention.run, rewrites=True),
     Pass("gemm_fusion", gemm_fusion.run, rewrites=True),  # last: sees the linears no kernel took
@@ -88,7 +88,7 @@ def twinkle_backend(
     )
     state.fuse_projections = gemm_fusion.should_fuse(opts.fuse_projections, state.mode, opts.compiler)
     state.gqa_attention, state.causal_mask = opts.gqa_attention, opts.causal_mask
-    report = GraphReport(0, state.device, format_mode(state.mode), opts.compiler, code_before=gm.code,
+    report = GraphReport(0, state.device, format_mode(state.mode), opts.compiler, code_before=_code(gm),
                          graph_break=None if state.graph_break is None else str(state.graph_break))
     recorders = active_recorders()
     for recorder in recorders:
@@ -97,6 +97,7 @@ def twinkle_backend(
     if kernels_disabled():
         logger.info("%s is set: graph left unchanged", DISABLE_ENV)
     else:
+        detach_checkpoint_bodies(gm)  # rewritten in place, the bodies would change in the reference too
         _warn_if_nothing_registered(state.registry)
         # measured per-op decisions (swap_policy.py) compare with Inductor's generated code: they
         # apply when Inductor is the inner compiler, and every region is swapped otherwise
@@ -106,7 +107,7 @@ def twinkle_backend(
         report.regions = [RegionReport.from_outcome(o) for o in state.outcomes]
     gm.graph.lint()
     gm.recompile()
-    if opts.verify and reference is not None and gm.code != report.code_before:
+    if opts.verify and reference is not None and _code(gm) != report.code_before:
         mismatch = verification.compare(reference, gm, state.example_inputs)
         if mismatch is None:
             report.verified = "the example shapes"
@@ -125,7 +126,7 @@ def twinkle_backend(
                 if region.swapped:
                     region.reason = Reason(ReasonKind.VERIFY_FAILED, f"verify failed for the rewritten graph: {mismatch}")
             gm = reference
-    report.code_after = gm.code
+    report.code_after = _code(gm)
     for recorder in recorders:
         recorder.after.append(readable(gm))
     compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders)
@@ -133,6 +134,12 @@ def twinkle_backend(
         original = _inner_compile(reference, state.example_inputs, opts, mode, ())
         compiled = _check_scalars(compiled, original, dict(state.baked_scalars), report)
     return _follow_registry(compiled, state.registry, report, opts, active_reports())
+
+
+def _code(gm: fx.GraphModule) -> str:
+    """``gm``'s code and, below it, the code of each activation-checkpoint body it calls (where the
+    rewrites of a checkpointed decoder layer are)."""
+    return gm.code + "".join(f"\n# {found.attribute}{_code(found.body)}" for found in checkpoint_bodies(gm))
 
 
 def _has_lifted_scalars(state: PassState) -> bool:

@@ -170,22 +170,21 @@ def _check_scalars(
 
     def run(*args: Any) -> Any:
         nonlocal noted
-        inputs = args[0] if boxed else args
+        # the inputs as a list (boxed) or one by one: aot_module_simplified's function carries
+        # _boxed_call=True from the one it wraps but takes them one by one (checkpointed layers
+        # compiled per layer reach it so); no graph input is a list, so the call itself tells
+        inputs = args[0] if len(args) == 1 and isinstance(args[0], list) else args
         if all(value(inputs[i]) == v for i, v in baked.items()):
             return compiled(*args)
         if not noted:
             noted = True
             logger.info("%s: a lifted float attribute differs from the value its kernels were compiled "
                         "for (%s); such calls run the graph without swaps", report.summary().splitlines()[0], baked)
-        return _call(original, list(inputs))
+        return original(*args)  # compiled as ``compiled`` was: called the same way
 
     boxed = getattr(compiled, "_boxed_call", False)
     run._boxed_call = boxed  # type: ignore[attr-defined]
     return run
-
-
-def _call(fn: Callable[..., Any], inputs: list[Any]) -> Any:
-    return fn(inputs) if getattr(fn, "_boxed_call", False) else fn(*inputs)
 
 
 def _follow_registry(

@@ -17,6 +17,10 @@ The eight passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``
    one grouped-query attention kernel call;
 8. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
 
+All but ``graph_breaks`` and ``compiled_root`` also run inside the bodies of activation-checkpoint
+calls (gradient checkpointing in transformers puts each decoder layer there); the calls stay, so
+the layers are still recomputed in backward (see :mod:`.pipeline`).
+
 Each pass is timed (DEBUG log of its module, and ``GraphReport.pass_ms``);
 ``TWINKLE_FX_DUMP_GRAPHS=<dir>`` or ``options={"dump_graphs": <dir>}`` writes the graph before and
 after each pass. The report of a graph is published when the compiled graph first runs: a graph

@@ -1,6 +1,8 @@
 """One test per accessor of :mod:`twinkle_fx.compile.dynamo_internals`: the backend reads Dynamo's
 internals only through these, so a torch upgrade that changes one fails here, by name."""
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -233,3 +235,47 @@ def test_module_lookup_outside_a_compile_scans_the_heap_once_per_class():
     assert lookup.heap_scans == 1
     wrong_class = di.ModuleFrame(frames[0].key, frames[0].source, torch.nn.Linear)
     assert lookup.find(wrong_class) is None
+
+
+class Checkpointed(torch.nn.Module):
+    """A block whose body runs under torch.utils.checkpoint, as transformers' decoder layers do."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = Norm()
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self._body, x.relu(), use_reentrant=False) + 1
+
+    def _body(self, h):
+        return self.norm(h).sin()
+
+
+def test_checkpoint_bodies_and_their_operands():
+    def check(gm, example_inputs):
+        found, = di.checkpoint_bodies(gm)
+        passed = {n.op: n for n in found.inputs.values()}  # body placeholder -> what the outer graph passes
+        return found, passed, di.input_source(passed.get("placeholder"))
+
+    (found, passed, source), = _compiled(Checkpointed(), check).results
+    assert found.body is getattr(found.call.graph.owning_module, found.attribute)
+    assert found.call.args[1:] == found.operands and len(found.inputs) == 2
+    assert "relu" in str(passed["call_method"].target)  # a value computed in the outer graph
+    assert source == "L['self']._modules['norm']._parameters['weight']"  # a graph input
+    classes = {frame.cls for node in found.body.graph.nodes for frame in di.module_stack(node)}
+    assert Norm in classes  # the body's nodes keep their module stack
+
+
+def test_detach_checkpoint_bodies_gives_the_graph_its_own_copy():
+    (gm, _), = _compiled(Checkpointed()).graphs
+    original, = di.checkpoint_bodies(gm)
+    original.body.meta["policy"] = "kept"
+    reference = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # as verify's snapshot shares submodules
+    di.detach_checkpoint_bodies(gm)
+    detached, = di.checkpoint_bodies(gm)
+    assert detached.body is not original.body and detached.body.meta == {"policy": "kept"}
+    sin, = [n for n in detached.body.graph.nodes if n.target in (torch.sin, "sin")]
+    sin.target = torch.cos if sin.op == "call_function" else "cos"  # a rewrite of the detached body
+    detached.body.recompile()
+    assert any(n.target in (torch.sin, "sin") for n in original.body.graph.nodes)
+    assert getattr(reference, original.attribute) is original.body  # the reference keeps the body as traced

@@ -17,6 +17,10 @@ The eight passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``
    one grouped-query attention kernel call;
 8. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
 
+All but ``graph_breaks`` and ``compiled_root`` also run inside the bodies of activation-checkpoint
+calls (gradient checkpointing in transformers puts each decoder layer there); the calls stay, so
+the layers are still recomputed in backward (see :mod:`.pipeline`).
+
 Each pass is timed (DEBUG log of its module, and ``GraphReport.pass_ms``);
 ``TWINKLE_FX_DUMP_GRAPHS=<dir>`` or ``options={"dump_graphs": <dir>}`` writes the graph before and
 after each pass. The report of a graph is published when the compiled graph first runs: a graph
@@ -42,8 +46,8 @@ from ..registry import KernelRegistry, get_registry
 from ..settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
 from .analyses import compiled_root, foreign_forwards, function_calls, graph_breaks
-from .dynamo_internals import (compiled_code, graph_break, graph_breaks_counted, input_source, module_lookup,
-                               parse_source)
+from .dynamo_internals import (checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break,
+                               graph_breaks_counted, input_source, module_lookup, parse_source)
 from .inductor_options import compile_with_inductor, inductor_config_patches
 from .options import BackendOptions, parse_options
 from .pipeline import Pass, PassState, run_passes
@@ -59,11 +63,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["twinkle_backend", "PASSES"]
 
 PASSES: tuple[Pass, ...] = (
-    Pass("graph_breaks", graph_breaks.run, rewrites=False),
+    Pass("graph_breaks", graph_breaks.run, rewrites=False, outer_only=True),
     Pass("layer_regions", layer_regions.run, rewrites=True),
     Pass("function_patterns", function_patterns.run, rewrites=True),
     Pass("function_calls", function_calls.run, rewrites=False),
-    Pass("compiled_root", compiled_root.run, rewrites=False),
+    Pass("compiled_root", compiled_root.run, rewrites=False, outer_only=True),
     Pass("foreign_forwards", foreign_forwards.run, rewrites=False),
     Pass("attention", attention.run, rewrites=True),
     Pass("gemm_fusion", gemm_fusion.run, rewrites=True),  # last: sees the linears no kernel took
@@ -88,7 +92,7 @@ def twinkle_backend(
     )
     state.fuse_projections = gemm_fusion.should_fuse(opts.fuse_projections, state.mode, opts.compiler)
     state.gqa_attention, state.causal_mask = opts.gqa_attention, opts.causal_mask
-    report = GraphReport(0, state.device, format_mode(state.mode), opts.compiler, code_before=gm.code,
+    report = GraphReport(0, state.device, format_mode(state.mode), opts.compiler, code_before=_code(gm),
                          graph_break=None if state.graph_break is None else str(state.graph_break))
     recorders = active_recorders()
     for recorder in recorders:
@@ -97,6 +101,7 @@ def twinkle_backend(
     if kernels_disabled():
         logger.info("%s is set: graph left unchanged", DISABLE_ENV)
     else:
+        detach_checkpoint_bodies(gm)  # rewritten in place, the bodies would change in the reference too
         _warn_if_nothing_registered(state.registry)
         # measured per-op decisions (swap_policy.py) compare with Inductor's generated code: they
         # apply when Inductor is the inner compiler, and every region is swapped otherwise
@@ -106,7 +111,7 @@ def twinkle_backend(
         report.regions = [RegionReport.from_outcome(o) for o in state.outcomes]
     gm.graph.lint()
     gm.recompile()
-    if opts.verify and reference is not None and gm.code != report.code_before:
+    if opts.verify and reference is not None and _code(gm) != report.code_before:
         mismatch = verification.compare(reference, gm, state.example_inputs)
         if mismatch is None:
             report.verified = "the example shapes"
@@ -125,7 +130,7 @@ def twinkle_backend(
                 if region.swapped:
                     region.reason = Reason(ReasonKind.VERIFY_FAILED, f"verify failed for the rewritten graph: {mismatch}")
             gm = reference
-    report.code_after = gm.code
+    report.code_after = _code(gm)
     for recorder in recorders:
         recorder.after.append(readable(gm))
     compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders)
@@ -133,6 +138,12 @@ def twinkle_backend(
         original = _inner_compile(reference, state.example_inputs, opts, mode, ())
         compiled = _check_scalars(compiled, original, dict(state.baked_scalars), report)
     return _follow_registry(compiled, state.registry, report, opts, active_reports())
+
+
+def _code(gm: fx.GraphModule) -> str:
+    """``gm``'s code and, below it, the code of each activation-checkpoint body it calls (where the
+    rewrites of a checkpointed decoder layer are)."""
+    return gm.code + "".join(f"\n# {found.attribute}{_code(found.body)}" for found in checkpoint_bodies(gm))
 
 
 def _has_lifted_scalars(state: PassState) -> bool:
@@ -163,22 +174,21 @@ def _check_scalars(
 
     def run(*args: Any) -> Any:
         nonlocal noted
-        inputs = args[0] if boxed else args
+        # the inputs as a list (boxed) or one by one: aot_module_simplified's function carries
+        # _boxed_call=True from the one it wraps but takes them one by one (checkpointed layers
+        # compiled per layer reach it so); no graph input is a list, so the call itself tells
+        inputs = args[0] if len(args) == 1 and isinstance(args[0], list) else args
         if all(value(inputs[i]) == v for i, v in baked.items()):
             return compiled(*args)
         if not noted:
             noted = True
             logger.info("%s: a lifted float attribute differs from the value its kernels were compiled "
                         "for (%s); such calls run the graph without swaps", report.summary().splitlines()[0], baked)
-        return _call(original, list(inputs))
+        return original(*args)  # compiled as ``compiled`` was: called the same way
 
     boxed = getattr(compiled, "_boxed_call", False)
     run._boxed_call = boxed  # type: ignore[attr-defined]
     return run
-
-
-def _call(fn: Callable[..., Any], inputs: list[Any]) -> Any:
-    return fn(inputs) if getattr(fn, "_boxed_call", False) else fn(*inputs)
 
 
 def _follow_registry(

@@ -12,12 +12,16 @@ so a torch upgrade that changes one breaks here, and only here:
   (:func:`graph_break`);
 - ``node.meta["stack_trace"]``: the frames of inlined calls (:func:`stack_frames`);
 - ``Node._erased`` (:func:`is_erased`);
+- ``torch.ops.higher_order.tag_activation_checkpoint(body, *operands, ...)``: how Dynamo records a
+  ``torch.utils.checkpoint`` call, the checkpointed code in the submodule ``body``
+  (:func:`checkpoint_bodies`, :func:`detach_checkpoint_bodies`);
 - the frame being compiled (``InstructionTranslator.current_tx()``) and, where it cannot answer, a
   ``gc.get_referrers`` heap scan: :class:`ModuleLookup`, the one way to find a module instance.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import logging
@@ -39,6 +43,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ModuleFrame", "module_stack", "parent_class", "provenance", "common_provenance", "example_value", "set_example_value", "real_input", "input_source", "SourceRef", "parse_source",
     "GraphBreak", "graph_break", "graph_breaks_counted", "compiled_code", "Frame", "stack_frames", "is_erased", "ModuleLookup", "module_lookup",
+    "CheckpointBody", "checkpoint_bodies", "detach_checkpoint_bodies",
 ]
 
 
@@ -319,6 +324,71 @@ def stack_frames(node: fx.Node) -> list[Frame]:
 def is_erased(node: fx.Node) -> bool:
     """Whether ``node`` was removed from its graph (a match still holds it after a rewrite)."""
     return bool(getattr(node, "_erased", False))
+
+
+# --- activation checkpointing ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointBody:
+    """One ``torch.utils.checkpoint`` call in a graph (transformers >= 5.23 checkpoints inside every
+    decoder layer's ``forward`` once gradient checkpointing is on).
+
+    Dynamo records it as ``tag_activation_checkpoint(body, *operands, use_reentrant=False, ...)``:
+    the checkpointed code is the submodule ``body``, whose placeholders take ``operands`` in order.
+    AOTAutograd traces through the call under a policy that marks every op of the body for
+    recompute, and a plain ``eager`` inner compiler runs it through ``torch.utils.checkpoint``:
+    rewriting inside ``body`` keeps the checkpointing either way.
+    """
+
+    call: fx.Node  # the higher-order op call in the outer graph
+    attribute: str  # the name under which the outer graph module holds ``body``
+    body: fx.GraphModule
+    operands: tuple[Any, ...]  # what the call passes to the body's placeholders, in order (outer nodes)
+
+    @property
+    def inputs(self) -> dict[fx.Node, Any]:
+        """Each placeholder of the body -> the value of the outer graph passed to it."""
+        placeholders = [n for n in self.body.graph.nodes if n.op == "placeholder"]
+        return dict(zip(placeholders, self.operands))
+
+
+def _is_checkpoint_call(node: fx.Node) -> bool:
+    try:
+        from torch._higher_order_ops.wrap import tag_activation_checkpoint
+    except ImportError:  # a torch without the op records no checkpoint this way
+        return False
+    return node.op == "call_function" and node.target is tag_activation_checkpoint
+
+
+def checkpoint_bodies(gm: fx.GraphModule) -> list[CheckpointBody]:
+    """The activation-checkpoint calls of ``gm``'s graph (not those nested in their bodies), in graph order."""
+    found = []
+    for node in gm.graph.nodes:
+        if not _is_checkpoint_call(node) or not node.args:
+            continue
+        getter = node.args[0]
+        if not isinstance(getter, fx.Node) or getter.op != "get_attr" or not isinstance(getter.target, str):
+            continue
+        body = getattr(gm, getter.target, None)
+        if isinstance(body, fx.GraphModule):
+            found.append(CheckpointBody(node, getter.target, body, tuple(node.args[1:])))
+    return found
+
+
+def detach_checkpoint_bodies(gm: fx.GraphModule) -> None:
+    """Give ``gm`` its own copy of each checkpoint body (nested ones included) before a rewrite.
+
+    A copy of the outer graph (``verify``'s reference, the graph without swaps that runs when a
+    lifted float differs) shares its submodules with ``gm``: rewritten in place, a body would be
+    rewritten in the reference too. The copy keeps the body's ``meta`` (a selective-checkpoint
+    policy, ``_checkpoint_context_fn``, lives there).
+    """
+    for found in checkpoint_bodies(gm):
+        body = fx.GraphModule(found.body, copy.deepcopy(found.body.graph))
+        body.meta = dict(found.body.meta)
+        setattr(gm, found.attribute, body)
+        detach_checkpoint_bodies(body)
 
 
 # --- module instances -------------------------------------------------------------------------------

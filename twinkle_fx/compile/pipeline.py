@@ -10,6 +10,12 @@ the graph before and after each pass::
     <dir>/graph_000/01_layer_regions.before.py
     <dir>/graph_000/01_layer_regions.after.py
 
+Code under ``torch.utils.checkpoint`` (transformers checkpoints each decoder layer once gradient
+checkpointing is on) reaches the backend as a subgraph, the body of a ``tag_activation_checkpoint``
+call: every pass not marked ``outer_only`` runs on each such body too, right after the outer
+graph, with a :class:`PassState` of its own (:func:`checkpoint_states`). The rewritten body stays
+in the call, so the checkpointing (recompute in backward) is kept.
+
 A pass keeps a region by raising :class:`~twinkle_fx.compile.reasons.KeepRegion` anywhere below
 its loop over regions (see :func:`region_outcome`); any other error on one region keeps that
 region with the error as the reason, and the pass goes on with the next.
@@ -17,6 +23,7 @@ region with the error as the reason, and the pass goes on with the next.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -32,10 +39,11 @@ import torch.fx as fx
 
 from ..modes import Mode
 from ..registry import KernelRegistry
-from .dynamo_internals import GraphBreak, ModuleLookup, real_input
+from .dynamo_internals import GraphBreak, ModuleLookup, checkpoint_bodies, example_value, real_input
 from .reasons import KeepRegion, Reason, ReasonKind
 
-__all__ = ["Swapped", "Kept", "Outcome", "PassState", "Pass", "run_passes", "region_outcome", "DUMP_ENV"]
+__all__ = ["Swapped", "Kept", "Outcome", "PassState", "Pass", "run_passes", "region_outcome", "checkpoint_states",
+           "DUMP_ENV"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +104,10 @@ class PassState:
     fuse_projections: Any = False  # the GEMM fusion decision: bool or rewrites.gemm_fusion.FusionLimits
     gqa_attention: bool | str = False  # which SDPA calls on repeated K/V to rewrite (rewrites.attention)
     causal_mask: bool = False  # SDPA with a constant causal mask -> is_causal=True (rewrites.attention)
+    # in a checkpoint body: the state of the graph that calls it, and the node of that graph passed
+    # to each of the body's placeholders (see checkpoint_states)
+    outer: PassState | None = None
+    outer_inputs: dict[fx.Node, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
@@ -103,14 +115,60 @@ class PassState:
             n: real_input(n, value) for n, value in zip(placeholders, self.example_inputs)
         }
 
+    @property
+    def root(self) -> PassState:
+        """The state of the graph Dynamo handed the backend (``self`` outside checkpoint bodies)."""
+        return self if self.outer is None else self.outer.root
+
+    def graph_input(self, node: fx.Node) -> fx.Node | None:
+        """The input of the graph Dynamo handed the backend that ``node`` is: ``node`` itself for a
+        placeholder of that graph, the graph input passed to a checkpoint body's placeholder; None for
+        any other node (a body placeholder fed by a value computed in the outer graph)."""
+        if node.op != "placeholder":
+            return None
+        if self.outer is None:
+            return node
+        passed = self.outer_inputs.get(node)
+        return self.outer.graph_input(passed) if isinstance(passed, fx.Node) else None
+
+    def input_position(self, node: fx.Node) -> int | None:
+        """The position among the backend's example inputs of the graph input ``node`` is, or None."""
+        graph_input = self.graph_input(node)
+        if graph_input is None:
+            return None
+        placeholders = [n for n in self.root.gm.graph.nodes if n.op == "placeholder"]
+        return placeholders.index(graph_input)
+
 
 @dataclass(frozen=True)
 class Pass:
-    """A named pass; ``rewrites`` says whether it changes the graph (else it only reports)."""
+    """A named pass; ``rewrites`` says whether it changes the graph (else it only reports);
+    ``outer_only``: it answers for the graph as a whole (its inputs, where it ends), so it does not
+    run again on checkpoint bodies."""
 
     name: str
     run: Callable[[PassState], list[Outcome]]
     rewrites: bool
+    outer_only: bool = False
+
+
+def checkpoint_states(state: PassState) -> list[PassState]:
+    """A state for each activation-checkpoint body in ``state``'s graph, nested ones included (outer first).
+
+    A body's state shares everything with ``state`` (registry, module lookup, outcomes, bindings,
+    baked scalars) but its graph: each body placeholder holds what the outer graph passes to it, the
+    real tensor where that is a graph input (a parameter is then recognised as the module's own).
+    Made afresh for each pass, so it sees what the outer graph's run of that pass cached.
+    """
+    states = []
+    for found in checkpoint_bodies(state.gm):
+        inputs = found.inputs
+        values = [state.placeholder_values[v] if isinstance(v, fx.Node) and v in state.placeholder_values
+                  else example_value(v) if isinstance(v, fx.Node) else v for v in inputs.values()]
+        body = dataclasses.replace(state, gm=found.body, example_inputs=values, outer=state, outer_inputs=inputs)
+        states.append(body)
+        states.extend(checkpoint_states(body))
+    return states
 
 
 def region_outcome(swap: Callable[[], Swapped], kept: Callable[[Reason], Kept]) -> Outcome:
@@ -159,8 +217,15 @@ def run_passes(state: PassState, passes: tuple[Pass, ...], *, dump_graphs: str |
         _dump(directory, position, graph_pass.name, "before", state.gm)
         start = time.perf_counter()
         outcomes = graph_pass.run(state)
+        state.outcomes.extend(outcomes)  # before the bodies: a pass skips what it already reported
+        if not graph_pass.outer_only:
+            for body in checkpoint_states(state):
+                found = graph_pass.run(body)
+                state.outcomes.extend(found)
+                outcomes = outcomes + found
+                body.gm.graph.lint()
+                body.gm.recompile()
         timings[graph_pass.name] = elapsed = (time.perf_counter() - start) * 1e3
-        state.outcomes.extend(outcomes)
         _dump(directory, position, graph_pass.name, "after", state.gm)
         logging.getLogger(graph_pass.run.__module__).debug(
             "%s: %d of %d candidate(s) swapped, %.1f ms", graph_pass.name,

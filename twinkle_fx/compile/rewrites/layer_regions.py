@@ -140,9 +140,8 @@ def _swap(state: PassState, candidate: LayerCandidate) -> Swapped:
     )
     how, _ = place_kernel(state, region, call, choice)
     # the kernel is specialised to these values: the compiled graph checks them on every call
-    positions = {n: i for i, n in enumerate(n for n in state.gm.graph.nodes if n.op == "placeholder")}
     for node, value in region.constant_inputs.items():
-        state.baked_scalars[positions[node]] = value
+        state.baked_scalars[state.input_position(node)] = value
     return Swapped("layer", region.target, region.location, str(choice), how)
 
 
@@ -155,7 +154,7 @@ def _cut_by_bucket_boundary(state: PassState, region: Region, module: torch.nn.M
     without this check the piece reads as "state from outside the module" or fails the reference on
     fake inputs.
     """
-    if not is_ddp_piece(state.example_inputs):
+    if not is_ddp_piece(state.root.example_inputs):
         return None
     parameters = {id(p) for p in module.parameters()}
     present = {id(state.placeholder_values.get(node)) for node in external_inputs(region.nodes)
@@ -240,9 +239,10 @@ def bind_layer(state: PassState, region: Region, module: torch.nn.Module) -> tup
 def _lifted_attribute(state: PassState, region: Region, module: torch.nn.Module, node: fx.Node) -> tuple[str, float] | None:
     """``(attribute path, value)`` when ``node`` is a float attribute of ``module`` that Dynamo lifted
     to a graph input (it does so once two instances of a class differ in it: ``eps``), else None."""
-    if node.op != "placeholder":
+    graph_input = state.graph_input(node)
+    if graph_input is None:
         return None
-    source, owner = parse_source(input_source(node)), parse_source(region.source)
+    source, owner = parse_source(input_source(graph_input)), parse_source(region.source)
     if source is None or owner is None or source.member is not None or source.root != owner.root:
         return None
     if source.modules[: len(owner.modules)] != owner.modules or len(source.modules) == len(owner.modules):

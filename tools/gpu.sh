@@ -62,7 +62,7 @@ distributed_run() {  # distributed_run NAME COMMAND...: one examples/train_distr
 }
 
 job_suite() {
-  timeout "${SUITE_S:-400}" python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-12}" --durations=10 \
+  timeout "${SUITE_S:-400}" python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-12}" --durations=10 ${PYTEST_ARGS:-} \
     > "$out/gpu-pytest.log" 2>&1 || status=1
   grep -E "^(FAILED|ERROR)" "$out/gpu-pytest.log" | head -20; tail -1 "$out/gpu-pytest.log"
 }

@@ -59,6 +59,7 @@ def test_check_and_bench_refuse_a_full_size_cpu_run_alike():
     assert bench.stderr.startswith("twinkle-fx bench: error: a full-size run on the CPU (") and tail in bench.stderr
 
 
+@pytest.mark.interpreter  # a CPU run through the Triton interpreter, which the GPU image's numpy does not run
 def test_a_cpu_check_runs_the_interpreter_without_restarting_and_prints_no_profiler_noise(tmp_path):
     setup = tmp_path / "setup_guard.py"
     setup.write_text(SETUP)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from tiny_models import KERNELS_INLINED, input_ids, register_qwen2_kernels, tiny
 
+from twinkle_fx import scoped_registry
 from twinkle_fx.compile import collect_reports
 from twinkle_fx.compile.regional import compile_layers
 from twinkle_fx.testing import record_graphs
@@ -86,11 +87,22 @@ def test_whole_model_swaps_inside_checkpointed_layers_and_still_recomputes(compi
     assert len(swapped[ROTARY]) == 2
     assert report.not_swapped == []
     _assert_matches(compiled, eager)
-    torch._dynamo.reset()
-    plain = _model(checkpointing=False)
-    _, without = _run(plain, torch.compile(plain, backend="twinkle", options={"compiler": compiler}), ids)
-    # checkpointing keeps the layers' inputs only: a third of what the same compile keeps without it
-    assert compiled[2] < without[2] / 3, (compiled[2], without[2])
+    if compiler == "aot_eager":
+        torch._dynamo.reset()
+        plain = _model(checkpointing=False)
+        _, without = _run(plain, torch.compile(plain, backend="twinkle", options={"compiler": compiler}), ids)
+        # checkpointing keeps the layers' inputs only: a third of what the same compile keeps without it
+        assert compiled[2] < without[2] / 3, (compiled[2], without[2])
+    else:
+        # a graph run as it is executes the checkpoint call itself, and what that keeps is torch's
+        # business (torch 2.11 on CUDA keeps nearly everything, 2.13 on the CPU a third): the swaps
+        # must keep no more than the same compile with no kernel registered
+        torch._dynamo.reset()
+        with scoped_registry(inherit=False):
+            unswapped = _model(checkpointing=True)
+            _, baseline = _run(unswapped, torch.compile(unswapped, backend="twinkle", options={"compiler": compiler}),
+                               ids)
+        assert compiled[2] <= baseline[2], (compiled[2], baseline[2])
 
 
 @pytest.mark.skipif(KERNELS_INLINED, reason="the twinkle ops are Triton launches inside the AOT graphs here, "

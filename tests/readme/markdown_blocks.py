@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -111,6 +112,8 @@ def check(block: Block, *, has_cuda: bool) -> str | None:
     if block.lang == "python":
         runs = [run_python(block.code)]
     else:
+        if any(command.split()[0] == "twinkle-fx" for command in commands(block.code)) and not shutil.which("twinkle-fx"):
+            return "the twinkle-fx command is not installed here (pip install -e .)"
         runs = [run_bash(command) for command in commands(block.code)]
     for done in runs:
         missing = next((name for name in OPTIONAL_INTEGRATIONS if f"No module named '{name}'" in done.stderr), None)

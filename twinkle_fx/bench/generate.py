@@ -162,6 +162,8 @@ def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
 def _fresh_model(options: GenerateOptions, dtype: torch.dtype) -> torch.nn.Module:
     model = build_model(get_workload(options.model), tiny=options.tiny, dtype=dtype, device=options.device,
                         seed=options.seed).eval()
+    # the workloads are configured for training (no KV cache): generate with one, as users do
+    model.config.use_cache = model.generation_config.use_cache = True
     model.generation_config.eos_token_id = None
     return model
 

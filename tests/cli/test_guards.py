@@ -72,6 +72,7 @@ def test_a_cpu_check_runs_the_interpreter_without_restarting_and_prints_no_profi
     assert "scale_kernel  user_ops_guard.scale  PASS" in proc.stdout
 
 
+@pytest.mark.interpreter  # check --tiny on the CPU, in this process: the interpreter must be on from the start
 def test_check_names_an_unknown_kernel_and_the_registered_ones(tmp_path, capsys):
     setup = tmp_path / "setup_guard.py"
     setup.write_text(SETUP)
@@ -81,6 +82,7 @@ def test_check_names_an_unknown_kernel_and_the_registered_ones(tmp_path, capsys)
     assert "registered: scale, user_ops_guard.scale" in error
 
 
+@pytest.mark.interpreter  # check --tiny on the CPU, in this process: the interpreter must be on from the start
 def test_check_setup_naming_a_missing_submodule_is_a_usage_error(capsys):
     error = _fails(["check", "--tiny", "--device", "cpu", "--no-builtin", "--setup", "json.no_such_module"], capsys)
     assert "--setup json.no_such_module: no module named 'json.no_such_module'" in error

@@ -111,7 +111,9 @@ def _gqa_attention(lay):
     keep[..., 0] = True
     mask = lay(keep)
     return ((lambda q, k, v: tt.gqa_attention(q, k, v, mask)),
-            (lambda q, k, v: tt.gqa_attention_reference(q, k, v, mask)), (q, k, v))
+            # the reference is SDPA, whose fused CUDA kernels refuse some views: it reads dense copies
+            (lambda q, k, v: tt.gqa_attention_reference(q.contiguous(), k.contiguous(), v.contiguous(),
+                                                            mask.contiguous())), (q, k, v))
 
 
 def _fused_linear_cross_entropy(strategy):

@@ -72,6 +72,11 @@ logger = logging.getLogger(__name__)
 _FALLBACK_LOGGED: set[str] = set()
 
 
+def reset() -> None:
+    """Log the fallback to the references again on its next use; for test fixtures."""
+    _FALLBACK_LOGGED.clear()
+
+
 class _EagerCall(threading.local):
     """Per thread: True while a :class:`TwinkleOp` runs its impl directly (no dispatcher, no tracing)."""
 

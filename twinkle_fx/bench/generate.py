@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 
 from .environment import describe_environment
+from .timing import DeviceClock, copy_ms
 from .workloads import WORKLOADS, build_model, get_workload
 
 __all__ = ["GENERATE_ROWS", "GenerateOptions", "GenerateRow", "run_generate_bench", "format_generate_table", "main"]
@@ -112,22 +112,11 @@ GENERATE_ROWS: dict[str, Callable[..., Any]] = {
 }
 
 
-def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
-    """Bytes per second a device-to-device copy moves (read plus write), the best of five."""
+def _copy_bandwidth(device: torch.device, n_bytes: int = 1 << 30) -> float:
+    """Bytes per second a device-to-device copy moves (read plus write); NaN off CUDA (no limit shown)."""
     if device.type != "cuda":
         return float("nan")
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    del src, dst
-    return 2 * nbytes / best
+    return 2 * n_bytes / (copy_ms(DeviceClock(device), n_bytes, warmup=2, reps=10) * 1e-3)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -138,25 +127,14 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _generate(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, kwargs: dict[str, Any]) -> torch.Tensor:
     return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
                           eos_token_id=None, pad_token_id=0, **kwargs)
 
 
-def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _median_s(clock: DeviceClock, fn: Callable[[], Any], repeats: int) -> float:
+    """The median host-clock seconds of ``repeats`` calls, device work included."""
+    return statistics.median(clock.wall(fn)[1] for _ in range(repeats))
 
 
 def _fresh_model(options: GenerateOptions, dtype: torch.dtype) -> torch.nn.Module:
@@ -182,6 +160,7 @@ def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: to
     workload = get_workload(options.model)
     vocab = workload.config_kwargs(tiny=options.tiny)["vocab_size"]
     results = []
+    clock = DeviceClock(options.device)
     model = _fresh_model(options, options.dtype)
     limit_s = weight_bytes(model) / bandwidth
     with torch.no_grad(), GENERATE_ROWS[row](model, workload.family, options.device) as kwargs:
@@ -191,14 +170,10 @@ def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: to
             generator = torch.Generator().manual_seed(options.seed + batch)
             ids = torch.randint(0, vocab, (batch, options.prompt), generator=generator).to(options.device)
             try:
-                _sync(options.device)
-                start = time.perf_counter()
+                result.first_call_s = clock.wall(lambda: _generate(model, ids, options.new_tokens, kwargs))[1]
                 _generate(model, ids, options.new_tokens, kwargs)
-                _sync(options.device)
-                result.first_call_s = time.perf_counter() - start
-                _generate(model, ids, options.new_tokens, kwargs)
-                t1 = _timed(lambda: _generate(model, ids, 1, kwargs), options.device, options.repeats)
-                tn = _timed(lambda: _generate(model, ids, options.new_tokens, kwargs), options.device, options.repeats)
+                t1 = _median_s(clock, lambda: _generate(model, ids, 1, kwargs), options.repeats)
+                tn = _median_s(clock, lambda: _generate(model, ids, options.new_tokens, kwargs), options.repeats)
             except Exception as error:  # noqa: BLE001  a row that fails is reported, the others still run
                 result.error = f"{type(error).__name__}: {error}"[:300]
                 continue
@@ -235,7 +210,7 @@ def run_generate_bench(options: GenerateOptions, progress: Callable[[str], None]
     for row in options.rows:
         if row not in GENERATE_ROWS:
             raise ValueError(f"Unknown generate row {row!r}; choose from: {', '.join(GENERATE_ROWS)}.")
-    bandwidth = copy_bandwidth(options.device)
+    bandwidth = _copy_bandwidth(options.device)
     reference = None
     if options.check_tokens:
         progress("fp32 reference tokens (eager)")

@@ -28,7 +28,7 @@ from .environment import describe_environment
 from .model_bench import free_device_memory
 from .report import annotate_micro_rows
 from .results import BenchResult, MicroRow
-from .timing import GIB, DeviceClock, host_us, time_calls
+from .timing import GIB, DeviceClock, copy_ms, host_us, time_calls
 
 __all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
 
@@ -389,9 +389,7 @@ class _Case:
 
 def _measure_copy(options: MicroBenchOptions, clock: DeviceClock) -> MicroRow:
     n_bytes = (8 << 20) if options.tiny else (1 << 30)
-    src = torch.ones(n_bytes // 4, device=options.device, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    ms, _ = time_calls(lambda: dst.copy_(src), clock, warmup=options.warmup, reps=max(options.reps, 10))
+    ms = copy_ms(clock, n_bytes, warmup=options.warmup, reps=max(options.reps, 10))
     moved = 2 * n_bytes  # read + write
     return MicroRow("copy", "-", "torch", f"{n_bytes >> 20} MiB float32 Tensor.copy_", ms=ms, bytes_moved=moved,
                     gbps=moved / (ms * 1e-3) / 1e9, copy_fraction=1.0)

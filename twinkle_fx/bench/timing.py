@@ -191,6 +191,15 @@ def time_calls(fn: Callable[[], Any], clock: DeviceClock, *, warmup: int, reps: 
     return median, max(clock.peak() - before, 0)
 
 
+def copy_ms(clock: DeviceClock, n_bytes: int, *, warmup: int, reps: int) -> float:
+    """Milliseconds of a device-to-device ``Tensor.copy_`` of ``n_bytes`` (it moves ``2 * n_bytes``:
+    read and write): the bandwidth roofline the benchmarks compare memory-bound work with."""
+    src = torch.ones(n_bytes // 4, device=clock.device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    ms, _ = time_calls(lambda: dst.copy_(src), clock, warmup=warmup, reps=reps)
+    return ms
+
+
 def host_us(fn: Callable[[], Any], clock: DeviceClock, *, calls: int, repeats: int = 3) -> float:
     """Microseconds of host time per call of ``fn`` over ``calls`` back-to-back calls, the device
     not synchronised in between (so a call's cost is its Python, dispatch and launch work, not its

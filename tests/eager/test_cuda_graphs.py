@@ -250,6 +250,53 @@ def test_a_failed_capture_leaves_the_stream_and_the_random_generator_as_they_wer
     undo_kernelize(model)
 
 
+class Plain(torch.nn.Module):
+    _no_split_modules = ["PlainBlock"]
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([PlainBlock(), PlainBlock()])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class PlainBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x))
+
+
+@pytest.mark.gpu  # CUDA graphs
+def test_recording_again_after_every_graph_was_dropped_while_a_pool_tensor_lives(caplog):
+    """generate() drops the graphs of its finished call (their StaticCache died) while a tensor the
+    graphs allocated may still be referenced; the next call's capture goes into the same pool."""
+    model = Plain().cuda().eval()
+    kernelize_model(model, mode="inference", device="cuda", cuda_graphs=True)
+    x = torch.randn(2, 8, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):  # warm-up, record, replay
+            kept = model(x)  # the last block's static output: memory of the graphs' pool
+        assert graph_status(model).replays["forward"] == 4
+        with caplog.at_level(logging.WARNING):
+            model.blocks[0].linear.weight.data = model.blocks[0].linear.weight.data.clone()  # drops every graph
+            model(x)
+            again = [model(x) for _ in range(2)]  # recorded again into the pool, then replayed
+    assert "recording failed (a parameter or buffer of a block moved" in caplog.text
+    assert "capturing the forward" not in caplog.text, caplog.text
+    status = graph_status(model)
+    assert status.sequences == 2 and status.replays["forward"] == 8, status
+    expected = model.blocks[1](model.blocks[0](x))
+    torch.testing.assert_close(again[-1], expected)
+    assert kept.data_ptr() != 0
+    undo_kernelize(model)
+
+
 @pytest.mark.gpu  # CUDA graphs
 def test_graphed_decode_declines_a_dynamic_cache_with_the_reason():
     use_builtin_kernels(devices=("cuda",), models=("qwen2",), decoder_layers=True)

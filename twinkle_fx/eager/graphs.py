@@ -363,6 +363,7 @@ class GraphSet:
         self.block_params = list({id(q): q for b in blocks for q in b.parameters()}.values())
         self.grad_buffers: set[int] = set()  # data pointers of the parameters' gradient buffers of all graphs
         self.device = device
+        self._mem_pool: Any = None
         self.pool = None
         self.sequences: dict[tuple, _Sequence] = {}
         self.attempts: Counter = Counter()
@@ -630,7 +631,14 @@ class GraphSet:
             step.grad_mask.append(step.training and t.requires_grad)
         step.first_sources = [(weakref.ref(t), t._version) for t in tensors]
         if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+            # A MemPool object, not a bare graph_pool_handle(): the allocator counts a pool's users and a
+            # bare handle's count is only its graphs'. When every graph of the pool is dropped (the
+            # sequences of a finished generate() call, whose StaticCache died) while a tensor allocated in
+            # it lives on, the pool stays with a count of 0 and the next capture into it fails an internal
+            # assert ("it->second->use_count > 0", CUDACachingAllocator.cpp, torch 2.11). The object holds
+            # one count for the lifetime of this GraphSet.
+            self._mem_pool = torch.cuda.MemPool()
+            self.pool = self._mem_pool.id
         step.capture_in = [s.detach().requires_grad_(True) if rg else s
                            for s, rg in zip(step.static_in, step.grad_mask)]
         args, kwargs = _rebuild_call(step.in_spec, step.capture_in, caches)

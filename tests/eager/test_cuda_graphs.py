@@ -139,13 +139,18 @@ def _cache_tensors(cache) -> list[torch.Tensor]:
     return [t for layer in cache.layers for t in (layer.keys, layer.values, layer.cumulative_length)]
 
 
-def _decode_and_compare(graphed, reference, caches, ids, steps, tol=2e-5):
+def _logits(model, ids, cache, through_base):
+    if through_base:  # the decoder stack, then the head: the model's own forward (its whole-forward graph) is not called
+        return model.lm_head(model.model(input_ids=ids, past_key_values=cache, use_cache=True).last_hidden_state)
+    return model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+
+
+def _decode_and_compare(graphed, reference, caches, ids, steps, tol=2e-5, through_base=False):
     """Prefill ``ids`` into both caches, then ``steps`` greedy decode steps (the reference picks the
     tokens); logits and every cache tensor compared after each forward."""
     with torch.no_grad():
         for step in range(steps + 1):
-            outs = [m(input_ids=ids, past_key_values=c, use_cache=True).logits for m, c in zip((graphed, reference),
-                                                                                              caches)]
+            outs = [_logits(m, ids, c, through_base) for m, c in zip((graphed, reference), caches)]
             torch.testing.assert_close(outs[0], outs[1], atol=tol, rtol=tol, msg=lambda m: f"step {step}: {m}")
             for a, b in zip(_cache_tensors(caches[0]), _cache_tensors(caches[1])):
                 torch.testing.assert_close(a, b, atol=tol, rtol=tol, msg=lambda m: f"cache after step {step}: {m}")
@@ -157,9 +162,41 @@ _MOVED = "the StaticCache's tensors moved to other memory since the recording (r
 
 
 @pytest.mark.gpu  # CUDA graphs
-def test_graphed_decode_with_a_static_cache_equals_the_kernelized_model():
+def test_graphed_decode_layers_with_a_static_cache_equal_the_kernelized_model():
     """Decode steps against a transformers StaticCache replay the recorded layers (the cache's
-    tensors updated in place by the graphs), after reset() too; reorder_cache re-records."""
+    tensors updated in place by the graphs), after reset() too; reorder_cache re-records. Called
+    through the decoder stack, as a wrapper around the model would (no whole-forward graph)."""
+    use_builtin_kernels(devices=("cuda",), models=("qwen2",), decoder_layers=True)
+    reference = _tiny_qwen2("cuda").eval()
+    graphed = copy.deepcopy(reference)
+    kernelize_model(reference, mode="inference")
+    kernelize_model(graphed, mode="inference", cuda_graphs=True)
+    caches = [transformers.StaticCache(config=m.config, max_cache_len=24) for m in (graphed, reference)]
+    prompt = torch.randint(0, 128, (2, 5), device="cuda")
+    _decode_and_compare(graphed, reference, caches, prompt, steps=6, through_base=True)
+    status = graph_status(graphed)
+    # prefill: eager (the cache is allocated there); decode 1: warm-up; decode 2: recorded; 3-6: replayed
+    assert status.sequences == 1 and status.steps == 3, status
+    assert status.replays["forward"] == 3 * 5, status
+    assert status.eager[_NOT_INITIALISED] == 1 and status.eager["warm-up pass of a new input signature"] == 1, status
+
+    for cache in caches:  # reset() zeroes the same tensors: the recorded graphs still serve
+        cache.reset()
+    _decode_and_compare(graphed, reference, caches, prompt, steps=3, through_base=True)
+    assert status.sequences == 1 and status.replays["forward"] == 3 * 8, status
+
+    for cache in caches:  # beam search's reorder_cache replaces the tensors: recorded again
+        cache.reorder_cache(torch.tensor([1, 0], device="cuda"))
+    _decode_and_compare(graphed, reference, caches, prompt[:, :1], steps=3, through_base=True)
+    assert status.eager[_MOVED] == 1 and status.sequences == 2, status
+    assert status.model_graphs == 0 and not status.model_eager, status
+
+
+@pytest.mark.gpu  # CUDA graphs
+def test_a_decode_step_with_a_static_cache_is_one_graph_of_the_whole_forward():
+    """The model's own forward with a StaticCache: the first decode step of a shape runs eagerly,
+    the second is captured whole (embedding to logits) and replayed, the layers' graphs stand
+    aside; reset() keeps the graph, reorder_cache (new tensors) captures another one at once."""
     use_builtin_kernels(devices=("cuda",), models=("qwen2",), decoder_layers=True)
     reference = _tiny_qwen2("cuda").eval()
     graphed = copy.deepcopy(reference)
@@ -169,20 +206,22 @@ def test_graphed_decode_with_a_static_cache_equals_the_kernelized_model():
     prompt = torch.randint(0, 128, (2, 5), device="cuda")
     _decode_and_compare(graphed, reference, caches, prompt, steps=6)
     status = graph_status(graphed)
-    # prefill: eager (the cache is allocated there); decode 1: warm-up; decode 2: recorded; 3-6: replayed
-    assert status.sequences == 1 and status.steps == 3, status
-    assert status.replays["forward"] == 3 * 5, status
-    assert status.eager[_NOT_INITIALISED] == 1 and status.eager["warm-up pass of a new input signature"] == 1, status
+    # prefill: no graph (the cache is allocated there); decode 1: warm-up; decode 2: captured; 2-6 replayed
+    assert status.model_graphs == 1 and status.replays["model"] == 5, status
+    assert status.model_eager[_NOT_INITIALISED] == 1, status
+    assert status.sequences == 0 and status.replays["forward"] == 0, status  # the layers' graphs stood aside
 
-    for cache in caches:  # reset() zeroes the same tensors: the recorded graphs still serve
+    for cache in caches:
         cache.reset()
     _decode_and_compare(graphed, reference, caches, prompt, steps=3)
-    assert status.sequences == 1 and status.replays["forward"] == 3 * 8, status
+    assert status.model_graphs == 1 and status.replays["model"] == 5 + 3, status
 
-    for cache in caches:  # beam search's reorder_cache replaces the tensors: recorded again
+    for cache in caches:  # a decode-shaped call (the strides of a decode step's ids) with new cache tensors
         cache.reorder_cache(torch.tensor([1, 0], device="cuda"))
-    _decode_and_compare(graphed, reference, caches, prompt[:, :1], steps=3)
-    assert status.eager[_MOVED] == 1 and status.sequences == 2, status
+    _decode_and_compare(graphed, reference, caches, prompt[:, :1].clone(), steps=3)
+    assert status.model_graphs == 2 and status.replays["model"] == 5 + 3 + 4, status
+    undo_kernelize(graphed)
+    assert graph_status(graphed) is None and "forward" not in graphed.__dict__
 
 
 @pytest.mark.gpu  # CUDA graphs
@@ -197,13 +236,16 @@ def test_graphed_generate_with_a_static_cache_equals_eager_greedy():
     kwargs = dict(max_new_tokens=10, do_sample=False, use_cache=True, cache_implementation="static",
                   disable_compile=True, pad_token_id=0)
     status = graph_status(graphed)
-    for call in range(2):
-        before = status.replays["forward"]
-        expected = eager.generate(prompt, **kwargs)
-        got = graphed.generate(prompt, **kwargs)
+    for call, batch in enumerate((2, 2, 1, 2)):
+        before = status.replays["model"]
+        expected = eager.generate(prompt[:batch], **kwargs)
+        got = graphed.generate(prompt[:batch], **kwargs)
         torch.testing.assert_close(got, expected, atol=0, rtol=0, msg=lambda m: f"generate call {call}: {m}")
-        # 9 decode steps: warm-up, then 8 passes from the graphs of the call's own cache
-        assert status.replays["forward"] - before == 3 * 8, status
+        # 9 decode steps, each a replay of the whole forward captured with the call's own cache, but the
+        # first step of a batch size never seen (an eager warm-up)
+        warm_up = 1 if call in (0, 2) else 0
+        assert status.replays["model"] - before == 9 - warm_up, status
+    assert status.model_graphs == 4 and status.replays["forward"] == 0, status
 
 
 class SyncingBlock(torch.nn.Module):
@@ -297,6 +339,34 @@ def test_recording_again_after_every_graph_was_dropped_while_a_pool_tensor_lives
     undo_kernelize(model)
 
 
+class SyncingTop(Plain):
+    def forward(self, x, cache=None):
+        if x.sum().item() == float("inf"):  # a host sync: the whole forward cannot be captured
+            x = x + 1
+        return super().forward(x)
+
+
+@pytest.mark.gpu  # CUDA graphs
+def test_a_whole_forward_that_cannot_be_captured_leaves_decode_steps_to_the_layers_graphs(caplog):
+    model = SyncingTop().cuda().eval()
+    kernelize_model(model, mode="inference", device="cuda", cuda_graphs=True)
+    config = transformers.Qwen2Config(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=1,
+                                      num_key_value_heads=1, vocab_size=8)
+    cache = transformers.StaticCache(config=config, max_cache_len=8)
+    cache.early_initialization(batch_size=1, num_heads=1, head_dim=8, dtype=torch.float32, device="cuda")
+    x = torch.randn(2, 8, device="cuda")
+    with torch.no_grad(), caplog.at_level(logging.WARNING):
+        # whole forward: warm-up, then a failed capture; the layers' graphs: warm-up, record, replay
+        outs = [model(x, cache=cache) for _ in range(4)]
+    assert caplog.text.count("capturing the whole forward of SyncingTop for a decode step raised") == 1, caplog.text
+    status = graph_status(model)
+    assert "already recording" not in caplog.text, caplog.text  # the failed capture left the pool usable
+    assert status.model_eager["the whole-forward capture failed (see the warning)"] == 1, status
+    assert status.model_graphs == 0 and status.sequences == 1 and status.replays["forward"] == 4, status
+    torch.testing.assert_close(outs[-1], model.blocks[1](model.blocks[0](x)))
+    undo_kernelize(model)
+
+
 @pytest.mark.gpu  # CUDA graphs
 def test_graphed_decode_declines_a_dynamic_cache_with_the_reason():
     use_builtin_kernels(devices=("cuda",), models=("qwen2",), decoder_layers=True)
@@ -330,13 +400,13 @@ class _StandInGraph:
         self.step, self.caches = step, {key: weakref.ref(c) for key, c in caches.items()}
 
     def replay(self):
-        from twinkle_fx.eager.graphs import _rebuild_call, _spec
+        from twinkle_fx.eager.graph_capture import rebuild_call, spec_of
 
         caches = {key: ref() for key, ref in self.caches.items()}
         assert all(c is not None for c in caches.values()), "replayed a graph whose cache is gone"
-        args, kwargs = _rebuild_call(self.step.in_spec, self.step.static_in, caches)
+        args, kwargs = rebuild_call(self.step.in_spec, self.step.static_in, caches)
         outs = []
-        _spec(self.step.fn(self.step.module, *args, **kwargs), outs, {})
+        spec_of(self.step.fn(self.step.module, *args, **kwargs), outs, {})
         for static, out in zip(self.step.static_out, outs):
             static.copy_(out)
 
@@ -344,16 +414,16 @@ class _StandInGraph:
 def _stand_in_capture(graphs, seq, step, tensors, caches):
     """What GraphSet._capture_forward leaves behind, without CUDA: static inputs, outputs and a
     'graph'; like a capture, it leaves the cache as it found it (the recording call then replays)."""
-    from twinkle_fx.eager.graphs import _rebuild_call, _spec
+    from twinkle_fx.eager.graph_capture import rebuild_call, spec_of
 
     step.static_in = [t.clone() for t in tensors]
     step.owned_in = [True] * len(tensors)
     step.grad_mask = [False] * len(tensors)
     step.first_sources = [(weakref.ref(t), t._version) for t in tensors]
     saved = [(t, t.clone()) for cache in caches.values() for t in _cache_tensors(cache)]
-    args, kwargs = _rebuild_call(step.in_spec, step.static_in, caches)
+    args, kwargs = rebuild_call(step.in_spec, step.static_in, caches)
     outs = []
-    step.out_spec = _spec(step.fn(step.module, *args, **kwargs), outs, {})
+    step.out_spec = spec_of(step.fn(step.module, *args, **kwargs), outs, {})
     for tensor, value in saved:
         tensor.copy_(value)
     step.static_out = [o.detach().clone() for o in outs]
@@ -427,7 +497,7 @@ def test_generate_with_a_static_cache_replays_with_a_stand_in_capture(monkeypatc
 
 
 def test_static_cache_state_reasons():
-    from twinkle_fx.eager.graphs import static_cache_state
+    from twinkle_fx.eager.graph_capture import static_cache_state
 
     config = transformers.Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                                       num_key_value_heads=1, vocab_size=32, layer_types=["full_attention"] * 2)

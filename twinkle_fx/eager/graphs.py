@@ -37,7 +37,7 @@ else runs the block's ordinary forward, which is always correct, with the reason
   checkpointing, hooks on a block's submodules (a graph would not call them), dropout with p > 0
   while training, arguments that are not tensors, plain values or a static KV cache (below);
 - a capture that fails (the error is logged; the signature is not tried again; the ambient stream
-  and the CUDA random generator are left as they were before it, see :func:`_capture`).
+  and the CUDA random generator are left as they were before it, see :func:`~twinkle_fx.eager.graph_capture.capture`).
 
 Decoding with a KV cache: a transformers ``StaticCache`` (full-attention layers) is accepted as an
 argument, by identity: the cache object is part of the signature, and its ``StaticLayer`` tensors
@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -81,7 +80,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.nn.modules import module as _nn_module
+
+from .graph_capture import (Decline, block_modules, capture, data_ptr, dropout_reason, fixed_ptrs, flatten_call,
+                            global_hooks, hooked, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
 
 logger = logging.getLogger(__name__)
 
@@ -93,172 +94,6 @@ __all__ = ["GraphSet", "GraphedForward", "GraphStatus", "graph_status", "block_m
 MAX_SEQUENCES = 8
 # Eager passes of a signature before it is recorded (Triton compiles and cuBLAS initialises there).
 WARMUP_PASSES = 1
-
-_TENSOR = object()  # placeholder of a tensor in an argument spec
-_data_ptr = torch.Tensor.data_ptr
-
-
-class _Decline(Exception):
-    """This call cannot be graphed; the message is the reason (counted and logged once)."""
-
-
-class _KVCache:
-    """Tag of a KV cache in an argument spec: ``(_KVCache, id(cache))`` (the object is looked up by id)."""
-
-
-def _is_cache(value: Any) -> bool:
-    cache_utils = sys.modules.get("transformers.cache_utils")  # never imports transformers
-    return cache_utils is not None and isinstance(value, cache_utils.Cache)
-
-
-def _spec(value: Any, tensors: list[torch.Tensor], caches: dict[int, Any] | None = None) -> Any:
-    """A hashable description of ``value`` with its tensors replaced by ``_TENSOR`` (appended to
-    ``tensors``) and its transformers KV caches by ``(_KVCache, id)`` (added to ``caches``)."""
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return _TENSOR
-    kind = type(value)
-    if value is None or kind in (bool, int, float, str):
-        return (kind, value)
-    if kind in (tuple, list):
-        return (kind, tuple(_spec(v, tensors, caches) for v in value))
-    if caches is not None and _is_cache(value):
-        caches[id(value)] = value
-        return (_KVCache, id(value))
-    raise _Decline(f"an argument of type {kind.__qualname__} (only tensors, plain values and a transformers "
-                   "StaticCache are graphed)")
-
-
-def _rebuild(spec: Any, tensors, caches: dict[int, Any] | None = None) -> Any:
-    if spec is _TENSOR:
-        return next(tensors)
-    kind, value = spec
-    if kind is tuple or kind is list:
-        return kind(_rebuild(s, tensors, caches) for s in value)
-    if kind is _KVCache:
-        return caches[value]
-    return value
-
-
-def _flatten_call(args: tuple, kwargs: dict, caches: dict[int, Any]) -> tuple[list[torch.Tensor], tuple]:
-    tensors: list[torch.Tensor] = []
-    spec = (tuple(_spec(a, tensors, caches) for a in args),
-            tuple((k, _spec(v, tensors, caches)) for k, v in kwargs.items()))
-    return tensors, spec
-
-
-def _rebuild_call(spec: tuple, tensors, caches: dict[int, Any] | None = None) -> tuple[tuple, dict]:
-    it = iter(tensors)
-    args = tuple(_rebuild(s, it, caches) for s in spec[0])
-    kwargs = {k: _rebuild(s, it, caches) for k, s in spec[1]}
-    return args, kwargs
-
-
-def static_cache_state(cache: Any) -> tuple[tuple[int, ...], str | None]:
-    """``(data pointers, None)`` when a CUDA graph may update ``cache`` (a transformers KV cache) in
-    place, else ``((), reason)``.
-
-    Graphed: transformers' ``StaticCache`` (or a subclass keeping ``Cache.update``) whose layers are
-    all ``StaticLayer`` (full attention), initialised, not offloaded. ``StaticLayer.update`` (the same
-    in transformers 5.17 and 5.22) writes the new keys and values with ``index_copy_`` at
-    ``arange(n) + cumulative_length`` and advances ``cumulative_length`` with ``add_``: all three
-    tensors are allocated once (at the first update) and only changed in place on the device, with
-    no host-side value (no ``.item()``, no Python int), so a replay does exactly what the eager
-    update does. ``reset()`` zeroes them in place (graphs stay valid); ``reorder_cache`` (beam
-    search), offloading or ``.to()`` replace them: the pointers returned here then differ from the
-    recorded ones and the graphs are dropped.
-
-    Declined: ``DynamicCache`` (and any cache with dynamic layers: quantized, the default of
-    ``generate``): its update grows the keys and values with ``torch.cat``, new tensors of a new
-    shape every step, which no graph can replay; ``StaticSlidingWindowLayer`` (sliding-window and
-    chunked attention layers of a StaticCache): its update branches on a Python int
-    (``cumulative_length_int``) that a replay would not advance; other layer kinds (linear
-    attention, indexer) and caches with their own ``update``.
-
-    Example:
-        >>> import transformers, torch
-        >>> config = transformers.Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        ...                                   num_attention_heads=2, num_key_value_heads=1, vocab_size=32)
-        >>> static_cache_state(transformers.DynamicCache(config=config))[1]  # doctest: +ELLIPSIS
-        'a DynamicCache: its update grows the keys and values with torch.cat...'
-        >>> cache = transformers.StaticCache(config=config, max_cache_len=8)
-        >>> cache.early_initialization(batch_size=1, num_heads=1, head_dim=8, dtype=torch.float32, device="cpu")
-        >>> len(static_cache_state(cache)[0]), static_cache_state(cache)[1]
-        (3, None)
-    """
-    from transformers import cache_utils
-
-    kind = type(cache).__name__
-    layers = getattr(cache, "layers", None)
-    if isinstance(cache, cache_utils.DynamicCache) or any(isinstance(x, cache_utils.DynamicLayer) for x in layers or ()):
-        return (), (f"a {kind}: its update grows the keys and values with torch.cat (new tensors of a new shape "
-                    "every step), which a CUDA graph cannot replay; use a StaticCache (e.g. "
-                    "generate(..., cache_implementation=\"static\"))")
-    if not isinstance(cache, cache_utils.StaticCache) or type(cache).update is not cache_utils.Cache.update:
-        return (), (f"a cache of type {kind} (only transformers' StaticCache with full-attention layers is graphed: its update "
-                    "only writes its own tensors in place)")
-    if getattr(cache, "offloading", False):
-        return (), f"a {kind} with offloading=True (its update moves layers between host and device)"
-    if not layers:
-        return (), f"a {kind} without layers"
-    for index, layer in enumerate(layers):  # what can never be graphed first, then what the prefill will fix
-        if type(layer) is not cache_utils.StaticLayer:
-            if isinstance(layer, cache_utils.StaticSlidingWindowLayer):
-                return (), (f"a {kind} with sliding-window layers ({type(layer).__name__} at layer {index}: its "
-                            "update branches on a Python int, cumulative_length_int, that a graph replay would not "
-                            "advance)")
-            return (), (f"a {kind} with a {type(layer).__name__} at layer {index} (only StaticLayer, full attention, "
-                        "updates in place without host-side state)")
-    ptrs: list[int] = []
-    for layer in layers:
-        if not layer.is_initialized:
-            return (), (f"a {kind} not initialised yet (its first update allocates its tensors; that pass runs "
-                        "eagerly)")
-        ptrs += (_data_ptr(layer.keys), _data_ptr(layer.values), _data_ptr(layer.cumulative_length))
-    return tuple(ptrs), None
-
-
-def _meta(t: torch.Tensor) -> tuple:
-    return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
-
-
-def block_modules(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Module]], str | None]:
-    """The model's repeated blocks (modules of the classes ``model._no_split_modules`` names), in
-    model order, or ``([], reason)``."""
-    names = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    if not names:
-        return [], (f"{type(model).__name__} names no repeated block (transformers' _no_split_modules); "
-                    "CUDA graphs are made per decoder layer")
-    blocks = [(path, m) for path, m in model.named_modules() if type(m).__name__ in names]
-    if not blocks:
-        return [], f"no module of {type(model).__name__} is one of its blocks {sorted(names)}"
-    return blocks, None
-
-
-def _has_dropout(module: torch.nn.Module) -> str | None:
-    for path, sub in module.named_modules():
-        p = sub.p if isinstance(sub, torch.nn.modules.dropout._DropoutNd) else getattr(sub, "attention_dropout", 0.0)
-        if isinstance(p, (int, float)) and p > 0:
-            return f"dropout p={p} in {path or type(module).__name__} while training"
-    return None
-
-
-def _global_hooks() -> bool:
-    return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
-                or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks)
-
-
-def _hooked(submodules: list[torch.nn.Module]) -> bool:
-    for m in submodules:
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
-            return True
-    return False
-
-
-def _fixed_ptrs(modules: list[torch.nn.Module]) -> tuple:
-    return tuple(_data_ptr(t) for m in modules for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
 
 
 class _Step:
@@ -273,7 +108,7 @@ class _Step:
         self.training = training
         self.submodules = [m for m in module.modules() if m is not module]
         self.all_modules = [module, *self.submodules]
-        self.fixed_ptrs = _fixed_ptrs(self.all_modules)  # the graphs read parameters and buffers in place
+        self.fixed_ptrs = fixed_ptrs(self.all_modules)  # the graphs read parameters and buffers in place
         self.grad_params = [p for p in module.parameters() if p.requires_grad] if training else []
         self.static_in: list[torch.Tensor] = []
         self.owned_in: list[bool] = []  # False: the static input is another step's tensor (read only)
@@ -344,14 +179,21 @@ class GraphStatus:
 
     sequences: int = 0
     steps: int = 0
-    replays: Counter = field(default_factory=Counter)  # "forward" / "backward" / "recompute" block calls
+    replays: Counter = field(default_factory=Counter)  # "forward" / "backward" / "recompute" block calls, "model"
     eager: Counter = field(default_factory=Counter)    # reason -> passes whose blocks ran eagerly from then on
+    model_graphs: int = 0  # whole-forward decode graphs recorded (:mod:`twinkle_fx.eager.model_graphs`)
+    model_eager: Counter = field(default_factory=Counter)  # reason -> decode calls not served by one
 
     def __str__(self) -> str:
         lines = [f"CUDA graphs: {self.sequences} sequence(s), {self.steps} block call(s) recorded; replays "
                  f"{self.replays['forward']} forward, {self.replays['backward']} backward"
                  + (f", {self.replays['recompute']} backward recomputed" if self.replays['recompute'] else "")]
         lines += [f"  {count} pass(es) eager: {reason}" for reason, count in self.eager.most_common()]
+        if self.model_graphs or self.model_eager:
+            lines.append(f"  whole forward (decode): {self.model_graphs} graph(s) recorded, "
+                         f"{self.replays['model']} replay(s)")
+            lines += [f"  {count} decode call(s) not from a whole-forward graph: {reason}"
+                      for reason, count in self.model_eager.most_common()]
         return "\n".join(lines)
 
 
@@ -365,6 +207,7 @@ class GraphSet:
         self.device = device
         self._mem_pool: Any = None
         self.pool = None
+        self.inside_model_graph = False  # a whole-forward graph is warming up or capturing: blocks run as they are
         self.sequences: dict[tuple, _Sequence] = {}
         self.attempts: Counter = Counter()
         self.cache_keys: dict[tuple, tuple[weakref.ref, ...]] = {}  # sequence keys naming KV caches -> the caches
@@ -376,6 +219,41 @@ class GraphSet:
         self._params: "weakref.WeakKeyDictionary[torch.nn.Module, list]" = weakref.WeakKeyDictionary()
 
     # -- bookkeeping -----------------------------------------------------------------------------
+    def memory_pool(self) -> Any:
+        """The pool every graph of the model captures into."""
+        if self.pool is None:
+            # A MemPool object, not a bare graph_pool_handle(): the allocator counts a pool's users and a
+            # bare handle's count is only its graphs'. When every graph of the pool is dropped (the
+            # sequences of a finished generate() call, whose StaticCache died) while a tensor allocated in
+            # it lives on, the pool stays with a count of 0 and the next capture into it fails an internal
+            # assert ("it->second->use_count > 0", CUDACachingAllocator.cpp, torch 2.11). The object holds
+            # one count for the lifetime of this GraphSet.
+            self._mem_pool = torch.cuda.MemPool()
+            self.pool = self._mem_pool.id
+        return self.pool
+
+    @contextlib.contextmanager
+    def capturing(self, graph: torch.cuda.CUDAGraph) -> Iterator[None]:
+        """Capture ``graph`` into the pool. A failed capture leaves its pool refusing every later
+        capture ("beginAllocateToPool: already recording to mempool_id", torch 2.11, also after the
+        allocator's end call); the next capture then takes a new pool (the graphs recorded so far
+        keep theirs)."""
+        try:
+            with capture(graph, self.memory_pool()):
+                yield
+        except BaseException:
+            self._mem_pool = self.pool = None
+            raise
+
+    @contextlib.contextmanager
+    def model_graph_scope(self) -> Iterator[None]:
+        """The blocks run as they are (no recording, no replay, nothing counted) inside it."""
+        self.inside_model_graph = True
+        try:
+            yield
+        finally:
+            self.inside_model_graph = False
+
     def _eager(self, reason: str) -> None:
         self.status.eager[reason] += 1
         if reason not in self._logged:
@@ -412,7 +290,7 @@ class GraphSet:
         accumulating gradient."""
         for param in self.block_params:
             grad = param.grad
-            if grad is not None and _data_ptr(grad) in self.grad_buffers:
+            if grad is not None and data_ptr(grad) in self.grad_buffers:
                 param.grad = grad.clone()
 
     def _seal(self, seq: _Sequence) -> None:
@@ -437,15 +315,17 @@ class GraphSet:
 
     # -- the forward -----------------------------------------------------------------------------
     def call(self, fn: Callable[..., Any], module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        if self.inside_model_graph:
+            return fn(module, *args, **kwargs)
         p = self._begin() if module is self.first() else self.active
         if p is None or p.eager:
             return fn(module, *args, **kwargs)
         try:
             reason = self._static_reason(module)
             if reason is not None:
-                raise _Decline(reason)
+                raise Decline(reason)
             caches: dict[int, Any] = {}
-            tensors, in_spec = _flatten_call(args, kwargs, caches)
+            tensors, in_spec = flatten_call(args, kwargs, caches)
             params = self._params.get(module)
             if params is None:
                 params = self._params[module] = list(module.parameters())
@@ -453,17 +333,17 @@ class GraphSet:
                                                     or any(q.requires_grad for q in params))
             if caches:
                 self._inspect_caches(p, caches, training)
-            signature = (training, in_spec, tuple(map(_meta, tensors)))
+            signature = (training, in_spec, tuple(map(tensor_meta, tensors)))
             step, recording = self._next_step(p, fn, module, signature, in_spec, training, caches)
             if recording:
                 try:
                     self._capture_forward(p.seq, step, tensors, caches)
                 except Exception as e:  # noqa: BLE001 - logged with the error; the block runs eagerly
                     self._fail(p.seq, f"capturing the forward of {type(module).__name__} raised {e!r}")
-                    raise _Decline("the capture failed (see the warning)") from e
+                    raise Decline("the capture failed (see the warning)") from e
             else:
                 self._check_inputs(p, step, tensors)
-        except _Decline as e:
+        except Decline as e:
             p.eager = True
             self._eager(str(e))
             return fn(module, *args, **kwargs)
@@ -481,7 +361,7 @@ class GraphSet:
             outs = step.static_out
         if module._forward_hooks:  # a hook may keep the output (output_hidden_states): give it its own memory
             outs = [o.clone() for o in outs]
-        return _rebuild(step.out_spec, iter(outs), caches)
+        return rebuild(step.out_spec, iter(outs), caches)
 
     @staticmethod
     def _inspect_caches(p: _Pass, caches: dict[int, Any], training: bool) -> None:
@@ -493,11 +373,11 @@ class GraphSet:
             if key in p.caches:
                 continue
             if training:
-                raise _Decline("a KV cache in a forward that records gradients (graphs with a cache are for "
+                raise Decline("a KV cache in a forward that records gradients (graphs with a cache are for "
                                "inference under torch.no_grad)")
             ptrs, reason = static_cache_state(cache)
             if reason is not None:
-                raise _Decline(reason)
+                raise Decline(reason)
             p.caches[key] = (weakref.ref(cache), ptrs)
 
     def _purge_dead_caches(self) -> None:
@@ -525,7 +405,7 @@ class GraphSet:
             return "torch.inference_mode (use torch.no_grad)"
         if module.training and getattr(module, "gradient_checkpointing", False):
             return "gradient checkpointing recomputes the block in the backward"
-        if _global_hooks():
+        if global_hooks():
             return "global module hooks are registered"
         return None
 
@@ -544,25 +424,25 @@ class GraphSet:
                         self.cache_keys[key] = tuple(p.caches[k][0] for k in caches)
                 self.attempts[key] += 1
                 if self.attempts[key] <= WARMUP_PASSES:
-                    raise _Decline("warm-up pass of a new input signature")
+                    raise Decline("warm-up pass of a new input signature")
                 if self.attempts[key] > WARMUP_PASSES + 2:
-                    raise _Decline("this input signature could not be recorded (see the warning)")
+                    raise Decline("this input signature could not be recorded (see the warning)")
                 if len(self.sequences) >= MAX_SEQUENCES:
-                    raise _Decline(f"more than {MAX_SEQUENCES} input signatures (dynamic shapes?)")
+                    raise Decline(f"more than {MAX_SEQUENCES} input signatures (dynamic shapes?)")
                 seq = self.sequences[key] = _Sequence(training)
             elif seq.recording:
-                raise _Decline("the recording of this signature did not finish")
+                raise Decline("the recording of this signature did not finish")
             p.seq = seq
         seq = p.seq
         if seq.recording:
             if any(s.module is module for s in seq.steps):
-                raise _Decline("a block ran twice in one pass")
-            if _hooked([m for m in module.modules() if m is not module]):
-                raise _Decline("hooks on a submodule of the block (a graph would not call them)")
+                raise Decline("a block ran twice in one pass")
+            if hooked([m for m in module.modules() if m is not module]):
+                raise Decline("hooks on a submodule of the block (a graph would not call them)")
             if module.training and training:
-                dropout = _has_dropout(module)
+                dropout = dropout_reason(module)
                 if dropout:
-                    raise _Decline(dropout)
+                    raise Decline(dropout)
             self._params[module] = list(module.parameters())
             step = _Step(fn, module, signature, in_spec, training)
             seq.steps.append(step)
@@ -570,27 +450,27 @@ class GraphSet:
                 seq.caches[key] = p.caches[key]
             return step, True
         if p.cursor >= len(seq.steps):
-            raise _Decline("more block calls than the recorded pass had")
+            raise Decline("more block calls than the recorded pass had")
         step = seq.steps[p.cursor]
         if step.module is not module or step.fn is not fn or step.signature != signature:
-            raise _Decline("the block calls differ from the recorded pass (shapes, arguments or order)")
-        if _hooked(step.submodules):
-            raise _Decline("hooks on a submodule of the block (a graph would not call them)")
-        if _fixed_ptrs(step.all_modules) != step.fixed_ptrs:
+            raise Decline("the block calls differ from the recorded pass (shapes, arguments or order)")
+        if hooked(step.submodules):
+            raise Decline("hooks on a submodule of the block (a graph would not call them)")
+        if fixed_ptrs(step.all_modules) != step.fixed_ptrs:
             reason = "a parameter or buffer of a block moved to other memory"
             self._fail(seq, reason)
-            raise _Decline(reason)
+            raise Decline(reason)
         for key in caches:  # once per cache and pass: the signature matched its id, now the object and memory
             if key in p.verified:
                 continue
             recorded, now = seq.caches.get(key), p.caches[key]
             if recorded is None or recorded[0]() is not now[0]():
-                raise _Decline("a KV cache other than the one the graphs were recorded with")
+                raise Decline("a KV cache other than the one the graphs were recorded with")
             if recorded[1] != now[1]:
                 reason = ("the StaticCache's tensors moved to other memory since the recording (reorder_cache, "
                           "offloading or .to())")
                 self._fail(seq, reason)
-                raise _Decline(reason)
+                raise Decline(reason)
             p.verified.add(key)
         return step, False
 
@@ -598,22 +478,22 @@ class GraphSet:
     def _check_inputs(p: _Pass, step: _Step, tensors: list[torch.Tensor]) -> None:
         """A static input another step owns is read only: its source must be what that step copied."""
         for t, s, owned in zip(tensors, step.static_in, step.owned_in):
-            if owned or _data_ptr(t) == _data_ptr(s):
+            if owned or data_ptr(t) == data_ptr(s):
                 continue
             copied = p.copied.get(id(s))
             if copied is None or copied[0]() is not t or copied[1] != t._version:
-                raise _Decline("an input shared with an earlier block changed between the blocks")
+                raise Decline("an input shared with an earlier block changed between the blocks")
 
     # -- captures --------------------------------------------------------------------------------
     def _capture_forward(self, seq: _Sequence, step: _Step, tensors: list[torch.Tensor],
                          caches: dict[int, Any]) -> None:
         for t in tensors:
-            shared = seq.statics.get(_data_ptr(t))
+            shared = seq.statics.get(data_ptr(t))
             if shared is None:
                 source = seq.sources.get(id(t))
                 if source is not None and source[0]() is t:
                     shared = source[1]
-            if shared is not None and _meta(shared)[:3] == _meta(t)[:3]:
+            if shared is not None and tensor_meta(shared)[:3] == tensor_meta(t)[:3]:
                 step.static_in.append(shared)
                 step.owned_in.append(False)
             else:
@@ -630,37 +510,28 @@ class GraphSet:
                 seq.sources[id(t)] = (weakref.ref(t), static)
             step.grad_mask.append(step.training and t.requires_grad)
         step.first_sources = [(weakref.ref(t), t._version) for t in tensors]
-        if self.pool is None:
-            # A MemPool object, not a bare graph_pool_handle(): the allocator counts a pool's users and a
-            # bare handle's count is only its graphs'. When every graph of the pool is dropped (the
-            # sequences of a finished generate() call, whose StaticCache died) while a tensor allocated in
-            # it lives on, the pool stays with a count of 0 and the next capture into it fails an internal
-            # assert ("it->second->use_count > 0", CUDACachingAllocator.cpp, torch 2.11). The object holds
-            # one count for the lifetime of this GraphSet.
-            self._mem_pool = torch.cuda.MemPool()
-            self.pool = self._mem_pool.id
         step.capture_in = [s.detach().requires_grad_(True) if rg else s
                            for s, rg in zip(step.static_in, step.grad_mask)]
-        args, kwargs = _rebuild_call(step.in_spec, step.capture_in, caches)
+        args, kwargs = rebuild_call(step.in_spec, step.capture_in, caches)
         # The parameters' AccumulateGrad nodes are NOT made ahead of the capture on the ambient stream:
         # a node's stream is where the engine syncs the incoming gradient, and a sync with a stream
         # outside the capture invalidates the backward capture (cudaErrorStreamCaptureInvalidated,
         # H100, torch 2.11). Made inside, they belong to the capture stream (the engine warns once
         # about the stream mismatch when an eager backward reaches them; the sync it adds is correct).
         graph = torch.cuda.CUDAGraph()
-        with torch.set_grad_enabled(step.training), _capture(graph, self.pool):
+        with torch.set_grad_enabled(step.training), self.capturing(graph):
             out = step.fn(step.module, *args, **kwargs)
         step.fwd = graph
         outs: list[torch.Tensor] = []
         out_caches: dict[int, Any] = {}
-        step.out_spec = _spec(out, outs, out_caches)
+        step.out_spec = spec_of(out, outs, out_caches)
         if not out_caches.keys() <= caches.keys():
             raise ValueError("the block returned a KV cache it was not given")
         step.static_out = [o.detach() for o in outs]
         if step.training:
             step.capture_out = outs
         for o in step.static_out:  # the next block's input is this output: read in place
-            seq.statics[_data_ptr(o)] = o
+            seq.statics[data_ptr(o)] = o
 
     def _capture_backward(self, seq: _Sequence, step: _Step, grads: tuple) -> None:
         static_grad_out: list[torch.Tensor | None] = []
@@ -668,8 +539,8 @@ class GraphSet:
             if not o.requires_grad:
                 static_grad_out.append(None)
                 continue
-            shared = seq.statics.get(_data_ptr(g))
-            if shared is not None and _meta(shared)[:3] == _meta(g)[:3]:
+            shared = seq.statics.get(data_ptr(g))
+            if shared is not None and tensor_meta(shared)[:3] == tensor_meta(g)[:3]:
                 static_grad_out.append(shared)
             else:
                 static = torch.empty_like(g, memory_format=torch.preserve_format)  # as the inputs' above
@@ -679,42 +550,16 @@ class GraphSet:
         grad_outs = [g for g in static_grad_out if g is not None]
         targets = [c for c, rg in zip(step.capture_in, step.grad_mask) if rg] + step.grad_params
         graph = torch.cuda.CUDAGraph()
-        with _capture(graph, self.pool):
+        with self.capturing(graph):
             grads_in = torch.autograd.grad(outs, targets, grad_outputs=grad_outs, allow_unused=True)
         step.static_grad_out = static_grad_out
         step.static_grads = tuple(None if g is None else g.detach() for g in grads_in)
         step.bwd = graph
-        self.grad_buffers.update(_data_ptr(g) for g in step.static_grads[sum(step.grad_mask):] if g is not None)
+        self.grad_buffers.update(data_ptr(g) for g in step.static_grads[sum(step.grad_mask):] if g is not None)
         for g in step.static_grads[:sum(step.grad_mask)]:  # the previous block's incoming gradient: read in place
             if g is not None:
-                seq.statics[_data_ptr(g)] = g
+                seq.statics[data_ptr(g)] = g
         step.capture_in, step.capture_out = [], []  # frees the captured autograd graph (its memory to the pool)
-
-
-@contextlib.contextmanager
-def _capture(graph: torch.cuda.CUDAGraph, pool: Any) -> Iterator[None]:
-    """``torch.cuda.graph(graph, pool=pool)`` that leaves the process as it was when the capture fails.
-
-    torch's ``graph.__exit__`` ends the capture first; when that raises (a capture the block
-    invalidated, say by a host sync) it neither restores the ambient stream nor runs the epilogue of
-    the CUDA generator's capture, and the default generator stays in capture mode: every later eager
-    random op (dropout, ``torch.rand``) then draws from the graph's offsets. On a failure the ambient
-    stream is restored and the generator gets back a copy of its state from before the capture (the
-    failed graph is never replayed, so the offsets it reserved are not needed).
-    """
-    generator = torch.cuda.default_generators[torch.cuda.current_device()]
-    # graph-safe generator states (torch >= 2.5): a copy taken outside any capture
-    saved = generator.clone_state() if hasattr(generator, "clone_state") else None
-    capture = torch.cuda.graph(graph, pool=pool)
-    try:
-        with capture:
-            yield
-    except BaseException:
-        if torch.cuda.current_stream() == capture.capture_stream:  # capture_end raised before the stream's exit
-            capture.stream_ctx.__exit__(None, None, None)
-        if saved is not None:
-            generator.graphsafe_set_state(saved)
-        raise
 
 
 def _copy_inputs(p: _Pass, step: _Step, tensors: list[torch.Tensor]) -> None:
@@ -728,8 +573,8 @@ def _copy_inputs(p: _Pass, step: _Step, tensors: list[torch.Tensor]) -> None:
     for t, s, owned in zip(tensors, step.static_in, step.owned_in):
         if not owned:
             continue
-        ptr = _data_ptr(t)
-        if ptr != _data_ptr(s):
+        ptr = data_ptr(t)
+        if ptr != data_ptr(s):
             copied = p.copied.get(id(s))
             if copied is None or copied[0]() is not t or copied[1] != t._version:
                 s.copy_(t)
@@ -768,7 +613,7 @@ class _Replay(torch.autograd.Function):
                     in_order = False
             if in_order and step.bwd is not None:
                 for g, s in zip(grads, step.static_grad_out):
-                    if s is not None and _data_ptr(g) != _data_ptr(s):
+                    if s is not None and data_ptr(g) != data_ptr(s):
                         s.copy_(g)
                 step.bwd.replay()
                 token.done = True
@@ -793,9 +638,9 @@ class _Replay(torch.autograd.Function):
 def _recompute(step: _Step, grads: tuple, n_inputs: int) -> tuple:
     with torch.enable_grad():
         inputs = [s.detach().requires_grad_(rg) for s, rg in zip(step.static_in, step.grad_mask)]
-        args, kwargs = _rebuild_call(step.in_spec, inputs)
+        args, kwargs = rebuild_call(step.in_spec, inputs)
         outs: list[torch.Tensor] = []
-        _spec(step.fn(step.module, *args, **kwargs), outs)
+        spec_of(step.fn(step.module, *args, **kwargs), outs)
         pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
         targets = [i for i, rg in zip(inputs, step.grad_mask) if rg] + step.grad_params
         result = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)

@@ -23,6 +23,7 @@ from .function_patches import _apply, _revert, function_verifications
 from .function_patches import _Change as FunctionChange
 from .function_patches import restore_function_targets, unpatch_all
 from .graphs import GraphSet, block_modules
+from .model_graphs import ModelGraphs
 from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, install_graphs,
                      revert_changes, swapped_forward, uninstall_forward)
 from .verify import Verification, Verifier
@@ -282,6 +283,8 @@ def _install_graphs(model: torch.nn.Module, device: str, changes: _Changes) -> N
     graphs = GraphSet([m for _, m in blocks], torch.device(device))
     for path, module in blocks:
         changes.layers.append(install_graphs(path, module, graphs))
+    if all(module is not model for _, module in blocks):  # decode steps with a StaticCache: one graph each
+        changes.layers.append(install_graphs("", model, graphs, ModelGraphs(model, graphs)))
     logger.info("CUDA graphs for %d %s module(s) (recorded on the second pass of each input signature)",
                 len(blocks), type(blocks[0][1]).__qualname__)
 

@@ -27,6 +27,7 @@ import torch
 
 from ..selection import KernelChoice
 from .graphs import GraphedForward, GraphSet
+from .model_graphs import ModelGraphedForward, ModelGraphs
 from .verify import Verifier
 
 logger = logging.getLogger(__name__)
@@ -57,9 +58,12 @@ class KernelForward(functools.partial):
 
     @classmethod
     def make(cls, module: torch.nn.Module, fn: Callable[..., Any], kernel_name: str, previous: Any = None,
-             verifier: Verifier | None = None, graphs: GraphSet | None = None) -> "KernelForward":
+             verifier: Verifier | None = None, graphs: GraphSet | None = None,
+             model_graphs: ModelGraphs | None = None) -> "KernelForward":
         call = fn if verifier is None else CheckedForward(fn, verifier)
-        if graphs is not None:
+        if model_graphs is not None:
+            call = ModelGraphedForward(call, model_graphs)
+        elif graphs is not None:
             call = GraphedForward(call, graphs)
         forward = cls(call, module)
         forward.fn = fn
@@ -178,18 +182,20 @@ def install_forward(swap: LayerSwap, verifier: Verifier | None = None) -> LayerC
     return LayerChange(module, before, forward)
 
 
-def install_graphs(path: str, module: torch.nn.Module, graphs: GraphSet) -> LayerChange:
+def install_graphs(path: str, module: torch.nn.Module, graphs: GraphSet,
+                   model_graphs: ModelGraphs | None = None) -> LayerChange:
     """Run ``module``'s forward (its kernel's, or the original when no kernel is installed) through
-    ``graphs``; returns the change."""
+    ``graphs`` (a block) or ``model_graphs`` (the model itself: whole-forward decode graphs);
+    returns the change."""
     before = module.__dict__.get("forward", _MISSING)
     current = swapped_forward(module)
     if current is not None:
         forward = KernelForward.make(module, current.fn, current.kernel_name, current.previous, current.verifier,
-                                     graphs)
+                                     graphs, model_graphs)
     else:
         previous = None if before is _MISSING else before
         fn = type(module).forward if previous is None else (lambda self, *a, **k: previous(*a, **k))
-        forward = KernelForward.make(module, fn, "original forward", previous, None, graphs)
+        forward = KernelForward.make(module, fn, "original forward", previous, None, graphs, model_graphs)
     _set_forward(module, forward)
     logger.debug("CUDA graphs for %s (%s)", path or "<model>", type(module).__qualname__)
     return LayerChange(module, before, forward)

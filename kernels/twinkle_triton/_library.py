@@ -16,7 +16,7 @@ that. The custom op stays the only path whenever something may trace or intercep
 torch.compile/export (``is_compiling``), fake or functional tensors (any tensor subclass but
 ``nn.Parameter``), a ``TorchDispatchMode`` (make_fx, FakeTensorMode, FlopCounter) or a functorch
 transform (vmap, grad). Both paths run the same functions, so their results are identical.
-On the eager path the impl's launches skip Triton's JIT dispatch too (``_launcher.CachedLauncher``:
+On the eager path the impl's launches skip Triton's JIT dispatch too (``_launch.CachedLauncher``:
 the same compiled kernel with the same arguments), and nothing on it is a context manager.
 
 On a GPU the ops are ``torch.library.triton_op``s: when AOTAutograd traces them for Inductor it
@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch._library.triton import is_wrap_triton_enabled
 
-from ._launcher import cached_launcher
+from ._launch import cached_launcher
 
 NAMESPACE = "twinkle"
 
@@ -88,7 +88,7 @@ _eager_call = _EagerCall()
 
 def wrap_triton(kernel):
     """How an impl launches ``kernel``: ``torch.library.wrap_triton(kernel)`` while a ``triton_op``
-    impl is being traced; otherwise the kernel's :class:`~._launcher.CachedLauncher` (the
+    impl is being traced; otherwise the kernel's :class:`~._launch.CachedLauncher` (the
     compiled kernel launched without the JIT's dispatch; ``kernel`` itself under the interpreter).
 
     Launch sites spell ``wrap_triton(<kernel>)[grid](...)`` with the kernel's global name: torch

@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, check_tensors, compute_dtype, elementwise_block
+from ._checks import check_tensors
+from ._launch import cdiv, compute_dtype, elementwise_block
 from ._library import define_differentiable_op, wrap_triton
 
 _APPROXIMATIONS = ("none", "tanh")

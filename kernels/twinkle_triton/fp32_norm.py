@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import check_tensors, compute_dtype, persistent_programs, row_block, rows
+from ._checks import check_tensors
+from ._launch import compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 

@@ -72,7 +72,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import ANY_DTYPE, check_tensors, compute_dtype, interpreting
+from ._checks import ANY_DTYPE, check_tensors
+from ._launch import compute_dtype, interpreting
 from ._library import define_op
 
 LOGITS_CHUNK_BYTES = 320 * 1024 * 1024

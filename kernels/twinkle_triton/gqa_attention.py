@@ -38,7 +38,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import ANY_DTYPE, cdiv, check_tensors, interpreting, next_power_of_2
+from ._checks import ANY_DTYPE, check_tensors
+from ._launch import cdiv, interpreting, next_power_of_2
 from ._library import define_op, wrap_triton
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import REAL, cdiv, check_tensors, compute_dtype, elementwise_block
+from ._checks import REAL, check_tensors
+from ._launch import cdiv, compute_dtype, elementwise_block
 from ._library import define_op, wrap_triton
 
 

@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, check_tensors, compute_dtype, interpreting, persistent_programs, row_block, rows
+from ._checks import check_tensors
+from ._launch import cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 # Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import check_tensors, compute_dtype, next_power_of_2
+from ._checks import check_tensors
+from ._launch import compute_dtype, next_power_of_2
 from ._library import define_differentiable_op, wrap_triton
 
 

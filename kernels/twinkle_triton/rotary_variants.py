@@ -26,7 +26,7 @@ its launch are :mod:`.rotary`'s, whose Llama layout is the case with no variant.
 import torch
 from torch import Tensor
 
-from ._launch import check_tensors
+from ._checks import check_tensors
 from ._library import define_differentiable_op
 from .rotary import _check, _launch, out_like
 

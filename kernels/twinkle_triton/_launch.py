@@ -47,8 +47,8 @@ from typing import Any
 import torch
 import triton.language as tl
 
-__all__ = ["CachedLauncher", "cached_launcher", "cdiv", "compute_dtype", "elementwise_block",
-           "interpreting", "next_power_of_2", "persistent_programs", "reset", "row_block",
+__all__ = ["CachedLauncher", "cached_launcher", "cdiv", "compute_dtype", "dot_options", "elementwise_block",
+           "interpreting", "multiprocessor_count", "next_power_of_2", "persistent_programs", "reset", "row_block",
            "rows", "specialization_key"]
 
 # ----------------------------------------------------------------------------- grids, blocks, dtypes
@@ -117,13 +117,32 @@ def _multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def multiprocessor_count(device: torch.device) -> int:
+    """The SMs of a CUDA ``device`` (read from the driver once per device)."""
+    return _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def persistent_programs(n_rows: int, device: torch.device, *, per_sm: int = 2) -> int:
     """Number of programs for a kernel that loops over rows and reduces across them (e.g. a
     weight gradient): a few per SM keeps every SM busy while the per-program partial sums stay
     few (they are summed by torch afterwards)."""
     if device.type == "cuda" and not interpreting():
-        return max(1, min(n_rows, per_sm * _multiprocessor_count(device.index or 0)))
+        return max(1, min(n_rows, per_sm * multiprocessor_count(device)))
     return max(1, min(n_rows, 4))
+
+
+def dot_options(dtype: torch.dtype, *, fp32_like_matmul: bool = False) -> dict[str, str | bool]:
+    """The ``DOT_PRECISION`` and ``DOT_UPCAST`` constexprs of a kernel whose ``tl.dot`` operands are ``dtype``.
+
+    ``DOT_PRECISION`` is ``tl.dot``'s ``input_precision``, which only fp32 operands read: ``"ieee"``,
+    exact fp32 products (Triton's default rounds them to TF32, 10 mantissa bits, far outside an fp32
+    tolerance), unless ``fp32_like_matmul`` asks to follow torch's float32 matmul precision as
+    ``F.linear`` does (``"highest"``: exact, else ``"tf32"``). ``DOT_UPCAST``: the Triton interpreter
+    (3.9) returns garbage (~1e10) for ``tl.dot`` of bf16 tiles, so there the operands go in as fp32
+    copies (bf16 x bf16 products are exact in fp32: the result is the GPU's).
+    """
+    tf32 = dtype == torch.float32 and fp32_like_matmul and torch.get_float32_matmul_precision() != "highest"
+    return {"DOT_PRECISION": "tf32" if tf32 else "ieee", "DOT_UPCAST": interpreting() and dtype == torch.bfloat16}
 
 
 def rows(x: torch.Tensor) -> torch.Tensor:

@@ -73,7 +73,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
-from ._launch import compute_dtype, interpreting
+from ._launch import compute_dtype, dot_options, interpreting, multiprocessor_count
 from ._library import define_op
 
 LOGITS_CHUNK_BYTES = 320 * 1024 * 1024
@@ -493,19 +493,6 @@ def _fit(block: int, size: int) -> int:
     return max(16, min(block, triton.next_power_of_2(max(size, 1))))
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    # fp32 follows torch's matmul setting, as F.linear does ("highest": exact fp32, else TF32)
-    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
-        return "tf32"
-    return "ieee"
-
-
-def _dot_upcast(dtype: torch.dtype) -> bool:
-    # The Triton interpreter (3.9) returns garbage (~1e10) for tl.dot of bf16 tiles; fp32 copies of
-    # the bf16 values give the GPU's products (bf16 x bf16 is exact in fp32).
-    return interpreting() and dtype == torch.bfloat16
-
-
 def _valid_order(target: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
     """(row indices with the non-ignored rows first, number of non-ignored rows as a device tensor)."""
     ignored = target == ignore_index
@@ -528,7 +515,7 @@ def _flce_tiled_impl(
     # +inf (never skip) where no forward tile wrote: rows that are all ignored
     tile_max = torch.full((triton.cdiv(n, block_m), n_v_tiles), float("inf"), dtype=torch.float32, device=x.device)
     if x.device.type == "cuda" and not interpreting():
-        programs = cfg["SPLITS_PER_SM"] * torch.cuda.get_device_properties(x.device).multi_processor_count
+        programs = cfg["SPLITS_PER_SM"] * multiprocessor_count(x.device)
         splits = max(1, min(n_v_tiles, programs // n_m_tiles))
     else:
         splits = min(n_v_tiles, 2)  # still several ranges, so the interpreter tests the merge
@@ -541,7 +528,7 @@ def _flce_tiled_impl(
             weight.stride(0), weight.stride(1), tiles_per_split, n_v_tiles, softcap,
             HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap > 0, HAS_SMOOTHING=label_smoothing > 0,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=d % block_k == 0,
-            ACC_DTYPE=compute_dtype(x.dtype), DOT_PRECISION=_dot_precision(x.dtype), DOT_UPCAST=_dot_upcast(x.dtype),
+            ACC_DTYPE=compute_dtype(x.dtype), **dot_options(x.dtype, fp32_like_matmul=True),
             ACC_IN_DOT=x.dtype in (torch.bfloat16, torch.float16),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
@@ -603,7 +590,7 @@ def _flce_tiled_backward_impl(
             ATOMIC=atomic,
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_D=block_d,
             EVEN_K=d % block_k == 0, EVEN_D=d % block_d == 0, ACC_DTYPE=compute_dtype(x.dtype),
-            DOT_PRECISION=_dot_precision(x.dtype), DOT_UPCAST=_dot_upcast(x.dtype),
+            **dot_options(x.dtype, fp32_like_matmul=True),
             ACC_IN_DOT=x.dtype in (torch.bfloat16, torch.float16),
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )

@@ -30,7 +30,6 @@ computes ``delta = rowsum(dO * O)``; the dK/dV kernel (one program per (batch, K
 sums over all ``G * L`` rows of the group, so no atomics. The mask gets no gradient.
 """
 
-import functools
 import math
 
 import torch
@@ -39,7 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
-from ._launch import cdiv, interpreting, next_power_of_2
+from ._launch import cdiv, dot_options, interpreting, multiprocessor_count, next_power_of_2
 from ._library import define_op, wrap_triton
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -58,11 +57,6 @@ PROGRAMS_PER_SM = 4
 MIN_SPLIT_KEYS = 128
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessor_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 # With a symbolic (dynamic) batch or key length under torch.compile the split count cannot follow
 # them without a recompile per value (it sizes the combine kernel's block), so it is fixed: 8 splits
 # give the heuristic's 512 programs at the Qwen2 decode shape; splits past the keys are empty (they
@@ -78,7 +72,7 @@ def _num_splits(programs, seq_k, block_s: int, device: torch.device) -> tuple[in
     if not (isinstance(programs, int) and isinstance(seq_k, int)):
         return _split_length(seq_k, SYMBOLIC_SPLITS, block_s)
     if device.type == "cuda" and not interpreting():
-        sms = _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
+        sms = multiprocessor_count(device)
     else:
         sms = 1
     splits = max(1, min(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), cdiv(seq_k, MIN_SPLIT_KEYS)))
@@ -103,15 +97,6 @@ def _blocks(rows, head_dim: int) -> tuple[int, int, int, int]:
     block_s = 64 if block_d <= 128 else 32
     num_warps = 4 if block_m * block_d <= 64 * 128 else 8
     return block_m, block_s, block_d, num_warps
-
-
-def _dot_options(dtype: torch.dtype) -> dict:
-    # fp32 inputs: exact fp32 products (tl.dot's default rounds them to tf32, 10 mantissa bits,
-    # far outside the fp32 tolerance); 16-bit inputs are exact in either. The Triton interpreter
-    # (3.9) returns garbage (~1e10) for tl.dot of bf16 tiles: there the operands go in as fp32
-    # copies (bf16 x bf16 products are exact in fp32, so the result is the GPU's).
-    return {"DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-            "DOT_UPCAST": interpreting() and dtype == torch.bfloat16}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -411,7 +396,7 @@ def _gqa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | 
         *query.stride(), *key.stride(), *value.stride(), smb, smh, sml, sms,
         n_kv_heads, group, seq_q, seq_k, head_dim, split_len, splits, scale,
         HAS_MASK=has_mask, MASK_BOOL=mask_bool, SPLIT=splits > 1,
-        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=block_d, **_dot_options(query.dtype),
+        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=block_d, **dot_options(query.dtype),
         num_warps=num_warps,
     )
     if splits > 1:
@@ -454,7 +439,7 @@ def _gqa_attention_backward_impl(
     block_s = 64 if interpreting() or block_d <= 64 else 32
     num_warps = 4 if block_d <= 64 else 8
     common = dict(HAS_MASK=has_mask, MASK_BOOL=mask_bool, BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=block_d,
-                  num_warps=num_warps, **_dot_options(query.dtype))
+                  num_warps=num_warps, **dot_options(query.dtype))
     strides = (*query.stride(), *key.stride(), *value.stride(), smb, smh, sml, sms, *grad_out.stride())
     sizes = (n_kv_heads, group, seq_q, seq_k, head_dim, scale)
     wrap_triton(_gqa_bwd_dq_kernel)[(batch * n_kv_heads, cdiv(group * seq_q, block_m))](

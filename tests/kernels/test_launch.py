@@ -70,3 +70,17 @@ def test_cached_launches_equal_jit_launches():
             launcher[(triton.cdiv(n, 256),)](view, got, n, 0.5, BLOCK=256)
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert len(launcher._compiled) == 3
+
+
+def test_dot_options_keep_fp32_exact_unless_told_to_follow_the_matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # TF32 allowed, as F.linear would use it
+        assert _launch.dot_options(torch.float32)["DOT_PRECISION"] == "ieee"
+        assert _launch.dot_options(torch.float32, fp32_like_matmul=True)["DOT_PRECISION"] == "tf32"
+        torch.set_float32_matmul_precision("highest")
+        assert _launch.dot_options(torch.float32, fp32_like_matmul=True)["DOT_PRECISION"] == "ieee"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    upcast = {dtype: _launch.dot_options(dtype)["DOT_UPCAST"] for dtype in (torch.float32, torch.bfloat16)}
+    assert upcast == {torch.float32: False, torch.bfloat16: _launch.interpreting()}

@@ -45,7 +45,7 @@ INLINE_OPS = {
         lambda q, k, cos, sin: tt.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin),
         lambda dt: (torch.randn(2, 32, 4, 64, dtype=dt), torch.randn(2, 32, 2, 64, dtype=dt),
                     torch.randn(1, 32, 64, dtype=dt), torch.randn(1, 32, 64, dtype=dt)),
-        ("_rotary_embedding_kernel",),
+        ("_apply_rotary_pos_emb_kernel",),
         2,
     ),
     "add_gelu": (

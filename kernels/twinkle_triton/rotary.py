@@ -190,29 +190,29 @@ def launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, t
     return q_out, k_out
 
 
-def _rotary_embedding_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
+def _apply_rotary_pos_emb_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
     return launch(q, k, cos, sin, unsqueeze_dim, transpose=False)
 
 
-def _rotary_embedding_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
+def _apply_rotary_pos_emb_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
     return out_like(q), out_like(k)
 
 
-def _rotary_embedding_backward_impl(
+def _apply_rotary_pos_emb_backward_impl(
     grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
 ) -> tuple[Tensor, Tensor]:
     return launch(grad_q, grad_k, cos, sin, unsqueeze_dim, transpose=True)
 
 
-def _rotary_embedding_backward_fake(
+def _apply_rotary_pos_emb_backward_fake(
     grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
 ) -> tuple[Tensor, Tensor]:
     return out_like(grad_q), out_like(grad_k)
 
 
-_rotary_embedding_op = define_differentiable_op(
-    "rotary_embedding", _rotary_embedding_impl, fake=_rotary_embedding_fake,
-    backward=_rotary_embedding_backward_impl, backward_fake=_rotary_embedding_backward_fake,
+_apply_rotary_pos_emb_op = define_differentiable_op(
+    "apply_rotary_pos_emb", _apply_rotary_pos_emb_impl, fake=_apply_rotary_pos_emb_fake,
+    backward=_apply_rotary_pos_emb_backward_impl, backward_fake=_apply_rotary_pos_emb_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim"),
     gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (see the module docstring)
     reference=lambda *args: apply_rotary_pos_emb_reference(*args),  # defined below
@@ -326,7 +326,7 @@ def apply_rotary_pos_emb(
         ```
     """
     check_arguments(q, k, cos, sin, unsqueeze_dim)
-    return _rotary_embedding_op(q, k, cos, sin, unsqueeze_dim)
+    return _apply_rotary_pos_emb_op(q, k, cos, sin, unsqueeze_dim)
 
 
 def _rotate_half(x: Tensor) -> Tensor:

@@ -2,7 +2,7 @@
 
 :func:`twinkle_triton.apply_rotary_pos_emb` is Llama/Qwen2's rotary (``rotate_half`` over the whole
 head, full-width cos/sin). Other transformers families differ in three ways, all handled by
-:mod:`.rotary`'s kernel and the op ``twinkle::rotary_embedding_variant``:
+:mod:`.rotary`'s kernel and the op ``twinkle::apply_rotary_pos_emb_variant``:
 
 - **partial** (Phi3 with ``partial_rotary_factor < 1``, GLM4): only the first ``rotary_dim``
   columns of each head rotate; the rest pass through unchanged (``torch.cat([rotated, pass])``);
@@ -28,7 +28,7 @@ layouts differ::
     out[i]       = x[2i] * cos_i - x[2i+1] * sin_i
     out[i + D/2] = x[2i+1] * cos_i + x[2i] * sin_i
 
-:func:`apply_rotary_pos_emb_deinterleave` computes that (op ``twinkle::rotary_embedding_deinterleave``);
+:func:`apply_rotary_pos_emb_deinterleave` computes that (op ``twinkle::apply_rotary_pos_emb_deinterleave``);
 its backward reads the gradient in ``rotate_half`` layout and writes it interleaved.
 
 As in :mod:`.rotary`, cos and sin get no gradient; backward is the transposed rotation. The kernel
@@ -66,7 +66,7 @@ def _variant_backward_fake(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Ten
 
 
 _variant_op = define_differentiable_op(
-    "rotary_embedding_variant", _variant_impl, fake=_variant_fake,
+    "apply_rotary_pos_emb_variant", _variant_impl, fake=_variant_fake,
     backward=_variant_backward_impl, backward_fake=_variant_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim", "rotary_dim", "interleaved", "shared_angle"),
     gradients=lambda grads, _: (*grads, None, None, None, None, None, None),  # cos, sin and the layout get none
@@ -251,10 +251,10 @@ def _deinterleave_backward_fake(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin
 
 
 _deinterleave_op = define_differentiable_op(
-    "rotary_embedding_deinterleave", _deinterleave_impl, fake=_deinterleave_fake,
+    "apply_rotary_pos_emb_deinterleave", _deinterleave_impl, fake=_deinterleave_fake,
     backward=_deinterleave_backward_impl, backward_fake=_deinterleave_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim"),
-    gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (as rotary_embedding)
+    gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (as apply_rotary_pos_emb)
     reference=lambda q, k, cos, sin, unsqueeze_dim: apply_rotary_pos_emb_deinterleave_reference(
         q, k, cos, sin, None, unsqueeze_dim),  # defined below
 )

@@ -255,7 +255,9 @@ def _fused_linear_cross_entropy_backward(ctx, grad_loss, *_grads_of_gradient_out
 # strategy="chunked". Opaque to Inductor even on a GPU (a custom_op, not a triton_op): the impl reuses one logits
 # buffer across chunks through out= matmuls, in-place addmm_ and an in-place kernel, which a traced
 # (functionalized) impl would turn into a fresh tensor per chunk, losing the bounded memory that is
-# the op's point; and it runs once per step, so its ~0.3 ms of dispatch is ~1% of the step.
+# the op's point; and it runs once per step, so its ~0.3 ms of dispatch is ~1% of the step. Autograd
+# wired by hand (define_op), not declared with define_differentiable_op: the gradients are computed in
+# the forward and the backward only scales them, in place when eager.
 _fused_linear_cross_entropy_op = define_op(
     "fused_linear_cross_entropy", _fused_linear_cross_entropy_impl, fake=_fused_linear_cross_entropy_fake,
     backward=_fused_linear_cross_entropy_backward, setup_context=_fused_linear_cross_entropy_setup_context,
@@ -637,7 +639,9 @@ def _flce_tiled_backward(ctx, grad_loss, _grad_lse, _grad_tile_max):
 
 
 # A custom op (opaque to Inductor): the kernels use locks and atomics, and a traced impl would gain
-# nothing, the op being two launches per step.
+# nothing, the op being two launches per step. Autograd wired by hand (define_op), not declared with
+# define_differentiable_op: the backward op is told which gradients autograd needs (needs_input_grad),
+# so it skips the weight-sized products nobody asked for.
 _flce_tiled_op = define_op(
     "fused_linear_cross_entropy_tiled", _flce_tiled_impl, fake=_flce_tiled_fake, backward=_flce_tiled_backward,
     setup_context=_flce_tiled_setup_context, inline_kernels=False,
@@ -876,7 +880,8 @@ def _flce_vocab_backward(ctx, grad_loss, _grad_lse):
 
 
 # A custom op (opaque to Inductor): the backward reuses one buffer through out= matmuls and an in-place
-# kernel, which a traced impl would turn into a fresh tensor per chunk.
+# kernel, which a traced impl would turn into a fresh tensor per chunk. Autograd wired by hand
+# (define_op), as the tiled strategy's and for its reason: the backward computes only the gradients asked for.
 _flce_vocab_op = define_op(
     "fused_linear_cross_entropy_vocab_chunked", _flce_vocab_impl, fake=_flce_vocab_fake,
     backward=_flce_vocab_backward, setup_context=_flce_vocab_setup_context, inline_kernels=False,

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
 from ._launch import cdiv, dot_options, interpreting, multiprocessor_count, next_power_of_2
-from ._library import define_op, wrap_triton
+from ._library import define_differentiable_op, wrap_triton
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -455,31 +455,12 @@ def _gqa_attention_backward_fake(grad_out, query, key, value, attn_mask, out, st
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape))
 
 
-_gqa_attention_backward_op = define_op(
-    "gqa_attention_backward", _gqa_attention_backward_impl, fake=_gqa_attention_backward_fake,
-)
-
-
-def _gqa_attention_setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, scale = inputs
-    out, stats = output
-    ctx.mark_non_differentiable(stats)
-    ctx.scale = scale
-    ctx.save_for_backward(query, key, value, attn_mask, out, stats)
-
-
-def _gqa_attention_backward(ctx, grad_out, _grad_stats):
-    if grad_out is None:
-        return None, None, None, None, None
-    query, key, value, attn_mask, out, stats = ctx.saved_tensors
-    grad_q, grad_k, grad_v = _gqa_attention_backward_op(grad_out, query, key, value, attn_mask, out, stats, ctx.scale)
-    need_q, need_k, need_v = ctx.needs_input_grad[:3]
-    return (grad_q if need_q else None, grad_k if need_k else None, grad_v if need_v else None, None, None)
-
-
-_gqa_attention_op = define_op(
+_gqa_attention_op = define_differentiable_op(
     "gqa_attention", _gqa_attention_impl, fake=_gqa_attention_fake,
-    backward=_gqa_attention_backward, setup_context=_gqa_attention_setup_context,
+    backward=_gqa_attention_backward_impl, backward_fake=_gqa_attention_backward_fake,
+    saved=("query", "key", "value", "attn_mask", "output[0]", "output[1]", "scale"),
+    non_differentiable=("output[1]",),  # the softmax statistics: the backward's input, never differentiated
+    gradients=lambda grads, _: (*grads, None, None),  # the mask gets none
     # the statistics are the kernels' own (for their backward): none without them
     reference=lambda *args: (gqa_attention_reference(*args), None),  # defined below
 )

@@ -47,9 +47,9 @@ from typing import Any
 import torch
 import triton.language as tl
 
-__all__ = ["CachedLauncher", "cached_launcher", "cdiv", "compute_dtype", "dot_options", "elementwise_block",
-           "interpreting", "multiprocessor_count", "next_power_of_2", "persistent_programs", "reset", "row_block",
-           "rows", "specialization_key"]
+__all__ = ["CachedLauncher", "accumulation_dtype", "cached_launcher", "cdiv", "compute_dtype", "dot_options",
+           "elementwise_block", "interpreting", "multiprocessor_count", "next_power_of_2", "persistent_programs", "reset",
+           "row_block", "rows", "specialization_key"]
 
 # ----------------------------------------------------------------------------- grids, blocks, dtypes
 
@@ -84,6 +84,12 @@ def compute_dtype(dtype: torch.dtype) -> tl.dtype:
     if not dtype.is_floating_point:
         return tl.int64
     return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The torch dtype that sums of ``dtype`` values (partial gradients, losses) are kept in: fp64 for
+    fp64 (gradcheck), else fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def row_block(n_cols: int, *, op: str) -> tuple[int, int]:

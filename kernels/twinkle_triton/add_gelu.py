@@ -16,7 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
-from ._launch import cdiv, compute_dtype, elementwise_block
+from ._launch import accumulation_dtype, cdiv, compute_dtype, elementwise_block
 from ._library import define_differentiable_op, wrap_triton
 
 _APPROXIMATIONS = ("none", "tanh")
@@ -105,7 +105,7 @@ def _add_gelu_backward_impl(grad: Tensor, x: Tensor, bias: Tensor, approximate: 
     _launch(wrap_triton(_add_gelu_bwd_kernel), (grad, x, bias, grad_x), x, bias, approximate)
     if bias.shape == x.shape:
         return grad_x, grad_x.clone()
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(x.dtype)
     return grad_x, grad_x.reshape(-1, x.shape[-1]).sum(0, dtype=acc).to(bias.dtype)
 
 

@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
-from ._launch import compute_dtype, persistent_programs, row_block, rows
+from ._launch import accumulation_dtype, compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 
@@ -116,7 +116,7 @@ def _launch_bwd(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, eps: fl
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     x2, grad2 = rows(x), rows(grad)
     n_rows, n_cols = x2.shape
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(x.dtype)
     if n_rows == 0 or n_cols == 0:
         zeros = torch.zeros_like(weight)
         return grad_x, zeros, zeros.clone()

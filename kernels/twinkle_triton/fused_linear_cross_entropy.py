@@ -73,7 +73,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
-from ._launch import compute_dtype, dot_options, interpreting, multiprocessor_count
+from ._launch import accumulation_dtype, compute_dtype, dot_options, interpreting, multiprocessor_count
 from ._library import define_op
 
 LOGITS_CHUNK_BYTES = 320 * 1024 * 1024
@@ -132,10 +132,6 @@ def default_chunk_size(vocab_size: int, dtype: torch.dtype) -> int:
     return rows // 256 * 256 if rows >= 256 else max(16, rows // 16 * 16)
 
 
-def _loss_dtype(x: Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _grad_shapes(x, weight, bias, compute_grad_x, compute_grad_weight, compute_grad_bias):
     """(grad_x, grad_weight, grad_bias) buffers; [0]-sized where not computed."""
     none = x.new_empty(0)
@@ -159,7 +155,7 @@ def _fused_linear_cross_entropy_impl(
     x2, target1 = x.reshape(-1, hidden), target.reshape(-1).contiguous()
     grad_x2 = grad_x.view(-1, hidden) if compute_grad_x else grad_x
     n_rows = x2.shape[0]
-    loss_dtype = _loss_dtype(x)
+    loss_dtype = accumulation_dtype(x.dtype)
     row_loss = torch.empty(n_rows, dtype=loss_dtype, device=x.device)
     n_valid = (target1 != ignore_index).sum()
     # A device tensor, so mean's 1/n_valid never synchronises the host.
@@ -206,7 +202,7 @@ def _fused_linear_cross_entropy_fake(
     x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ignore_index: int, reduction: str,
     chunk_size: int, compute_grad_x: bool, compute_grad_weight: bool, compute_grad_bias: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    loss = x.new_empty((), dtype=_loss_dtype(x))
+    loss = x.new_empty((), dtype=accumulation_dtype(x.dtype))
     return (loss, *_grad_shapes(x, weight, bias, compute_grad_x, compute_grad_weight, compute_grad_bias))
 
 
@@ -509,7 +505,7 @@ def _flce_tiled_impl(
     """(loss per row, logsumexp per row, largest logit per tile) of x [N, D]; ignored rows get 0."""
     n, d = x.shape
     v = weight.shape[0]
-    loss_dtype = _loss_dtype(x)
+    loss_dtype = accumulation_dtype(x.dtype)
     order, n_valid = _valid_order(target, ignore_index)
     cfg = TILED_FORWARD
     (block_m, block_n), block_k = _forward_tiles(v), _fit(cfg["BLOCK_K"], d)
@@ -551,7 +547,7 @@ def _forward_tiles(vocab: int) -> tuple[int, int]:
 
 def _flce_tiled_fake(x, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, filter_eps,
                      fp32_accumulation):
-    dtype = _loss_dtype(x)
+    dtype = accumulation_dtype(x.dtype)
     block_m, block_n = _forward_tiles(weight.shape[0])
     tiles = ((x.shape[0] + block_m - 1) // block_m, (weight.shape[0] + block_n - 1) // block_n)
     return (x.new_empty(x.shape[0], dtype=dtype), x.new_empty(x.shape[0], dtype=dtype),
@@ -568,10 +564,10 @@ def _flce_tiled_backward_impl(
     n, d = x.shape
     v = weight.shape[0]
     atomic = fp32_accumulation or x.dtype in (torch.float32, torch.float64)
-    acc_dtype = _loss_dtype(x) if atomic else x.dtype
+    acc_dtype = accumulation_dtype(x.dtype) if atomic else x.dtype
     grad_x = torch.zeros((n, d), dtype=acc_dtype, device=x.device) if compute_grad_x else x.new_empty(0)
     grad_w = torch.zeros((v, d), dtype=acc_dtype, device=x.device) if compute_grad_weight else x.new_empty(0)
-    grad_b = torch.zeros(v, dtype=_loss_dtype(x), device=x.device) if compute_grad_bias else x.new_empty(0)
+    grad_b = torch.zeros(v, dtype=accumulation_dtype(x.dtype), device=x.device) if compute_grad_bias else x.new_empty(0)
     cfg = TILED_BACKWARD
     block_m, block_n = cfg["BLOCK_M"], _fit(cfg["BLOCK_N"], v)
     block_k, block_d = _fit(cfg["BLOCK_K"], d), _fit(cfg["BLOCK_D"], d)
@@ -757,7 +753,7 @@ def _flce_vocab_forward_cublas(x, weight, target, bias, softcap, chunk) -> Tenso
     """part[chunks, 4, N] (max, sum of exp, target logit, logit sum per row and chunk) from cuBLAS chunks."""
     n, v = x.shape[0], weight.shape[0]
     starts = range(0, v, chunk)
-    part = torch.empty((len(starts), 4, n), dtype=_loss_dtype(x), device=x.device)
+    part = torch.empty((len(starts), 4, n), dtype=accumulation_dtype(x.dtype), device=x.device)
     buffer = x.new_empty(n * min(chunk, v))
     block, warps = _row_grid_block()
     for i, col0 in enumerate(starts):
@@ -791,7 +787,7 @@ def _flce_vocab_impl(
 
 
 def _flce_vocab_fake(x, weight, target, bias, ignore_index, label_smoothing, z_loss, softcap, chunk):
-    dtype = _loss_dtype(x)
+    dtype = accumulation_dtype(x.dtype)
     return x.new_empty(x.shape[0], dtype=dtype), x.new_empty(x.shape[0], dtype=dtype)
 
 
@@ -817,7 +813,7 @@ def _flce_vocab_backward_impl(
     no read-modify-write) and adds its share of grad_x into an fp32 N x D accumulator."""
     n, d = x.shape
     v = weight.shape[0]
-    acc_dtype = _loss_dtype(x)
+    acc_dtype = accumulation_dtype(x.dtype)
     grad_x = torch.zeros((n, d), dtype=acc_dtype, device=x.device) if compute_grad_x else x.new_empty(0)
     grad_w = (torch.empty_like(weight, memory_format=torch.contiguous_format) if compute_grad_weight
               else x.new_empty(0))
@@ -1056,7 +1052,7 @@ def fused_linear_cross_entropy_reference(
 ) -> Tensor:
     """Plain PyTorch ``fused_linear_cross_entropy`` (materialises the logits; strategy, chunk_size,
     filter_eps and fp32_accumulation choose how the fused op computes and do not apply here)."""
-    logits = torch.nn.functional.linear(x, weight, bias).to(_loss_dtype(x))
+    logits = torch.nn.functional.linear(x, weight, bias).to(accumulation_dtype(x.dtype))
     if softcap:
         logits = softcap * torch.tanh(logits / softcap)
     logits, target1 = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)

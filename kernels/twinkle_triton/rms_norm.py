@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
-from ._launch import cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows
+from ._launch import accumulation_dtype, cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 # Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8
@@ -146,7 +146,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
     if grad_sum is not None and rows_per_tile > 1:
         num_warps = min(32, 2 * num_warps)
     programs = persistent_programs(cdiv(n_rows, rows_per_tile), x.device, per_sm=BWD_PROGRAMS_PER_SM)
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(x.dtype)
     partial = torch.empty((programs, n_cols), dtype=acc, device=x.device)
     wrap_triton(_rms_norm_bwd_kernel)[(programs,)](
         grad2, grad_sum2, x2, weight, grad_x, partial,

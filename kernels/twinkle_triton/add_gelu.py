@@ -23,7 +23,7 @@ _APPROXIMATIONS = ("none", "tanh")
 
 
 @triton.jit
-def _gelu_terms(s, APPROX_TANH: tl.constexpr):
+def gelu_terms(s, APPROX_TANH: tl.constexpr):
     """(gelu(s), gelu'(s)) in s's dtype."""
     if APPROX_TANH:
         k0: tl.constexpr = 0.7978845608028654  # sqrt(2 / pi)
@@ -53,7 +53,7 @@ def _add_gelu_fwd_kernel(
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     b = tl.load(bias_ptr + bias_offs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     s = (x + b).to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
-    value, _ = _gelu_terms(s, APPROX_TANH)
+    value, _ = gelu_terms(s, APPROX_TANH)
     tl.store(out_ptr + offs, value.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -72,7 +72,7 @@ def _add_gelu_bwd_kernel(
     b = tl.load(bias_ptr + bias_offs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     s = (x + b).to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
-    _, slope = _gelu_terms(s, APPROX_TANH)
+    _, slope = gelu_terms(s, APPROX_TANH)
     tl.store(grad_x_ptr + offs, (g * slope).to(grad_x_ptr.dtype.element_ty), mask=mask)
 
 

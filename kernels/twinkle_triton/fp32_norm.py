@@ -85,16 +85,6 @@ def _fp32_norm_bwd_kernel(
         tl.store(grad_bias_partial_ptr + pid * n_cols + cols, grad_bias, mask=mask)
 
 
-def _check(op: str, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> None:
-    check_tensors(op, min_dim=1, x=x, weight=weight, bias=bias)
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and (t.dim() != 1 or x.dim() == 0 or t.shape[0] != x.shape[-1]):
-            raise ValueError(
-                f"{op}: {name} has shape {tuple(t.shape)} but x is {tuple(x.shape)}; pass a 1-D {name} "
-                f"of x's last dimension."
-            )
-
-
 def _launch_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, offset: float, center: bool,
                 op: str) -> Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -131,6 +121,16 @@ def _launch_bwd(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, eps: fl
     )
     grad_bias = partial_b.sum(0).to(weight.dtype) if has_bias else torch.zeros_like(weight)
     return grad_x, partial_w.sum(0).to(weight.dtype), grad_bias
+
+
+def _check(op: str, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> None:
+    check_tensors(op, min_dim=1, x=x, weight=weight, bias=bias)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (t.dim() != 1 or x.dim() == 0 or t.shape[0] != x.shape[-1]):
+            raise ValueError(
+                f"{op}: {name} has shape {tuple(t.shape)} but x is {tuple(x.shape)}; pass a 1-D {name} "
+                f"of x's last dimension."
+            )
 
 
 # ----------------------------------------------------------------------------- rms_norm_fp32

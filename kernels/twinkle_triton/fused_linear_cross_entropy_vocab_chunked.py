@@ -38,12 +38,6 @@ VOCAB_CHUNKED_FORWARD = "tiled"
 _CHUNK_BLOCK = 1024
 
 
-def default_vocab_chunk(n_rows: int, vocab_size: int, dtype: torch.dtype) -> int:
-    """Vocabulary columns per chunk so that ``n_rows x columns`` logits fit ``VOCAB_CHUNK_BYTES``."""
-    cols = VOCAB_CHUNK_BYTES // max(1, n_rows * torch.empty((), dtype=dtype).element_size())
-    return min(vocab_size, max(256, cols // 256 * 256))
-
-
 @triton.jit
 def _flce_chunk_stats_kernel(
     logits_ptr, target_ptr, part_ptr, row_stride, col0, n_cols, N, softcap,
@@ -105,6 +99,12 @@ def _flce_chunk_grad_kernel(
     if HAS_SOFTCAP:
         g = g * (1.0 - cap * cap)
     tl.store(ptrs, g.to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+def default_vocab_chunk(n_rows: int, vocab_size: int, dtype: torch.dtype) -> int:
+    """Vocabulary columns per chunk so that ``n_rows x columns`` logits fit ``VOCAB_CHUNK_BYTES``."""
+    cols = VOCAB_CHUNK_BYTES // max(1, n_rows * torch.empty((), dtype=dtype).element_size())
+    return min(vocab_size, max(256, cols // 256 * 256))
 
 
 def _logits_chunk(buffer: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, col0: int, col1: int) -> Tensor:

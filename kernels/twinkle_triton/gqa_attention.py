@@ -64,41 +64,6 @@ MIN_SPLIT_KEYS = 128
 SYMBOLIC_SPLITS = 8
 
 
-def _num_splits(programs, seq_k, block_s: int, device: torch.device) -> tuple[int, int]:
-    """(splits, keys per split): splits of the keys so that ``programs * splits`` fills the GPU
-    (see PROGRAMS_PER_SM), each at least MIN_SPLIT_KEYS keys and a multiple of ``block_s``.
-    Under the interpreter the "GPU" is one SM: a few splits still happen (S = 300 gives 3), so the
-    combine path runs in CPU tests too. ``programs`` and ``seq_k`` may be SymInts (see SYMBOLIC_SPLITS)."""
-    if not (isinstance(programs, int) and isinstance(seq_k, int)):
-        return _split_length(seq_k, SYMBOLIC_SPLITS, block_s)
-    if device.type == "cuda" and not interpreting():
-        sms = multiprocessor_count(device)
-    else:
-        sms = 1
-    splits = max(1, min(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), cdiv(seq_k, MIN_SPLIT_KEYS)))
-    return _split_length(seq_k, splits, block_s)
-
-
-def _split_length(seq_k, splits: int, block_s: int) -> tuple[int, int]:
-    """(splits, keys per split) for about ``splits`` splits of whole ``block_s`` blocks; for an int
-    ``seq_k`` the splits that would be empty are dropped, a SymInt keeps ``splits`` (no guard)."""
-    split_len = block_s * torch.sym_max(1, cdiv(seq_k, splits * block_s))
-    if isinstance(seq_k, int):
-        return cdiv(max(seq_k, 1), split_len), split_len
-    return splits, split_len
-
-
-def _blocks(rows, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_S, BLOCK_D, num_warps) of the forward. tl.dot needs every side >= 16, so the
-    group's rows are padded to 16 (decode: G * L = 7 rows for Qwen2); more than 64 rows are tiled.
-    Comparisons, not next_power_of_2, on ``rows``: it is a SymInt when L is dynamic."""
-    block_d = max(16, next_power_of_2(head_dim))
-    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    block_s = 64 if block_d <= 128 else 32
-    num_warps = 4 if block_m * block_d <= 64 * 128 else 8
-    return block_m, block_s, block_d, num_warps
-
-
 # ----------------------------------------------------------------------------- kernels
 
 
@@ -350,6 +315,41 @@ def _gqa_bwd_dkdv_kernel(
 
 
 # ----------------------------------------------------------------------------- host side
+
+
+def _num_splits(programs, seq_k, block_s: int, device: torch.device) -> tuple[int, int]:
+    """(splits, keys per split): splits of the keys so that ``programs * splits`` fills the GPU
+    (see PROGRAMS_PER_SM), each at least MIN_SPLIT_KEYS keys and a multiple of ``block_s``.
+    Under the interpreter the "GPU" is one SM: a few splits still happen (S = 300 gives 3), so the
+    combine path runs in CPU tests too. ``programs`` and ``seq_k`` may be SymInts (see SYMBOLIC_SPLITS)."""
+    if not (isinstance(programs, int) and isinstance(seq_k, int)):
+        return _split_length(seq_k, SYMBOLIC_SPLITS, block_s)
+    if device.type == "cuda" and not interpreting():
+        sms = multiprocessor_count(device)
+    else:
+        sms = 1
+    splits = max(1, min(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), cdiv(seq_k, MIN_SPLIT_KEYS)))
+    return _split_length(seq_k, splits, block_s)
+
+
+def _split_length(seq_k, splits: int, block_s: int) -> tuple[int, int]:
+    """(splits, keys per split) for about ``splits`` splits of whole ``block_s`` blocks; for an int
+    ``seq_k`` the splits that would be empty are dropped, a SymInt keeps ``splits`` (no guard)."""
+    split_len = block_s * torch.sym_max(1, cdiv(seq_k, splits * block_s))
+    if isinstance(seq_k, int):
+        return cdiv(max(seq_k, 1), split_len), split_len
+    return splits, split_len
+
+
+def _blocks(rows, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_S, BLOCK_D, num_warps) of the forward. tl.dot needs every side >= 16, so the
+    group's rows are padded to 16 (decode: G * L = 7 rows for Qwen2); more than 64 rows are tiled.
+    Comparisons, not next_power_of_2, on ``rows``: it is a SymInt when L is dynamic."""
+    block_d = max(16, next_power_of_2(head_dim))
+    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    block_s = 64 if block_d <= 128 else 32
+    num_warps = 4 if block_m * block_d <= 64 * 128 else 8
+    return block_m, block_s, block_d, num_warps
 
 
 def _mask_layout(attn_mask: Tensor | None, shape: tuple[int, int, int, int], fallback: Tensor):

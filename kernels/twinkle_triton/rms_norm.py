@@ -96,20 +96,6 @@ def _rms_norm_bwd_kernel(
              mask=tl.arange(0, BLOCK) < n_cols)
 
 
-def _check(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:
-    check_tensors(op, min_dim=1, x=x, residual=residual, weight=weight)
-    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(
-            f"{op}: weight has shape {tuple(weight.shape)} but x's last dimension is {x.shape[-1]}; "
-            f"pass a 1-D weight of size {x.shape[-1]}."
-        )
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(
-            f"{op}: residual is {tuple(residual.shape)} {residual.dtype} but x is "
-            f"{tuple(x.shape)} {x.dtype}; pass a residual of x's shape and dtype."
-        )
-
-
 def _out_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
     return torch.promote_types(weight.dtype, x.dtype)
 
@@ -155,6 +141,20 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
         num_warps=num_warps,
     )
     return grad_x, partial.sum(0).to(weight.dtype)
+
+
+def _check(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:
+    check_tensors(op, min_dim=1, x=x, residual=residual, weight=weight)
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"{op}: weight has shape {tuple(weight.shape)} but x's last dimension is {x.shape[-1]}; "
+            f"pass a 1-D weight of size {x.shape[-1]}."
+        )
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(
+            f"{op}: residual is {tuple(residual.shape)} {residual.dtype} but x is "
+            f"{tuple(x.shape)} {x.dtype}; pass a residual of x's shape and dtype."
+        )
 
 
 # ----------------------------------------------------------------------------- rms_norm

@@ -83,7 +83,7 @@ def _isolated_registry():
         yield registry
     restore_functions()
     reset_caches()
-    for name in ("twinkle_triton._launcher", "twinkle_triton.rotary", "twinkle_triton._library"):  # only if a test imported them
+    for name in ("twinkle_triton._launch", "twinkle_triton.rotary", "twinkle_triton._library"):  # only if a test imported them
         module = sys.modules.get(name)
         if module is not None:
             module.reset()

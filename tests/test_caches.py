@@ -71,9 +71,9 @@ def test_a_reset_makes_a_once_only_line_said_again(caplog):
 
 
 def test_the_kernels_own_caches_have_a_reset():
-    from twinkle_triton import _launcher, rotary
+    from twinkle_triton import _launch, rotary
 
     rotary._CHECKED.add(("shape",))
     rotary.reset()
-    _launcher.reset()
-    assert rotary._CHECKED == set() and _launcher._LAUNCHERS == {}
+    _launch.reset()
+    assert rotary._CHECKED == set() and _launch._LAUNCHERS == {}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 import time
 
 import torch
@@ -21,8 +20,8 @@ import torch
 from twinkle_fx.bench.timing import GIB, DeviceClock, time_calls
 
 import twinkle_triton as tt
+from twinkle_triton import fused_linear_cross_entropy_tiled as tiled
 
-flce = sys.modules["twinkle_triton.fused_linear_cross_entropy"]
 
 # The first sweep (H100, before backward tiles were skipped by the forward's bound) measured every
 # FORWARD entry below with the first BACKWARD one: 2.59-3.87 ms forward, best SPLITS_PER_SM=1.
@@ -103,26 +102,26 @@ def main() -> None:
         record("cce exact", lambda: linear_cross_entropy(x, w, y, impl="cce_exact"))
     best = None
     for cfg in FORWARD[: 2 if args.quick else None]:
-        flce.TILED_FORWARD = cfg
+        tiled.TILED_FORWARD = cfg
         record("tiled fwd sweep", lambda: tt.fused_linear_cross_entropy(x, w, y), forward=cfg,
-               backward=flce.TILED_BACKWARD)
+               backward=tiled.TILED_BACKWARD)
     rows = [json.loads(line) for line in open(args.out)]
     fwd_rows = [r for r in rows if r["name"] == "tiled fwd sweep" and "fwd_ms" in r]
     if fwd_rows:
-        flce.TILED_FORWARD = min(fwd_rows, key=lambda r: r["fwd_ms"])["forward"]
+        tiled.TILED_FORWARD = min(fwd_rows, key=lambda r: r["fwd_ms"])["forward"]
     for cfg in BACKWARD[: 2 if args.quick else None]:
-        flce.TILED_BACKWARD = cfg
-        record("tiled bwd sweep", lambda: tt.fused_linear_cross_entropy(x, w, y), forward=flce.TILED_FORWARD,
+        tiled.TILED_BACKWARD = cfg
+        record("tiled bwd sweep", lambda: tt.fused_linear_cross_entropy(x, w, y), forward=tiled.TILED_FORWARD,
                backward=cfg)
     rows = [json.loads(line) for line in open(args.out)]
     bwd_rows = [r for r in rows if r["name"] == "tiled bwd sweep" and "ms" in r]
     if bwd_rows:
         best = min(bwd_rows, key=lambda r: r["ms"])
-        flce.TILED_BACKWARD = best["backward"]
+        tiled.TILED_BACKWARD = best["backward"]
     record("tiled best, exact (filter_eps=None)", lambda: tt.fused_linear_cross_entropy(x, w, y, filter_eps=None),
-           forward=flce.TILED_FORWARD, backward=flce.TILED_BACKWARD)
+           forward=tiled.TILED_FORWARD, backward=tiled.TILED_BACKWARD)
     record("tiled best, fp32_accumulation", lambda: tt.fused_linear_cross_entropy(x, w, y, fp32_accumulation=True),
-           forward=flce.TILED_FORWARD, backward=flce.TILED_BACKWARD)
+           forward=tiled.TILED_FORWARD, backward=tiled.TILED_BACKWARD)
     print(f"sweep took {time.time() - t0:.0f} s", flush=True)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 import time
 
 import torch
@@ -24,8 +23,8 @@ import torch
 from twinkle_fx.bench.timing import GIB, DeviceClock, time_calls
 
 import twinkle_triton as tt
+from twinkle_triton import fused_linear_cross_entropy_vocab_chunked as vocab
 
-flce = sys.modules["twinkle_triton.fused_linear_cross_entropy"]
 
 CHUNK_MIB = (8, 16, 32, 64, 128)
 
@@ -88,7 +87,7 @@ def main() -> None:
     if args.quick:
         record("chunked (default)", lambda: tt.fused_linear_cross_entropy(x, w, y))
         record("vocab_chunked (its defaults)", lambda: tt.fused_linear_cross_entropy(x, w, y, strategy="vocab_chunked"),
-               forward=flce.VOCAB_CHUNKED_FORWARD, chunk_mib=flce.VOCAB_CHUNK_BYTES >> 20)
+               forward=vocab.VOCAB_CHUNKED_FORWARD, chunk_mib=vocab.VOCAB_CHUNK_BYTES >> 20)
         record("tiled exact (filter_eps=None)", lambda: tt.fused_linear_cross_entropy(x, w, y, strategy="tiled"))
         # label smoothing: the default route (vocab_chunked) against the old one (exact tiling)
         record("label_smoothing=0.1, default route", lambda: tt.fused_linear_cross_entropy(x, w, y, label_smoothing=0.1),
@@ -106,11 +105,11 @@ def main() -> None:
 
         record("cce (filtering, default)", lambda: linear_cross_entropy(x, w, y))
     for forward in ("cublas", "tiled"):
-        flce.VOCAB_CHUNKED_FORWARD = forward
+        vocab.VOCAB_CHUNKED_FORWARD = forward
         for mib in CHUNK_MIB:
-            flce.VOCAB_CHUNK_BYTES = mib << 20
+            vocab.VOCAB_CHUNK_BYTES = mib << 20
             record("vocab_chunked", lambda: tt.fused_linear_cross_entropy(x, w, y, strategy="vocab_chunked"),
-                   forward=forward, chunk_mib=mib, chunk_cols=flce.default_vocab_chunk(n, v, x.dtype))
+                   forward=forward, chunk_mib=mib, chunk_cols=vocab.default_vocab_chunk(n, v, x.dtype))
     print(f"sweep took {time.time() - t0:.0f} s", flush=True)
 
 

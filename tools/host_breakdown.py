@@ -7,7 +7,7 @@ import triton.language as tl
 import twinkle_triton as tt
 import importlib
 rn = importlib.import_module("twinkle_triton.rms_norm")
-from twinkle_triton import _launcher, layers
+from twinkle_triton import _launch, layers
 
 dev = "cuda"
 def bench(name, fn, n=200):
@@ -30,9 +30,9 @@ bench("torch.empty_like", lambda: torch.empty_like(x))
 args = (x, x, w, out, x, 896, 896, 1, 896, 1e-6)  # ..., row strides, weight stride, n_cols, eps
 meta = dict(HAS_RESIDUAL=False, BLOCK=1024, COMPUTE_DTYPE=tl.float32, num_warps=4)
 bench("JIT kernel[grid](...)", lambda: rn._rms_norm_fwd_kernel[(8,)](*args, **meta))
-L = _launcher.cached_launcher(rn._rms_norm_fwd_kernel)
+L = _launch.cached_launcher(rn._rms_norm_fwd_kernel)
 bench("CachedLauncher[grid](...)", lambda: L[(8,)](*args, **meta))
-print("cache entries", {k: len(v._compiled) for k, v in _launcher._LAUNCHERS.items()})
+print("cache entries", {k: len(v._compiled) for k, v in _launch._LAUNCHERS.items()})
 run, fn_, packed, tail = next(iter(L._compiled.values()))
 stream = torch.cuda.current_stream().cuda_stream
 bench("compiled.run direct", lambda: run(8, 1, 1, stream, fn_, packed, None, None, None, *args, *tail))

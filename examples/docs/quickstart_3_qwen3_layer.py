@@ -1,5 +1,5 @@
 """custom-kernel-quickstart.md, "In an existing model (Qwen3)": the block as written (the gated MLP
-from twinkle_triton.custom_mlp for nanovllm.layers.custom_mlp), then the same swap in transformers'
+from examples/custom_mlp.py for nanovllm.layers.custom_mlp), then the same swap in transformers'
 own Qwen3 model, checked against the original.
 
     python examples/docs/quickstart_3_qwen3_layer.py
@@ -19,7 +19,7 @@ from transformers.models.qwen3 import modeling_qwen3
 Qwen3Attention = functools.partial(modeling_qwen3.Qwen3Attention, layer_idx=0)
 
 # --- the document's block ---
-from twinkle_triton.custom_mlp import CustomGatedMLP
+from custom_mlp import CustomGatedMLP
 
 class Qwen3DecoderLayer(nn.Module):
     def __init__(self, config):

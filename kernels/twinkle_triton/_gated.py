@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ._launch import cdiv, compute_dtype, elementwise_block, interpreting, next_power_of_2, rows
 from ._library import wrap_triton
-from .add_gelu import _gelu_terms
+from .add_gelu import gelu_terms
 
 # ACTIVATION values
 SILU = 0
@@ -47,7 +47,7 @@ def _act_terms(g, alpha, limit, ACTIVATION: tl.constexpr):
         value = clamped * s
         slope = tl.where(g <= limit, s * (1.0 + alpha * clamped * (1.0 - s)), 0.0)
     else:
-        value, slope = _gelu_terms(g, ACTIVATION == 2)
+        value, slope = gelu_terms(g, ACTIVATION == 2)
     return value, slope
 
 

@@ -16,7 +16,7 @@ that. The custom op stays the only path whenever something may trace or intercep
 torch.compile/export (``is_compiling``), fake or functional tensors (any tensor subclass but
 ``nn.Parameter``), a ``TorchDispatchMode`` (make_fx, FakeTensorMode, FlopCounter) or a functorch
 transform (vmap, grad). Both paths run the same functions, so their results are identical.
-On the eager path the impl's launches skip Triton's JIT dispatch too (``_launcher.CachedLauncher``:
+On the eager path the impl's launches skip Triton's JIT dispatch too (``_launch.CachedLauncher``:
 the same compiled kernel with the same arguments), and nothing on it is a context manager.
 
 On a GPU the ops are ``torch.library.triton_op``s: when AOTAutograd traces them for Inductor it
@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch._library.triton import is_wrap_triton_enabled
 
-from ._launcher import cached_launcher
+from ._launch import cached_launcher
 
 NAMESPACE = "twinkle"
 
@@ -88,7 +88,7 @@ _eager_call = _EagerCall()
 
 def wrap_triton(kernel):
     """How an impl launches ``kernel``: ``torch.library.wrap_triton(kernel)`` while a ``triton_op``
-    impl is being traced; otherwise the kernel's :class:`~._launcher.CachedLauncher` (the
+    impl is being traced; otherwise the kernel's :class:`~._launch.CachedLauncher` (the
     compiled kernel launched without the JIT's dispatch; ``kernel`` itself under the interpreter).
 
     Launch sites spell ``wrap_triton(<kernel>)[grid](...)`` with the kernel's global name: torch
@@ -231,6 +231,7 @@ def define_differentiable_op(
     backward_fake: Callable,
     saved: Sequence[str],
     gradients: Callable[[tuple, list], tuple] | None = None,
+    non_differentiable: Sequence[str] = (),
     inline_kernels: bool = True,
     reference: Callable | None = None,
 ) -> TwinkleOp:
@@ -239,14 +240,17 @@ def define_differentiable_op(
     ``reference`` is :func:`define_op`'s.
 
     ``backward(*output_gradients, *saved)`` is the backward op's impl (type-annotated, like ``impl``):
-    it receives the gradient of each output of ``impl``, then the values named in ``saved``: names of
-    ``impl``'s parameters (tensors, ``Tensor | None`` included, are kept with ``save_for_backward``,
-    other values on the context) or ``"output"`` / ``"output[i]"`` for (one of) its outputs. Its
-    results (a tensor or a tuple) are by default the gradients of ``impl``'s tensor parameters, in
-    order, and every other parameter gets None; ``gradients(results, saved_values)`` maps them to one
-    entry per parameter instead (for gradients shared by two inputs, or inputs that get none).
-    mul_add and fused_linear_cross_entropy wire their autograd by hand (:func:`define_op`): the first
-    needs its inputs' shapes without keeping the tensors alive, the second ignores some outputs' gradients.
+    it receives the gradient of each differentiable output of ``impl``, then the values named in
+    ``saved``: names of ``impl``'s parameters (tensors, ``Tensor | None`` included, are kept with
+    ``save_for_backward``, other values on the context) or ``"output"`` / ``"output[i]"`` for (one of)
+    its outputs. Its results (a tensor or a tuple) are by default the gradients of ``impl``'s tensor
+    parameters, in order, and every other parameter gets None; ``gradients(results, saved_values)``
+    maps them to one entry per parameter instead (for gradients shared by two inputs, or inputs that
+    get none).
+    ``non_differentiable`` names outputs (``"output[i]"``) that only the backward reads, such as saved
+    softmax statistics: they are marked non-differentiable and their gradients are not passed to
+    ``backward``. An op whose autograd this declaration cannot express wires it by hand with
+    :func:`define_op` and says why at its declaration.
 
     Example:
         ```python
@@ -270,6 +274,7 @@ def define_differentiable_op(
         else:
             raise ValueError(f"define_differentiable_op({name!r}): saved names {item!r}, which is neither a "
                              f"parameter of {impl.__name__} ({', '.join(parameters)}) nor 'output[i]'.")
+    statistics = tuple(_output_index(name, item) for item in non_differentiable)
     tensor_positions = tuple(i for i, t in enumerate(is_tensor) if t)
     n_inputs = len(parameters)
     backward_op = define_op(f"{name}_backward", backward, fake=backward_fake, inline_kernels=inline_kernels)
@@ -281,8 +286,12 @@ def define_differentiable_op(
             (tensors if as_tensor else others).append(value)
         ctx.save_for_backward(*tensors)
         ctx.others = others
+        if statistics:
+            ctx.mark_non_differentiable(*(output[i] for i in statistics))
 
     def autograd_backward(ctx, *output_gradients):
+        if statistics:
+            output_gradients = [g for i, g in enumerate(output_gradients) if i not in statistics]
         tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
         values = [next(tensors) if as_tensor else next(others) for _, _, as_tensor in layout]
         results = backward_op(*output_gradients, *values)
@@ -297,6 +306,14 @@ def define_differentiable_op(
     autograd_backward.__name__ = f"{name}_autograd_backward"
     return define_op(name, impl, fake=fake, backward=autograd_backward, setup_context=setup_context,
                      inline_kernels=inline_kernels, reference=reference)
+
+
+def _output_index(name: str, item: str) -> int:
+    """``i`` of ``"output[i]"``."""
+    if item.startswith("output[") and item.endswith("]") and item[7:-1].isdigit():
+        return int(item[7:-1])
+    raise ValueError(f"define_differentiable_op({name!r}): non_differentiable names {item!r}; name outputs "
+                     "as 'output[i]'.")
 
 
 def _is_tensor_hint(hint) -> bool:

@@ -15,14 +15,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, check_tensors, compute_dtype, elementwise_block
+from ._checks import check_tensors
+from ._launch import accumulation_dtype, cdiv, compute_dtype, elementwise_block
 from ._library import define_differentiable_op, wrap_triton
 
 _APPROXIMATIONS = ("none", "tanh")
 
 
 @triton.jit
-def _gelu_terms(s, APPROX_TANH: tl.constexpr):
+def gelu_terms(s, APPROX_TANH: tl.constexpr):
     """(gelu(s), gelu'(s)) in s's dtype."""
     if APPROX_TANH:
         k0: tl.constexpr = 0.7978845608028654  # sqrt(2 / pi)
@@ -52,7 +53,7 @@ def _add_gelu_fwd_kernel(
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     b = tl.load(bias_ptr + bias_offs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     s = (x + b).to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
-    value, _ = _gelu_terms(s, APPROX_TANH)
+    value, _ = gelu_terms(s, APPROX_TANH)
     tl.store(out_ptr + offs, value.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -71,7 +72,7 @@ def _add_gelu_bwd_kernel(
     b = tl.load(bias_ptr + bias_offs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     s = (x + b).to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
-    _, slope = _gelu_terms(s, APPROX_TANH)
+    _, slope = gelu_terms(s, APPROX_TANH)
     tl.store(grad_x_ptr + offs, (g * slope).to(grad_x_ptr.dtype.element_ty), mask=mask)
 
 
@@ -104,7 +105,7 @@ def _add_gelu_backward_impl(grad: Tensor, x: Tensor, bias: Tensor, approximate: 
     _launch(wrap_triton(_add_gelu_bwd_kernel), (grad, x, bias, grad_x), x, bias, approximate)
     if bias.shape == x.shape:
         return grad_x, grad_x.clone()
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(x.dtype)
     return grad_x, grad_x.reshape(-1, x.shape[-1]).sum(0, dtype=acc).to(bias.dtype)
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ._gated import CLAMPED_SWIGLU, interleaved_backward_impl, interleaved_impl
-from ._launch import check_tensors
+from ._checks import check_tensors
 from ._library import define_differentiable_op
 
 

@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import check_tensors, compute_dtype, persistent_programs, row_block, rows
+from ._checks import check_tensors
+from ._launch import accumulation_dtype, compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 
@@ -84,16 +85,6 @@ def _fp32_norm_bwd_kernel(
         tl.store(grad_bias_partial_ptr + pid * n_cols + cols, grad_bias, mask=mask)
 
 
-def _check(op: str, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> None:
-    check_tensors(op, min_dim=1, x=x, weight=weight, bias=bias)
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None and (t.dim() != 1 or x.dim() == 0 or t.shape[0] != x.shape[-1]):
-            raise ValueError(
-                f"{op}: {name} has shape {tuple(t.shape)} but x is {tuple(x.shape)}; pass a 1-D {name} "
-                f"of x's last dimension."
-            )
-
-
 def _launch_fwd(x: Tensor, weight: Tensor, bias: Tensor | None, eps: float, offset: float, center: bool,
                 op: str) -> Tensor:
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -115,7 +106,7 @@ def _launch_bwd(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, eps: fl
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     x2, grad2 = rows(x), rows(grad)
     n_rows, n_cols = x2.shape
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(x.dtype)
     if n_rows == 0 or n_cols == 0:
         zeros = torch.zeros_like(weight)
         return grad_x, zeros, zeros.clone()
@@ -130,6 +121,16 @@ def _launch_bwd(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, eps: fl
     )
     grad_bias = partial_b.sum(0).to(weight.dtype) if has_bias else torch.zeros_like(weight)
     return grad_x, partial_w.sum(0).to(weight.dtype), grad_bias
+
+
+def _check(op: str, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> None:
+    check_tensors(op, min_dim=1, x=x, weight=weight, bias=bias)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (t.dim() != 1 or x.dim() == 0 or t.shape[0] != x.shape[-1]):
+            raise ValueError(
+                f"{op}: {name} has shape {tuple(t.shape)} but x is {tuple(x.shape)}; pass a 1-D {name} "
+                f"of x's last dimension."
+            )
 
 
 # ----------------------------------------------------------------------------- rms_norm_fp32

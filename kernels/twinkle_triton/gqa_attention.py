@@ -30,7 +30,6 @@ computes ``delta = rowsum(dO * O)``; the dK/dV kernel (one program per (batch, K
 sums over all ``G * L`` rows of the group, so no atomics. The mask gets no gradient.
 """
 
-import functools
 import math
 
 import torch
@@ -38,8 +37,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import ANY_DTYPE, cdiv, check_tensors, interpreting, next_power_of_2
-from ._library import define_op, wrap_triton
+from ._checks import ANY_DTYPE, check_tensors
+from ._launch import cdiv, dot_options, interpreting, multiprocessor_count, next_power_of_2
+from ._library import define_differentiable_op, wrap_triton
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -57,60 +57,11 @@ PROGRAMS_PER_SM = 4
 MIN_SPLIT_KEYS = 128
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessor_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 # With a symbolic (dynamic) batch or key length under torch.compile the split count cannot follow
 # them without a recompile per value (it sizes the combine kernel's block), so it is fixed: 8 splits
 # give the heuristic's 512 programs at the Qwen2 decode shape; splits past the keys are empty (they
 # return no weight to the combine).
 SYMBOLIC_SPLITS = 8
-
-
-def _num_splits(programs, seq_k, block_s: int, device: torch.device) -> tuple[int, int]:
-    """(splits, keys per split): splits of the keys so that ``programs * splits`` fills the GPU
-    (see PROGRAMS_PER_SM), each at least MIN_SPLIT_KEYS keys and a multiple of ``block_s``.
-    Under the interpreter the "GPU" is one SM: a few splits still happen (S = 300 gives 3), so the
-    combine path runs in CPU tests too. ``programs`` and ``seq_k`` may be SymInts (see SYMBOLIC_SPLITS)."""
-    if not (isinstance(programs, int) and isinstance(seq_k, int)):
-        return _split_length(seq_k, SYMBOLIC_SPLITS, block_s)
-    if device.type == "cuda" and not interpreting():
-        sms = _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
-    else:
-        sms = 1
-    splits = max(1, min(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), cdiv(seq_k, MIN_SPLIT_KEYS)))
-    return _split_length(seq_k, splits, block_s)
-
-
-def _split_length(seq_k, splits: int, block_s: int) -> tuple[int, int]:
-    """(splits, keys per split) for about ``splits`` splits of whole ``block_s`` blocks; for an int
-    ``seq_k`` the splits that would be empty are dropped, a SymInt keeps ``splits`` (no guard)."""
-    split_len = block_s * torch.sym_max(1, cdiv(seq_k, splits * block_s))
-    if isinstance(seq_k, int):
-        return cdiv(max(seq_k, 1), split_len), split_len
-    return splits, split_len
-
-
-def _blocks(rows, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_S, BLOCK_D, num_warps) of the forward. tl.dot needs every side >= 16, so the
-    group's rows are padded to 16 (decode: G * L = 7 rows for Qwen2); more than 64 rows are tiled.
-    Comparisons, not next_power_of_2, on ``rows``: it is a SymInt when L is dynamic."""
-    block_d = max(16, next_power_of_2(head_dim))
-    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    block_s = 64 if block_d <= 128 else 32
-    num_warps = 4 if block_m * block_d <= 64 * 128 else 8
-    return block_m, block_s, block_d, num_warps
-
-
-def _dot_options(dtype: torch.dtype) -> dict:
-    # fp32 inputs: exact fp32 products (tl.dot's default rounds them to tf32, 10 mantissa bits,
-    # far outside the fp32 tolerance); 16-bit inputs are exact in either. The Triton interpreter
-    # (3.9) returns garbage (~1e10) for tl.dot of bf16 tiles: there the operands go in as fp32
-    # copies (bf16 x bf16 products are exact in fp32, so the result is the GPU's).
-    return {"DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-            "DOT_UPCAST": interpreting() and dtype == torch.bfloat16}
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -366,6 +317,41 @@ def _gqa_bwd_dkdv_kernel(
 # ----------------------------------------------------------------------------- host side
 
 
+def _num_splits(programs, seq_k, block_s: int, device: torch.device) -> tuple[int, int]:
+    """(splits, keys per split): splits of the keys so that ``programs * splits`` fills the GPU
+    (see PROGRAMS_PER_SM), each at least MIN_SPLIT_KEYS keys and a multiple of ``block_s``.
+    Under the interpreter the "GPU" is one SM: a few splits still happen (S = 300 gives 3), so the
+    combine path runs in CPU tests too. ``programs`` and ``seq_k`` may be SymInts (see SYMBOLIC_SPLITS)."""
+    if not (isinstance(programs, int) and isinstance(seq_k, int)):
+        return _split_length(seq_k, SYMBOLIC_SPLITS, block_s)
+    if device.type == "cuda" and not interpreting():
+        sms = multiprocessor_count(device)
+    else:
+        sms = 1
+    splits = max(1, min(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), cdiv(seq_k, MIN_SPLIT_KEYS)))
+    return _split_length(seq_k, splits, block_s)
+
+
+def _split_length(seq_k, splits: int, block_s: int) -> tuple[int, int]:
+    """(splits, keys per split) for about ``splits`` splits of whole ``block_s`` blocks; for an int
+    ``seq_k`` the splits that would be empty are dropped, a SymInt keeps ``splits`` (no guard)."""
+    split_len = block_s * torch.sym_max(1, cdiv(seq_k, splits * block_s))
+    if isinstance(seq_k, int):
+        return cdiv(max(seq_k, 1), split_len), split_len
+    return splits, split_len
+
+
+def _blocks(rows, head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_S, BLOCK_D, num_warps) of the forward. tl.dot needs every side >= 16, so the
+    group's rows are padded to 16 (decode: G * L = 7 rows for Qwen2); more than 64 rows are tiled.
+    Comparisons, not next_power_of_2, on ``rows``: it is a SymInt when L is dynamic."""
+    block_d = max(16, next_power_of_2(head_dim))
+    block_m = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    block_s = 64 if block_d <= 128 else 32
+    num_warps = 4 if block_m * block_d <= 64 * 128 else 8
+    return block_m, block_s, block_d, num_warps
+
+
 def _mask_layout(attn_mask: Tensor | None, shape: tuple[int, int, int, int], fallback: Tensor):
     """(tensor the kernel reads, its four strides broadcast to (B, Hq, L, S), has mask, is bool)."""
     if attn_mask is None:
@@ -410,7 +396,7 @@ def _gqa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | 
         *query.stride(), *key.stride(), *value.stride(), smb, smh, sml, sms,
         n_kv_heads, group, seq_q, seq_k, head_dim, split_len, splits, scale,
         HAS_MASK=has_mask, MASK_BOOL=mask_bool, SPLIT=splits > 1,
-        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=block_d, **_dot_options(query.dtype),
+        BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=block_d, **dot_options(query.dtype),
         num_warps=num_warps,
     )
     if splits > 1:
@@ -453,7 +439,7 @@ def _gqa_attention_backward_impl(
     block_s = 64 if interpreting() or block_d <= 64 else 32
     num_warps = 4 if block_d <= 64 else 8
     common = dict(HAS_MASK=has_mask, MASK_BOOL=mask_bool, BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=block_d,
-                  num_warps=num_warps, **_dot_options(query.dtype))
+                  num_warps=num_warps, **dot_options(query.dtype))
     strides = (*query.stride(), *key.stride(), *value.stride(), smb, smh, sml, sms, *grad_out.stride())
     sizes = (n_kv_heads, group, seq_q, seq_k, head_dim, scale)
     wrap_triton(_gqa_bwd_dq_kernel)[(batch * n_kv_heads, cdiv(group * seq_q, block_m))](
@@ -469,31 +455,12 @@ def _gqa_attention_backward_fake(grad_out, query, key, value, attn_mask, out, st
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape))
 
 
-_gqa_attention_backward_op = define_op(
-    "gqa_attention_backward", _gqa_attention_backward_impl, fake=_gqa_attention_backward_fake,
-)
-
-
-def _gqa_attention_setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, scale = inputs
-    out, stats = output
-    ctx.mark_non_differentiable(stats)
-    ctx.scale = scale
-    ctx.save_for_backward(query, key, value, attn_mask, out, stats)
-
-
-def _gqa_attention_backward(ctx, grad_out, _grad_stats):
-    if grad_out is None:
-        return None, None, None, None, None
-    query, key, value, attn_mask, out, stats = ctx.saved_tensors
-    grad_q, grad_k, grad_v = _gqa_attention_backward_op(grad_out, query, key, value, attn_mask, out, stats, ctx.scale)
-    need_q, need_k, need_v = ctx.needs_input_grad[:3]
-    return (grad_q if need_q else None, grad_k if need_k else None, grad_v if need_v else None, None, None)
-
-
-_gqa_attention_op = define_op(
+_gqa_attention_op = define_differentiable_op(
     "gqa_attention", _gqa_attention_impl, fake=_gqa_attention_fake,
-    backward=_gqa_attention_backward, setup_context=_gqa_attention_setup_context,
+    backward=_gqa_attention_backward_impl, backward_fake=_gqa_attention_backward_fake,
+    saved=("query", "key", "value", "attn_mask", "output[0]", "output[1]", "scale"),
+    non_differentiable=("output[1]",),  # the softmax statistics: the backward's input, never differentiated
+    gradients=lambda grads, _: (*grads, None, None),  # the mask gets none
     # the statistics are the kernels' own (for their backward): none without them
     reference=lambda *args: (gqa_attention_reference(*args), None),  # defined below
 )

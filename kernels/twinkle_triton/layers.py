@@ -77,7 +77,7 @@ def _activation(module: nn.Module, attr: str) -> str:
 
 
 class SiluAndMul(nn.Module):
-    """``silu(x[..., :d]) * x[..., d:]`` (vLLM / kernels-community ``SiluAndMul``)."""
+    """``silu(x[..., :d]) * x[..., d:]`` (vLLM / kernels-community ``SiluAndMul``): :func:`silu_and_mul`."""
 
     has_backward = True
     can_torch_compile = True
@@ -91,7 +91,7 @@ def _rms_norm_applies_to(module: nn.Module) -> str | None:
 
 
 class RMSNorm(nn.Module):
-    """transformers' Qwen2/Llama/Mistral/Qwen3 ``RMSNorm``: uses ``self.weight`` and
+    """transformers' Qwen2/Llama/Mistral/Qwen3 ``RMSNorm`` (:func:`rms_norm`): uses ``self.weight`` and
     ``self.variance_epsilon``; rounds the normalised row to the input dtype before the weight
     multiply (``weight * h.to(input_dtype)``)."""
 
@@ -116,7 +116,7 @@ class SwiGLUMLP(nn.Module):
     """Qwen2MLP/LlamaMLP-shaped MLP: ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
 
     The projections are called as submodules (so LoRA adapters and hooks on them keep working);
-    only the activation is fused. Applies only where the module's ``act_fn`` is SiLU.
+    only the activation is fused (:func:`silu_mul`). Applies only where the module's ``act_fn`` is SiLU.
     """
 
     has_backward = True
@@ -138,7 +138,7 @@ def _geglu_mlp_applies_to(module: nn.Module) -> str | None:
 
 class GeGLUMLP(nn.Module):
     """Gemma-shaped MLP: ``down_proj(gelu(gate_proj(x)) * up_proj(x))`` with transformers'
-    ``gelu_pytorch_tanh`` (tanh GELU) or ``gelu`` (erf GELU) as ``act_fn``."""
+    ``gelu_pytorch_tanh`` (tanh GELU) or ``gelu`` (erf GELU) as ``act_fn``; the activation is :func:`gelu_mul`."""
 
     has_backward = True
     can_torch_compile = True
@@ -159,7 +159,7 @@ def _fused_swiglu_mlp_applies_to(module: nn.Module) -> str | None:
 
 class FusedSwiGLUMLP(nn.Module):
     """Phi3/GLM4-shaped MLP with one fused projection: ``gate, up = gate_up_proj(h).chunk(2)``,
-    ``down_proj(up * silu(gate))``."""
+    ``down_proj(up * silu(gate))``; the activation is :func:`silu_and_mul`."""
 
     has_backward = True
     can_torch_compile = True
@@ -174,8 +174,8 @@ def _gemma_rms_norm_applies_to(module: nn.Module) -> str | None:
 
 
 class GemmaRMSNorm(nn.Module):
-    """Gemma 1/2/3's ``RMSNorm``: ``(norm(x.float()) * (1 + weight.float())).type_as(x)``; uses
-    ``self.weight`` and ``self.eps``."""
+    """Gemma 1/2/3's ``RMSNorm``: ``(norm(x.float()) * (1 + weight.float())).type_as(x)``
+    (:func:`rms_norm_fp32` with ``offset=1.0``); uses ``self.weight`` and ``self.eps``."""
 
     has_backward = True
     can_torch_compile = True
@@ -191,7 +191,8 @@ def _fp32_rms_norm_applies_to(module: nn.Module) -> str | None:
 
 class FP32RMSNorm(nn.Module):
     """OLMo2's and GPT-OSS's ``RMSNorm``: ``(weight * norm(h.float())).to(input_dtype)`` (the weight
-    multiply in fp32, the output in the input's dtype); uses ``self.weight`` and ``self.variance_epsilon``."""
+    multiply in fp32, the output in the input's dtype: :func:`rms_norm_fp32`); uses ``self.weight`` and
+    ``self.variance_epsilon``."""
 
     has_backward = True
     can_torch_compile = True
@@ -207,7 +208,7 @@ def _layer_norm_applies_to(module: nn.Module) -> str | None:
 
 class LayerNorm(nn.Module):
     """Cohere's ``CohereLayerNorm`` (mean-centred, fp32 weight multiply, no bias; a ``bias``
-    attribute is added when present); uses ``self.weight`` and ``self.variance_epsilon``."""
+    attribute is added when present: :func:`layer_norm`); uses ``self.weight`` and ``self.variance_epsilon``."""
 
     has_backward = True
     can_torch_compile = True
@@ -230,8 +231,8 @@ def _torch_layer_norm_applies_to(module: nn.Module) -> str | None:
 
 class TorchLayerNorm(nn.Module):
     """``torch.nn.LayerNorm`` over the last dimension with a weight (and a bias, if it has one), in
-    fp32 and rounded once, as ``F.layer_norm`` computes it (StarCoder2's norms); uses ``self.weight``,
-    ``self.bias`` and ``self.eps``."""
+    fp32 and rounded once, as ``F.layer_norm`` computes it (StarCoder2's norms: :func:`layer_norm`); uses
+    ``self.weight``, ``self.bias`` and ``self.eps``."""
 
     has_backward = True
     can_torch_compile = True

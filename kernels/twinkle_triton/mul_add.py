@@ -12,7 +12,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import REAL, cdiv, check_tensors, compute_dtype, elementwise_block
+from ._checks import REAL, check_tensors
+from ._launch import cdiv, compute_dtype, elementwise_block
 from ._library import define_op, wrap_triton
 
 
@@ -85,6 +86,8 @@ def _mul_add_backward_fake(grad: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, 
     return a.new_empty(grad.shape), b.new_empty(grad.shape)
 
 
+# Autograd wired by hand (define_op), not declared with define_differentiable_op: c's gradient is the
+# incoming gradient summed to c's shape, so the backward keeps c's shape, where a declaration would keep c.
 _mul_add_backward_op = define_op("mul_add_backward", _mul_add_backward_impl, fake=_mul_add_backward_fake)
 
 

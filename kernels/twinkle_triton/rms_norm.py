@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, check_tensors, compute_dtype, interpreting, persistent_programs, row_block, rows
+from ._checks import check_tensors
+from ._launch import accumulation_dtype, cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 # Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8
@@ -95,20 +96,6 @@ def _rms_norm_bwd_kernel(
              mask=tl.arange(0, BLOCK) < n_cols)
 
 
-def _check(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:
-    check_tensors(op, min_dim=1, x=x, residual=residual, weight=weight)
-    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(
-            f"{op}: weight has shape {tuple(weight.shape)} but x's last dimension is {x.shape[-1]}; "
-            f"pass a 1-D weight of size {x.shape[-1]}."
-        )
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
-        raise ValueError(
-            f"{op}: residual is {tuple(residual.shape)} {residual.dtype} but x is "
-            f"{tuple(x.shape)} {x.dtype}; pass a residual of x's shape and dtype."
-        )
-
-
 def _out_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
     return torch.promote_types(weight.dtype, x.dtype)
 
@@ -145,7 +132,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
     if grad_sum is not None and rows_per_tile > 1:
         num_warps = min(32, 2 * num_warps)
     programs = persistent_programs(cdiv(n_rows, rows_per_tile), x.device, per_sm=BWD_PROGRAMS_PER_SM)
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(x.dtype)
     partial = torch.empty((programs, n_cols), dtype=acc, device=x.device)
     wrap_triton(_rms_norm_bwd_kernel)[(programs,)](
         grad2, grad_sum2, x2, weight, grad_x, partial,
@@ -154,6 +141,20 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
         num_warps=num_warps,
     )
     return grad_x, partial.sum(0).to(weight.dtype)
+
+
+def _check(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:
+    check_tensors(op, min_dim=1, x=x, residual=residual, weight=weight)
+    if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(
+            f"{op}: weight has shape {tuple(weight.shape)} but x's last dimension is {x.shape[-1]}; "
+            f"pass a 1-D weight of size {x.shape[-1]}."
+        )
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(
+            f"{op}: residual is {tuple(residual.shape)} {residual.dtype} but x is "
+            f"{tuple(x.shape)} {x.dtype}; pass a residual of x's shape and dtype."
+        )
 
 
 # ----------------------------------------------------------------------------- rms_norm

@@ -17,6 +17,10 @@ One program handles one (batch, position): it loads that position's cos/sin row 
 it to every q and k head. Backward is the transpose of the rotation (same kernel shape, sin's
 sign flipped between halves). cos and sin get no gradient: transformers computes them under
 ``torch.no_grad()``; ``apply_rotary_pos_emb`` raises if they require grad.
+
+The kernel also serves the other families' layouts (:mod:`.rotary_variants`): where the two columns
+of each rotated pair sit (``LAYOUT``), how many columns rotate (the rest are copied) and whether both
+columns of a pair share one angle. The Llama layout is the case with no variant.
 """
 
 import torch
@@ -24,8 +28,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import check_tensors, compute_dtype, next_power_of_2
+from ._checks import check_tensors
+from ._launch import compute_dtype, next_power_of_2
 from ._library import define_differentiable_op, wrap_triton
+
+# Pair layouts (the kernel's LAYOUT): where the columns (a, b) of rotated pair i sit in a head.
+ROTATE_HALF = 0  # i and i + rotary_dim / 2, read and written there (Llama, Phi3, GPT-OSS)
+INTERLEAVED = 1  # 2i and 2i + 1, read and written there (Cohere, GLM4)
+DEINTERLEAVE = 2  # read at 2i and 2i + 1, written at i and i + rotary_dim / 2 (DeepSeek-V3)
+_REINTERLEAVE = 3  # DEINTERLEAVE's gradient: read at i and i + rotary_dim / 2, written at 2i and 2i + 1
 
 
 @triton.jit
@@ -33,21 +44,23 @@ def _rotate_heads(
     src_ptr, dst_ptr, cos_a, cos_b, sin_a, sin_b, b, s, n_heads,
     src_sb, src_sh, src_ss, dst_sb, dst_sh, dst_ss, half, head_dim, rotary_dim,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
+    LAYOUT: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
 ):
     heads = tl.arange(0, BLOCK_H)[:, None]
     pairs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (heads < n_heads) & (pairs < half)
-    if INTERLEAVED:
-        col_a = 2 * pairs
-        col_b = 2 * pairs + 1
-    else:
-        col_a = pairs
-        col_b = pairs + half
+    if LAYOUT == 0:  # ROTATE_HALF
+        src_a, src_b, dst_a, dst_b = pairs, pairs + half, pairs, pairs + half
+    elif LAYOUT == 1:  # INTERLEAVED
+        src_a, src_b, dst_a, dst_b = 2 * pairs, 2 * pairs + 1, 2 * pairs, 2 * pairs + 1
+    elif LAYOUT == 2:  # DEINTERLEAVE
+        src_a, src_b, dst_a, dst_b = 2 * pairs, 2 * pairs + 1, pairs, pairs + half
+    else:  # _REINTERLEAVE
+        src_a, src_b, dst_a, dst_b = pairs, pairs + half, 2 * pairs, 2 * pairs + 1
     src = src_ptr + b * src_sb + s * src_ss + heads * src_sh
     dst = dst_ptr + b * dst_sb + s * dst_ss + heads * dst_sh
-    xa = tl.load(src + col_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    xb = tl.load(src + col_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    xa = tl.load(src + src_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    xb = tl.load(src + src_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     if TRANSPOSE:
         # Rotation^T: grad_xa = ga * cos_a + gb * sin_b, grad_xb = gb * cos_b - ga * sin_a.
         out_a = xa * cos_a + xb * sin_b
@@ -55,8 +68,8 @@ def _rotate_heads(
     else:
         out_a = xa * cos_a - xb * sin_a
         out_b = xb * cos_b + xa * sin_b
-    tl.store(dst + col_a, out_a.to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + col_b, out_b.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + dst_a, out_a.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + dst_b, out_b.to(dst_ptr.dtype.element_ty), mask=mask)
     if BLOCK_PASS > 0:  # the columns past rotary_dim are copied (their gradient passes through too)
         cols = rotary_dim + tl.arange(0, BLOCK_PASS)[None, :]
         pass_mask = (heads < n_heads) & (cols < head_dim)
@@ -64,43 +77,46 @@ def _rotate_heads(
 
 
 @triton.jit
-def _rotary_embedding_kernel(
+def _apply_rotary_pos_emb_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
     seq_len, n_q_heads, n_k_heads, half, head_dim, rotary_dim,
     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
     qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
     cos_sb, cos_ss, sin_sb, sin_ss,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr, SHARED_ANGLE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
+    LAYOUT: tl.constexpr, SHARED_ANGLE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
 ):
-    # Pair (a, b) of each head rotates by the angles (cos_a, sin_a), (cos_b, sin_b): columns (i, i + half)
-    # at angles i and i + half for rotate_half; the rotary_variants layouts set the constexprs.
+    # Pair (a, b) of each head rotates by the angles (cos_a, sin_a), (cos_b, sin_b): each column's own
+    # entry of the cos/sin row, or entry i for both columns of pair i (SHARED_ANGLE).
     pid = tl.program_id(0).to(tl.int64)
     b = pid // seq_len
     s = pid % seq_len
     pairs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = pairs < half
-    if SHARED_ANGLE:
-        angle_a = pairs
-        angle_b = pairs
-    elif INTERLEAVED:
-        angle_a = 2 * pairs
-        angle_b = 2 * pairs + 1
-    else:
-        angle_a = pairs
-        angle_b = pairs + half
     cos_row = cos_ptr + b * cos_sb + s * cos_ss
     sin_row = sin_ptr + b * sin_sb + s * sin_ss
-    cos_a = tl.load(cos_row + angle_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    cos_b = tl.load(cos_row + angle_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    sin_a = tl.load(sin_row + angle_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    sin_b = tl.load(sin_row + angle_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    if SHARED_ANGLE:
+        cos_a = tl.load(cos_row + pairs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        sin_a = tl.load(sin_row + pairs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        cos_b = cos_a
+        sin_b = sin_a
+    else:
+        if LAYOUT == 1:  # INTERLEAVED: columns 2i, 2i + 1
+            angle_a = 2 * pairs
+            angle_b = 2 * pairs + 1
+        else:
+            angle_a = pairs
+            angle_b = pairs + half
+        cos_a = tl.load(cos_row + angle_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        cos_b = tl.load(cos_row + angle_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        sin_a = tl.load(sin_row + angle_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        sin_b = tl.load(sin_row + angle_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     _rotate_heads(q_ptr, q_out_ptr, cos_a, cos_b, sin_a, sin_b, b, s, n_q_heads,
                   q_sb, q_sh, q_ss, qo_sb, qo_sh, qo_ss, half, head_dim, rotary_dim,
-                  BLOCK_HQ, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COMPUTE_DTYPE, TRANSPOSE)
+                  BLOCK_HQ, BLOCK_HALF, BLOCK_PASS, LAYOUT, COMPUTE_DTYPE, TRANSPOSE)
     _rotate_heads(k_ptr, k_out_ptr, cos_a, cos_b, sin_a, sin_b, b, s, n_k_heads,
                   k_sb, k_sh, k_ss, ko_sb, ko_sh, ko_ss, half, head_dim, rotary_dim,
-                  BLOCK_HK, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, COMPUTE_DTYPE, TRANSPOSE)
+                  BLOCK_HK, BLOCK_HALF, BLOCK_PASS, LAYOUT, COMPUTE_DTYPE, TRANSPOSE)
 
 
 def out_like(t: Tensor) -> Tensor:
@@ -129,11 +145,12 @@ def _cos_sin_rows(t: Tensor, unsqueeze_dim: int, batch: int, seq_len: int, dim: 
     return t, (t.stride(0) if t.shape[0] != 1 else 0), (t.stride(1) if t.shape[1] != 1 else 0)
 
 
-def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, transpose: bool, *,
-            rotary_dim: int | None = None, interleaved: bool = False, shared_angle: bool = False):
+def launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, transpose: bool, *,
+           rotary_dim: int | None = None, layout: int = ROTATE_HALF, shared_angle: bool = False):
     """Rotate q and k (or, transposed, their gradients). ``rotary_dim`` (default: the head dim)
-    columns rotate, the rest are copied; ``interleaved`` pairs columns (2i, 2i+1) instead of
-    (i, i + rotary_dim/2); ``shared_angle`` uses entry i of cos/sin for both columns of pair i."""
+    columns rotate, the rest are copied; ``layout`` (:data:`ROTATE_HALF`, :data:`INTERLEAVED`,
+    :data:`DEINTERLEAVE`) places each pair's columns; ``shared_angle`` uses entry i of cos/sin for
+    both columns of pair i."""
     # Host cost matters here: the GPU work is ~25 us at Llama-8B shapes (B 4, S 1024), so the
     # wrapper reads strides as numbers instead of building views.
     q_out, k_out = out_like(q), out_like(k)
@@ -159,42 +176,43 @@ def _launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, 
     block_half = next_power_of_2(half)
     # Per program: (Hq + Hk) x D elements; 4 warps up to 4K elements, 8 beyond.
     num_warps = 4 if (block_hq + block_hk) * block_half * 2 <= 4096 else 8
-    wrap_triton(_rotary_embedding_kernel)[(batch * seq_len,)](
+    wrap_triton(_apply_rotary_pos_emb_kernel)[(batch * seq_len,)](
         q, k, cos, sin, q_out, k_out,
         seq_len, n_q_heads, n_k_heads, half, head_dim, rotary_dim,
         *_bhsd_strides(q, unsqueeze_dim), *_bhsd_strides(k, unsqueeze_dim),
         *_bhsd_strides(q_out, unsqueeze_dim), *_bhsd_strides(k_out, unsqueeze_dim),
         cos_sb, cos_ss, sin_sb, sin_ss,
         BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
-        INTERLEAVED=interleaved, SHARED_ANGLE=shared_angle, COMPUTE_DTYPE=compute_dtype(q.dtype),
+        LAYOUT=_REINTERLEAVE if layout == DEINTERLEAVE and transpose else layout, SHARED_ANGLE=shared_angle,
+        COMPUTE_DTYPE=compute_dtype(q.dtype),
         TRANSPOSE=transpose, num_warps=num_warps,
     )
     return q_out, k_out
 
 
-def _rotary_embedding_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
-    return _launch(q, k, cos, sin, unsqueeze_dim, transpose=False)
+def _apply_rotary_pos_emb_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
+    return launch(q, k, cos, sin, unsqueeze_dim, transpose=False)
 
 
-def _rotary_embedding_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
+def _apply_rotary_pos_emb_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
     return out_like(q), out_like(k)
 
 
-def _rotary_embedding_backward_impl(
+def _apply_rotary_pos_emb_backward_impl(
     grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
 ) -> tuple[Tensor, Tensor]:
-    return _launch(grad_q, grad_k, cos, sin, unsqueeze_dim, transpose=True)
+    return launch(grad_q, grad_k, cos, sin, unsqueeze_dim, transpose=True)
 
 
-def _rotary_embedding_backward_fake(
+def _apply_rotary_pos_emb_backward_fake(
     grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
 ) -> tuple[Tensor, Tensor]:
     return out_like(grad_q), out_like(grad_k)
 
 
-_rotary_embedding_op = define_differentiable_op(
-    "rotary_embedding", _rotary_embedding_impl, fake=_rotary_embedding_fake,
-    backward=_rotary_embedding_backward_impl, backward_fake=_rotary_embedding_backward_fake,
+_apply_rotary_pos_emb_op = define_differentiable_op(
+    "apply_rotary_pos_emb", _apply_rotary_pos_emb_impl, fake=_apply_rotary_pos_emb_fake,
+    backward=_apply_rotary_pos_emb_backward_impl, backward_fake=_apply_rotary_pos_emb_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim"),
     gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (see the module docstring)
     reference=lambda *args: apply_rotary_pos_emb_reference(*args),  # defined below
@@ -212,7 +230,7 @@ def reset() -> None:
     _CHECKED.clear()
 
 
-def _check(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
+def check_arguments(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> None:
     # Traced calls (Dynamo, fake or functional tensors; shapes may be symbolic) keep no global state;
     # nor do calls with anything but plain tensors (checked each time, refused if not tensors).
     if torch.compiler.is_compiling() or not type(q) is type(k) is type(cos) is type(sin) is torch.Tensor:
@@ -307,8 +325,8 @@ def apply_rotary_pos_emb(
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         ```
     """
-    _check(q, k, cos, sin, unsqueeze_dim)
-    return _rotary_embedding_op(q, k, cos, sin, unsqueeze_dim)
+    check_arguments(q, k, cos, sin, unsqueeze_dim)
+    return _apply_rotary_pos_emb_op(q, k, cos, sin, unsqueeze_dim)
 
 
 def _rotate_half(x: Tensor) -> Tensor:

@@ -1,8 +1,8 @@
-"""Rotary embedding variants of other model families: partial, interleaved, half-width cos/sin.
+"""Rotary embedding variants of other model families: partial, interleaved, half-width cos/sin, de-interleaving.
 
 :func:`twinkle_triton.apply_rotary_pos_emb` is Llama/Qwen2's rotary (``rotate_half`` over the whole
 head, full-width cos/sin). Other transformers families differ in three ways, all handled by
-:mod:`.rotary`'s kernel and the op ``twinkle::rotary_embedding_variant``:
+:mod:`.rotary`'s kernel and the op ``twinkle::apply_rotary_pos_emb_variant``:
 
 - **partial** (Phi3 with ``partial_rotary_factor < 1``, GLM4): only the first ``rotary_dim``
   columns of each head rotate; the rest pass through unchanged (``torch.cat([rotated, pass])``);
@@ -18,23 +18,35 @@ For pair ``(a, b)`` with angles ``(cos_a, sin_a)``, ``(cos_b, sin_b)``::
 
 computed in fp32 and rounded once (Cohere's own code computes in fp32 too). The public functions
 have transformers' signature ``(q, k, cos, sin, unsqueeze_dim=1)`` and each equals one family's
-``apply_rotary_pos_emb``, so they can be registered as function kernels for it. As in
-:mod:`.rotary`, cos and sin get no gradient; backward is the transposed rotation. The kernel and
-its launch are :mod:`.rotary`'s, whose Llama layout is the case with no variant.
+``apply_rotary_pos_emb``, so they can be registered as function kernels for it.
+
+DeepSeek-V3's ``apply_rotary_pos_emb_interleave`` (``rope_interleave=True``, the default) reads
+interleaved pairs and writes them rotated in ``rotate_half`` layout, at the angle ``cos[..., i]`` of
+pair ``i`` (the first half of cos/sin, which are ``cat(freqs, freqs)``), so the input and output
+layouts differ::
+
+    out[i]       = x[2i] * cos_i - x[2i+1] * sin_i
+    out[i + D/2] = x[2i+1] * cos_i + x[2i] * sin_i
+
+:func:`apply_rotary_pos_emb_deinterleave` computes that (op ``twinkle::apply_rotary_pos_emb_deinterleave``);
+its backward reads the gradient in ``rotate_half`` layout and writes it interleaved.
+
+As in :mod:`.rotary`, cos and sin get no gradient; backward is the transposed rotation. The kernel
+and its launch are :mod:`.rotary`'s, whose Llama layout is the case with no variant.
 """
 
 import torch
 from torch import Tensor
 
-from ._launch import check_tensors
+from ._checks import check_tensors
 from ._library import define_differentiable_op
-from .rotary import _check, _launch, out_like
+from .rotary import DEINTERLEAVE, INTERLEAVED, ROTATE_HALF, check_arguments, launch, out_like
 
 
 def _variant_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, rotary_dim: int,
                   interleaved: bool, shared_angle: bool) -> tuple[Tensor, Tensor]:
-    return _launch(q, k, cos, sin, unsqueeze_dim, False, rotary_dim=rotary_dim, interleaved=interleaved,
-                   shared_angle=shared_angle)
+    return launch(q, k, cos, sin, unsqueeze_dim, False, rotary_dim=rotary_dim,
+                  layout=INTERLEAVED if interleaved else ROTATE_HALF, shared_angle=shared_angle)
 
 
 def _variant_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, rotary_dim: int,
@@ -44,8 +56,8 @@ def _variant_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim:
 
 def _variant_backward_impl(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int,
                            rotary_dim: int, interleaved: bool, shared_angle: bool) -> tuple[Tensor, Tensor]:
-    return _launch(grad_q, grad_k, cos, sin, unsqueeze_dim, True, rotary_dim=rotary_dim, interleaved=interleaved,
-                   shared_angle=shared_angle)
+    return launch(grad_q, grad_k, cos, sin, unsqueeze_dim, True, rotary_dim=rotary_dim,
+                  layout=INTERLEAVED if interleaved else ROTATE_HALF, shared_angle=shared_angle)
 
 
 def _variant_backward_fake(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int,
@@ -54,7 +66,7 @@ def _variant_backward_fake(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Ten
 
 
 _variant_op = define_differentiable_op(
-    "rotary_embedding_variant", _variant_impl, fake=_variant_fake,
+    "apply_rotary_pos_emb_variant", _variant_impl, fake=_variant_fake,
     backward=_variant_backward_impl, backward_fake=_variant_backward_fake,
     saved=("cos", "sin", "unsqueeze_dim", "rotary_dim", "interleaved", "shared_angle"),
     gradients=lambda grads, _: (*grads, None, None, None, None, None, None),  # cos, sin and the layout get none
@@ -77,7 +89,7 @@ def _run(name: str, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_di
         raise ValueError(f"{name}: cos/sin are {width} wide but the heads of q are {head_dim}; pass cos/sin "
                          "at most as wide as the head.")
     # shapes, dtypes and no-grad cos/sin as for the Llama rotary, checked on the columns cos/sin cover
-    _check(q[..., :width], k[..., :width], cos, sin, unsqueeze_dim)
+    check_arguments(q[..., :width], k[..., :width], cos, sin, unsqueeze_dim)
     return _variant_op(q, k, cos, sin, int(unsqueeze_dim), int(rotary_dim), bool(interleaved), bool(shared_angle))
 
 
@@ -215,3 +227,77 @@ _REFERENCES = {
     (True, False): apply_rotary_pos_emb_interleaved_reference,
     (False, True): apply_rotary_pos_emb_half_angle_reference,
 }
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V3
+
+
+def _deinterleave_impl(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
+    return launch(q, k, cos, sin, unsqueeze_dim, False, layout=DEINTERLEAVE, shared_angle=True)
+
+
+def _deinterleave_fake(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int) -> tuple[Tensor, Tensor]:
+    return out_like(q), out_like(k)
+
+
+def _deinterleave_backward_impl(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
+                                ) -> tuple[Tensor, Tensor]:
+    return launch(grad_q, grad_k, cos, sin, unsqueeze_dim, True, layout=DEINTERLEAVE, shared_angle=True)
+
+
+def _deinterleave_backward_fake(grad_q: Tensor, grad_k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int
+                                ) -> tuple[Tensor, Tensor]:
+    return out_like(grad_q), out_like(grad_k)
+
+
+_deinterleave_op = define_differentiable_op(
+    "apply_rotary_pos_emb_deinterleave", _deinterleave_impl, fake=_deinterleave_fake,
+    backward=_deinterleave_backward_impl, backward_fake=_deinterleave_backward_fake,
+    saved=("cos", "sin", "unsqueeze_dim"),
+    gradients=lambda grads, _: (*grads, None, None, None),  # cos and sin get none (as apply_rotary_pos_emb)
+    reference=lambda q, k, cos, sin, unsqueeze_dim: apply_rotary_pos_emb_deinterleave_reference(
+        q, k, cos, sin, None, unsqueeze_dim),  # defined below
+)
+
+
+def apply_rotary_pos_emb_deinterleave(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids=None,
+                                      unsqueeze_dim: int = 1) -> tuple[Tensor, Tensor]:
+    """DeepSeek-V3's ``apply_rotary_pos_emb_interleave``: interleaved pairs ``(2i, 2i+1)`` rotated by
+    ``cos[..., i]`` / ``sin[..., i]`` and returned in ``rotate_half`` layout (pair ``i`` at columns
+    ``i`` and ``i + D/2``).
+
+    Args:
+        q (`torch.Tensor`): ``[B, Hq, S, D]`` (``unsqueeze_dim=1``) or ``[B, S, Hq, D]`` (``=2``), D even.
+        k (`torch.Tensor`): like q with its own head count (DeepSeek's shared key: 1 head).
+        cos (`torch.Tensor`): ``[B or 1, S, D]`` as ``cat(freqs, freqs)``; only the first half is read,
+            as transformers does. No gradient flows to it.
+        sin (`torch.Tensor`): like cos.
+        position_ids: unused (transformers' signature has it and ignores it too).
+        unsqueeze_dim (`int`, defaults to 1): the head dimension of q and k.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: ``(q_embed, k_embed)`` laid out like q and k.
+
+    Raises:
+        TypeError: q, k, cos or sin is not a floating-point tensor.
+        ValueError: bad shapes, an odd head dim, cos/sin requiring grad, tensors on two devices.
+
+    Example:
+        ```python
+        q_rot, k_rot = apply_rotary_pos_emb_deinterleave(q_rot, k_rot, cos, sin)   # DeepSeek-V3 MLA
+        ```
+    """
+    check_arguments(q, k, cos, sin, unsqueeze_dim)
+    return _deinterleave_op(q, k, cos, sin, int(unsqueeze_dim))
+
+
+def apply_rotary_pos_emb_deinterleave_reference(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids=None,
+                                                unsqueeze_dim: int = 1) -> tuple[Tensor, Tensor]:
+    """Plain PyTorch ``apply_rotary_pos_emb_deinterleave`` (transformers' DeepSeek-V3 version)."""
+    cos = cos[..., : cos.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+    sin = sin[..., : sin.shape[-1] // 2].unsqueeze(unsqueeze_dim)
+    out = []
+    for x in (q, k):
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        out.append(torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1))
+    return out[0], out[1]

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ._gated import SILU, packed_backward_impl, packed_impl, separate_backward_impl, separate_impl
-from ._launch import check_tensors
+from ._checks import check_tensors
 from ._library import define_differentiable_op
 
 # ----------------------------------------------------------------------------- silu_and_mul

@@ -46,7 +46,7 @@ layer_rmsnorm_2: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_2(v7, l_self_modules_mo
         if not kernels_inlined(self, graphs.forward[0]):
             self.assertExpectedInline(twinkle_lines(graphs.forward[0]), """\
 rms_norm: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v0, primals_4, 1e-06)
-rotary_embedding = torch.ops.twinkle.rotary_embedding.default(v1, v2, v3, v4, 1)
+apply_rotary_pos_emb = torch.ops.twinkle.apply_rotary_pos_emb.default(v1, v2, v3, v4, 1)
 rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v5, primals_12, 1e-06)
 silu_mul: "f32[2, 8, 128]" = torch.ops.twinkle.silu_mul.default(v6, v7)
 rms_norm_2: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v8, primals_16, 1e-06)
@@ -56,7 +56,7 @@ rms_norm_2: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v8, primals_16,
 rms_norm_backward = torch.ops.twinkle.rms_norm_backward.default(v0, v1, primals_16, 1e-06)
 silu_mul_backward = torch.ops.twinkle.silu_mul_backward.default(v2, v3, v4)
 rms_norm_backward_1 = torch.ops.twinkle.rms_norm_backward.default(v5, v6, primals_12, 1e-06)
-rotary_embedding_backward = torch.ops.twinkle.rotary_embedding_backward.default(v7, v8, v9, v10, 1)
+apply_rotary_pos_emb_backward = torch.ops.twinkle.apply_rotary_pos_emb_backward.default(v7, v8, v9, v10, 1)
 rms_norm_backward_2 = torch.ops.twinkle.rms_norm_backward.default(v11, v12, primals_4, 1e-06)
 """)
 
@@ -110,7 +110,7 @@ layer_rmsnorm_2: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_2(v6, l_self_modules_mo
         if not kernels_inlined(self, graphs.forward[0]):
             self.assertExpectedInline(twinkle_lines(graphs.forward[0]), """\
 rms_norm: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v0, primals_4, 1e-06)
-rotary_embedding = torch.ops.twinkle.rotary_embedding.default(v1, v2, v3, v4, 1)
+apply_rotary_pos_emb = torch.ops.twinkle.apply_rotary_pos_emb.default(v1, v2, v3, v4, 1)
 rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v5, primals_9, 1e-06)
 rms_norm_2: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v6, primals_13, 1e-06)
 """)

@@ -33,7 +33,7 @@ SUBSTITUTIONS = (
     ('device="cpu"', "device=DEVICE"),                           # user-scenarios.md scenario 3 names the CPU
     ('"cuda": LayerRepository(', "DEVICE: LayerRepository("),
     ("from nanovllm.kernels import benchmark_kernel", "from twinkle_fx import benchmark_kernel"),
-    ("nanovllm.layers.custom_mlp", "twinkle_triton.custom_mlp"),
+    ("nanovllm.layers.custom_mlp", "custom_mlp"),              # examples/custom_mlp.py
     ("nanovllm.kernels", "twinkle_triton"),
     ("from somelibrary import", "from my_pkg.layers import"),   # the document's placeholder library
 )
@@ -214,8 +214,8 @@ def test_quickstart_qwen3_gated_mlp(run):
 
 
 def test_quickstart_custom_mlp_module_self_test(capsys):
-    """Quick start step 2, `python -m <framework>.layers.custom_mlp`: `python -m twinkle_triton.custom_mlp`."""
-    runpy.run_module("twinkle_triton.custom_mlp", run_name="__main__")
+    """Quick start step 2, `python -m <framework>.layers.custom_mlp`: `python examples/custom_mlp.py`."""
+    runpy.run_path(str(ROOT / "examples" / "custom_mlp.py"), run_name="__main__")
     assert "-> ok" in capsys.readouterr().out
 
 

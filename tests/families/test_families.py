@@ -146,7 +146,7 @@ def test_deepseek_v3_plain_rotary(device):
     kernelize_model(model, mode="train", use_fallback=False)
     with _ops_run() as ran:
         loss, grads = _step(model, ids)
-    assert "twinkle::rotary_embedding" in ran and "twinkle::rotary_embedding_deinterleave" not in ran
+    assert "twinkle::apply_rotary_pos_emb" in ran and "twinkle::apply_rotary_pos_emb_deinterleave" not in ran
     torch.testing.assert_close(loss, want_loss, **TOLERANCE[torch.float32])
     _assert_grads_close(grads, want_grads, torch.float32)
     undo_kernelize(model)

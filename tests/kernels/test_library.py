@@ -51,3 +51,44 @@ def test_a_saved_name_that_is_no_parameter_is_refused():
             "test_library_bad", lambda x, scale: x, fake=lambda x, scale: x,
             backward=lambda grad, weight: grad, backward_fake=lambda grad, weight: grad, saved=("weight",),
         )
+
+
+def _normalize_impl(x: Tensor) -> tuple[Tensor, Tensor]:
+    norm = x.norm(dim=-1, keepdim=True)
+    return x / norm, norm
+
+
+def _normalize_fake(x: Tensor) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(x), x.new_empty((*x.shape[:-1], 1))
+
+
+def _normalize_backward(grad: Tensor, out: Tensor, norm: Tensor) -> Tensor:  # no gradient of norm comes in
+    return (grad - out * (grad * out).sum(-1, keepdim=True)) / norm
+
+
+def _normalize_backward_fake(grad: Tensor, out: Tensor, norm: Tensor) -> Tensor:
+    return torch.empty_like(grad)
+
+
+# the norm is a statistic the backward reads: not differentiable, its gradient never passed on
+_normalize = define_differentiable_op(
+    "test_library_normalize", _normalize_impl, fake=_normalize_fake,
+    backward=_normalize_backward, backward_fake=_normalize_backward_fake, saved=("output[0]", "output[1]"),
+    non_differentiable=("output[1]",),
+)
+
+
+def test_non_differentiable_outputs_are_marked_and_get_no_gradient_argument():
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    out, norm = _normalize(x)
+    assert out.requires_grad and not norm.requires_grad
+    assert torch.autograd.gradcheck(lambda t: _normalize(t)[0], (x,))
+    torch.library.opcheck(_normalize.op, (x,))
+
+
+def test_a_non_differentiable_name_that_is_no_output_is_refused():
+    with pytest.raises(ValueError, match="non_differentiable names 'x'"):
+        define_differentiable_op(
+            "test_library_bad_statistic", lambda x: (x, x), fake=lambda x: (x, x),
+            backward=lambda grad, x: grad, backward_fake=lambda grad, x: grad, saved=("x",), non_differentiable=("x",),
+        )

@@ -142,7 +142,7 @@ def test_rotary_variant_gradcheck_and_opcheck():
     q, k, cos, sin = _rotary_inputs(1, 3, 2, 1, 8, 6, torch.float64, 1)
     q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
     assert torch.autograd.gradcheck(lambda q, k: tt.apply_rotary_pos_emb_partial(q, k, cos, sin), (q, k))
-    torch.library.opcheck(torch.ops.twinkle.rotary_embedding_variant.default, (q, k, cos, sin, 1, 6, True, False))
+    torch.library.opcheck(torch.ops.twinkle.apply_rotary_pos_emb_variant.default, (q, k, cos, sin, 1, 6, True, False))
 
 
 def test_opcheck_family_ops():

@@ -8,6 +8,8 @@ import torch
 from kernel_test_utils import DTYPES, assert_close, check_forward_backward
 
 import twinkle_triton as tt
+from twinkle_triton import fused_linear_cross_entropy_tiled as tiled
+from twinkle_triton import fused_linear_cross_entropy_vocab_chunked as vocab_chunked
 from twinkle_triton.fused_linear_cross_entropy import default_chunk_size
 
 flce = sys.modules["twinkle_triton.fused_linear_cross_entropy"]
@@ -21,8 +23,8 @@ SMALL_TILES = ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "nu
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    monkeypatch.setattr(flce, "TILED_FORWARD", SMALL_TILES[0])
-    monkeypatch.setattr(flce, "TILED_BACKWARD", SMALL_TILES[1])
+    monkeypatch.setattr(tiled, "TILED_FORWARD", SMALL_TILES[0])
+    monkeypatch.setattr(tiled, "TILED_BACKWARD", SMALL_TILES[1])
 
 
 def _inputs(lead, hidden, dtype, bias, ignore_every=3):
@@ -287,7 +289,7 @@ def test_rejects_bad_inputs_with_a_useful_message():
 @pytest.fixture(params=["tiled", "cublas"])
 def vocab_forward(request, monkeypatch, small_tiles):
     """Both forwards of the vocab-chunked strategy (the Triton online-LSE matmul, cuBLAS chunks)."""
-    monkeypatch.setattr(flce, "VOCAB_CHUNKED_FORWARD", request.param)
+    monkeypatch.setattr(vocab_chunked, "VOCAB_CHUNKED_FORWARD", request.param)
     return request.param
 
 
@@ -372,10 +374,10 @@ def test_opcheck_vocab_chunked(small_tiles):
 
 def test_default_vocab_chunk_fits_its_budget():
     # the reference workload: 4096 tokens, bf16 -> whole 256-column tiles within VOCAB_CHUNK_BYTES
-    cols = flce.default_vocab_chunk(4096, 151936, torch.bfloat16)
-    assert cols % 256 == 0 and 4096 * cols * 2 <= flce.VOCAB_CHUNK_BYTES < 4096 * (cols + 256) * 2
-    assert flce.default_vocab_chunk(4096, 300, torch.bfloat16) == 300  # never more than the vocabulary
-    assert flce.default_vocab_chunk(10**7, 151936, torch.float32) == 256  # at least one tile
+    cols = vocab_chunked.default_vocab_chunk(4096, 151936, torch.bfloat16)
+    assert cols % 256 == 0 and 4096 * cols * 2 <= vocab_chunked.VOCAB_CHUNK_BYTES < 4096 * (cols + 256) * 2
+    assert vocab_chunked.default_vocab_chunk(4096, 300, torch.bfloat16) == 300  # never more than the vocabulary
+    assert vocab_chunked.default_vocab_chunk(10**7, 151936, torch.float32) == 256  # at least one tile
 
 
 def test_vocab_chunked_rejects_tiled_only_options():
@@ -388,8 +390,8 @@ def test_options_chunked_lacks_default_to_the_exact_vocab_chunked_strategy(monke
     """label_smoothing / z_loss / softcap / reduction='none' without filter_eps take the exact
     vocab-chunked strategy (exact tiling is 4x slower); filter_eps or fp32_accumulation take tiled."""
     calls = []
-    real = flce._flce_vocab_op
-    monkeypatch.setattr(flce, "_flce_vocab_op", lambda *args: calls.append(args) or real(*args))
+    real = flce.vocab_chunked_op
+    monkeypatch.setattr(flce, "vocab_chunked_op", lambda *args: calls.append(args) or real(*args))
     x, weight, target, _ = _inputs((9,), 16, torch.float32, bias=False)
     for options in ({"label_smoothing": 0.1}, {"z_loss": 1e-3}, {"softcap": 3.0}, {"reduction": "none"}):
         tt.fused_linear_cross_entropy(x, weight, target, **options)

@@ -40,12 +40,12 @@ INLINE_OPS = {
         lambda dt: (4 * torch.randn(4, 64, 768, dtype=dt),),  # x 4: some values beyond the clamp
         ("_gated_act_fwd_kernel", "_gated_act_bwd_kernel"),
     ),
-    "rotary_embedding": (
+    "apply_rotary_pos_emb": (
         # q and k as transformers builds them: transposed views of projections (GQA: 4 vs 2 heads).
         lambda q, k, cos, sin: tt.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin),
         lambda dt: (torch.randn(2, 32, 4, 64, dtype=dt), torch.randn(2, 32, 2, 64, dtype=dt),
                     torch.randn(1, 32, 64, dtype=dt), torch.randn(1, 32, 64, dtype=dt)),
-        ("_rotary_embedding_kernel",),
+        ("_apply_rotary_pos_emb_kernel",),
         2,
     ),
     "add_gelu": (

@@ -1,4 +1,4 @@
-"""apply_rotary_pos_emb (twinkle::rotary_embedding): q and k in one launch, strided, GQA."""
+"""apply_rotary_pos_emb (twinkle::apply_rotary_pos_emb): q and k in one launch, strided, GQA."""
 
 import pytest
 import torch
@@ -59,9 +59,9 @@ def test_gradcheck_fp64():
 
 def test_opcheck():
     q, k, cos, sin = _qkv(2, 3, 4, 2, 8, torch.float32, 1)
-    torch.library.opcheck(torch.ops.twinkle.rotary_embedding.default,
+    torch.library.opcheck(torch.ops.twinkle.apply_rotary_pos_emb.default,
                           (q.requires_grad_(), k.requires_grad_(), cos, sin, 1))
-    torch.library.opcheck(torch.ops.twinkle.rotary_embedding_backward.default,
+    torch.library.opcheck(torch.ops.twinkle.apply_rotary_pos_emb_backward.default,
                           (torch.randn(q.shape), torch.randn(k.shape), cos, sin, 1))
 
 

@@ -41,7 +41,7 @@ def test_gradcheck_opcheck_and_compile():
     q, k, cos, sin = _inputs(1, 3, 2, 1, 8, torch.float64, 1)
     q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
     assert torch.autograd.gradcheck(lambda q, k: tt.apply_rotary_pos_emb_deinterleave(q, k, cos, sin), (q, k))
-    torch.library.opcheck(torch.ops.twinkle.rotary_embedding_deinterleave.default, (q, k, cos, sin, 1))
+    torch.library.opcheck(torch.ops.twinkle.apply_rotary_pos_emb_deinterleave.default, (q, k, cos, sin, 1))
     got = torch.compile(tt.apply_rotary_pos_emb_deinterleave, backend="aot_eager", fullgraph=True)(q, k, cos, sin)
     for g, w in zip(got, tt.apply_rotary_pos_emb_deinterleave_reference(q, k, cos, sin)):
         torch.testing.assert_close(g, w)

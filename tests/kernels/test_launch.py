@@ -1,4 +1,4 @@
-"""The cached launcher (``twinkle_triton._launcher``): its cache key separates every launch Triton
+"""The cached launcher (``twinkle_triton._launch``): its cache key separates every launch Triton
 would compile differently, and on a GPU it launches the same kernel with the same results as
 ``kernel[grid](...)``."""
 
@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 from triton.backends import BaseBackend
 
-from twinkle_triton import _launch, _launcher
+from twinkle_triton import _launch
 
 native_specialize_impl = pytest.importorskip("triton._C.libtriton").native_specialize_impl
 
@@ -27,14 +27,14 @@ def test_same_key_means_same_triton_specialization():
     seen: dict[tuple, tuple] = {}
     for t1, t2, i1, i2 in itertools.product(tensors, tensors, ints, ints):
         for args in ((t1, i1, t2, i2, 1e-6), (t1, i1, t2, i2, True)):
-            plan = _launcher._Plan(tuple(map(type, args)))
-            key = (tuple(map(type, args)), _launcher.specialization_key(plan, args))
+            plan = _launch._Plan(tuple(map(type, args)))
+            key = (tuple(map(type, args)), _launch.specialization_key(plan, args))
             spec = _triton_specialization(args)
             assert seen.setdefault(key, spec) == spec, (key, spec, seen[key])
     # and the key does not separate what Triton treats alike: all-aligned calls of one shape share it
-    plan = _launcher._Plan((torch.Tensor, int))
-    assert (_launcher.specialization_key(plan, (base, 896)) ==
-            _launcher.specialization_key(plan, (torch.empty_like(base), 896)))
+    plan = _launch._Plan((torch.Tensor, int))
+    assert (_launch.specialization_key(plan, (base, 896)) ==
+            _launch.specialization_key(plan, (torch.empty_like(base), 896)))
 
 
 def test_helpers_match_triton():
@@ -53,13 +53,13 @@ def _scale_kernel(x_ptr, out_ptr, n, scale, BLOCK: tl.constexpr):
 @pytest.mark.interpreter
 def test_the_interpreter_gets_the_kernel_itself():
     assert _launch.interpreting()
-    assert _launcher.cached_launcher(_scale_kernel) is _scale_kernel
+    assert _launch.cached_launcher(_scale_kernel) is _scale_kernel
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or _launch.interpreting(), reason="compiled kernels need a GPU")
 def test_cached_launches_equal_jit_launches():
-    launcher = _launcher.cached_launcher(_scale_kernel)
-    assert isinstance(launcher, _launcher.CachedLauncher) and launcher is _launcher.cached_launcher(_scale_kernel)
+    launcher = _launch.cached_launcher(_scale_kernel)
+    assert isinstance(launcher, _launch.CachedLauncher) and launcher is _launch.cached_launcher(_scale_kernel)
     x = torch.randn(1000, device="cuda")
     for view in (x, x[1:], x[3:998]):  # aligned, then 4- and 12-byte offsets: other specializations
         n = view.numel()
@@ -70,3 +70,17 @@ def test_cached_launches_equal_jit_launches():
             launcher[(triton.cdiv(n, 256),)](view, got, n, 0.5, BLOCK=256)
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert len(launcher._compiled) == 3
+
+
+def test_dot_options_keep_fp32_exact_unless_told_to_follow_the_matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # TF32 allowed, as F.linear would use it
+        assert _launch.dot_options(torch.float32)["DOT_PRECISION"] == "ieee"
+        assert _launch.dot_options(torch.float32, fp32_like_matmul=True)["DOT_PRECISION"] == "tf32"
+        torch.set_float32_matmul_precision("highest")
+        assert _launch.dot_options(torch.float32, fp32_like_matmul=True)["DOT_PRECISION"] == "ieee"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    upcast = {dtype: _launch.dot_options(dtype)["DOT_UPCAST"] for dtype in (torch.float32, torch.bfloat16)}
+    assert upcast == {torch.float32: False, torch.bfloat16: _launch.interpreting()}

@@ -1,17 +1,23 @@
 """``CustomGatedMLP``: the gated (SwiGLU) MLP of the custom-kernel quick-start guide, as a module
-you construct yourself (``twinkle_triton.layers.SwiGLUMLP`` is the swap-in ``forward`` instead).
+you construct yourself (``twinkle_triton.layers.SwiGLUMLP`` is the swap-in ``forward`` instead), built
+on the kernel package's ``silu_mul`` the way a user's own layers would be.
 
-    python -m twinkle_triton.custom_mlp      # checks the layer against plain PyTorch, forward and backward
+    python examples/custom_mlp.py      # checks the layer against plain PyTorch, forward and backward
 
 Its parameters are named as in transformers' Qwen2/Qwen3/Llama MLPs (``gate_proj``, ``up_proj``,
 ``down_proj``), so a ``state_dict`` of one loads into the other.
 """
 
+if __name__ == "__main__":
+    # Run as a script: the examples' device, and on a machine without a GPU Triton's interpreter,
+    # switched on before the kernel is imported (else the op would run its PyTorch reference there).
+    from _common import DEVICE
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .silu_and_mul import silu_mul
+from twinkle_triton import silu_mul
 
 __all__ = ["CustomGatedMLP"]
 
@@ -51,9 +57,8 @@ class CustomGatedMLP(nn.Module):
         return f"use_custom_kernels={self.use_custom_kernels}"
 
 
-def _self_test() -> None:
+def _self_test(device: str) -> None:
     """Kernel vs plain PyTorch on odd sizes, outputs and every gradient (fp32)."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     fast = CustomGatedMLP(hidden_size=96, intermediate_size=200, use_custom_kernels=True).to(device)
     plain = CustomGatedMLP(hidden_size=96, intermediate_size=200, use_custom_kernels=False).to(device)
@@ -71,4 +76,4 @@ def _self_test() -> None:
 
 
 if __name__ == "__main__":
-    _self_test()
+    _self_test(DEVICE)

@@ -74,9 +74,9 @@ def _triton_interpret_as_it_was():
 @pytest.fixture(autouse=True)
 def _isolated_registry():
     """Every test gets its own registry, leaves no function patched and no process-wide cache
-    filled (twinkle_fx.caches; the kernels' own in twinkle_triton): nothing leaks between tests."""
+    filled (twinkle_fx.core.caches; the kernels' own in twinkle_triton): nothing leaks between tests."""
     from twinkle_fx import scoped_registry
-    from twinkle_fx.caches import reset_caches
+    from twinkle_fx.core.caches import reset_caches
     from twinkle_fx.function import restore_functions
 
     with scoped_registry(inherit=False) as registry:

@@ -28,12 +28,14 @@ __version__ = "0.1.0"
 # transformers and triton take seconds), so ``twinkle-fx --help`` and a bad argument answer at once;
 # the first public name used imports the library as a plain import of the package used to.
 _PUBLIC = {
-    "register_kernels": ".config",
+    "register_kernels": ".core.config",
     **dict.fromkeys(("kernelize_model", "kernelized", "undo_kernelize", "verification_report"), ".eager"),
-    **dict.fromkeys(("KernelLoadError", "KernelSelectionError", "KernelVerificationError", "TwinkleError"), ".errors"),
-    "Mode": ".modes",
-    **dict.fromkeys(("register_external_layer", "register_function_kernel", "register_layer_kernel"), ".registration"),
-    **dict.fromkeys(("get_registry", "scoped_registry"), ".registry"),
+    **dict.fromkeys(("KernelLoadError", "KernelSelectionError", "KernelVerificationError", "TwinkleError"),
+                    ".core.errors"),
+    "Mode": ".core.modes",
+    **dict.fromkeys(("register_external_layer", "register_function_kernel", "register_layer_kernel"),
+                    ".core.registration"),
+    **dict.fromkeys(("get_registry", "scoped_registry"), ".core.registry"),
     "explain": ".explain",
     # the tools: the library itself never imports them
     "check_kernels": ".cli.checklist",
@@ -41,7 +43,8 @@ _PUBLIC = {
 }
 # what the package imported up front before it was lazy: its submodules stay attributes of the package
 # once the library is in use, and "compile" makes the backend name known to torch.compile
-_LIBRARY = (".config", ".eager", ".errors", ".modes", ".registration", ".registry", ".compile", ".explain")
+_LIBRARY = (".core.config", ".eager", ".core.errors", ".core.modes", ".core.registration", ".core.registry", ".compile",
+            ".explain")
 
 __all__ = sorted(_PUBLIC, key=str.lower)
 
@@ -52,13 +55,13 @@ from . import compile as _compile  # noqa: E402,F401
 if TYPE_CHECKING:
     from .benchmark import KernelTiming, benchmark_kernel
     from .cli.checklist import check_kernels
-    from .config import register_kernels
+    from .core.config import register_kernels
     from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
-    from .errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
+    from .core.errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
     from .explain import explain
-    from .modes import Mode
-    from .registration import register_external_layer, register_function_kernel, register_layer_kernel
-    from .registry import get_registry, scoped_registry
+    from .core.modes import Mode
+    from .core.registration import register_external_layer, register_function_kernel, register_layer_kernel
+    from .core.registry import get_registry, scoped_registry
 
 
 def _load_library() -> None:

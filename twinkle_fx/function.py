@@ -14,6 +14,6 @@ Example:
 """
 
 from .eager.function_patches import PatchedFunctions, apply_function_kernel, patched_functions, restore_functions
-from .registration import register_function_kernel
+from .core.registration import register_function_kernel
 
 __all__ = ["register_function_kernel", "apply_function_kernel", "restore_functions", "patched_functions", "PatchedFunctions"]

@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 
-from .caches import owns_cache
-from .devices import ANY_DEVICE, registration_keys
-from .modes import Mode, parse_mode
-from .registry import LayerRegistration
-from .sources import RepoObjectSource
+from .core.caches import owns_cache
+from .core.devices import ANY_DEVICE, registration_keys
+from .core.modes import Mode, parse_mode
+from .core.registry import LayerRegistration
+from .core.sources import RepoObjectSource
 
 __all__ = ["active_kernels_mapping", "kernels_mapping_registrations", "with_kernels_mapping", "foreign_forward"]
 

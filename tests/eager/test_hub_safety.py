@@ -21,10 +21,10 @@ from twinkle_fx import (
     scoped_registry,
 )
 from twinkle_fx.hub import publish_to_hub_cache
-from twinkle_fx.modes import Mode
-from twinkle_fx.registry import get_registry
-from twinkle_fx.selection import select_layer_kernel
-from twinkle_fx.sources import make_source
+from twinkle_fx.core.modes import Mode
+from twinkle_fx.core.registry import get_registry
+from twinkle_fx.core.selection import select_layer_kernel
+from twinkle_fx.core.sources import make_source
 
 from .kernels_for_tests import Gelu
 
@@ -171,7 +171,7 @@ def test_network_failure_is_named_as_such_not_as_untrusted_publisher(monkeypatch
     # kernels 0.17 checks the publisher's trust first: with the network down its error mentions
     # trust_remote_code, while the cause is the connection
     from twinkle_fx import hub
-    from twinkle_fx.errors import KernelLoadError
+    from twinkle_fx.core.errors import KernelLoadError
 
     class Kernels:
         @staticmethod

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from twinkle_triton.transformers_api import CACHE_ARGUMENT
 
-from ..tolerances import tolerance
+from ..core.tolerances import tolerance
 from .backends import BackendUnavailable, Prepared, _builtin_kernels, _compile_notes
 from .environment import describe_environment
 from .model_bench import free_device_memory, warm_compiler

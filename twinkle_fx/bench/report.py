@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..tolerances import tolerance
+from ..core.tolerances import tolerance
 from .results import BenchResult, MicroRow, ModelRow
 
 __all__ = ["annotate_model_rows", "annotate_micro_rows", "format_table", "write_outputs",

@@ -82,7 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
     parser.add_argument("--loss-rtol", type=positive_float,
                         help="first-step loss agreement with eager, relative (default: the dtype's loss_rtol in "
-                             "twinkle_fx.tolerances, 1e-2 bf16/fp16, 1e-5 fp32)")
+                             "twinkle_fx.core.tolerances, 1e-2 bf16/fp16, 1e-5 fp32)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile a few more steps of each backend: DIR/<backend>/profile_trace.json (Chrome "
                              "trace) and profile_report.txt (top kernels, host vs device time, launches per step)")

@@ -39,11 +39,11 @@ import torch
 import torch.fx as fx
 from torch._dynamo.exc import ShortenTraceback
 
-from ..caches import owns_cache
+from ..core.caches import owns_cache
 from ..kernels_mapping import active_kernels_mapping
-from ..modes import Mode, format_mode
-from ..registry import KernelRegistry, get_registry
-from ..settings import DISABLE_ENV, kernels_disabled
+from ..core.modes import Mode, format_mode
+from ..core.registry import KernelRegistry, get_registry
+from ..core.settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
 from .analyses import compiled_root, foreign_forwards, function_calls, graph_breaks
 from .dynamo_internals import (checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break,

@@ -32,7 +32,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from ..registry import KernelRegistry
+from ..core.registry import KernelRegistry
 
 logger = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from ..devices import check_device_available, parse_device
-from ..errors import KernelSelectionError, check_flag
-from ..modes import format_mode, parse_mode
-from ..registry import get_registry
-from ..selection import select_function_kernel
-from ..settings import DISABLE_ENV, kernels_disabled
+from ..core.devices import check_device_available, parse_device
+from ..core.errors import KernelSelectionError, check_flag
+from ..core.modes import format_mode, parse_mode
+from ..core.registry import get_registry
+from ..core.selection import select_function_kernel
+from ..core.settings import DISABLE_ENV, kernels_disabled
 from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)

@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from ..caches import owns_cache
-from ..devices import check_device_available, check_model_device, infer_device, parse_device
-from ..errors import KernelSelectionError, check_flag
-from ..modes import Mode, format_mode, parse_mode
-from ..registry import KernelRegistry, get_registry
-from ..selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
-from ..settings import DISABLE_ENV, kernels_disabled
+from ..core.caches import owns_cache
+from ..core.devices import check_device_available, check_model_device, infer_device, parse_device
+from ..core.errors import KernelSelectionError, check_flag
+from ..core.modes import Mode, format_mode, parse_mode
+from ..core.registry import KernelRegistry, get_registry
+from ..core.selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
+from ..core.settings import DISABLE_ENV, kernels_disabled
 from .function_patches import _apply, _revert, function_verifications
 from .function_patches import _Change as FunctionChange
 from .function_patches import restore_function_targets, unpatch_all

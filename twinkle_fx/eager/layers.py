@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..selection import KernelChoice
+from ..core.selection import KernelChoice
 from .graphs import GraphedForward, GraphSet
 from .verify import Verifier
 

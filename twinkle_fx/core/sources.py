@@ -1,7 +1,7 @@
 """Where a kernel comes from: a direct implementation, a repo object, a local repo, the Hub.
 
 Every source has ``load()`` (lazy, cached, thread-safe; any failure becomes a
-:class:`~twinkle_fx.errors.KernelLoadError` that names the source) and ``describe()``.
+:class:`~twinkle_fx.core.errors.KernelLoadError` that names the source) and ``describe()``.
 The ``kernels`` package is imported only when a Hub or Hugging Face-layout source loads.
 """
 
@@ -171,7 +171,7 @@ class LocalRepoSource(KernelSource):
         if package_dir is not None and (package_dir / "__init__.py").is_file():
             module = _import_package(package_dir, self.describe())
         elif _is_hf_layout(self.repo_path):
-            from .hub import load_local_hf_kernel
+            from ..hub import load_local_hf_kernel
 
             module = load_local_hf_kernel(self.repo_path, trust_remote_code=self.trust_remote_code, where=self.describe())
         elif not self.package_name:
@@ -240,7 +240,7 @@ class HubSource(KernelSource):
         return f"hub {self.repo_id} ({self.pin()}) {'layer' if self.is_layer else 'function'} {self.attr!r}"
 
     def _load(self) -> Any:
-        from .hub import load_hub_kernel
+        from ..hub import load_hub_kernel
 
         module = load_hub_kernel(
             self.repo_id,

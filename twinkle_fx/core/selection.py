@@ -21,7 +21,7 @@ from .devices import registration_keys, triton_interpreter_problem
 from .errors import KernelLoadError
 from .modes import Mode, format_mode, mode_fallback_order
 from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
-from .kernels_mapping import with_kernels_mapping
+from ..kernels_mapping import with_kernels_mapping
 
 __all__ = ["KernelChoice", "Selection", "is_layer_target", "layer_target", "select_layer_kernel", "select_function_kernel", "signature_mismatch",
            "does_not_apply", "KERNEL_DECLARATIONS"]

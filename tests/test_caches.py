@@ -16,8 +16,8 @@ from twinkle_fx.core.caches import cache_owners, reset_caches
 # module-level containers that are state, not caches: emptying them would lose what undo needs
 STATE = {
     "twinkle_fx.core.caches._RESETS": "the owners themselves",
-    "twinkle_fx.eager.function_patches._LEDGER": "the functions patched now (undo_kernelize puts them back)",
-    "twinkle_fx.eager.layers._INSTALLED": "the forwards installed now (undo_kernelize puts them back)",
+    "twinkle_fx.core.swaps._LEDGER": "the functions patched now (undo_kernelize puts them back)",
+    "twinkle_fx.core.swaps._INSTALLED": "the forwards installed now (undo_kernelize puts them back)",
     "twinkle_fx.core.selection._INSTANCES": "one instance per class-based function kernel, so a patch is recognised",
 }
 

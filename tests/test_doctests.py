@@ -28,6 +28,7 @@ MODULES = (
     "twinkle_fx.function",
     "twinkle_fx.core.registry",
     "twinkle_fx.core.caches",
+    "twinkle_fx.core.swaps",
     "twinkle_fx.core.selection",
     "twinkle_fx.core.modes",
     "twinkle_fx.core.devices",

@@ -224,7 +224,7 @@ def _functions(family: str) -> dict[str, str]:
 
 def _kernelize_swaps(family: str, model) -> Counter:
     from twinkle_fx.builtin import BUILTIN_MODELS
-    from twinkle_fx.eager.layers import swapped_forward
+    from twinkle_fx.core.swaps import swapped_forward
 
     swaps = Counter(f"{type(m).__name__}->{swapped_forward(m).kernel_name}" for m in model.modules()
                     if swapped_forward(m))

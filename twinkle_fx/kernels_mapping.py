@@ -1,4 +1,4 @@
-"""The Hugging Face ``kernels`` package as a neighbour: its active layer mapping, and the forwards it swapped.
+"""The Hugging Face ``kernels`` package as a neighbour: its active layer mapping.
 
 ``kernels`` keeps one layer mapping (``kernels.register_kernel_mapping``, scoped with
 ``kernels.use_kernel_mapping``) in a context variable: layer name -> device type -> repositories by
@@ -30,10 +30,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import types
 from typing import Any
-
-import torch
 
 from .core.caches import owns_cache
 from .core.devices import ANY_DEVICE, registration_keys
@@ -41,7 +38,7 @@ from .core.modes import Mode, parse_mode
 from .core.registry import LayerRegistration
 from .core.sources import RepoObjectSource
 
-__all__ = ["active_kernels_mapping", "kernels_mapping_registrations", "with_kernels_mapping", "foreign_forward"]
+__all__ = ["active_kernels_mapping", "kernels_mapping_registrations", "with_kernels_mapping"]
 
 
 def active_kernels_mapping() -> dict[str, Any]:
@@ -140,23 +137,3 @@ def with_kernels_mapping(kernel_name: str, device: str,
     for key, modes in extra.items():
         merged.setdefault(key, modes)
     return merged
-
-
-def foreign_forward(module: torch.nn.Module) -> str | None:
-    """Who replaced ``module.forward``, when something other than twinkle_fx did (``kernels.kernelize``
-    binds a kernel layer's ``forward`` to the instance); None for the class's own forward.
-
-    Example:
-        >>> kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")   # doctest: +SKIP
-        >>> foreign_forward(model.model.norm)                                     # doctest: +SKIP
-        'kernels.kernelize (twinkle_triton.layers.RMSNorm.forward)'
-    """
-    forward = module.__dict__.get("forward")
-    if not isinstance(forward, types.MethodType) or forward.__self__ is not module:
-        return None  # the class's forward, or twinkle_fx's own KernelForward (not a method)
-    function = forward.__func__
-    if function is getattr(type(module), "forward", None):
-        return None  # kernels' fallback re-binds the class's own forward
-    owner = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
-    tool = "kernels.kernelize" if isinstance(getattr(type(module), "kernel_layer_name", None), str) else "another tool"
-    return f"{tool} ({owner})"

@@ -15,7 +15,7 @@ from torch import nn
 
 from _setup import DEVICE
 from twinkle_fx import KernelSelectionError
-from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.kernels_api import (LayerRepository, kernelize, register_kernel_mapping,
                                     replace_kernel_forward_from_hub, use_kernel_forward_from_hub, use_kernel_mapping)
 

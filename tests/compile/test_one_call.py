@@ -8,7 +8,7 @@ import torch
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.core.swaps import swapped_forward
 
 from tiny_models import DEVICE, tiny
 

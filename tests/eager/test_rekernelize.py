@@ -18,7 +18,7 @@ from twinkle_fx import (
     scoped_registry,
     undo_kernelize,
 )
-from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.function import apply_function_kernel
 
 from .kernels_for_tests import Gelu, NoBackwardKernel, TanhGeluKernel, model_with_gelus, uses_tanh

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import twinkle_fx
 from twinkle_fx import kernelize_model, undo_kernelize
 from twinkle_fx.builtin import BUILTIN_MODELS, coverage_table, use_builtin_kernels
-from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.testing import record_graphs
 
 FAMILIES = list(BUILTIN_MODELS)

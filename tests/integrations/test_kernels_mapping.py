@@ -17,8 +17,8 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 import twinkle_fx
 from twinkle_fx import kernelize_model, register_layer_kernel, undo_kernelize
 from twinkle_fx.compile.reasons import ReasonKind
-from twinkle_fx.eager.layers import swapped_forward
-from twinkle_fx.kernels_mapping import foreign_forward, kernels_mapping_registrations
+from twinkle_fx.core.swaps import foreign_forward, swapped_forward
+from twinkle_fx.kernels_mapping import kernels_mapping_registrations
 
 REPO = Path(__file__).resolve().parents[2] / "kernels" / "twinkle_triton"
 

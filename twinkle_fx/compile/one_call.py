@@ -18,11 +18,11 @@ import torch
 
 from ..core.devices import check_device_available, check_model_device, infer_device, parse_device
 from ..core.errors import check_flag
-from ..eager.layers import LayerSwap, install_forward, swapped_forward
 from ..core.modes import format_mode, parse_mode
 from ..core.registry import get_registry
 from ..core.selection import select_layer_kernel, signature_mismatch
 from ..core.settings import kernels_disabled
+from ..core.swaps import LayerSwap, install_forward, swapped_forward
 from .options import COMPILERS, parse_options
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ...core.caches import owns_cache
-from ...eager.layers import swapped_forward
+from ...core.swaps import swapped_forward
 from ...core.selection import select_layer_kernel
 from ..dynamo_internals import SourceRef, input_source, parse_source
 from ..pipeline import Kept, Outcome, PassState

@@ -52,6 +52,10 @@ __all__ = sorted(_PUBLIC, key=str.lower)
 # is installed (its entry point names the backend); from a bare checkout it imports torch._dynamo.
 from . import compile as _compile  # noqa: E402,F401
 
+# The Hub loader and the kernels package's layer mapping, plugged into core (by name: nothing is
+# imported until a kernel needs them), so every use of the library has them.
+from . import integrations as _integrations  # noqa: E402,F401
+
 if TYPE_CHECKING:
     from .benchmark import KernelTiming, benchmark_kernel
     from .cli.checklist import check_kernels

@@ -39,7 +39,7 @@ _PUBLIC = {
     "explain": ".explain",
     # the tools: the library itself never imports them
     "check_kernels": ".cli.checklist",
-    **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".benchmark"),
+    **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".bench.kernel"),
 }
 # what the package imported up front before it was lazy: its submodules stay attributes of the package
 # once the library is in use, and "compile" makes the backend name known to torch.compile
@@ -57,7 +57,7 @@ from . import compile as _compile  # noqa: E402,F401
 from . import integrations as _integrations  # noqa: E402,F401
 
 if TYPE_CHECKING:
-    from .benchmark import KernelTiming, benchmark_kernel
+    from .bench.kernel import KernelTiming, benchmark_kernel
     from .cli.checklist import check_kernels
     from .core.config import register_kernels
     from .eager import kernelize_model, kernelized, undo_kernelize, verification_report

@@ -218,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_inference(args: argparse.Namespace, device) -> int:
     import torch
 
-    from ..bench.inference import InferenceBenchOptions, format_inference_table, run_inference_bench
+    from ..bench.inference import InferenceBenchOptions, run_inference_bench
+    from ..bench.report import format_table
 
     options = InferenceBenchOptions(
         model=args.model, backends=args.backends or _INFERENCE_BACKENDS.split(","),
@@ -232,7 +233,7 @@ def _run_inference(args: argparse.Namespace, device) -> int:
     )
     result = run_inference_bench(options, progress=_progress)
     print()
-    print(format_inference_table(result))
+    print(format_table(result))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"bench-inference-{args.model}.json"

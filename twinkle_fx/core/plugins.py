@@ -27,13 +27,12 @@ import threading
 from collections.abc import Collection
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import KernelLoadError
 
 if TYPE_CHECKING:
     from .modes import Mode
-    from .registry import LayerRegistration
 
 __all__ = ["HubLoader", "LayerMapping", "plug_hub_loader", "plug_layer_mapping", "hub_loader", "layer_mappings"]
 
@@ -54,8 +53,10 @@ class LayerMapping(Protocol):
     def layer_names(self) -> Collection[str]:
         """The kernel names it has entries for (none: it adds nothing anywhere)."""
 
-    def layer_registrations(self, kernel_name: str, device: str) -> dict[str, dict[Mode, LayerRegistration]]:
-        """``device key -> mode -> registration`` for ``kernel_name``, for the keys that serve ``device``."""
+    def layer_registrations(self, kernel_name: str, device: str) -> dict[str, dict[Mode, Any]]:
+        """``device key -> mode ->`` :class:`~twinkle_fx.core.registry.LayerRegistration` for ``kernel_name``,
+        for the keys that serve ``device`` (the registry is not imported here: it imports the sources,
+        which ask this module for the Hub loader)."""
 
 
 _LOCK = threading.Lock()

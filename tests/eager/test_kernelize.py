@@ -15,7 +15,7 @@ from twinkle_fx import (
 )
 from twinkle_fx.core.swaps import KernelForward
 
-from .kernels_for_tests import (
+from kernels_for_tests import (
     Gelu,
     NoBackwardKernel,
     NotCompilableKernel,

@@ -7,7 +7,7 @@ import torch
 
 from twinkle_fx import kernelize_model, register_external_layer, register_function_kernel, register_layer_kernel
 
-from .kernels_for_tests import Gelu, NoBackwardKernel, TanhGeluKernel, model_with_gelus
+from kernels_for_tests import Gelu, NoBackwardKernel, TanhGeluKernel, model_with_gelus
 
 
 class FastLinear(torch.nn.Module):

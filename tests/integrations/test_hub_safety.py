@@ -26,7 +26,7 @@ from twinkle_fx.core.registry import get_registry
 from twinkle_fx.core.selection import select_layer_kernel
 from twinkle_fx.core.sources import make_source
 
-from .kernels_for_tests import Gelu
+from kernels_for_tests import Gelu
 
 COMMIT_V1, COMMIT_V2 = "a" * 40, "b" * 40
 

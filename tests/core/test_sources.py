@@ -16,7 +16,7 @@ from twinkle_fx import (
 )
 from twinkle_fx.core.sources import HubSource, LocalRepoSource, make_source
 
-from .kernels_for_tests import Gelu, uses_tanh
+from kernels_for_tests import Gelu, uses_tanh
 
 TANH_LAYERS = """
 import torch

@@ -9,7 +9,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 from my_pkg.fast_ops import fast_add
 from twinkle_fx import get_registry, kernelize_model, register_external_layer, register_kernels
 
-from .kernels_for_tests import Gelu, TanhGeluKernel, uses_tanh
+from kernels_for_tests import Gelu, TanhGeluKernel, uses_tanh
 
 
 def _config(local_repo):

@@ -18,7 +18,7 @@ from twinkle_fx import (
 )
 from twinkle_fx.core.selection import signature_mismatch
 
-from .kernels_for_tests import Gelu, model_with_gelus
+from kernels_for_tests import Gelu, model_with_gelus
 
 
 class Scaled(torch.nn.Module):

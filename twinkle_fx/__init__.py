@@ -41,9 +41,10 @@ _PUBLIC = {
     "check_kernels": ".cli.checklist",
     **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".bench.kernel"),
 }
-# what the package imported up front before it was lazy: its submodules stay attributes of the package
-# once the library is in use, and "compile" makes the backend name known to torch.compile
-_LIBRARY = (".core.config", ".eager", ".core.errors", ".core.modes", ".core.registration", ".core.registry", ".compile",
+# what the package imported up front before it was lazy, imported at the first public name used: the
+# library's packages (core, eager, compile) stay attributes of the package once the library is in use,
+# and "compile" makes the backend name known to torch.compile
+_LIBRARY = (".core.config", ".core.errors", ".core.modes", ".core.registration", ".core.registry", ".eager", ".compile",
             ".explain")
 
 __all__ = sorted(_PUBLIC, key=str.lower)
@@ -60,12 +61,12 @@ if TYPE_CHECKING:
     from .bench.kernel import KernelTiming, benchmark_kernel
     from .cli.checklist import check_kernels
     from .core.config import register_kernels
-    from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
     from .core.errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
-    from .explain import explain
     from .core.modes import Mode
     from .core.registration import register_external_layer, register_function_kernel, register_layer_kernel
     from .core.registry import get_registry, scoped_registry
+    from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
+    from .explain import explain
 
 
 def _load_library() -> None:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from ...core.caches import owns_cache
-from ...core.swaps import swapped_forward
 from ...core.selection import select_layer_kernel
+from ...core.swaps import swapped_forward
 from ..dynamo_internals import SourceRef, input_source, parse_source
 from ..pipeline import Kept, Outcome, PassState
 from ..reasons import Reason, ReasonKind

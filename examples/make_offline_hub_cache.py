@@ -11,7 +11,7 @@ the examples' repo_id= kernels load through the real ``kernels.get_kernel`` with
 import sys
 from pathlib import Path
 
-from twinkle_fx.hub import publish_to_hub_cache
+from twinkle_fx.integrations.hub import publish_to_hub_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOS = {

@@ -393,7 +393,7 @@ def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argpar
 
 def kernel_swaps_eager(model: torch.nn.Module) -> dict[str, int]:
     from twinkle_fx.function import patched_functions
-    from twinkle_fx.eager.layers import swapped_forward
+    from twinkle_fx.core.swaps import swapped_forward
 
     swapped = Counter(
         f"kernelized {type(module).__name__} -> {forward.kernel_name}"

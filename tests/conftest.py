@@ -5,6 +5,11 @@ the Triton interpreter (TRITON_INTERPRET must be set before any ``triton.jit`` r
 import of that module, before the kernels are imported). Tests take the ``device`` fixture instead of
 naming "cpu"; ``@pytest.mark.gpu`` tests need CUDA, ``@pytest.mark.interpreter`` tests need the
 interpreter (they are skipped, with the reason, elsewhere).
+
+The default run runs every test (CI runs the whole suite). The other markers select: ``-m fast`` the
+tests that meet transformers' surface (below), ``-m "not slow"`` leaves out the tests that take tens of
+seconds each on 2 CPU cores, ``-m "not distributed"`` the ones that start process groups
+(``tests/distributed/``).
 """
 
 import os
@@ -32,20 +37,26 @@ TESTS = Path(__file__).resolve().parent
 # against the oldest transformers the project supports.
 FAST = ("readme/", "families/", "docs/test_seeds.py", "eager/test_causal_lm_head.py",
         "kernels/test_transformers_api.py")
+DISTRIBUTED = ("distributed/",)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped on the CPU/interpreter run)")
     config.addinivalue_line("markers", "interpreter: needs the Triton interpreter (skipped on a GPU run)")
     config.addinivalue_line("markers", "fast: the fast subset that meets transformers' surface (see FAST)")
+    config.addinivalue_line("markers", "slow: tens of seconds or more on 2 CPU cores (run by default; -m 'not slow')")
+    config.addinivalue_line("markers", "distributed: starts a torch.distributed process group (see DISTRIBUTED)")
 
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device; this run uses the CPU with TRITON_INTERPRET=1")
     skip_interpreter = pytest.mark.skip(reason="needs the Triton interpreter (TRITON_INTERPRET=1); this run uses CUDA")
     for item in items:
-        if Path(item.path).relative_to(TESTS).as_posix().startswith(FAST):
+        path = Path(item.path).relative_to(TESTS).as_posix()
+        if path.startswith(FAST):
             item.add_marker(pytest.mark.fast)
+        if path.startswith(DISTRIBUTED):
+            item.add_marker(pytest.mark.distributed)
         if "gpu" in item.keywords and INTERPRETED:
             item.add_marker(skip_gpu)
         if "interpreter" in item.keywords and not INTERPRETED:
@@ -74,9 +85,9 @@ def _triton_interpret_as_it_was():
 @pytest.fixture(autouse=True)
 def _isolated_registry():
     """Every test gets its own registry, leaves no function patched and no process-wide cache
-    filled (twinkle_fx.caches; the kernels' own in twinkle_triton): nothing leaks between tests."""
+    filled (twinkle_fx.core.caches; the kernels' own in twinkle_triton): nothing leaks between tests."""
     from twinkle_fx import scoped_registry
-    from twinkle_fx.caches import reset_caches
+    from twinkle_fx.core.caches import reset_caches
     from twinkle_fx.function import restore_functions
 
     with scoped_registry(inherit=False) as registry:

@@ -13,7 +13,7 @@ logits in training); then each path runs the same step on the same weights:
   minutes of codegen per family).
 
 Errors are relative: the loss ``|loss - ref| / |ref|``, the logits and each gradient
-``||x - ref|| / ||ref||``. Thresholds are ``twinkle_fx.tolerances``: ``loss_rtol`` for the loss,
+``||x - ref|| / ||ref||``. Thresholds are ``twinkle_fx.core.tolerances``: ``loss_rtol`` for the loss,
 ``logits_rtol`` for the logits and for every gradient (the relative-L2 bound of a whole model's
 output in that dtype). bf16 rows are also measured against an fp32 run of the same (upcast)
 weights, the truth: a path passes a check when it is within the tolerance of the unswapped model,
@@ -224,7 +224,7 @@ def _functions(family: str) -> dict[str, str]:
 
 def _kernelize_swaps(family: str, model) -> Counter:
     from twinkle_fx.builtin import BUILTIN_MODELS
-    from twinkle_fx.eager.layers import swapped_forward
+    from twinkle_fx.core.swaps import swapped_forward
 
     swaps = Counter(f"{type(m).__name__}->{swapped_forward(m).kernel_name}" for m in model.modules()
                     if swapped_forward(m))
@@ -287,7 +287,7 @@ def run_family(family: str, args: argparse.Namespace, device) -> list[dict]:
     from twinkle_fx.bench.workloads import build_model, make_batch
     from twinkle_fx.builtin import use_builtin_kernels
     from twinkle_fx.compile import collect_reports
-    from twinkle_fx.tolerances import tolerance
+    from twinkle_fx.core.tolerances import tolerance
 
     rows = []
     workload = _workload(family, args.layers)

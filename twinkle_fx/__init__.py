@@ -28,20 +28,24 @@ __version__ = "0.1.0"
 # transformers and triton take seconds), so ``twinkle-fx --help`` and a bad argument answer at once;
 # the first public name used imports the library as a plain import of the package used to.
 _PUBLIC = {
-    "register_kernels": ".config",
+    "register_kernels": ".core.config",
     **dict.fromkeys(("kernelize_model", "kernelized", "undo_kernelize", "verification_report"), ".eager"),
-    **dict.fromkeys(("KernelLoadError", "KernelSelectionError", "KernelVerificationError", "TwinkleError"), ".errors"),
-    "Mode": ".modes",
-    **dict.fromkeys(("register_external_layer", "register_function_kernel", "register_layer_kernel"), ".registration"),
-    **dict.fromkeys(("get_registry", "scoped_registry"), ".registry"),
+    **dict.fromkeys(("KernelLoadError", "KernelSelectionError", "KernelVerificationError", "TwinkleError"),
+                    ".core.errors"),
+    "Mode": ".core.modes",
+    **dict.fromkeys(("register_external_layer", "register_function_kernel", "register_layer_kernel"),
+                    ".core.registration"),
+    **dict.fromkeys(("get_registry", "scoped_registry"), ".core.registry"),
     "explain": ".explain",
     # the tools: the library itself never imports them
     "check_kernels": ".cli.checklist",
-    **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".benchmark"),
+    **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".bench.kernel"),
 }
-# what the package imported up front before it was lazy: its submodules stay attributes of the package
-# once the library is in use, and "compile" makes the backend name known to torch.compile
-_LIBRARY = (".config", ".eager", ".errors", ".modes", ".registration", ".registry", ".compile", ".explain")
+# what the package imported up front before it was lazy, imported at the first public name used: the
+# library's packages (core, eager, compile) stay attributes of the package once the library is in use,
+# and "compile" makes the backend name known to torch.compile
+_LIBRARY = (".core.config", ".core.errors", ".core.modes", ".core.registration", ".core.registry", ".eager", ".compile",
+            ".explain")
 
 __all__ = sorted(_PUBLIC, key=str.lower)
 
@@ -49,16 +53,20 @@ __all__ = sorted(_PUBLIC, key=str.lower)
 # is installed (its entry point names the backend); from a bare checkout it imports torch._dynamo.
 from . import compile as _compile  # noqa: E402,F401
 
+# The Hub loader and the kernels package's layer mapping, plugged into core (by name: nothing is
+# imported until a kernel needs them), so every use of the library has them.
+from . import integrations as _integrations  # noqa: E402,F401
+
 if TYPE_CHECKING:
-    from .benchmark import KernelTiming, benchmark_kernel
+    from .bench.kernel import KernelTiming, benchmark_kernel
     from .cli.checklist import check_kernels
-    from .config import register_kernels
+    from .core.config import register_kernels
+    from .core.errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
+    from .core.modes import Mode
+    from .core.registration import register_external_layer, register_function_kernel, register_layer_kernel
+    from .core.registry import get_registry, scoped_registry
     from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
-    from .errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
     from .explain import explain
-    from .modes import Mode
-    from .registration import register_external_layer, register_function_kernel, register_layer_kernel
-    from .registry import get_registry, scoped_registry
 
 
 def _load_library() -> None:

@@ -14,8 +14,8 @@ import logging
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .devices import parse_devices
-from .registration import register_external_layer, register_function_kernel, register_layer_kernel, resolve_class
+from .core.devices import parse_devices
+from .core.registration import register_external_layer, register_function_kernel, register_layer_kernel, resolve_class
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ Example:
     1
 """
 
-from .eager.function_patches import PatchedFunctions, apply_function_kernel, patched_functions, restore_functions
-from .registration import register_function_kernel
+from .core.registration import register_function_kernel
+from .core.swaps import patched_functions
+from .eager.function_patches import PatchedFunctions, apply_function_kernel, restore_functions
 
 __all__ = ["register_function_kernel", "apply_function_kernel", "restore_functions", "patched_functions", "PatchedFunctions"]

@@ -19,40 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import re
 from collections.abc import Iterator
 
-from .compile.recording import RECORDERS, RecordedGraphs
+from .compile.recording import RECORDERS, RecordedGraphs, normalize_gm, root_as_self
 
 __all__ = ["record_graphs", "normalize_gm", "root_as_self", "graph_diff", "RecordedGraphs"]
-
-
-def root_as_self(code: str) -> str:
-    """Graph code with the compiled module's inputs named as when Dynamo enters its ``forward``
-    directly (``l_self_...``). A forward wrapped by a decorator taking ``*args`` (transformers 5.24
-    wraps ``*ForCausalLM.forward`` so) reaches Dynamo as ``args[0]``, and every lifted parameter is
-    then named ``l_args_0_...``: the same graph, named after how it was entered.
-
-    Example:
-        >>> root_as_self("linear(x, l_args_0_modules_proj_parameters_weight_)")
-        'linear(x, l_self_modules_proj_parameters_weight_)'
-    """
-    return re.sub(r"\b([lL])_args_0_", r"\1_self_", code)
-
-
-def normalize_gm(code: str) -> str:
-    """``print_readable`` output without comments and trailing spaces (PyTorch's ``normalize_gm``),
-    the compiled module's inputs named ``l_self_...`` however Dynamo entered it (:func:`root_as_self`).
-
-    Comments carry file paths and line numbers, which differ between machines.
-    """
-    lines = []
-    for line in root_as_self(code).splitlines():
-        stripped = re.sub(r"\s*#.*$", "", line) if line.lstrip().startswith("#") or " # " in line else line
-        stripped = stripped.rstrip()
-        if stripped or (lines and lines[-1]):
-            lines.append(stripped)
-    return "\n".join(lines).strip("\n") + "\n"
 
 
 def graph_diff(before: str, after: str, *, context: int = 1) -> str:

@@ -1,5 +1,5 @@
 """hf-kernels-layers.md: every block of the document, run as written against
-``twinkle_fx.kernels_api`` (the document's API over twinkle_fx's registry), with ``my_pkg.layers``
+``twinkle_fx.integrations.kernels_api`` (the document's API over twinkle_fx's registry), with ``my_pkg.layers``
 for ``somelibrary`` and the machine's device for the mapping's "cuda" key. The mapping
 (blocks 8 and 9) is registered before the kernelize calls that need it (blocks 4-7; with
 ``use_fallback=False`` and no mapping, block 7 raises, as the document says it should; here it
@@ -15,8 +15,8 @@ from torch import nn
 
 from _setup import DEVICE
 from twinkle_fx import KernelSelectionError
-from twinkle_fx.eager.layers import swapped_forward
-from twinkle_fx.kernels_api import (LayerRepository, kernelize, register_kernel_mapping,
+from twinkle_fx.core.swaps import swapped_forward
+from twinkle_fx.integrations.kernels_api import (LayerRepository, kernelize, register_kernel_mapping,
                                     replace_kernel_forward_from_hub, use_kernel_forward_from_hub, use_kernel_mapping)
 
 # --- block 1 ---

@@ -42,7 +42,7 @@ model = kernelize_model(model, mode="train", device=DEVICE, use_fallback=True)
 
 import torch  # noqa: E402
 
-from twinkle_fx.eager.layers import swapped_forward  # noqa: E402
+from twinkle_fx.core.swaps import swapped_forward  # noqa: E402
 
 print("mlp forward:", swapped_forward(model.model.layers[0].mlp))
 input_ids = torch.randint(0, 1000, (1, 8))

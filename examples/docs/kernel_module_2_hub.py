@@ -44,7 +44,7 @@ model = SimpleModel()
 model = kernelize_model(model, mode="train", device=DEVICE, use_fallback=True)
 # --- end of the block ---
 
-from twinkle_fx.eager.layers import swapped_forward  # noqa: E402
+from twinkle_fx.core.swaps import swapped_forward  # noqa: E402
 
 print("activation forward:", swapped_forward(model.activation))
 x = torch.randn(4, 64, device=DEVICE, requires_grad=True)

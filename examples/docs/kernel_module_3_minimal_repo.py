@@ -32,7 +32,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP  # noqa: E402
 
 from twinkle_fx import kernelize_model, register_external_layer, register_layer_kernel  # noqa: E402
-from twinkle_fx.eager.layers import swapped_forward  # noqa: E402
+from twinkle_fx.core.swaps import swapped_forward  # noqa: E402
 
 init_part, layers_part = BLOCK.split("# my_kernels/layers.py\n")
 repo = Path(tempfile.mkdtemp(prefix="my-kernels-repo-"))

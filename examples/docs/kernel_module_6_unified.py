@@ -51,7 +51,7 @@ kernelize_model(model=model, mode="train", device=DEVICE, use_fallback=True)
 import my_pkg.activations  # noqa: E402
 import my_pkg.math_ops  # noqa: E402
 
-from twinkle_fx.eager.layers import swapped_forward  # noqa: E402
+from twinkle_fx.core.swaps import swapped_forward  # noqa: E402
 
 # no class is bound to "linear" or "conv2d" (register_external_layer(nn.Linear, "linear") would
 # bind one), so the model keeps its layers; kernels-community/activation has no relu: kept too

@@ -24,7 +24,7 @@ model = kernelize_model(model, mode="inference", device=DEVICE, use_fallback=Tru
 import torch  # noqa: E402
 
 from twinkle_fx import register_external_layer, undo_kernelize  # noqa: E402
-from twinkle_fx.eager.layers import swapped_forward  # noqa: E402
+from twinkle_fx.core.swaps import swapped_forward  # noqa: E402
 
 # No class is bound to "linear", so the block changes nothing. Binding nn.Linear makes it apply:
 print("swapped by the block:", swapped_forward(model[0]) is not None)

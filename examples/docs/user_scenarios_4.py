@@ -52,7 +52,7 @@ kernelize_model(model=model, mode="inference", device=DEVICE, use_fallback=True)
 
 import my_pkg.math_ops  # noqa: E402
 
-from twinkle_fx.eager.layers import swapped_forward  # noqa: E402
+from twinkle_fx.core.swaps import swapped_forward  # noqa: E402
 
 print("model[0] swapped:", swapped_forward(model[0]) is not None, "(no class is bound to 'linear')")
 print("my_pkg.math_ops.add patched:", my_pkg.math_ops.add.__module__ != "my_pkg.math_ops")

@@ -10,7 +10,7 @@ from twinkle_fx.compile.rewrites.gemm_fusion import fuse_projections
 from twinkle_fx.compile.inductor_options import collect_cudagraph_status, inductor_config_patches
 from twinkle_fx.compile.options import parse_options
 from twinkle_fx.compile.swap_policy import Decision, active_policy, keep_inductor_reason
-from twinkle_fx.modes import Mode
+from twinkle_fx.core.modes import Mode
 from twinkle_fx.testing import record_graphs
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import torch
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.core.swaps import swapped_forward
 
 from tiny_models import DEVICE, tiny
 
@@ -73,7 +73,7 @@ def _bound_head(device, layer=None):
     """A root module whose own class is bound to a kernel: what the fused-loss head is to a *ForCausalLM."""
     from twinkle_fx import register_external_layer, register_layer_kernel
 
-    from eager.kernels_for_tests import Gelu, TanhGeluKernel
+    from kernels_for_tests import Gelu, TanhGeluKernel
 
     register_layer_kernel(kernel_name="Head", layer=layer or TanhGeluKernel, device=device)
     register_external_layer(Gelu, "Head")
@@ -104,7 +104,7 @@ def test_a_gpu_device_without_a_gpu_is_refused_as_by_kernelize_model(monkeypatch
 
 
 def test_a_bound_head_that_cannot_be_installed_is_a_warning_with_the_reason(device, caplog):
-    from eager.kernels_for_tests import WrongSignatureKernel
+    from kernels_for_tests import WrongSignatureKernel
 
     model = _bound_head(device, layer=WrongSignatureKernel)
     with caplog.at_level(logging.INFO, logger="twinkle_fx"):

@@ -20,10 +20,10 @@ import transformers
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.compile import collect_reports
 from twinkle_fx.testing import record_graphs
-from twinkle_fx.tolerances import tolerance
+from twinkle_fx.core.tolerances import tolerance
 
 from device_under_test import DEVICE, INTERPRETED
 
@@ -33,7 +33,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 STEPS = 3  # ~1.5 s per interpreted training step on a 2-core CPU
 TOP_K = 5
 
-# Losses and log-probs are compared with the library's tolerances (twinkle_fx.tolerances: loss_rtol,
+# Losses and log-probs are compared with the library's tolerances (twinkle_fx.core.tolerances: loss_rtol,
 # and the per-element atol/rtol); measured differences (3 steps, this machine) sit far below them:
 # fp32 losses <= 5e-7, log-probs <= 2e-6; bf16 losses <= 2e-3, log-probs <= 6e-3.
 # Parameters after AdamW need their own, optimizer-specific allowance:

@@ -264,7 +264,7 @@ def test_documented_semver_version_says_what_to_pass(offline_hub):
 
 
 def test_kernels_api_refuses_bad_mappings():
-    from twinkle_fx.kernels_api import LayerRepository, register_kernel_mapping
+    from twinkle_fx.integrations.kernels_api import LayerRepository, register_kernel_mapping
 
     with pytest.raises(ValueError, match="revision or version, not both"):
         LayerRepository(repo_id="org/name", layer_name="X", revision="main", version=1)

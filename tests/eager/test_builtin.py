@@ -8,7 +8,7 @@ import transformers
 
 from twinkle_fx import kernelize_model, undo_kernelize
 from twinkle_fx.builtin import BUILTIN_MODELS, use_builtin_kernels
-from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.core.swaps import swapped_forward
 
 CONFIGS = {
     "qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,

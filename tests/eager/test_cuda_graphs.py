@@ -10,8 +10,8 @@ import transformers
 
 from twinkle_fx import kernelize_model, kernelized, undo_kernelize
 from twinkle_fx.builtin import use_builtin_kernels
+from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.eager.graphs import graph_status
-from twinkle_fx.eager.layers import swapped_forward
 
 
 def _tiny_qwen2(device: str, layers: int = 3) -> torch.nn.Module:

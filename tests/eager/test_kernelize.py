@@ -13,9 +13,9 @@ from twinkle_fx import (
     register_layer_kernel,
     undo_kernelize,
 )
-from twinkle_fx.eager import KernelForward
+from twinkle_fx.core.swaps import KernelForward
 
-from .kernels_for_tests import (
+from kernels_for_tests import (
     Gelu,
     NoBackwardKernel,
     NotCompilableKernel,

@@ -18,10 +18,10 @@ from twinkle_fx import (
     scoped_registry,
     undo_kernelize,
 )
-from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.function import apply_function_kernel
 
-from .kernels_for_tests import Gelu, NoBackwardKernel, TanhGeluKernel, model_with_gelus, uses_tanh
+from kernels_for_tests import Gelu, NoBackwardKernel, TanhGeluKernel, model_with_gelus, uses_tanh
 
 ORIGINAL_ADD = math_ops.add
 

@@ -7,7 +7,7 @@ import torch
 
 from twinkle_fx import kernelize_model, register_external_layer, register_function_kernel, register_layer_kernel
 
-from .kernels_for_tests import Gelu, NoBackwardKernel, TanhGeluKernel, model_with_gelus
+from kernels_for_tests import Gelu, NoBackwardKernel, TanhGeluKernel, model_with_gelus
 
 
 class FastLinear(torch.nn.Module):
@@ -148,9 +148,9 @@ def test_swaps_and_coverage_notes_share_one_target_rule():
     """A tag alone does not make a class a target for a kernel registered with binds_by_tag=False,
     for the eager swap and for the coverage notes alike; binding the class does, for both."""
     from twinkle_fx import get_registry
+    from twinkle_fx.core.modes import Mode
+    from twinkle_fx.core.selection import is_layer_target, select_layer_kernel
     from twinkle_fx.eager.kernelize import coverage_notes
-    from twinkle_fx.modes import Mode
-    from twinkle_fx.selection import is_layer_target, select_layer_kernel
 
     register_layer_kernel(kernel_name="TagOnly", layer=DoubleKernel, device="cpu", binds_by_tag=False)
     registry, model = get_registry(), torch.nn.Sequential(TaggedDouble())

@@ -18,7 +18,7 @@ from twinkle_fx import (
 from twinkle_fx.builtin import use_builtin_kernels
 from twinkle_fx.function import apply_function_kernel, register_function_kernel
 
-from .kernels_for_tests import Gelu, TanhGeluKernel, model_with_gelus
+from kernels_for_tests import Gelu, TanhGeluKernel, model_with_gelus
 
 
 class ExactGeluKernel(torch.nn.Module):

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import twinkle_fx
 from twinkle_fx import kernelize_model, undo_kernelize
 from twinkle_fx.builtin import BUILTIN_MODELS, coverage_table, use_builtin_kernels
-from twinkle_fx.eager.layers import swapped_forward
+from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.testing import record_graphs
 
 FAMILIES = list(BUILTIN_MODELS)
@@ -382,8 +382,8 @@ def test_starcoder2_layer_norm_swapped_under_compile_as_eagerly(device):
 
 
 def test_limited_bindings_add_up_and_an_unlimited_one_replaces_them():
-    from twinkle_fx.registry import get_registry
-    from twinkle_fx.selection import select_layer_kernel
+    from twinkle_fx.core.registry import get_registry
+    from twinkle_fx.core.selection import select_layer_kernel
 
     class A(torch.nn.Module):
         pass

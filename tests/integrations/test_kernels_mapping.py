@@ -17,8 +17,8 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 import twinkle_fx
 from twinkle_fx import kernelize_model, register_layer_kernel, undo_kernelize
 from twinkle_fx.compile.reasons import ReasonKind
-from twinkle_fx.eager.layers import swapped_forward
-from twinkle_fx.kernels_mapping import foreign_forward, kernels_mapping_registrations
+from twinkle_fx.core.swaps import foreign_forward, swapped_forward
+from twinkle_fx.integrations.kernels_mapping import layer_registrations
 
 REPO = Path(__file__).resolve().parents[2] / "kernels" / "twinkle_triton"
 
@@ -66,7 +66,7 @@ def test_twinkle_registrations_win_over_the_kernels_mapping(model):
 
     register_layer_kernel(kernel_name="RMSNorm", layer=RMSNorm, device=DEVICE)
     with kernels.use_kernel_mapping(_rms_norm_mapping()):
-        assert kernels_mapping_registrations("RMSNorm", DEVICE)  # the mapping is there ...
+        assert layer_registrations("RMSNorm", DEVICE)  # the mapping is there ...
         kernelize_model(model, mode="inference", device=DEVICE)
     # ... but the kernel came from twinkle_fx's own registration (the package, not the kernels loader's copy)
     assert swapped_forward(_norms(model)[0]).fn is RMSNorm.forward

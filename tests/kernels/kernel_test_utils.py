@@ -9,13 +9,13 @@ tolerance where the reference itself is off (e.g. a weight gradient summed over 
 is therefore compared with the *truth* (the reference run on fp64 copies of the inputs) and may be
 off by the dtype's tolerance plus the reference's own error at that element: "no worse than
 PyTorch's own result in this dtype, up to one tolerance". The tolerances are the library's
-(:mod:`twinkle_fx.tolerances`, which says how they were chosen), the ones verify mode and
+(:mod:`twinkle_fx.core.tolerances`, which says how they were chosen), the ones verify mode and
 ``twinkle_fx check`` apply to the same kernels.
 """
 
 import torch
 
-from twinkle_fx.tolerances import tolerance
+from twinkle_fx.core.tolerances import tolerance
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

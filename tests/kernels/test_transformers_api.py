@@ -10,7 +10,7 @@ from twinkle_triton import layers
 from twinkle_triton.transformers_api import CACHE_ARGUMENT, TRANSFORMERS_VERSION, cache_renamed
 
 from twinkle_fx.builtin import _DECODER_LAYER_FAMILIES, BUILTIN_MODELS
-from twinkle_fx.selection import signature_mismatch
+from twinkle_fx.core.selection import signature_mismatch
 
 HEADS = sorted((name, f) for name, f in BUILTIN_MODELS.items() if f.head)
 

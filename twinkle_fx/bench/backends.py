@@ -80,7 +80,7 @@ def _builtin_kernels(family: str, device: torch.device, **options: Any) -> Itera
 def _swap_notes(model: torch.nn.Module) -> dict[str, Any]:
     """How many modules got each kernel, and which functions are patched (what kernelize did)."""
     from twinkle_fx.function import patched_functions
-    from twinkle_fx.eager.layers import swapped_forward
+    from twinkle_fx.core.swaps import swapped_forward
 
     layers = Counter(
         f"{type(module).__name__} -> {forward.kernel_name}"

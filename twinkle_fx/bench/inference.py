@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from twinkle_triton.transformers_api import CACHE_ARGUMENT
 
-from ..tolerances import tolerance
+from ..core.tolerances import tolerance
 from .backends import BackendUnavailable, Prepared, _builtin_kernels, _compile_notes
 from .environment import describe_environment
 from .model_bench import free_device_memory, warm_compiler
@@ -54,7 +54,7 @@ from .results import BenchResult, InferenceRow
 from .timing import DeviceClock
 from .workloads import build_model, get_workload
 
-__all__ = ["INFERENCE_BACKENDS", "InferenceBenchOptions", "run_inference_bench", "format_inference_table"]
+__all__ = ["INFERENCE_BACKENDS", "InferenceBenchOptions", "run_inference_bench"]
 
 
 
@@ -314,29 +314,3 @@ def run_inference_bench(options: InferenceBenchOptions, progress: Callable[[str]
         },
         rows=rows,
     )
-
-
-def format_inference_table(result: BenchResult) -> str:
-    """The inference result as a plain-text table."""
-    from .report import _compile_summary, _environment_line, _fmt, _table
-
-    header = ["backend", "prefill ms", "prefill tok/s", "decode ms", "decode tok/s", "1st prefill s", "1st decode s",
-              "prefill/ind+CG", "decode/ind+CG", "status"]
-    body = []
-    for r in result.rows:
-        cg = r.vs.get("inductor+cudagraphs", {})
-        body.append([r.backend, _fmt(r.prefill_ms, ".3f"), _fmt(r.prefill_tokens_per_s, ",.0f"),
-                     _fmt(r.decode_ms, ".3f"), _fmt(r.decode_tokens_per_s, ",.0f"), _fmt(r.prefill_first_s, ".1f"),
-                     _fmt(r.decode_first_s, ".1f"), _fmt(cg.get("prefill"), ".2f"), _fmt(cg.get("decode"), ".2f"),
-                     "WRONG" if r.status == "wrong" else r.status])
-    notes = [f"  {r.backend}: {r.status}: {r.error}" for r in result.rows if r.status in ("failed", "unavailable")]
-    notes += [f"  {r.backend}: WRONG: logits rel. error prefill {r.prefill_rel_error:.2e}, decode "
-              f"{r.decode_rel_error:.2e}" for r in result.rows if r.status == "wrong"]
-    notes += [f"  {r.backend}: {r.notes['cudagraphs']}" for r in result.rows if r.notes.get("cudagraphs")]
-    notes += [f"  {r.backend}: {r.notes['cuda_graphs']}" for r in result.rows if r.notes.get("cuda_graphs")]
-    notes += [f"  {r.backend}: {line}" for r in result.rows for line in r.notes.get("cuda_graphs_timed", ())]
-    notes += [f"  {r.backend}: {_compile_summary(r.notes)}" for r in result.rows if r.notes.get("graphs") is not None]
-    w = result.workload
-    title = f"{w['model']} ({w['shape_of']}), {w['dtype']}, no grad; prefill {w['prefill']}; decode {w['decode']}"
-    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(1, 9)))])
-    return text + ("\n\n" + "\n".join(notes) if notes else "")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..tolerances import tolerance
+from ..core.tolerances import tolerance
 from .environment import describe_environment
 from .model_bench import free_device_memory
 from .report import annotate_micro_rows

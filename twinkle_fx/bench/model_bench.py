@@ -39,7 +39,7 @@ class ModelBenchOptions:
     device: torch.device
     tiny: bool = False
     seed: int = 0
-    loss_rtol: float | None = None  # None: by dtype (twinkle_fx.tolerances, loss_rtol)
+    loss_rtol: float | None = None  # None: by dtype (twinkle_fx.core.tolerances, loss_rtol)
     profile_dir: Path | None = None  # --profile: a trace and a report per backend under it (see .profile)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..tolerances import tolerance
+from ..core.tolerances import tolerance
 from .results import BenchResult, MicroRow, ModelRow
 
 __all__ = ["annotate_model_rows", "annotate_micro_rows", "format_table", "write_outputs",
@@ -215,12 +215,34 @@ def _environment_line(result: BenchResult) -> str:
     return f"{env['device']}{interp}; {versions}; {env['date']}; commit {commit}"
 
 
+def _inference_table(result: BenchResult) -> str:
+    """The inference result as a plain-text table."""
+    header = ["backend", "prefill ms", "prefill tok/s", "decode ms", "decode tok/s", "1st prefill s", "1st decode s",
+              "prefill/ind+CG", "decode/ind+CG", "status"]
+    body = []
+    for r in result.rows:
+        cg = r.vs.get("inductor+cudagraphs", {})
+        body.append([r.backend, _fmt(r.prefill_ms, ".3f"), _fmt(r.prefill_tokens_per_s, ",.0f"),
+                     _fmt(r.decode_ms, ".3f"), _fmt(r.decode_tokens_per_s, ",.0f"), _fmt(r.prefill_first_s, ".1f"),
+                     _fmt(r.decode_first_s, ".1f"), _fmt(cg.get("prefill"), ".2f"), _fmt(cg.get("decode"), ".2f"),
+                     "WRONG" if r.status == "wrong" else r.status])
+    notes = [f"  {r.backend}: {r.status}: {r.error}" for r in result.rows if r.status in ("failed", "unavailable")]
+    notes += [f"  {r.backend}: WRONG: logits rel. error prefill {r.prefill_rel_error:.2e}, decode "
+              f"{r.decode_rel_error:.2e}" for r in result.rows if r.status == "wrong"]
+    notes += [f"  {r.backend}: {r.notes['cudagraphs']}" for r in result.rows if r.notes.get("cudagraphs")]
+    notes += [f"  {r.backend}: {r.notes['cuda_graphs']}" for r in result.rows if r.notes.get("cuda_graphs")]
+    notes += [f"  {r.backend}: {line}" for r in result.rows for line in r.notes.get("cuda_graphs_timed", ())]
+    notes += [f"  {r.backend}: {_compile_summary(r.notes)}" for r in result.rows if r.notes.get("graphs") is not None]
+    w = result.workload
+    title = f"{w['model']} ({w['shape_of']}), {w['dtype']}, no grad; prefill {w['prefill']}; decode {w['decode']}"
+    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(1, 9)))])
+    return text + ("\n\n" + "\n".join(notes) if notes else "")
+
+
 def format_table(result: BenchResult) -> str:
     """The result as a plain-text table for the terminal (and for pasting into the README)."""
     if result.kind == "inference":  # the inference workload
-        from .inference import format_inference_table
-
-        return format_inference_table(result)
+        return _inference_table(result)
     return _model_table(result) if result.kind == "model" else _micro_table(result)
 
 

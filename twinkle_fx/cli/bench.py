@@ -82,7 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--seed", type=int, default=0, help="weights and inputs (default 0)")
     parser.add_argument("--loss-rtol", type=positive_float,
                         help="first-step loss agreement with eager, relative (default: the dtype's loss_rtol in "
-                             "twinkle_fx.tolerances, 1e-2 bf16/fp16, 1e-5 fp32)")
+                             "twinkle_fx.core.tolerances, 1e-2 bf16/fp16, 1e-5 fp32)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile a few more steps of each backend: DIR/<backend>/profile_trace.json (Chrome "
                              "trace) and profile_report.txt (top kernels, host vs device time, launches per step)")
@@ -218,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
 def _run_inference(args: argparse.Namespace, device) -> int:
     import torch
 
-    from ..bench.inference import InferenceBenchOptions, format_inference_table, run_inference_bench
+    from ..bench.inference import InferenceBenchOptions, run_inference_bench
+    from ..bench.report import format_table
 
     options = InferenceBenchOptions(
         model=args.model, backends=args.backends or _INFERENCE_BACKENDS.split(","),
@@ -232,7 +233,7 @@ def _run_inference(args: argparse.Namespace, device) -> int:
     )
     result = run_inference_bench(options, progress=_progress)
     print()
-    print(format_inference_table(result))
+    print(format_table(result))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         path = args.out / f"bench-inference-{args.model}.json"

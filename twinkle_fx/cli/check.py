@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..builtin import BUILTIN_MODELS, use_builtin_kernels
-    from ..registry import scoped_registry
+    from ..core.registry import scoped_registry
     from .checklist import check_kernels
 
     if device.type == "cpu":

@@ -115,7 +115,7 @@ def choose_device(text: str | None, *, default_cpu: bool, command: str, full_siz
             raise CommandError(f"a full-size run on the CPU ({full_size} through the Triton interpreter) takes "
                                "hours; use --tiny for the CPU smoke test, a GPU (--device cuda), or --force to run "
                                "it anyway")
-        from ..settings import use_triton_interpreter
+        from ..core.settings import use_triton_interpreter
 
         try:
             use_triton_interpreter(command=command)

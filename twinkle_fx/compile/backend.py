@@ -39,11 +39,11 @@ import torch
 import torch.fx as fx
 from torch._dynamo.exc import ShortenTraceback
 
-from ..caches import owns_cache
-from ..kernels_mapping import active_kernels_mapping
-from ..modes import Mode, format_mode
-from ..registry import KernelRegistry, get_registry
-from ..settings import DISABLE_ENV, kernels_disabled
+from ..core.caches import owns_cache
+from ..core.modes import Mode, format_mode
+from ..core.plugins import layer_mappings
+from ..core.registry import KernelRegistry, get_registry
+from ..core.settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
 from .analyses import compiled_root, foreign_forwards, function_calls, graph_breaks
 from .dynamo_internals import (checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break,
@@ -248,8 +248,9 @@ def _parse(options: dict[str, Any] | None) -> BackendOptions:
 
 def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
     """One WARNING per registry state when backend='twinkle' runs with nothing registered at all."""
-    if registry.layer_kernel_names() or registry.function_targets() or registry.bindings() or active_kernels_mapping():
-        return  # the kernels package's mapping (use_kernel_mapping) serves layers too
+    if registry.layer_kernel_names() or registry.function_targets() or registry.bindings() \
+            or any(mapping.layer_names() for mapping in layer_mappings()):
+        return  # a plugged layer mapping (the kernels package's use_kernel_mapping) serves layers too
     if _WARNED_EMPTY.get(registry) == registry.generation:
         return
     _WARNED_EMPTY[registry] = registry.generation

@@ -36,7 +36,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ..caches import owns_cache
+from ..core.caches import owns_cache
 
 logger = logging.getLogger(__name__)
 

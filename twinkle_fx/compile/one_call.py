@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from ..devices import check_device_available, check_model_device, infer_device, parse_device
-from ..errors import check_flag
-from ..eager.layers import LayerSwap, install_forward, swapped_forward
-from ..modes import format_mode, parse_mode
-from ..registry import get_registry
-from ..selection import select_layer_kernel, signature_mismatch
-from ..settings import kernels_disabled
+from ..core.devices import check_device_available, check_model_device, infer_device, parse_device
+from ..core.errors import check_flag
+from ..core.modes import format_mode, parse_mode
+from ..core.registry import get_registry
+from ..core.selection import select_layer_kernel, signature_mismatch
+from ..core.settings import kernels_disabled
+from ..core.swaps import LayerSwap, install_forward, swapped_forward
 from .options import COMPILERS, parse_options
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..caches import owns_cache
+from ..core.caches import owns_cache
 from .dynamo_internals import example_value
 from .kernel_call import KernelCall
 from .reasons import KeepRegion, ReasonKind

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..modes import Mode, parse_mode
+from ..core.modes import Mode, parse_mode
 
 __all__ = ["BackendOptions", "parse_options", "COMPILERS"]
 

@@ -32,7 +32,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from ..registry import KernelRegistry
+from ..core.registry import KernelRegistry
+from ..core.swaps import original_function
 
 logger = logging.getLogger(__name__)
 
@@ -181,8 +182,6 @@ def resolve_reference(target: str) -> Any:
     """The function ``target`` names, as its author wrote it: the original when ``kernelize_model``
     / ``apply_function_kernel`` has patched the module attribute (tracing the kernel instead would
     make the backend search for the kernel's computation)."""
-    from ..eager.function_patches import original_function
-
     original = original_function(target)
     if original is not None:
         return original

@@ -37,8 +37,8 @@ from typing import Any, Union
 
 import torch.fx as fx
 
-from ..modes import Mode
-from ..registry import KernelRegistry
+from ..core.modes import Mode
+from ..core.registry import KernelRegistry
 from .dynamo_internals import GraphBreak, ModuleLookup, checkpoint_bodies, example_value, real_input
 from .reasons import KeepRegion, Reason, ReasonKind
 

@@ -6,8 +6,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from ..modes import Mode
-from ..selection import KernelChoice
+from ..core.modes import Mode
+from ..core.selection import KernelChoice
 from .dynamo_internals import example_value
 from .equivalence import static_inputs
 from .kernel_call import KernelCall

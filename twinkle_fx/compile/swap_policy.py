@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..modes import Mode
+from ..core.modes import Mode
 
 __all__ = ["Decision", "DECISIONS", "keep_inductor_reason", "active_policy"]
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..caches import owns_cache
+from ..core.caches import owns_cache
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Debugging aid, at compile time: the original graph is kept as a copy, both run once without
 grad on the real example inputs (inputs cloned so in-place updates do not add up), and outputs
-must agree as :func:`twinkle_fx.numerics.compare` (eager verify's comparison) says.
+must agree as :func:`twinkle_fx.core.numerics.compare` (eager verify's comparison) says.
 
 A graph with dynamic shapes serves sizes it was never run at, and the example sizes are often
 the friendly ones (even, powers of two) where a kernel's edge handling never runs: such a graph
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .. import numerics
+from ..core import numerics
 from .dynamo_internals import is_ddp_piece
 
 __all__ = ["snapshot", "compare", "compare_at_other_sizes", "awkward_size"]

@@ -2,10 +2,9 @@
 
 from .function_patches import PatchedFunctions, apply_function_kernel, restore_functions
 from .kernelize import Restored, kernelize_model, kernelized, undo_kernelize, verification_report
-from .layers import KernelForward, restore_layers
+from .layers import restore_layers
 
 __all__ = [
-    "KernelForward",
     "PatchedFunctions",
     "Restored",
     "apply_function_kernel",

@@ -1,7 +1,7 @@
 """Function patching: replace ``target_module.func_name`` by its registered kernel, and undo it.
 
-Module attributes are process-wide, so the record of what was patched is too: one ledger, guarded
-by a lock, that remembers each original so :func:`restore_functions` puts it back exactly.
+What is patched now is the ledger of :mod:`twinkle_fx.core.swaps` (process-wide, as module
+attributes are), which remembers each original so :func:`restore_functions` puts it back exactly.
 Callers that bound the function under another name (``from m import f``) keep the original; that
 is the nature of monkey-patching, and why the compile backend matches the computation instead.
 """
@@ -10,25 +10,24 @@ from __future__ import annotations
 
 import importlib
 import logging
-import threading
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..devices import check_device_available, parse_device
-from ..errors import KernelSelectionError, check_flag
-from ..modes import format_mode, parse_mode
-from ..registry import get_registry
-from ..selection import select_function_kernel
-from ..settings import DISABLE_ENV, kernels_disabled
+from ..core.devices import check_device_available, parse_device
+from ..core.errors import KernelSelectionError, check_flag
+from ..core.modes import format_mode, parse_mode
+from ..core.registry import get_registry
+from ..core.selection import select_function_kernel
+from ..core.settings import DISABLE_ENV, kernels_disabled
+from ..core.swaps import (PATCHES_LOCK, FunctionChange, FunctionPatch, current_patch, current_patches,
+                          restore_function_targets, revert_patches, set_patch)
 from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PatchedFunctions", "apply_function_kernel", "restore_functions", "patched_functions",
-           "function_verifications"]
+__all__ = ["PatchedFunctions", "apply_function_kernel", "restore_functions", "function_verifications"]
 
 
 class VerifiedFunction:
@@ -57,27 +56,6 @@ class VerifiedFunction:
         return result
 
 
-@dataclass(frozen=True)
-class _Patch:
-    module: Any
-    func_name: str
-    original: Any
-    replacement: Any
-
-
-@dataclass(frozen=True)
-class _Change:
-    """One change of the ledger, so a scoped undo puts ``before`` back (None: not patched)."""
-
-    target: str
-    before: _Patch | None
-    after: _Patch | None
-
-
-_LEDGER_LOCK = threading.RLock()
-_LEDGER: dict[str, _Patch] = {}
-
-
 class PatchedFunctions(list):
     """The ``"module.func"`` names patched by one call; also a handle to undo what that call changed.
 
@@ -93,70 +71,20 @@ class PatchedFunctions(list):
         False
     """
 
-    def __init__(self, targets: list[str] = (), changes: list[_Change] = ()) -> None:
+    def __init__(self, targets: list[str] = (), changes: list[FunctionChange] = ()) -> None:
         super().__init__(targets)
         self._changes = list(changes)
         self._kept: list[tuple[str, str]] = []  # (target, why its original was kept)
 
     def restore(self) -> int:
         """Undo what this call changed (where nothing changed it since); returns how many targets."""
-        return _revert(self._changes)
+        return revert_patches(self._changes)
 
     def __enter__(self) -> "PatchedFunctions":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.restore()
-
-
-def original_function(target: str) -> Any | None:
-    """The function ``target`` ("module.func") held before it was patched here; None if it is not patched."""
-    with _LEDGER_LOCK:
-        patch = _LEDGER.get(target)
-    return None if patch is None else patch.original
-
-
-def patched_functions() -> list[str]:
-    """Every ``"module.func"`` currently patched by twinkle_fx."""
-    with _LEDGER_LOCK:
-        return list(_LEDGER)
-
-
-def _set(target: str, patch: _Patch | None, fallback: _Patch) -> None:
-    """Make ``patch`` the state of ``target`` (None: the original, from ``fallback``)."""
-    if patch is None:
-        setattr(fallback.module, fallback.func_name, fallback.original)
-        _LEDGER.pop(target, None)
-    else:
-        setattr(patch.module, patch.func_name, patch.replacement)
-        _LEDGER[target] = patch
-
-
-def _revert(changes: list[_Change]) -> int:
-    reverted = 0
-    with _LEDGER_LOCK:
-        for change in reversed(changes):
-            current = _LEDGER.get(change.target)
-            if current is not change.after:
-                continue  # changed again since: that later change owns the state now
-            if change.after is not None and getattr(change.after.module, change.after.func_name) is not change.after.replacement:
-                continue  # replaced by something else: not ours to touch
-            _set(change.target, change.before, change.after or change.before)
-            logger.info("restored %s", change.target)
-            reverted += 1
-    return reverted
-
-
-def unpatch_all() -> list[_Change]:
-    """Put back the original of every function twinkle_fx patched (and still holds); returns the
-    changes, so a scoped caller can patch them again."""
-    changes = []
-    with _LEDGER_LOCK:
-        for target, patch in list(_LEDGER.items()):
-            if getattr(patch.module, patch.func_name, None) is patch.replacement:
-                _set(target, None, patch)
-                changes.append(_Change(target, patch, None))
-    return changes
 
 
 def restore_functions(targets: list[str] | None = None) -> int:
@@ -166,25 +94,6 @@ def restore_functions(targets: list[str] | None = None) -> int:
     WARNING names it); twinkle_fx forgets its patch.
     """
     return len(restore_function_targets(targets))
-
-
-def restore_function_targets(targets: list[str] | None = None) -> list[str]:
-    """:func:`restore_functions`, returning the ``"module.func"`` targets put back."""
-    restored = []
-    with _LEDGER_LOCK:
-        for target in list(_LEDGER) if targets is None else targets:
-            patch = _LEDGER.pop(target, None)
-            if patch is None:
-                continue
-            current = getattr(patch.module, patch.func_name, None)
-            if current is not patch.replacement:
-                logger.warning("%s was replaced by %r after twinkle_fx patched it; left as it is (restore it with "
-                               "the tool that replaced it)", target, current)
-                continue
-            setattr(patch.module, patch.func_name, patch.original)
-            logger.info("restored %s", target)
-            restored.append(target)
-    return restored
 
 
 def _fail(message: str, strict: bool) -> None:
@@ -285,15 +194,15 @@ def _apply(target_module: str | None, device_type: str, wanted: Any, use_fallbac
             continue
         plan.append((target, module, func_name, selection.choice))
 
-    changes: list[_Change] = []
+    changes: list[FunctionChange] = []
     patched = PatchedFunctions()
-    with _LEDGER_LOCK:
+    with PATCHES_LOCK:
         for target, reason in unusable:
-            stale = _LEDGER.get(target)
+            stale = current_patch(target)
             if stale is not None and getattr(stale.module, stale.func_name) is stale.replacement:
                 # a kernel an earlier call installed does not serve this call: the original again
-                _set(target, None, stale)
-                changes.append(_Change(target, stale, None))
+                set_patch(target, None, stale)
+                changes.append(FunctionChange(target, stale, None))
                 logger.info("restored %s: the kernel installed earlier does not apply now (%s)", target, reason)
         if unusable and not use_fallback:
             target, reason = unusable[0]
@@ -302,7 +211,7 @@ def _apply(target_module: str | None, device_type: str, wanted: Any, use_fallbac
                 "nothing was patched" + (f", {len(changes)} earlier patch(es) that do not apply were restored)"
                                          if changes else ")"))
         for target, module, func_name, choice in plan:
-            current = _LEDGER.get(target)
+            current = current_patch(target)
             if (current is not None and getattr(current.replacement, "kernel", current.replacement) is choice.call
                     and getattr(module, func_name) is current.replacement
                     and isinstance(current.replacement, VerifiedFunction) == verify):
@@ -313,9 +222,9 @@ def _apply(target_module: str | None, device_type: str, wanted: Any, use_fallbac
             if verify:
                 replacement = VerifiedFunction(choice.call, original, Verifier(target, str(choice.registration.source.describe()),
                                                                               use_fallback=use_fallback))
-            after = _Patch(module, func_name, original, replacement)
-            _set(target, after, after)
-            changes.append(_Change(target, current, after))
+            after = FunctionPatch(module, func_name, original, replacement)
+            set_patch(target, after, after)
+            changes.append(FunctionChange(target, current, after))
             logger.info("patched %s -> %s [%s, %s]", target, choice.registration.source.describe(),
                         device_type, format_mode(wanted))
             patched.append(target)
@@ -328,7 +237,5 @@ def _apply(target_module: str | None, device_type: str, wanted: Any, use_fallbac
 
 def function_verifications() -> list[Verification]:
     """The verifications of every patched function applied with ``verify=True``."""
-    with _LEDGER_LOCK:
-        patches = list(_LEDGER.values())
-    return [v for p in patches if isinstance(p.replacement, VerifiedFunction) for v in p.replacement.verifier.results]
+    return [v for p in current_patches() if isinstance(p.replacement, VerifiedFunction) for v in p.replacement.verifier.results]
 

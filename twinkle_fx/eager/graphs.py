@@ -676,7 +676,7 @@ def graph_status(model: torch.nn.Module) -> GraphStatus | None:
         CUDA graphs: 1 sequence(s), 24 block call(s) recorded; replays 48 forward, 48 backward
           1 pass(es) eager: warm-up pass of a new input signature
     """
-    from .layers import swapped_forward
+    from ..core.swaps import swapped_forward
 
     for module in model.modules():
         forward = swapped_forward(module)

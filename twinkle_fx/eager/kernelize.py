@@ -12,20 +12,20 @@ from typing import Any
 
 import torch
 
-from ..caches import owns_cache
-from ..devices import check_device_available, check_model_device, infer_device, parse_device
-from ..errors import KernelSelectionError, check_flag
-from ..modes import Mode, format_mode, parse_mode
-from ..registry import KernelRegistry, get_registry
-from ..selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
-from ..settings import DISABLE_ENV, kernels_disabled
-from .function_patches import _apply, _revert, function_verifications
-from .function_patches import _Change as FunctionChange
-from .function_patches import restore_function_targets, unpatch_all
+from ..core.caches import owns_cache
+from ..core.devices import check_device_available, check_model_device, infer_device, parse_device
+from ..core.errors import KernelSelectionError, check_flag
+from ..core.modes import Mode, format_mode, parse_mode
+from ..core.registry import KernelRegistry, get_registry
+from ..core.selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
+from ..core.settings import DISABLE_ENV, kernels_disabled
+from ..core.swaps import (FunctionChange, LayerChange, LayerSwap, forget, install_forward, overwritten_forwards,
+                          restore_function_targets, revert_changes, revert_patches, swapped_forward, uninstall_forward,
+                          unpatch_all)
+from .function_patches import _apply, function_verifications
 from .graphs import GraphSet, block_modules
 from .model_graphs import ModelGraphs
-from .layers import (LayerChange, LayerSwap, foreign_forwards, forget, install_forward, install_graphs,
-                     revert_changes, swapped_forward, uninstall_forward)
+from .layers import checked, install_graphs
 from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)
@@ -323,7 +323,7 @@ def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallb
         if verify:
             target = f"{swap.path or '<model>'} ({type(swap.module).__qualname__})"
             verifier = Verifier(target, swap.choice.name, use_fallback=use_fallback)
-        change = install_forward(swap, verifier)
+        change = install_forward(swap, verifier, run=checked(swap.choice.call, verifier))
         if change is not None:
             changes.layers.append(change)
         installed.append(swap)
@@ -527,7 +527,7 @@ def undo_kernelize(model: torch.nn.Module | None = None) -> Restored:
     left: list[str] = []
     if model is not None:
         named = {id(m): path or "<model>" for path, m in model.named_modules()}
-        foreign = foreign_forwards(m for m in model.modules())
+        foreign = overwritten_forwards(m for m in model.modules())
         for module in model.modules():
             change = uninstall_forward(module)
             if change is not None:
@@ -588,4 +588,4 @@ def kernelized(
         yield model
     finally:
         revert_changes(changes.layers)
-        _revert(changes.functions)
+        revert_patches(changes.functions)

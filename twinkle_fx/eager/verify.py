@@ -1,10 +1,10 @@
 """Verify mode: the first call of a swapped layer or function (per input signature) also runs the
-reference and compares outputs, and in training the gradients, with :func:`twinkle_fx.numerics.compare`
-(the comparison compile-time verify uses too) and the tolerances of :mod:`twinkle_fx.tolerances`.
+reference and compares outputs, and in training the gradients, with :func:`twinkle_fx.core.numerics.compare`
+(the comparison compile-time verify uses too) and the tolerances of :mod:`twinkle_fx.core.tolerances`.
 
 A kernel that disagrees is never silently kept: the mismatch is logged with what differed (values
 and their maximum error, dtype, device, shape, output structure, a lost gradient, an input it
-changed) and the reference takes over (or :class:`~twinkle_fx.errors.KernelVerificationError` is
+changed) and the reference takes over (or :class:`~twinkle_fx.core.errors.KernelVerificationError` is
 raised when ``use_fallback=False``). Every check is recorded as a :class:`Verification`.
 
 The kernel runs on copies of the input tensors and the reference on the caller's own, so an
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..errors import KernelVerificationError
-from ..numerics import compare
+from ..core.errors import KernelVerificationError
+from ..core.numerics import compare
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ For each target (a layer class bound to a kernel name, or a registered function)
 correctness      outputs and gradients (inputs and parameters) of the kernel vs the original, for several
                  sizes (odd ones included) and dtypes against an fp64 run of the original: the kernel's
                  error norm within PyTorch's own (same dtype) plus the tolerances of
-                 :mod:`twinkle_fx.tolerances`; an inference-only kernel is checked forward only
+                 :mod:`twinkle_fx.core.tolerances`; an inference-only kernel is checked forward only
 speed-up         median time of the original / the kernel (forward + backward when the kernel has one),
                  eager at every size, and both under ``torch.compile`` (Inductor) where the kernel can
                  compile; the guide's bar is 1.2x. Under the Triton interpreter (CPU) times say nothing

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from ...modes import Mode
-from ...registry import get_registry
-from ...selection import signature_mismatch
+from ...core.modes import Mode
+from ...core.registry import get_registry
+from ...core.selection import signature_mismatch
 from .correctness import check_correctness
 from .fallback import check_fallback
 from .inputs import NoInputs, sizes
@@ -110,7 +110,7 @@ def check_kernels(
         >>> report = check_kernels(device="cpu", tiny=True)                                    # doctest: +SKIP
         >>> print(report)                                                                      # doctest: +SKIP
     """
-    from ...devices import parse_device
+    from ...core.devices import parse_device
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,7 +7,7 @@ import importlib
 
 import torch
 
-from ...registry import get_registry
+from ...core.registry import get_registry
 from .inputs import sizes
 from .report import FAIL, PASS
 from .runner import Runner, tensors

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ...bench.timing import DeviceClock
-from ...modes import Mode
-from ...selection import KernelChoice
+from ...core.modes import Mode
+from ...core.selection import KernelChoice
 from .inputs import NoInputs
 from .report import CheckInputs
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ...caches import owns_cache
-from ...eager.layers import swapped_forward
-from ...selection import select_layer_kernel
+from ...core.caches import owns_cache
+from ...core.selection import select_layer_kernel
+from ...core.swaps import swapped_forward
 from ..dynamo_internals import SourceRef, input_source, parse_source
 from ..pipeline import Kept, Outcome, PassState
 from ..reasons import Reason, ReasonKind

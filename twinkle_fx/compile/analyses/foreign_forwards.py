@@ -10,7 +10,7 @@ costs nothing for other models. Functions that ``kernels`` wraps as modules (cla
 
 from __future__ import annotations
 
-from ...kernels_mapping import foreign_forward
+from ...core.swaps import foreign_forward
 from ..dynamo_internals import module_stack
 from ..pipeline import Kept, Outcome, PassState
 from ..reasons import Reason, ReasonKind

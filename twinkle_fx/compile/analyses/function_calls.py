@@ -17,6 +17,7 @@ import sys
 
 import torch.fx as fx
 
+from ...core.swaps import patched_functions
 from ..dynamo_internals import module_stack, stack_frames
 from ..pipeline import Kept, Outcome, PassState
 from ..reasons import Reason, ReasonKind
@@ -64,8 +65,6 @@ def _sites_taken(state: PassState, target: str, *, copies: bool) -> set[tuple]:
 def _installed_kernel_files() -> set[str]:
     """Files of the kernels ``kernelize_model`` / ``apply_function_kernel`` patched in: a patched
     ``apply_rotary_pos_emb`` runs the kernel's own function of that name, which is no unmatched copy."""
-    from ...eager.function_patches import patched_functions
-
     files = set()
     for target in patched_functions():
         module_name, _, func_name = target.rpartition(".")

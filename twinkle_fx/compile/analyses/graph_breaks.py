@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ...selection import is_layer_target
+from ...core.selection import is_layer_target
 from ..dynamo_internals import Frame
 from ..pipeline import Kept, Outcome, PassState
 from ..reasons import Reason, ReasonKind

@@ -27,7 +27,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
 
-from ...selection import Selection, select_function_kernel
+from ...core.selection import Selection, select_function_kernel
 from ..binding import bind, outputs_read_outside
 from ..dynamo_internals import example_value, is_erased, module_stack, stack_frames
 from ..kernel_call import FunctionKernelCall

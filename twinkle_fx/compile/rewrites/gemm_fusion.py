@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from ...modes import Mode
+from ...core.modes import Mode
 from ..dynamo_internals import common_provenance, example_value, set_example_value
 from ..pipeline import Outcome, PassState
 

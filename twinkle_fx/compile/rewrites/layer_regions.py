@@ -22,9 +22,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from ...eager.layers import swapped_forward
-from ...kernels_mapping import foreign_forward
-from ...selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
+from ...core.selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
+from ...core.swaps import foreign_forward, swapped_forward
 from ..binding import bind, outputs_read_outside
 from ..dynamo_internals import (ModuleFrame, example_value, input_source, is_ddp_piece, module_stack, parent_class,
                                 parse_source)

@@ -14,9 +14,9 @@ from twinkle_fx import (
     register_external_layer,
     register_layer_kernel,
 )
-from twinkle_fx.sources import HubSource, LocalRepoSource, make_source
+from twinkle_fx.core.sources import HubSource, LocalRepoSource, make_source
 
-from .kernels_for_tests import Gelu, uses_tanh
+from kernels_for_tests import Gelu, uses_tanh
 
 TANH_LAYERS = """
 import torch

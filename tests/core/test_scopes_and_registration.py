@@ -15,7 +15,7 @@ from twinkle_fx import (
     scoped_registry,
 )
 
-from .kernels_for_tests import Gelu, TanhGeluKernel, model_with_gelus, uses_tanh
+from kernels_for_tests import Gelu, TanhGeluKernel, model_with_gelus, uses_tanh
 
 
 def _in_thread(fn):

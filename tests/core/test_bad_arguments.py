@@ -16,7 +16,7 @@ from twinkle_fx import (
 )
 from twinkle_fx.function import apply_function_kernel
 
-from .kernels_for_tests import Gelu, TanhGeluKernel, model_with_gelus
+from kernels_for_tests import Gelu, TanhGeluKernel, model_with_gelus
 
 
 @pytest.mark.parametrize("call, error, message", [

@@ -1,8 +1,9 @@
 """Where a kernel comes from: a direct implementation, a repo object, a local repo, the Hub.
 
 Every source has ``load()`` (lazy, cached, thread-safe; any failure becomes a
-:class:`~twinkle_fx.errors.KernelLoadError` that names the source) and ``describe()``.
-The ``kernels`` package is imported only when a Hub or Hugging Face-layout source loads.
+:class:`~twinkle_fx.core.errors.KernelLoadError` that names the source) and ``describe()``.
+A Hub or Hugging Face-layout source loads through the Hub loader plugged into
+:mod:`twinkle_fx.core.plugins` (the ``kernels`` package, imported only then).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from .errors import KernelLoadError
+from .plugins import hub_loader
 
 __all__ = [
     "FuncRepositoryProtocol",
@@ -171,9 +173,8 @@ class LocalRepoSource(KernelSource):
         if package_dir is not None and (package_dir / "__init__.py").is_file():
             module = _import_package(package_dir, self.describe())
         elif _is_hf_layout(self.repo_path):
-            from .hub import load_local_hf_kernel
-
-            module = load_local_hf_kernel(self.repo_path, trust_remote_code=self.trust_remote_code, where=self.describe())
+            module = hub_loader(self.describe()).load_local_hf_kernel(
+                self.repo_path, trust_remote_code=self.trust_remote_code, where=self.describe())
         elif not self.package_name:
             raise KernelLoadError(f"{self.describe()}: package_name is required for a plain Python package repo.")
         else:
@@ -240,9 +241,7 @@ class HubSource(KernelSource):
         return f"hub {self.repo_id} ({self.pin()}) {'layer' if self.is_layer else 'function'} {self.attr!r}"
 
     def _load(self) -> Any:
-        from .hub import load_hub_kernel
-
-        module = load_hub_kernel(
+        module = hub_loader(self.describe()).load_hub_kernel(
             self.repo_id,
             revision=self.revision,
             version=self.version,

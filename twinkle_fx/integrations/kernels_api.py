@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from .eager import kernelize_model
-from .modes import Mode
-from .registration import register_external_layer, register_layer_kernel
-from .registry import scoped_registry
+from ..core.modes import Mode
+from ..core.registration import register_external_layer, register_layer_kernel
+from ..core.registry import scoped_registry
+from ..eager import kernelize_model
 
 __all__ = ["LayerRepository", "kernelize", "register_kernel_mapping", "replace_kernel_forward_from_hub",
            "use_kernel_forward_from_hub", "use_kernel_mapping"]

@@ -1,4 +1,4 @@
-"""Small layer kernels with observable behaviour, for the eager tests."""
+"""Small layer kernels with observable behaviour, for the tests of the registry, selection and the eager swap."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Process-wide caches have an owner and a reset (twinkle_fx.caches), and the test fixtures use it."""
+"""Process-wide caches have an owner and a reset (twinkle_fx.core.caches), and the test fixtures use it."""
 
 import logging
 import re
@@ -10,15 +10,16 @@ import torch
 import twinkle_fx.builtin  # noqa: F401  imports the modules most caches live in
 import twinkle_fx.compile.backend  # noqa: F401
 import twinkle_fx.explain  # noqa: F401
+import twinkle_fx.integrations.kernels_mapping  # noqa: F401
 from twinkle_fx import kernelize_model, register_external_layer, register_layer_kernel
-from twinkle_fx.caches import cache_owners, reset_caches
+from twinkle_fx.core.caches import cache_owners, reset_caches
 
 # module-level containers that are state, not caches: emptying them would lose what undo needs
 STATE = {
-    "twinkle_fx.caches._RESETS": "the owners themselves",
-    "twinkle_fx.eager.function_patches._LEDGER": "the functions patched now (undo_kernelize puts them back)",
-    "twinkle_fx.eager.layers._INSTALLED": "the forwards installed now (undo_kernelize puts them back)",
-    "twinkle_fx.selection._INSTANCES": "one instance per class-based function kernel, so a patch is recognised",
+    "twinkle_fx.core.caches._RESETS": "the owners themselves",
+    "twinkle_fx.core.swaps._LEDGER": "the functions patched now (undo_kernelize puts them back)",
+    "twinkle_fx.core.swaps._INSTALLED": "the forwards installed now (undo_kernelize puts them back)",
+    "twinkle_fx.core.selection._INSTANCES": "one instance per class-based function kernel, so a patch is recognised",
 }
 
 
@@ -37,9 +38,10 @@ def test_every_module_level_cache_has_an_owner_that_empties_it():
     # a container still empty after the reset is filled at run time; one filled at import is a constant
     unowned = [f"{name}.{attr}" for name, attr, value in _containers()
                if len(value) == 0 and name not in cache_owners() and f"{name}.{attr}" not in STATE]
-    assert unowned == [], f"caches without an owner (register a reset with twinkle_fx.caches.owns_cache): {unowned}"
+    assert unowned == [], f"caches without an owner (register a reset with twinkle_fx.core.caches.owns_cache): {unowned}"
     for name in ("twinkle_fx.eager.kernelize", "twinkle_fx.compile.opaque", "twinkle_fx.compile.ttir_memo",
-                 "twinkle_fx.compile.dynamo_internals", "twinkle_fx.devices", "twinkle_fx.kernels_mapping"):
+                 "twinkle_fx.compile.dynamo_internals", "twinkle_fx.core.devices",
+                 "twinkle_fx.integrations.kernels_mapping"):
         assert name in cache_owners()
 
 

@@ -2,7 +2,7 @@
 (:mod:`twinkle_fx.eager.verify`) and compile-time verify (:mod:`twinkle_fx.compile.verify`).
 
 Structure, non-tensor values, dtype, device and shape must agree exactly; integer and bool tensors
-exactly; floating values within :func:`twinkle_fx.tolerances.tolerance` of their dtype, with the same
+exactly; floating values within :func:`twinkle_fx.core.tolerances.tolerance` of their dtype, with the same
 non-finite positions (NaN where the reference has NaN is agreement).
 """
 

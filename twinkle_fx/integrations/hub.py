@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from .errors import KernelLoadError
+from ..core.errors import KernelLoadError
 
 __all__ = ["load_hub_kernel", "load_local_hf_kernel", "publish_to_hub_cache"]
 

@@ -20,8 +20,8 @@ import torch
 from .devices import registration_keys, triton_interpreter_problem
 from .errors import KernelLoadError
 from .modes import Mode, format_mode, mode_fallback_order
+from .plugins import layer_mappings
 from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
-from .kernels_mapping import with_kernels_mapping
 
 __all__ = ["KernelChoice", "Selection", "is_layer_target", "layer_target", "select_layer_kernel", "select_function_kernel", "signature_mismatch",
            "does_not_apply", "KERNEL_DECLARATIONS"]
@@ -249,19 +249,32 @@ def layer_target(registry: KernelRegistry, cls: type, *,
     transformers tags many classes, so a tag without such a registration makes no target. Loads nothing.
 
     Args:
-        device (`str`, *optional*): also count the Hugging Face ``kernels`` mapping in effect
-            (``use_kernel_mapping``) for this device; it fills devices twinkle_fx has nothing for.
+        device (`str`, *optional*): also count the layer mappings plugged into core (the Hugging Face
+            ``kernels`` mapping in effect, ``use_kernel_mapping``) for this device; they fill the
+            device keys twinkle_fx has nothing for.
     """
     kernel_name = registry.kernel_name_for(cls)
     if kernel_name is None:
         return None
     registrations = registry.layer_registrations(kernel_name)
     if device is not None:
-        registrations = with_kernels_mapping(kernel_name, device, registrations)
+        registrations = _with_layer_mappings(kernel_name, device, registrations)
     if not any(_serves(registry, cls, r) for modes in registrations.values() for r in modes.values()) \
             and not registry.is_bound(cls):
         return None
     return kernel_name, registrations
+
+
+def _with_layer_mappings(kernel_name: str, device: str,
+                         registrations: dict[str, dict[Mode, LayerRegistration]]) -> dict[str, dict[Mode, LayerRegistration]]:
+    """``registrations`` (twinkle_fx's, for ``kernel_name``) plus the entries of the plugged layer
+    mappings for the device keys twinkle_fx has no registration for (the first mapping with a key wins)."""
+    merged = registrations
+    for mapping in layer_mappings():
+        for key, modes in mapping.layer_registrations(kernel_name, device).items():
+            if key not in merged:
+                merged = {**merged, key: modes}
+    return merged
 
 
 def is_layer_target(registry: KernelRegistry, cls: type, *, device: str | None = None) -> bool:

@@ -2,7 +2,7 @@
 
 The signatures of :func:`register_layer_kernel` and :func:`register_function_kernel` are the one
 spec of the registration keywords (names, types, defaults): :data:`LAYER_KEYWORDS` and
-:data:`FUNCTION_KEYWORDS` read them, and :func:`~twinkle_fx.config.register_kernels` checks and
+:data:`FUNCTION_KEYWORDS` read them, and :func:`~twinkle_fx.core.config.register_kernels` checks and
 completes its entries with them, then builds through the same :func:`layer_registration` /
 :func:`function_registration` the single calls use.
 """

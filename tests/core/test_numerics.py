@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from twinkle_fx.numerics import compare
-from twinkle_fx.tolerances import TOLERANCES, tolerance
+from twinkle_fx.core.numerics import compare
+from twinkle_fx.core.tolerances import TOLERANCES, tolerance
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -9,7 +9,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 from my_pkg.fast_ops import fast_add
 from twinkle_fx import get_registry, kernelize_model, register_external_layer, register_kernels
 
-from .kernels_for_tests import Gelu, TanhGeluKernel, uses_tanh
+from kernels_for_tests import Gelu, TanhGeluKernel, uses_tanh
 
 
 def _config(local_repo):
@@ -125,7 +125,7 @@ def test_functions_keyed_by_name_with_target_module_as_documented(device):
 def test_layer_name_defaults_to_kernel_name(local_repo):
     from twinkle_fx import register_layer_kernel
     from twinkle_fx import Mode
-    from twinkle_fx.selection import select_layer_kernel
+    from twinkle_fx.core.selection import select_layer_kernel
 
     register_layer_kernel(kernel_name="Qwen2MLPTrainingKernel", repo_path=str(local_repo),
                           package_name="my_kernels", device="cpu")

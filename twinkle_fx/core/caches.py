@@ -11,7 +11,7 @@ undone with :func:`twinkle_fx.undo_kernelize`, and torch.library keeps the ops i
 Only modules that were imported registered a cache (a module never imported filled none).
 
 Example:
-    >>> from twinkle_fx.caches import cache_owners, reset_caches
+    >>> from twinkle_fx.core.caches import cache_owners, reset_caches
     >>> "twinkle_fx.eager.kernelize" in cache_owners()
     True
     >>> reset_caches() == cache_owners()

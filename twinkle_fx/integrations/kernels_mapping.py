@@ -1,4 +1,4 @@
-"""The Hugging Face ``kernels`` package as a neighbour: its active layer mapping, and the forwards it swapped.
+"""The Hugging Face ``kernels`` package as a neighbour: its active layer mapping.
 
 ``kernels`` keeps one layer mapping (``kernels.register_kernel_mapping``, scoped with
 ``kernels.use_kernel_mapping``) in a context variable: layer name -> device type -> repositories by
@@ -9,8 +9,10 @@ compiling). Classes take part the way ``kernels.kernelize`` picks them: by their
 ``kernel_layer_name`` (set by ``kernels.use_kernel_forward_from_hub`` and transformers' hub
 decorators), or bound with :func:`~twinkle_fx.register_external_layer`.
 
-Precedence: for a layer name and a device type, twinkle_fx's own registrations win; the ``kernels``
-mapping fills only the (name, device) pairs twinkle_fx has nothing for. ``DISABLE_KERNEL_MAPPING=1``
+It is a :class:`~twinkle_fx.core.plugins.LayerMapping` (``layer_names``, ``layer_registrations``), plugged
+into core by :mod:`twinkle_fx.integrations`. Precedence: for a layer name and a device type,
+twinkle_fx's own registrations win; the ``kernels`` mapping fills only the (name, device) pairs
+twinkle_fx has nothing for. ``DISABLE_KERNEL_MAPPING=1``
 (the ``kernels`` switch) makes twinkle_fx ignore the mapping too. The ``kernels`` package is never
 imported here: if nothing imported it, nobody can have registered a mapping.
 
@@ -22,7 +24,7 @@ Example::
         kernelize_model(model, mode="train")           # Qwen2RMSNorm (kernel_layer_name "RMSNorm") swapped
         compiled = torch.compile(model, backend="twinkle")   # the same mapping inside the graph
 
-(:func:`kernels_mapping_registrations` has a runnable example of the mapping as twinkle_fx reads it.)
+(:func:`layer_registrations` has a runnable example of the mapping as twinkle_fx reads it.)
 """
 
 from __future__ import annotations
@@ -30,18 +32,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import types
 from typing import Any
 
-import torch
+from ..core.caches import owns_cache
+from ..core.devices import ANY_DEVICE, registration_keys
+from ..core.modes import Mode, parse_mode
+from ..core.registry import LayerRegistration
+from ..core.sources import RepoObjectSource
 
-from .caches import owns_cache
-from .devices import ANY_DEVICE, registration_keys
-from .modes import Mode, parse_mode
-from .registry import LayerRegistration
-from .sources import RepoObjectSource
-
-__all__ = ["active_kernels_mapping", "kernels_mapping_registrations", "with_kernels_mapping", "foreign_forward"]
+__all__ = ["active_kernels_mapping", "layer_names", "layer_registrations"]
 
 
 def active_kernels_mapping() -> dict[str, Any]:
@@ -61,6 +60,11 @@ def active_kernels_mapping() -> dict[str, Any]:
             "(twinkle_fx.register_layer_kernel(..., repo=<your LayerRepository>)) or set DISABLE_KERNEL_MAPPING=1."
         )
     return mapping_var.get()
+
+
+def layer_names() -> list[str]:
+    """The layer names the active ``kernels`` mapping has entries for."""
+    return list(active_kernels_mapping())
 
 
 class _MappingSource(RepoObjectSource):
@@ -101,7 +105,7 @@ def _source(repo: Any) -> _MappingSource:
         return entry[1]
 
 
-def kernels_mapping_registrations(kernel_name: str, device: str) -> dict[str, dict[Mode, LayerRegistration]]:
+def layer_registrations(kernel_name: str, device: str) -> dict[str, dict[Mode, LayerRegistration]]:
     """``device key -> mode -> registration`` from the active ``kernels`` mapping for ``kernel_name``,
     for the keys that serve ``device`` only (reading the CUDA entry queries the GPU's capability).
 
@@ -110,7 +114,7 @@ def kernels_mapping_registrations(kernel_name: str, device: str) -> dict[str, di
         >>> from pathlib import Path
         >>> repo = kernels.LocalLayerRepository(repo_path=Path(twinkle_triton.__file__).parent, layer_name="RMSNorm")
         >>> with kernels.use_kernel_mapping({"RMSNorm": {"cpu": repo}}):
-        ...     kernels_mapping_registrations("RMSNorm", "cpu")
+        ...     layer_registrations("RMSNorm", "cpu")
         {'cpu': {<Mode.ANY: 1>: LayerRegistration(kernel_name='RMSNorm', device='cpu', ...)}}
     """
     by_device = active_kernels_mapping().get(kernel_name)
@@ -127,36 +131,3 @@ def kernels_mapping_registrations(kernel_name: str, device: str) -> dict[str, di
             mode = parse_mode(kernels_mode, allow_fallback=True)
             found[key][mode] = LayerRegistration(kernel_name, key, mode, _source(repo))
     return found
-
-
-def with_kernels_mapping(kernel_name: str, device: str,
-                         registrations: dict[str, dict[Mode, LayerRegistration]]) -> dict[str, dict[Mode, LayerRegistration]]:
-    """``registrations`` (twinkle_fx's, for ``kernel_name``) plus the ``kernels`` mapping's entries for
-    the device keys twinkle_fx has no registration for."""
-    extra = kernels_mapping_registrations(kernel_name, device)
-    if not extra:
-        return registrations
-    merged = dict(registrations)
-    for key, modes in extra.items():
-        merged.setdefault(key, modes)
-    return merged
-
-
-def foreign_forward(module: torch.nn.Module) -> str | None:
-    """Who replaced ``module.forward``, when something other than twinkle_fx did (``kernels.kernelize``
-    binds a kernel layer's ``forward`` to the instance); None for the class's own forward.
-
-    Example:
-        >>> kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")   # doctest: +SKIP
-        >>> foreign_forward(model.model.norm)                                     # doctest: +SKIP
-        'kernels.kernelize (twinkle_triton.layers.RMSNorm.forward)'
-    """
-    forward = module.__dict__.get("forward")
-    if not isinstance(forward, types.MethodType) or forward.__self__ is not module:
-        return None  # the class's forward, or twinkle_fx's own KernelForward (not a method)
-    function = forward.__func__
-    if function is getattr(type(module), "forward", None):
-        return None  # kernels' fallback re-binds the class's own forward
-    owner = f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', repr(function))}"
-    tool = "kernels.kernelize" if isinstance(getattr(type(module), "kernel_layer_name", None), str) else "another tool"
-    return f"{tool} ({owner})"

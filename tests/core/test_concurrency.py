@@ -7,7 +7,7 @@ import torch
 
 from twinkle_fx import get_registry, kernelize_model, register_external_layer, register_layer_kernel, undo_kernelize
 
-from .kernels_for_tests import Gelu, TanhGeluKernel, model_with_gelus, uses_tanh
+from kernels_for_tests import Gelu, TanhGeluKernel, model_with_gelus, uses_tanh
 
 
 def test_concurrent_registration_and_kernelize():

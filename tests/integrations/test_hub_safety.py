@@ -2,7 +2,7 @@
 ``LOCAL_KERNELS`` override, malformed cache entries refused with a reason.
 
 Everything goes through the real ``kernels.get_kernel`` (0.17.2) against the session's offline cache
-(tests/conftest.py), with repos published by :func:`twinkle_fx.hub.publish_to_hub_cache`.
+(tests/conftest.py), with repos published by :func:`twinkle_fx.integrations.hub.publish_to_hub_cache`.
 """
 
 import json
@@ -20,13 +20,13 @@ from twinkle_fx import (
     register_layer_kernel,
     scoped_registry,
 )
-from twinkle_fx.hub import publish_to_hub_cache
-from twinkle_fx.modes import Mode
-from twinkle_fx.registry import get_registry
-from twinkle_fx.selection import select_layer_kernel
-from twinkle_fx.sources import make_source
+from twinkle_fx.core.modes import Mode
+from twinkle_fx.core.registry import get_registry
+from twinkle_fx.core.selection import select_layer_kernel
+from twinkle_fx.core.sources import make_source
+from twinkle_fx.integrations.hub import publish_to_hub_cache
 
-from .kernels_for_tests import Gelu
+from kernels_for_tests import Gelu
 
 COMMIT_V1, COMMIT_V2 = "a" * 40, "b" * 40
 
@@ -170,8 +170,8 @@ def test_malformed_hub_cache_entry_is_refused_with_the_reason(tmp_path, empty_of
 def test_network_failure_is_named_as_such_not_as_untrusted_publisher(monkeypatch):
     # kernels 0.17 checks the publisher's trust first: with the network down its error mentions
     # trust_remote_code, while the cause is the connection
-    from twinkle_fx import hub
-    from twinkle_fx.errors import KernelLoadError
+    from twinkle_fx.core.errors import KernelLoadError
+    from twinkle_fx.integrations import hub
 
     class Kernels:
         @staticmethod

@@ -16,9 +16,9 @@ from twinkle_fx import (
     register_external_layer,
     register_layer_kernel,
 )
-from twinkle_fx.selection import signature_mismatch
+from twinkle_fx.core.selection import signature_mismatch
 
-from .kernels_for_tests import Gelu, model_with_gelus
+from kernels_for_tests import Gelu, model_with_gelus
 
 
 class Scaled(torch.nn.Module):
@@ -174,7 +174,7 @@ def test_a_gpu_jitted_triton_kernel_is_refused_on_the_cpu(gpu_jitted_package):
 def test_interpreted_kernels_pass_the_triton_check():
     from twinkle_triton import layers
 
-    from twinkle_fx.devices import triton_interpreter_problem
+    from twinkle_fx.core.devices import triton_interpreter_problem
 
     assert triton_interpreter_problem(layers.RMSNorm, "cpu") is None
     assert triton_interpreter_problem(torch.mul, "cpu") is None  # torch's own Inductor kernels are no reason

@@ -58,7 +58,7 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 
 def tolerance(dtype: torch.dtype) -> Tolerance:
     """The :class:`Tolerance` of ``dtype``; float32's for dtypes without their own (integers are
-    compared exactly by :func:`twinkle_fx.numerics.compare`, fp8 results are upcast first).
+    compared exactly by :func:`twinkle_fx.core.numerics.compare`, fp8 results are upcast first).
 
     Example:
         >>> tolerance(torch.bfloat16)

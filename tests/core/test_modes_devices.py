@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from twinkle_fx.devices import infer_device, parse_device
-from twinkle_fx.modes import Mode, format_mode, parse_mode
+from twinkle_fx.core.devices import infer_device, parse_device
+from twinkle_fx.core.modes import Mode, format_mode, parse_mode
 
 
 @pytest.mark.parametrize(

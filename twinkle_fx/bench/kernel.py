@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .bench.timing import DeviceClock
+from .timing import DeviceClock
 
 __all__ = ["KernelTiming", "benchmark_kernel"]
 

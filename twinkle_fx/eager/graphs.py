@@ -205,7 +205,7 @@ class GraphSet:
         self.block_params = list({id(q): q for b in blocks for q in b.parameters()}.values())
         self.grad_buffers: set[int] = set()  # data pointers of the parameters' gradient buffers of all graphs
         self.device = device
-        self._mem_pool: Any = None
+        self._anchor: torch.cuda.CUDAGraph | None = None
         self.pool = None
         self.inside_model_graph = False  # a whole-forward graph is warming up or capturing: blocks run as they are
         self.sequences: dict[tuple, _Sequence] = {}
@@ -222,14 +222,18 @@ class GraphSet:
     def memory_pool(self) -> Any:
         """The pool every graph of the model captures into."""
         if self.pool is None:
-            # A MemPool object, not a bare graph_pool_handle(): the allocator counts a pool's users and a
-            # bare handle's count is only its graphs'. When every graph of the pool is dropped (the
-            # sequences of a finished generate() call, whose StaticCache died) while a tensor allocated in
-            # it lives on, the pool stays with a count of 0 and the next capture into it fails an internal
-            # assert ("it->second->use_count > 0", CUDACachingAllocator.cpp, torch 2.11). The object holds
-            # one count for the lifetime of this GraphSet.
-            self._mem_pool = torch.cuda.MemPool()
-            self.pool = self._mem_pool.id
+            # The allocator counts a pool's users, and a graph_pool_handle()'s users are only its graphs. When
+            # every graph of the pool is dropped (the graphs of a finished generate() call, whose StaticCache
+            # died) while a tensor allocated in it lives on, the pool stays with a count of 0 and the next
+            # capture into it fails an internal assert ("it->second->use_count > 0",
+            # CUDACachingAllocator.cpp, torch 2.11). A one-kernel anchor graph held as long as the pool is
+            # keeps one count. (A torch.cuda.MemPool object would too, but its destructor, run by the garbage
+            # collector after a failed capture into it, crashed the process.)
+            pool = torch.cuda.graph_pool_handle()
+            anchor = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(anchor, pool=pool):
+                torch.zeros(1, device=self.device)
+            self._anchor, self.pool = anchor, pool
         return self.pool
 
     @contextlib.contextmanager
@@ -242,7 +246,7 @@ class GraphSet:
             with capture(graph, self.memory_pool()):
                 yield
         except BaseException:
-            self._mem_pool = self.pool = None
+            self._anchor = self.pool = None
             raise
 
     @contextlib.contextmanager

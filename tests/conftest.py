@@ -7,9 +7,9 @@ naming "cpu"; ``@pytest.mark.gpu`` tests need CUDA, ``@pytest.mark.interpreter``
 interpreter (they are skipped, with the reason, elsewhere).
 
 The default run runs every test (CI runs the whole suite). The other markers select: ``-m fast`` the
-tests that meet transformers' surface (below), ``-m "not slow"`` leaves out the tests that take tens of
-seconds each on 2 CPU cores, ``-m "not distributed"`` the ones that start process groups
-(``tests/distributed/``).
+tests that meet transformers' surface (below); ``-m "not slow"`` leaves out the tests that take ten
+seconds or more each on 2 CPU cores (benchmarks, example scripts, training loops, the family
+matrices), ``-m "not distributed"`` the ones that start process groups (``tests/distributed/``).
 """
 
 import os
@@ -44,7 +44,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped on the CPU/interpreter run)")
     config.addinivalue_line("markers", "interpreter: needs the Triton interpreter (skipped on a GPU run)")
     config.addinivalue_line("markers", "fast: the fast subset that meets transformers' surface (see FAST)")
-    config.addinivalue_line("markers", "slow: tens of seconds or more on 2 CPU cores (run by default; -m 'not slow')")
+    config.addinivalue_line("markers", "slow: ten seconds or more on 2 CPU cores (run by default; -m 'not slow')")
     config.addinivalue_line("markers", "distributed: starts a torch.distributed process group (see DISTRIBUTED)")
 
 

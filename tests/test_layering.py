@@ -103,7 +103,7 @@ def _imports(source: str) -> list[Import]:
               and isinstance(node.args[0].value, str)
               and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "import_module"):
             add(_resolve(node.args[0].value), node)
-    return found
+    return list(dict.fromkeys(found))  # ``from m import a, b`` is one import of m
 
 
 IMPORTS = [i for source in MODULES for i in _imports(source)]

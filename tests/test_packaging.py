@@ -77,6 +77,7 @@ def test_sdist_carries_tests_examples_docs_and_the_license(sdist):
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
 
 
+@pytest.mark.slow
 def test_twinkle_fx_works_without_the_kernels_package():
     # kernels is hidden from this process (imports and transformers' availability check), as if not installed
     script = textwrap.dedent("""

@@ -41,6 +41,7 @@ def test_every_family_is_a_workload_and_the_cli_lists_it():
                 assert getattr(config, name, None) is None or getattr(config, name) < config.vocab_size or not tiny
 
 
+@pytest.mark.slow
 @pytest.mark.interpreter  # --tiny is the CPU through the Triton interpreter by definition
 @pytest.mark.parametrize(("family", "swapped"), [
     ("gemma", {"GemmaRMSNorm -> GemmaRMSNorm", "GemmaMLP -> GeGLUMLP", "GemmaForCausalLM -> CausalLMFusedLoss"}),

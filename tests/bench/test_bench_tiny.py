@@ -42,6 +42,7 @@ def _png(path: Path) -> None:
     assert path.is_file() and path.read_bytes()[:8] == PNG_MAGIC, f"{path} is not a PNG"
 
 
+@pytest.mark.slow
 @pytest.mark.interpreter  # --tiny is the CPU through the Triton interpreter by definition
 def test_tiny_model_bench_eager_and_kernelize(tmp_path):
     proc = _bench("--tiny", "--backends", "eager,kernelize", "--warmup", "0", out=tmp_path)
@@ -69,6 +70,7 @@ def test_tiny_model_bench_eager_and_kernelize(tmp_path):
     assert "kernelize" in proc.stdout and "speed/eager" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.interpreter  # --tiny is the CPU through the Triton interpreter by definition
 def test_tiny_micro_bench_every_kernel_against_its_reference(tmp_path):
     _bench("--micro", "--tiny", "--backends", "eager,twinkle,liger,cce", "--warmup", "0", "--steps", "1", out=tmp_path)
@@ -193,6 +195,7 @@ def test_backend_names_are_checked():
         parse_backends("eager,fast")
 
 
+@pytest.mark.slow
 @pytest.mark.interpreter  # --tiny is the CPU through the Triton interpreter by definition
 def test_tiny_inference_bench_prefill_and_static_cache_decode(tmp_path):
     """``--inference`` runs prefill and a static-cache decode step per row and checks

@@ -8,6 +8,7 @@ import pytest
 from twinkle_fx.bench import generate
 
 
+@pytest.mark.slow
 def test_tiny_generate_bench_runs_every_row_and_compares_tokens(tmp_path, capsys):
     out = tmp_path / "generate.json"
     assert generate.main(["--tiny", "--batches", "2", "--prompt", "8", "--new-tokens", "3", "--repeats", "1",

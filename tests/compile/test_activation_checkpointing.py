@@ -72,6 +72,7 @@ def _assert_matches(got, want):
         torch.testing.assert_close(grads[name], want_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiler", ["aot_eager", "eager"])
 def test_whole_model_swaps_inside_checkpointed_layers_and_still_recomputes(compiler):
     """With "eager" as inner compiler the checkpoint call runs torch.utils.checkpoint itself."""
@@ -149,6 +150,7 @@ def test_per_layer_compile_swaps_inside_checkpointed_layers():
     assert compiled[2] < without[2] and compiled[2] <= aot_eager[2], (compiled[2], without[2], aot_eager[2])
 
 
+@pytest.mark.slow
 def test_inductor_swaps_inside_checkpointed_layers_and_still_recomputes():
     register_qwen2_kernels()
     ids = input_ids()

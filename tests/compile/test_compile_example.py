@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+@pytest.mark.slow
 def test_compile_qwen2_example():
     # the suite's device: conftest put TRITON_INTERPRET=1 in the environment on a CPU-only machine,
     # and the example picks the same device from it (CUDA on a GPU machine)

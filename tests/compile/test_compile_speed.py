@@ -171,6 +171,7 @@ def _loss_and_grads(run, model, ids):
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_kernels", [False, True])
 def test_gemm_fusion_keeps_loss_gradients_and_state_dict(with_kernels):
     if with_kernels:

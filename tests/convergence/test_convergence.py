@@ -20,12 +20,16 @@ import transformers
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.compile import collect_reports
-from twinkle_fx.testing import record_graphs
+from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.core.tolerances import tolerance
+from twinkle_fx.testing import record_graphs
 
 from device_under_test import DEVICE, INTERPRETED
+
+pytestmark = pytest.mark.slow  # each test trains a tiny model for a few steps, with and without kernels
+
+pytestmark = pytest.mark.slow  # each test trains a tiny model for a few steps, with and without kernels
 
 FAMILIES = ("qwen2", "llama")
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

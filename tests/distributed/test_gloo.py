@@ -84,6 +84,7 @@ def _swaps(result: dict) -> list[dict]:
     return result["swaps"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_losses_equal_single_process(distributed, single_process, name):
     losses = distributed[name]["losses"]
@@ -96,6 +97,7 @@ def test_losses_equal_single_process(distributed, single_process, name):
     assert len(distributed[name]["peak_gib"]) == 2 and len(distributed[name]["step_ms"]) == len(reference)
 
 
+@pytest.mark.slow
 def test_regional_swaps_in_the_shared_layer_graph(distributed):
     """--regional: the decoder layers share one compiled graph, which carries one layer's swaps; the
     fused-loss head is installed eagerly on the uncompiled root (FSDP2: on its FSDP subclass), also
@@ -169,6 +171,7 @@ def test_profile_writes_a_trace_and_report_per_rank(tmp_path, capsys):
     assert "host (wall) time per step" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_ddp_twinkle_swaps_in_every_bucket_subgraph(distributed):
     """DDPOptimizer splits the graph at the 1 MB bucket boundaries; the rewrite still applies in each
     subgraph. A layer cut by a boundary cannot become one kernel call: it is kept, with the reason."""
@@ -188,6 +191,7 @@ def test_ddp_twinkle_swaps_in_every_bucket_subgraph(distributed):
     assert rank0["swapped"]["kernelized Qwen2ForCausalLM -> CausalLMFusedLoss"] == 1, rank0["swapped"]
 
 
+@pytest.mark.slow
 def test_tied_embedding_ddp_compiled_whole_keeps_the_swaps(distributed):
     """tied_embedding_ddp's hooks run between the graphs of a whole-model compile: every rank still
     swaps every norm and the head (the losses are checked above)."""
@@ -197,6 +201,7 @@ def test_tied_embedding_ddp_compiled_whole_keeps_the_swaps(distributed):
     assert rank0["swapped"]["kernelized Qwen2ForCausalLM -> CausalLMFusedLoss"] == 1, rank0
 
 
+@pytest.mark.slow
 def test_compiled_autograd_trains_and_keeps_the_head(distributed):
     """--compiled-autograd (DDP's Python reducer) trains to the same losses (checked above); the head is
     swapped on every rank. What the backend finds of the layers under it is reported as it is."""
@@ -205,6 +210,7 @@ def test_compiled_autograd_trains_and_keeps_the_head(distributed):
         assert swaps["graphs"] >= 1, swaps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ddp_kernelize", "fsdp2_kernelize"])
 def test_kernelize_swaps_on_every_rank(distributed, name):
     head = "Qwen2ForCausalLM" if name.startswith("ddp") else "FSDPQwen2ForCausalLM"  # fully_shard's subclass
@@ -212,6 +218,7 @@ def test_kernelize_swaps_on_every_rank(distributed, name):
         assert swaps["swapped"] == EAGER_SWAPS | {f"kernelized {head} -> CausalLMFusedLoss": 1}, swaps
 
 
+@pytest.mark.slow
 def test_kernelize_then_twinkle_swaps_on_every_rank(distributed):
     """Eager swaps first (the fused-loss head among them); the backend finds those layers already
     kernelized (their kernels are in the graph) and swaps nothing twice."""
@@ -221,6 +228,7 @@ def test_kernelize_then_twinkle_swaps_on_every_rank(distributed):
         assert all("already kernelized eagerly" in reason for reason in swaps["kept"]), swaps["kept"]
 
 
+@pytest.mark.slow
 def test_fsdp2_twinkle_swaps_on_every_rank(distributed):
     """FSDP2's hooks end Dynamo's graphs at each fully_shard module; identical decoder layers share
     one compiled graph, so one decoder layer's swaps stand for all of them."""

@@ -14,6 +14,8 @@ from dist_launch import torchrun
 HERE = Path(__file__).resolve().parent
 GRADIENTS = ["sync", "accumulation", "preset_grads_accumulation", "two_forwards", "padding_not_hf", "compiled_root"]
 
+pytestmark = pytest.mark.slow  # every test reads the runs torchrun makes once for the module
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:

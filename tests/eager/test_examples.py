@@ -23,6 +23,7 @@ def _run(script: str, hf_home: Path) -> str:
     return output
 
 
+@pytest.mark.slow
 def test_eager_layers_example(offline_hub):
     output = _run("eager_layers.py", offline_hub)
     assert "swapped 2 Qwen2MLP module(s) -> MyAwesomeMLP" in output  # INFO: one line per class
@@ -30,6 +31,7 @@ def test_eager_layers_example(offline_hub):
     assert "after undo, bit-identical to the original: True" in output
 
 
+@pytest.mark.slow
 def test_function_kernels_example(offline_hub):
     output = _run("function_kernels.py", offline_hub)
     assert "patched: ['my_pkg.math_ops.add', 'my_pkg.math_ops.mul']" in output
@@ -38,6 +40,7 @@ def test_function_kernels_example(offline_hub):
     assert "restored: my_pkg.math_ops my_pkg.activations" in output
 
 
+@pytest.mark.slow
 def test_register_config_example(offline_hub):
     output = _run("register_config.py", offline_hub)
     assert "Qwen2RMSNorm module(s) -> RMSNorm" in output
@@ -54,6 +57,7 @@ def test_cache_builder_example(tmp_path, script):
     assert (tmp_path / "hf" / "hub" / "kernels--kernels-community--activation" / "refs" / "layers").is_file()
 
 
+@pytest.mark.slow
 def test_demo(offline_hub):
     output = _run("demo.py", offline_hub)
     assert "kernelize_model swapped 8 layers" in output and "9 region(s) swapped, 1 kept" in output
@@ -84,5 +88,6 @@ def test_scripts_set_up_the_device_before_transformers_imports_triton(script):
                                            f"before the setup module (line {setup + 1})"
 
 
+@pytest.mark.slow
 def test_qwen3_quickstart_runs_as_a_script(offline_hub):
     assert "logits match: True" in _run("docs/quickstart_3_qwen3_layer.py", offline_hub)

@@ -68,6 +68,7 @@ def _assert_grads_close(got, want, dtype):
         torch.testing.assert_close(g, want[name], **TOLERANCE[dtype], msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("family", "dtype"), EAGER_CASES, ids=[f"{f}-{str(d)[6:]}" for f, d in EAGER_CASES])
 def test_eager_swaps_match_the_model_in_training(family, dtype, device):
     use_builtin_kernels(devices=(device,), models=(family,))
@@ -103,6 +104,7 @@ _MOE = {"mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "ernie4_5_moe"}
 _ROTARY_NOT_CALLED = {"deepseek_v3"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compiled_swaps_match_the_model(family, device):
     use_builtin_kernels(devices=(device,), models=(family,), fused_loss=False)
@@ -169,6 +171,7 @@ def _ops_run():
         yield ran
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm", "eager"])
 def test_experts_gate_runs_the_kernel_in_every_experts_implementation(implementation, device):
     """transformers routes the experts through config._experts_implementation; each keeps its
@@ -251,6 +254,7 @@ def test_function_swaps_are_labelled_with_the_function_found_in_the_model(device
 # ----------------------------------------------------------------------------- what a kernel applies to
 
 
+@pytest.mark.slow
 def test_swiglu_refuses_a_gelu_config_eagerly_and_under_compile(caplog, device):
     """A Qwen2 config with hidden_act="gelu_pytorch_tanh" keeps its MLP, with the reason."""
     use_builtin_kernels(devices=(device,), models=("qwen2",), fused_loss=False)
@@ -349,6 +353,7 @@ def _kernel_calls(aot_graphs: list[str], op: str, kernel: str) -> int:
     return sum(getattr(kernel_side_table.get_kernel(int(i)), "fn", None).__name__ == kernel for i in launched)
 
 
+@pytest.mark.slow
 def test_starcoder2_layer_norm_swapped_under_compile_as_eagerly(device):
     """The backend reads each LayerNorm's parent from Dynamo's module stack, as kernelize_model reads it
     from the module tree: the same five norms are swapped, forward and backward within fp32 tolerance;

@@ -20,6 +20,7 @@ def _tool():
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.interpreter  # --tiny is the CPU through the Triton interpreter by definition
 def test_tiny_run_compares_both_paths_and_writes_every_row(tmp_path, capsys):
     out = tmp_path / "families.json"

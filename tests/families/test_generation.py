@@ -1,5 +1,6 @@
 """Compiling generation with the backend: compile the ``forward`` that ``generate`` calls."""
 
+import pytest
 import torch
 from family_models import tiny_model
 
@@ -7,6 +8,7 @@ from twinkle_fx.builtin import use_builtin_kernels
 from twinkle_fx.testing import record_graphs
 
 
+@pytest.mark.slow
 def test_compiled_forward_runs_generation_through_the_backend(device):
     use_builtin_kernels(devices=(device,), models=("qwen2",), fused_loss=False)
     model = tiny_model("qwen2").eval()

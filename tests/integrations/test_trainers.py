@@ -65,6 +65,7 @@ def _builtin() -> None:
     use_builtin_kernels(devices=("cpu",))
 
 
+@pytest.mark.slow
 def test_trainer_with_a_kernelized_model(tmp_path, reference_losses):
     _builtin()
     model = kernelize_model(_model(), mode="train", device="cpu")
@@ -72,6 +73,7 @@ def test_trainer_with_a_kernelized_model(tmp_path, reference_losses):
     assert _losses(_trainer(model, tmp_path)) == pytest.approx(reference_losses, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_trainer_with_the_twinkle_backend(tmp_path, reference_losses):
     _builtin()
     model = _model()
@@ -114,6 +116,7 @@ def _sft_losses(model, tmp_path) -> list[float]:
     return _losses(trainer)
 
 
+@pytest.mark.slow
 def test_trl_sft_trainer_with_a_kernelized_model(tmp_path):
     reference = _sft_losses(_model(), tmp_path / "reference")
     _builtin()
@@ -144,6 +147,7 @@ def _accelerate_losses(model) -> list[float]:
     return losses
 
 
+@pytest.mark.slow
 def test_accelerate_with_a_kernelized_model():
     reference = _accelerate_losses(_model())
     _builtin()

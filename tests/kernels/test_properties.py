@@ -16,6 +16,10 @@ from kernel_test_utils import DTYPES, assert_as_accurate, check_forward_backward
 
 import twinkle_triton as tt
 
+pytestmark = pytest.mark.slow  # hypothesis draws many shapes, each through the Triton interpreter on the CPU
+
+pytestmark = pytest.mark.slow  # hypothesis draws many shapes, each through the Triton interpreter on the CPU
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 PROPERTY_SETTINGS = settings(

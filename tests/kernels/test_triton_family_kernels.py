@@ -64,6 +64,7 @@ def test_layer_norm_matches_reference(shape, bias, dtype):
                            else tt.layer_norm_reference(*a, None, 1e-5), args, dtype, f"layer_norm bias={bias}")
 
 
+@pytest.mark.slow
 def test_norms_gradcheck_fp64():
     x, w, b = (torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((3, 9), (9,), (9,)))
     assert torch.autograd.gradcheck(lambda x, w: tt.rms_norm_fp32(x, w, 1e-6, 1.0), (x, w))
@@ -138,6 +139,7 @@ def test_rotary_variant_matches_reference(variant, sizes, unsqueeze_dim, dtype):
                            (q, k), dtype, f"rotary {variant}")
 
 
+@pytest.mark.slow
 def test_rotary_variant_gradcheck_and_opcheck():
     q, k, cos, sin = _rotary_inputs(1, 3, 2, 1, 8, 6, torch.float64, 1)
     q, k = q.detach().requires_grad_(), k.detach().requires_grad_()

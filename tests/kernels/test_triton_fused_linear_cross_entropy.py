@@ -76,6 +76,7 @@ def test_tiled_options_match_reference(options, dtype, small_tiles):
     _check(x, weight, target, None, dtype, "none", chunk_size=None, what=f"tiled none {options}", **options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tiled_exact_and_fp32_accumulation_match_reference(dtype, small_tiles):
     x, weight, target, bias = _inputs((37,), 40, dtype, bias=True)

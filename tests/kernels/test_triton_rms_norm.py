@@ -45,6 +45,7 @@ def test_rms_norm_non_contiguous_rows_and_columns():
                            torch.float32, "add_rms_norm transposed")
 
 
+@pytest.mark.slow
 def test_gradcheck_fp64():
     x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
     r = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)

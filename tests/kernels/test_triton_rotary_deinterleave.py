@@ -37,6 +37,7 @@ def test_reference_is_transformers_deepseek_v3():
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_gradcheck_opcheck_and_compile():
     q, k, cos, sin = _inputs(1, 3, 2, 1, 8, torch.float64, 1)
     q, k = q.detach().requires_grad_(), k.detach().requires_grad_()

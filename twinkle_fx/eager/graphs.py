@@ -50,9 +50,12 @@ cache is checked: same object as recorded, layers initialised, data pointers unc
 keeps the graphs valid, ``reorder_cache`` (beam search), offloading or ``.to()`` make it re-record.
 A pass with a cache not initialised yet (its first update allocates the tensors: the prefill) runs
 eagerly, so a decode loop records on its second step with that cache and replays from the third.
-``generate`` makes a new StaticCache per call: its decode steps are recorded anew (graphs of caches
-that no longer exist are dropped), and it compiles the decode forward with ``torch.compile`` on
-CUDA by default, which runs the layers without these graphs: pass ``disable_compile=True``.
+A decode step through the model's own forward (as ``generate`` calls it) is one graph of the whole
+forward instead (:mod:`twinkle_fx.eager.model_graphs`); these per-layer graphs serve it when that
+capture fails, and calls of the decoder stack itself. ``generate`` makes a new StaticCache per call
+(graphs of caches that no longer exist are dropped), and it compiles the decode forward with
+``torch.compile`` on CUDA by default, which runs the model without these graphs: pass
+``disable_compile=True``.
 Declined, with the reason in :func:`graph_status`: a ``DynamicCache`` (its update grows the keys
 and values with ``torch.cat``: new tensors of a new shape every step, never graphable), quantized
 and offloaded caches, a StaticCache with sliding-window or chunked-attention layers (their update

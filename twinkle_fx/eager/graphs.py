@@ -86,6 +86,7 @@ import torch
 
 from .graph_capture import (Decline, block_modules, capture, data_ptr, dropout_reason, fixed_ptrs, flatten_call,
                             global_hooks, hooked, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
+from .graph_replay import Pass, Replay, Sequence, Step, Token, copy_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -97,83 +98,6 @@ __all__ = ["GraphSet", "GraphedForward", "GraphStatus", "graph_status", "block_m
 MAX_SEQUENCES = 8
 # Eager passes of a signature before it is recorded (Triton compiles and cuBLAS initialises there).
 WARMUP_PASSES = 1
-
-
-class _Step:
-    """One block call of a recorded sequence: its graphs and static tensors."""
-
-    def __init__(self, fn: Callable[..., Any], module: torch.nn.Module, signature: tuple, in_spec: tuple,
-                 training: bool) -> None:
-        self.fn = fn
-        self.module = module
-        self.signature = signature
-        self.in_spec = in_spec
-        self.training = training
-        self.submodules = [m for m in module.modules() if m is not module]
-        self.all_modules = [module, *self.submodules]
-        self.fixed_ptrs = fixed_ptrs(self.all_modules)  # the graphs read parameters and buffers in place
-        self.grad_params = [p for p in module.parameters() if p.requires_grad] if training else []
-        self.static_in: list[torch.Tensor] = []
-        self.owned_in: list[bool] = []  # False: the static input is another step's tensor (read only)
-        self.grad_mask: list[bool] = []
-        self.static_out: list[torch.Tensor] = []
-        self.out_spec: Any = None
-        self.fwd: torch.cuda.CUDAGraph | None = None
-        self.bwd: torch.cuda.CUDAGraph | None = None
-        self.capture_in: list[torch.Tensor] = []   # leaves the forward was captured on (until the backward capture)
-        self.capture_out: list[torch.Tensor] = []  # outputs with the captured autograd graph (idem)
-        self.static_grad_out: list[torch.Tensor | None] = []
-        self.static_grads: tuple = ()
-        self.first_sources: list | None = None  # set by the recording call, which copied the inputs in already
-
-
-class _Sequence:
-    """The block calls of one pass signature, in capture order."""
-
-    def __init__(self, training: bool) -> None:
-        self.training = training
-        self.steps: list[_Step] = []
-        self.recording = True
-        self.failed: str | None = None
-        # static outputs and gradient buffers (held, so an address names one tensor): a later step whose
-        # input is one of them reads it in place
-        self.statics: dict[int, torch.Tensor] = {}
-        # id(source tensor) -> (weak source, static copy): a later step given the same tensor (the rotary
-        # cos/sin every layer gets) reads the earlier step's copy
-        self.sources: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
-        # id(KV cache) -> (weak cache, data pointers of its tensors when recorded): the graphs write into
-        # those tensors, so a replay needs the same object with the same memory
-        self.caches: dict[int, tuple[weakref.ref, tuple[int, ...]]] = {}
-
-    def cache_gone(self) -> bool:
-        return any(ref() is None for ref, _ in self.caches.values())
-
-
-class _Token:
-    """Lives as long as one replayed step's autograd node (weakly referenced by its pass)."""
-
-    __slots__ = ("done", "__weakref__")
-
-    def __init__(self) -> None:
-        self.done = False
-
-
-class _Pass:
-    """One forward through the blocks (and, when training, its backward)."""
-
-    def __init__(self, graphs: "GraphSet") -> None:
-        self.graphs = graphs
-        self.seq: _Sequence | None = None
-        self.cursor = 0
-        self.eager = False
-        self.stack: list[tuple[int, weakref.ref]] = []  # replayed training steps awaiting their backward
-        self.copied: dict[int, tuple[weakref.ref, int]] = {}  # id(static input) -> (source, version) copied in
-        # id(KV cache) -> (weak cache, data pointers): each cache of the pass is inspected once, at its first block
-        self.caches: dict[int, tuple[weakref.ref, tuple[int, ...]]] = {}
-        self.verified: set[int] = set()  # ids of the caches compared with the replayed sequence's
-
-    def pending(self) -> bool:
-        return any((token := ref()) is not None and not token.done for _, ref in self.stack)
 
 
 @dataclass
@@ -211,11 +135,11 @@ class GraphSet:
         self._anchor: torch.cuda.CUDAGraph | None = None
         self.pool = None
         self.inside_model_graph = False  # a whole-forward graph is warming up or capturing: blocks run as they are
-        self.sequences: dict[tuple, _Sequence] = {}
+        self.sequences: dict[tuple, Sequence] = {}
         self.attempts: Counter = Counter()
         self.cache_keys: dict[tuple, tuple[weakref.ref, ...]] = {}  # sequence keys naming KV caches -> the caches
-        self.active: _Pass | None = None
-        self.last_training: _Pass | None = None
+        self.active: Pass | None = None
+        self.last_training: Pass | None = None
         self.status = GraphStatus()
         self._logged: set[str] = set()
         # parameters per block, read at its first call and again when it is recorded
@@ -267,7 +191,7 @@ class GraphSet:
             self._logged.add(reason)
             logger.info("CUDA graphs: a block runs without its graph: %s", reason)
 
-    def _begin(self) -> _Pass:
+    def _begin(self) -> Pass:
         previous = self.active
         if previous is not None and previous.seq is not None and previous.seq.recording:
             seq = previous.seq
@@ -275,7 +199,7 @@ class GraphSet:
                 self._fail(seq, "no block of the pass could be recorded")
             elif not seq.training:
                 self._seal(seq)
-        new = _Pass(self)
+        new = Pass(self)
         last = self.last_training
         if last is not None and last.pending():
             new.eager = True
@@ -300,14 +224,14 @@ class GraphSet:
             if grad is not None and data_ptr(grad) in self.grad_buffers:
                 param.grad = grad.clone()
 
-    def _seal(self, seq: _Sequence) -> None:
+    def _seal(self, seq: Sequence) -> None:
         seq.recording = False
         self.status.sequences += 1
         self.status.steps += len(seq.steps)
         logger.info("CUDA graphs: recorded %d %s block call(s)", len(seq.steps),
                     "training (forward + backward)" if seq.training else "inference")
 
-    def _fail(self, seq: _Sequence, reason: str) -> None:
+    def _fail(self, seq: Sequence, reason: str) -> None:
         if seq.failed is None:
             seq.failed = reason
             seq.recording = False
@@ -358,12 +282,12 @@ class GraphSet:
         p.cursor += 1
         self.status.replays["forward"] += 1
         if step.training:
-            token = _Token()
+            token = Token()
             p.stack.append((index, weakref.ref(token)))
             self.last_training = p
-            outs = _Replay.apply(self, p, step, token, len(tensors), *tensors, *step.grad_params)
+            outs = Replay.apply(self, p, step, token, len(tensors), *tensors, *step.grad_params)
         else:  # nothing requires grad: the copies record no autograd history
-            _copy_inputs(p, step, tensors)
+            copy_inputs(p, step, tensors)
             step.fwd.replay()
             outs = step.static_out
         if module._forward_hooks:  # a hook may keep the output (output_hidden_states): give it its own memory
@@ -371,7 +295,7 @@ class GraphSet:
         return rebuild(step.out_spec, iter(outs), caches)
 
     @staticmethod
-    def _inspect_caches(p: _Pass, caches: dict[int, Any], training: bool) -> None:
+    def _inspect_caches(p: Pass, caches: dict[int, Any], training: bool) -> None:
         """Each KV cache of the pass, at its first block: graphable (:func:`static_cache_state`) and
         the data pointers of its tensors (compared with the recorded ones in :meth:`_next_step`).
         Once per pass, not per block: 14 us for a 24-layer StaticCache (Qwen2-0.5B, this CPU host,
@@ -416,8 +340,8 @@ class GraphSet:
             return "global module hooks are registered"
         return None
 
-    def _next_step(self, p: _Pass, fn, module, signature, in_spec, training,
-                   caches: dict[int, Any]) -> tuple[_Step, bool]:
+    def _next_step(self, p: Pass, fn, module, signature, in_spec, training,
+                   caches: dict[int, Any]) -> tuple[Step, bool]:
         if p.seq is None:
             key = (id(module), signature)  # a cache is in the signature by id: a new cache, a new sequence
             seq = self.sequences.get(key)
@@ -436,7 +360,7 @@ class GraphSet:
                     raise Decline("this input signature could not be recorded (see the warning)")
                 if len(self.sequences) >= MAX_SEQUENCES:
                     raise Decline(f"more than {MAX_SEQUENCES} input signatures (dynamic shapes?)")
-                seq = self.sequences[key] = _Sequence(training)
+                seq = self.sequences[key] = Sequence(training)
             elif seq.recording:
                 raise Decline("the recording of this signature did not finish")
             p.seq = seq
@@ -451,7 +375,7 @@ class GraphSet:
                 if dropout:
                     raise Decline(dropout)
             self._params[module] = list(module.parameters())
-            step = _Step(fn, module, signature, in_spec, training)
+            step = Step(fn, module, signature, in_spec, training)
             seq.steps.append(step)
             for key in caches:
                 seq.caches[key] = p.caches[key]
@@ -482,7 +406,7 @@ class GraphSet:
         return step, False
 
     @staticmethod
-    def _check_inputs(p: _Pass, step: _Step, tensors: list[torch.Tensor]) -> None:
+    def _check_inputs(p: Pass, step: Step, tensors: list[torch.Tensor]) -> None:
         """A static input another step owns is read only: its source must be what that step copied."""
         for t, s, owned in zip(tensors, step.static_in, step.owned_in):
             if owned or data_ptr(t) == data_ptr(s):
@@ -492,7 +416,7 @@ class GraphSet:
                 raise Decline("an input shared with an earlier block changed between the blocks")
 
     # -- captures --------------------------------------------------------------------------------
-    def _capture_forward(self, seq: _Sequence, step: _Step, tensors: list[torch.Tensor],
+    def _capture_forward(self, seq: Sequence, step: Step, tensors: list[torch.Tensor],
                          caches: dict[int, Any]) -> None:
         for t in tensors:
             shared = seq.statics.get(data_ptr(t))
@@ -540,7 +464,7 @@ class GraphSet:
         for o in step.static_out:  # the next block's input is this output: read in place
             seq.statics[data_ptr(o)] = o
 
-    def _capture_backward(self, seq: _Sequence, step: _Step, grads: tuple) -> None:
+    def _capture_backward(self, seq: Sequence, step: Step, grads: tuple) -> None:
         static_grad_out: list[torch.Tensor | None] = []
         for o, g in zip(step.capture_out, grads):
             if not o.requires_grad:
@@ -567,94 +491,6 @@ class GraphSet:
             if g is not None:
                 seq.statics[data_ptr(g)] = g
         step.capture_in, step.capture_out = [], []  # frees the captured autograd graph (its memory to the pool)
-
-
-def _copy_inputs(p: _Pass, step: _Step, tensors: list[torch.Tensor]) -> None:
-    first = step.first_sources
-    if first is not None:  # the recording call copied them in before the capture
-        step.first_sources = None
-        for s, owned, source in zip(step.static_in, step.owned_in, first):
-            if owned:
-                p.copied[id(s)] = source
-        return
-    for t, s, owned in zip(tensors, step.static_in, step.owned_in):
-        if not owned:
-            continue
-        ptr = data_ptr(t)
-        if ptr != data_ptr(s):
-            copied = p.copied.get(id(s))
-            if copied is None or copied[0]() is not t or copied[1] != t._version:
-                s.copy_(t)
-        p.copied[id(s)] = (weakref.ref(t), t._version)
-
-
-class _Replay(torch.autograd.Function):
-    """A training step's replay as one autograd node: the forward graph now, the backward graph
-    (captured on the first backward of a recording pass) when autograd reaches it."""
-
-    @staticmethod
-    def forward(ctx, graphs: GraphSet, p: _Pass, step: _Step, token: _Token, n_inputs: int, *tensors):
-        _copy_inputs(p, step, list(tensors[:n_inputs]))
-        step.fwd.replay()
-        ctx.graphs, ctx.p, ctx.step, ctx.token, ctx.n_inputs = graphs, p, step, token, n_inputs
-        ctx.index = p.stack[-1][0]
-        return tuple(o.detach() for o in step.static_out)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, *grads):
-        graphs, p, step, token = ctx.graphs, ctx.p, ctx.step, ctx.token
-        none = (None,) * 5
-        n_inputs = ctx.n_inputs
-        in_order = not token.done and p.stack and p.stack[-1][0] == ctx.index
-        seq = p.seq
-        if in_order:
-            p.stack.pop()
-            if step.bwd is None:
-                if seq.recording and seq.failed is None:
-                    try:
-                        graphs._capture_backward(seq, step, grads)
-                    except Exception as e:  # noqa: BLE001 - logged with the error, recomputed eagerly
-                        graphs._fail(seq, f"capturing the backward of {type(step.module).__name__} raised {e!r}")
-                else:
-                    in_order = False
-            if in_order and step.bwd is not None:
-                for g, s in zip(grads, step.static_grad_out):
-                    if s is not None and data_ptr(g) != data_ptr(s):
-                        s.copy_(g)
-                step.bwd.replay()
-                token.done = True
-                while p.stack and ((t := p.stack[-1][1]()) is None or t.done):  # recomputed or dropped steps
-                    p.stack.pop()
-                graphs.status.replays["backward"] += 1
-                if seq.recording and not p.stack and seq.failed is None:
-                    graphs._seal(seq)
-                # fresh aliases: autograd may then keep a parameter's gradient buffer as its .grad (no copy)
-                it = iter([None if g is None else g.detach() for g in step.static_grads])
-                dyn = tuple(next(it) if rg else None for rg in step.grad_mask)
-                dyn += (None,) * (n_inputs - len(dyn))
-                return none + dyn + tuple(it)
-        # out of order (or a second backward): recompute the forward from the static inputs
-        if seq is not None and seq.recording and seq.failed is None:
-            graphs._fail(seq, "a block's backward ran out of the recorded order")
-        token.done = True
-        graphs.status.replays["recompute"] += 1
-        return none + _recompute(step, grads, n_inputs)
-
-
-def _recompute(step: _Step, grads: tuple, n_inputs: int) -> tuple:
-    with torch.enable_grad():
-        inputs = [s.detach().requires_grad_(rg) for s, rg in zip(step.static_in, step.grad_mask)]
-        args, kwargs = rebuild_call(step.in_spec, inputs)
-        outs: list[torch.Tensor] = []
-        spec_of(step.fn(step.module, *args, **kwargs), outs)
-        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
-        targets = [i for i, rg in zip(inputs, step.grad_mask) if rg] + step.grad_params
-        result = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)
-    it = iter(result)
-    dyn = tuple(next(it) if rg else None for rg in step.grad_mask)
-    dyn += (None,) * (n_inputs - len(dyn))
-    return dyn + tuple(it)
 
 
 class GraphedForward:

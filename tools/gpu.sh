@@ -9,8 +9,9 @@
 #   generate     model.generate() at B1/B8/B32, prompt 512, 128 new tokens: eager, transformers' static-cache recipe,
 #                twinkle through CompileConfig, kernelize with CUDA graphs (python -m twinkle_fx.bench.generate)
 #   kernels      `twinkle-fx bench --micro`: every kernel and the fused loss against eager, Inductor, Liger, CCE
-#   matrix       training across model shapes (MODELS, default "qwen2 llama1b qwen3 qwen3_moe mixtral"), then
-#                tools/family_reference.py: every family at its published dimensions against the unswapped model
+#   matrix       `twinkle-fx bench --matrix`: training across model shapes (MODELS, comma-separated, default the
+#                command's six; BACKENDS likewise), one table; then tools/family_reference.py: every family at its
+#                published dimensions against the unswapped model
 #   distributed  2 GPUs (NCCL): single-GPU baselines, DDP with per-layer CUDA graphs (plain and with DDP's recipe,
 #                then with the tied embedding reduced early), FSDP2 with and without graphs and the fused-loss head
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
@@ -91,10 +92,11 @@ job_kernels() {
 }
 
 job_matrix() {
-  for model in ${MODELS:-qwen2 llama1b qwen3 qwen3_moe mixtral}; do
-    bench "matrix-$model" "${MATRIX_S:-240}" --model "$model" \
-      --backends inductor+cudagraphs,twinkle+cudagraphs,kernelize+cudagraphs --steps 10 --warmup 2
-  done
+  echo "### matrix"
+  timeout "${MATRIX_S:-1500}" python3 -m twinkle_fx bench --matrix ${MODELS:+--models "$MODELS"} \
+    ${BACKENDS:+--backends "$BACKENDS"} --steps 10 --warmup 2 --out "$out/matrix" > "$out/matrix.txt" 2>&1 \
+    || { status=1; tail -20 "$out/matrix.txt"; }
+  sed -n '/^| model/,$p' "$out/matrix.txt"
   timeout "${MATRIX_S:-400}" python3 tools/family_reference.py --out "$out/families.json" > "$out/families.txt" 2>&1 \
     || status=1
   tail -70 "$out/families.txt"

@@ -266,3 +266,33 @@ def test_compiler_warm_up_runs_on_a_gpu_only_and_a_failure_does_not_stop_the_run
     if not torch.cuda.is_available():  # the warm-up's own failure is said, and the rows run (and fail) as they would
         assert warm_compiler(torch.device("cuda"), ["inductor"], said.append) is None
         assert said and said[0].startswith("compiler warm-up failed"), said
+
+
+def test_the_matrix_runs_every_model_and_checks_each_against_its_first_backend(tmp_path):
+    """``bench --matrix --tiny``: one table over the models, each row's first-step loss checked (here
+    against eager, the model benchmark's own check), ratios to the model's first backend."""
+    proc = _bench("--matrix", "--tiny", "--models", "qwen2,qwen3_moe", out=tmp_path)
+    matrix = json.loads((tmp_path / "bench-matrix.json").read_text())
+    assert [r["workload"]["model"] for r in matrix["results"]] == ["qwen2", "qwen3_moe"]
+    for result in matrix["results"]:
+        assert [row["backend"] for row in result["rows"]] == ["eager", "kernelize"]
+        assert all(row["status"] == "ok" for row in result["rows"]), result["rows"]
+        assert result["rows"][0]["vs_reference"]["throughput"] == 1.0
+        assert "vs eager" in result["rows"][1]["loss_check"]
+    table = proc.stdout
+    assert "| qwen3_moe (Qwen3-30B-A3B, 4 of 48 layers (tiny config)), 2×32 | kernelize |" in table
+    assert table.count("| agrees |") == 2 and table.count("| reference |") == 2, table
+
+
+def test_without_eager_the_matrix_checks_losses_against_the_first_backend():
+    from twinkle_fx.bench.matrix import _check_against_reference
+
+    rows = [ModelRow("inductor+cudagraphs", tokens_per_s=100.0, peak_gib=2.0, first_step_s=10.0, first_loss=12.0,
+                     loss_check="not checked: no eager row in this run"),
+            ModelRow("twinkle+cudagraphs", tokens_per_s=150.0, peak_gib=1.0, first_step_s=12.0, first_loss=12.001),
+            ModelRow("kernelize+cudagraphs", tokens_per_s=120.0, peak_gib=1.5, first_step_s=2.0, first_loss=12.5)]
+    result = BenchResult("model", {}, {}, rows)
+    _check_against_reference(result, rtol=1e-2 / 12)
+    assert [r.status for r in rows] == ["ok", "ok", "wrong"]
+    assert rows[0].loss_check is None and "vs inductor+cudagraphs 12.000000" in rows[1].loss_check
+    assert rows[1].vs_reference == {"throughput": 1.5, "memory": 0.5, "first_step": 1.2}

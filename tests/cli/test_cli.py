@@ -47,6 +47,9 @@ def test_version(capsys):
     (["bench", "--tiny", "--backends", "eager,fast"], "--backends: unknown backend(s) 'fast'; valid: eager, inductor"),
     (["bench", "--tiny", "--model", "gpt9"], "--model: unknown model(s) 'gpt9'; valid: qwen2"),
     (["bench", "--tiny", "--micro", "--ops", "nope"], "--ops: unknown op(s) 'nope'; valid: silu_and_mul"),
+    (["bench", "--tiny", "--matrix", "--models", "qwen2,gpt9"], "--models: unknown model(s) 'gpt9'; valid: qwen2"),
+    (["bench", "--tiny", "--models", "qwen2"], "--models lists the models of --matrix"),
+    (["bench", "--tiny", "--matrix", "--micro"], "are three benchmarks; give one"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, expected, capsys, device):
     if "--tiny" in argv:

@@ -111,6 +111,11 @@ def test_the_names_checked_before_import_are_the_library_tables():
     assert names.WORKLOADS == tuple(WORKLOADS)
     assert names.BUILTIN_FAMILIES == tuple(BUILTIN_MODELS)
     assert names.DTYPES == tuple(_DTYPE_NAMES)
+    from twinkle_fx.bench import matrix
+
+    assert (names.MATRIX_MODELS, names.MATRIX_BACKENDS, names.TINY_MATRIX_BACKENDS) == (
+        matrix.MATRIX_MODELS, matrix.MATRIX_BACKENDS, matrix.TINY_MATRIX_BACKENDS)
+    assert set(names.MATRIX_MODELS) <= set(WORKLOADS) and set(names.MATRIX_BACKENDS) <= set(BACKENDS)
 
 
 def test_the_device_types_checked_before_import_are_torchs():

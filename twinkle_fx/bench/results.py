@@ -46,6 +46,7 @@ class ModelRow:
     loss_check: str | None = None  # how first_loss compares with eager's, and last_loss with first_loss
     vs_eager: dict[str, float] = field(default_factory=dict)  # throughput / memory ratios
     vs_inductor: dict[str, float] = field(default_factory=dict)  # + first_step
+    vs_reference: dict[str, float] = field(default_factory=dict)  # bench --matrix: to the model's first backend
     notes: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:

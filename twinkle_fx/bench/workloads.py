@@ -107,6 +107,18 @@ WORKLOADS: dict[str, Workload] = {
                  num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True),
             "Llama-3.2-1B",
         ),
+        Workload(
+            "qwen3_1_7b", "qwen3", "Qwen3Config",
+            dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+            "Qwen3-1.7B",
+        ),
+        Workload(
+            "llama3b", "llama", "LlamaConfig",
+            dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                 num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=True),
+            "Llama-3.2-3B",
+        ),
     )
 }
 

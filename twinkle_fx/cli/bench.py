@@ -10,6 +10,8 @@ Examples::
     twinkle-fx bench --plot results/bench-qwen2.json   # table + PNG again from a saved run
     twinkle-fx bench --tiny --profile prof/            # + prof/<backend>/profile_trace.json, profile_report.txt
     twinkle-fx bench --inference --out results/        # prefill latency + decode tok/s, CUDA graphs rows
+    twinkle-fx bench --matrix --out results/           # the training step of six model shapes, one table
+    twinkle-fx bench --matrix --models qwen2,qwen3_moe --tiny   # the same loop on tiny configs on the CPU
 """
 
 from __future__ import annotations
@@ -95,10 +97,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                                     "--tiny 16)")
     parser.add_argument("--twinkle-options", metavar="JSON",
                         help='--inference: options= of the twinkle rows, e.g. \'{"fuse_projections": true}\'')
+    parser.add_argument("--matrix", action="store_true",
+                        help="the training step of several models (--models) under the recipes a user chooses "
+                             f"between, one table; default backends {','.join(_matrix_backends(False))} (--tiny: "
+                             f"{','.join(_matrix_backends(True))}); the first is each model's reference")
+    parser.add_argument("--models", type=comma_list,
+                        help=f"--matrix: comma-separated workloads (default {','.join(names.MATRIX_MODELS)})")
     parser.add_argument("--plot", type=Path, metavar="JSON",
                         help="print the table and write the PNG of a saved result (next to it, or in --out)")
     parser.set_defaults(run=run)
     return parser
+
+
+def _matrix_backends(tiny: bool) -> tuple[str, ...]:
+    return names.TINY_MATRIX_BACKENDS if tiny else names.MATRIX_BACKENDS
 
 
 def _progress(line: str) -> None:
@@ -126,8 +138,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise CommandError(f"--plot {args.plot}: no such file (a JSON written by `twinkle-fx bench --out DIR`)")
         check_out_dir("--out", args.out)
         return
-    if args.micro and args.inference:
-        raise CommandError("--micro (the kernels) and --inference (prefill and decode) are two benchmarks; give one")
+    if sum((args.micro, args.inference, args.matrix)) > 1:
+        raise CommandError("--micro (the kernels), --inference (prefill and decode) and --matrix (training across "
+                           "models) are three benchmarks; give one")
+    if args.models is not None and not args.matrix:
+        raise CommandError("--models lists the models of --matrix; add --matrix or use --model")
     if args.micro and args.profile is not None:
         raise CommandError("--profile profiles the model benchmark's backends; leave out --micro (or profile one "
                            "kernel with torch.profiler, see README 'For kernel authors')")
@@ -140,6 +155,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         check_names("--backends", args.backends or (), names.MICRO_IMPLS, "backend")
         return
     check_names("--model", [args.model], names.WORKLOADS, "model")
+    check_names("--models", args.models or (), names.WORKLOADS, "model")
     check_names("--backends", args.backends or (), names.INFERENCE_BACKENDS if args.inference else names.MODEL_BACKENDS,
                 "backend")
     if args.twinkle_options is not None:
@@ -169,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_profiler()
     what = ("kernel microbenchmarks (LLM-size tensors)" if args.micro else
+            "the training step of several models (full size)" if args.matrix else
             f"{args.model} {'inference' if args.inference else 'training step'} (full size)")
     device = choose_device(args.device, default_cpu=args.tiny, command="twinkle-fx bench",
                            full_size=None if args.tiny else what, force=args.force)
@@ -182,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)
     if args.inference:
         return _run_inference(args, device)
+    if args.matrix:
+        return _run_matrix(args, device)
     if args.micro:
         from ..bench.micro import MicroBenchOptions, run_micro_bench
 
@@ -240,3 +259,27 @@ def _run_inference(args: argparse.Namespace, device) -> int:
         result.save(path)
         print(f"\nwrote {path}")
     return 1 if any(row.status in ("failed", "wrong") for row in result.rows) else 0
+
+
+def _run_matrix(args: argparse.Namespace, device) -> int:
+    import torch
+
+    from ..bench.matrix import format_matrix, matrix_failed, run_matrix
+    from ..bench.model_bench import ModelBenchOptions
+
+    options = ModelBenchOptions(
+        model="", backends=args.backends or list(_matrix_backends(args.tiny)),
+        batch=_default(args, "batch", _MODEL_DEFAULTS), seq=_default(args, "seq", _MODEL_DEFAULTS),
+        dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
+        steps=_default(args, "steps", _MODEL_DEFAULTS), warmup=_default(args, "warmup", _MODEL_DEFAULTS),
+        device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol, profile_dir=args.profile,
+    )
+    matrix = run_matrix(tuple(args.models or names.MATRIX_MODELS), options, progress=_progress)
+    print()
+    print(format_matrix(matrix))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / "bench-matrix.json"
+        path.write_text(json.dumps(matrix, indent=1))
+        print(f"\nwrote {path}")
+    return 1 if matrix_failed(matrix) else 0

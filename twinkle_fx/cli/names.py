@@ -5,21 +5,26 @@ runs from (named beside it); tests/cli check that they agree.
 
 from __future__ import annotations
 
-__all__ = ["BUILTIN_FAMILIES", "WORKLOADS", "MODEL_BACKENDS", "INFERENCE_BACKENDS", "MICRO_IMPLS", "MICRO_OPS",
-           "DTYPES"]
+__all__ = ["BUILTIN_FAMILIES", "WORKLOADS", "MODEL_BACKENDS", "MATRIX_MODELS", "MATRIX_BACKENDS",
+           "TINY_MATRIX_BACKENDS", "INFERENCE_BACKENDS", "MICRO_IMPLS", "MICRO_OPS", "DTYPES"]
 
 # twinkle_fx.builtin.BUILTIN_MODELS
 BUILTIN_FAMILIES = ("qwen2", "llama", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite",
                     "smollm3", "glm4", "deepseek_v3", "mixtral", "qwen3_moe", "gpt_oss", "ernie4_5", "ernie4_5_moe",
                     "cohere", "starcoder2")
 # twinkle_fx.bench.workloads.WORKLOADS
-WORKLOADS = ("qwen2", "qwen3", "llama", "mistral", "llama1b", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite",
+WORKLOADS = ("qwen2", "qwen3", "llama", "mistral", "llama1b", "qwen3_1_7b", "llama3b", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite",
              "smollm3", "glm4", "deepseek_v3", "mixtral", "qwen3_moe", "gpt_oss", "ernie4_5", "ernie4_5_moe", "cohere",
              "starcoder2")
 # twinkle_fx.bench.backends.BACKENDS
 MODEL_BACKENDS = ("eager", "inductor", "twinkle", "kernelize+twinkle", "kernelize", "kernelize+cudagraphs", "liger",
-                  "inductor+cudagraphs", "twinkle+cudagraphs", "twinkle+gemm-fusion", "twinkle-all-swaps",
-                  "liger+inductor")
+                  "inductor+cudagraphs", "twinkle+cudagraphs", "inductor+cudagraphs+cce", "twinkle+gemm-fusion",
+                  "twinkle-all-swaps", "liger+inductor")
+# twinkle_fx.bench.matrix: MATRIX_MODELS, MATRIX_BACKENDS, TINY_MATRIX_BACKENDS
+MATRIX_MODELS = ("qwen2", "llama1b", "qwen3_1_7b", "llama3b", "qwen3_moe", "mixtral")
+MATRIX_BACKENDS = ("inductor+cudagraphs", "inductor+cudagraphs+cce", "liger+inductor", "twinkle+cudagraphs",
+                   "kernelize+cudagraphs")
+TINY_MATRIX_BACKENDS = ("eager", "kernelize")
 # twinkle_fx.bench.inference.INFERENCE_BACKENDS
 INFERENCE_BACKENDS = ("eager", "kernelize", "kernelize+cudagraphs", "inductor", "inductor+cudagraphs", "twinkle",
                       "twinkle+cudagraphs")

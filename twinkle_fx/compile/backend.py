@@ -56,7 +56,6 @@ from .recording import RecordedGraphs, active_recorders, readable
 from .regions import module_roots
 from .report import CompileReport, GraphReport, RegionReport, active_reports
 from .rewrites import attention, function_patterns, gemm_fusion, layer_regions
-from .swap_policy import active_policy
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +86,9 @@ def twinkle_backend(
     counted = graph_breaks_counted()
     state = PassState(
         gm, list(example_inputs), get_registry(), _device(example_inputs), opts.mode or _default_mode(example_inputs),
-        module_lookup(module_roots()), graph_break=graph_break(gm, counted), compiled_code=compiled_code(),
-        counted_breaks=counted,
+        module_lookup(module_roots()), opts, graph_break=graph_break(gm, counted), compiled_code=compiled_code(),
+        counted_breaks=tuple(counted),
     )
-    state.fuse_projections = gemm_fusion.should_fuse(opts.fuse_projections, state.mode, opts.compiler)
-    state.gqa_attention, state.causal_mask = opts.gqa_attention, opts.causal_mask
     report = GraphReport(0, state.device, format_mode(state.mode), opts.compiler, code_before=_code(gm),
                          graph_break=None if state.graph_break is None else str(state.graph_break))
     recorders = active_recorders()
@@ -103,12 +100,9 @@ def twinkle_backend(
     else:
         detach_checkpoint_bodies(gm)  # rewritten in place, the bodies would change in the reference too
         _warn_if_nothing_registered(state.registry)
-        # measured per-op decisions (swap_policy.py) compare with Inductor's generated code: they
-        # apply when Inductor is the inner compiler, and every region is swapped otherwise
-        with active_policy(opts.swap_policy if opts.compiler == "inductor" else "always"):
-            report.pass_ms = run_passes(state, PASSES, dump_graphs=opts.dump_graphs)
+        report.pass_ms = run_passes(state, PASSES, dump_graphs=opts.dump_graphs)
         logger.debug("module instances looked up with %d heap scan(s) in this compile so far", state.modules.heap_scans)
-        report.regions = [RegionReport.from_outcome(o) for o in state.outcomes]
+        report.regions = [RegionReport.from_outcome(o) for o in state.scratch.outcomes]
     gm.graph.lint()
     gm.recompile()
     if opts.verify and reference is not None and _code(gm) != report.code_before:
@@ -134,9 +128,9 @@ def twinkle_backend(
     for recorder in recorders:
         recorder.after.append(readable(gm))
     compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders)
-    if state.baked_scalars and reference is not None and gm is not reference:
+    if state.scratch.baked_scalars and reference is not None and gm is not reference:
         original = _inner_compile(reference, state.example_inputs, opts, mode, ())
-        compiled = _check_scalars(compiled, original, dict(state.baked_scalars), report)
+        compiled = _check_scalars(compiled, original, dict(state.scratch.baked_scalars), report)
     return _follow_registry(compiled, state.registry, report, opts, active_reports())
 
 

@@ -5,7 +5,7 @@ The reference is a layer's original ``forward`` (its arguments' order unknown: e
 tried) or a registered function (its order known from the pattern). Region and reference are
 traced to ATen on the same static fake inputs (:mod:`.equivalence`); a binding exists when every
 region output is a reference output. Regions with the same structure and input metadata (the 24
-identical layers of a model) share one answer, kept in ``state.bindings``, so only the first is traced.
+identical layers of a model) share one answer, kept in ``state.scratch.bindings``, so only the first is traced.
 """
 
 from __future__ import annotations
@@ -68,13 +68,13 @@ def bind(
         KeepRegion: no binding (the reason is cached with the key, as a binding would be).
     """
     full_key = (key, region_signature(region.nodes, list(inputs), list(outputs)))
-    if full_key not in state.bindings:
+    if full_key not in state.scratch.bindings:
         try:
-            state.bindings[full_key] = _search(state, region, inputs, values, outputs, orders, reference, mismatch,
+            state.scratch.bindings[full_key] = _search(state, region, inputs, values, outputs, orders, reference, mismatch,
                                                constants)
         except KeepRegion as keep:
-            state.bindings[full_key] = keep.reason
-    found = state.bindings[full_key]
+            state.scratch.bindings[full_key] = keep.reason
+    found = state.scratch.bindings[full_key]
     if isinstance(found, Reason):
         raise KeepRegion(found.kind, found.detail, found.exception)
     return found

@@ -9,7 +9,8 @@ order (later wins):
    pass other twinkle options: torch.compile refuses ``mode`` and ``options`` together);
 3. ``options={"inductor": {...}}``: any ``torch._inductor.config`` key ("max_autotune",
    "freezing", "triton.cudagraphs", "coordinate_descent_tuning", ...), checked against the
-   installed Inductor so a typo is an error, not a silent no-op.
+   installed Inductor by :func:`~twinkle_fx.compile.options.parse_options`, so a typo is an error,
+   not a silent no-op.
 
 Every graph Inductor compiles (forward, backward, inference) is recorded as a
 :class:`CudaGraphStatus`: CUDA graphs requested or not, used or not, and Inductor's own reason when
@@ -38,56 +39,9 @@ from . import ttir_memo
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "CudaGraphStatus", "CudaGraphReport", "collect_cudagraph_status", "parse_inductor_options", "inductor_config_patches",
+    "CudaGraphStatus", "CudaGraphReport", "collect_cudagraph_status", "inductor_config_patches",
     "compile_with_inductor", "cudagraph_tree_summary", "unpin_fsdp_parameters",
 ]
-
-
-def parse_inductor_options(value: Any) -> dict[str, Any]:
-    """Check ``options["inductor"]``: a dict of ``torch._inductor.config`` keys (dotted for nested
-    ones, e.g. ``"triton.cudagraphs"``); returns a copy.
-
-    Raises:
-        ValueError: not a dict, or a key the installed Inductor does not have (the message names it
-            and says where the valid keys are listed).
-
-    Example:
-        >>> parse_inductor_options({"max_autotune": True})
-        {'max_autotune': True}
-    """
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"twinkle backend option inductor must be a dict of torch._inductor.config keys, "
-                         f"got {type(value).__name__}.")
-    from torch._inductor import config
-
-    known = config.get_config_copy()
-    for key in value:
-        if not isinstance(key, str) or key not in known:
-            raise ValueError(
-                f"twinkle backend option inductor={{{key!r}: ...}}: torch._inductor.config has no {key!r} "
-                f"(see torch._inductor.list_options() for the valid keys)."
-            )
-    for key in _WORKER_DECIDED:
-        if key in value and value[key] != known[key]:
-            raise ValueError(
-                f"twinkle backend option inductor={{{key!r}: {value[key]!r}}} cannot take effect: Inductor decides it "
-                f"where it compiles each kernel, in its compile workers, which read it only from the environment "
-                f"when they start (a config patch reaches the calling process only). Set "
-                f"{_WORKER_DECIDED[key]}={int(bool(value[key]))} before the first torch.compile of the process instead."
-            )
-    return dict(value)
-
-
-# torch._inductor.config keys read in Inductor's compile workers (torch 2.11-2.13: a worker patches in
-# only use_static_triton_launcher from the caller's config, runtime/compile_tasks.py), with the
-# environment variable that reaches them. static_launch_user_defined_triton_kernels: launch our
-# triton_op kernels through Inductor's static CUDA launcher instead of Triton's Python launcher; the
-# host cost per launch with and without: tools/launch_host_cost.py.
-_WORKER_DECIDED = {
-    "static_launch_user_defined_triton_kernels": "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS",
-}
 
 
 def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mapping[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def place_kernel(
     (:class:`KeepRegion`, with the error), so the compiled model never crashes where the original runs.
     """
     first = example_value(region.call_args[0]) if region.call_args else None
-    kept = keep_inductor_reason(choice.name, state.device, state.mode, first)  # the measured swap policy (swap_policy.py)
+    kept = keep_inductor_reason(state.options.applied_swap_policy, choice.name, state.device, state.mode, first)
     if kept is not None:
         raise KeepRegion(ReasonKind.SWAP_POLICY, kept)
     statics = static_inputs([example_value(n) for n in region.call_args] + [example_value(n) for n in region.outputs])
@@ -88,5 +88,5 @@ def place_kernel(
             raise KeepRegion(ReasonKind.NOT_WRAPPABLE, f"cannot compile ({why_opaque}) and cannot be wrapped: {wrapped}")
         how, call = f"opaque custom op, {why_opaque}", wrapped
     call_node, replaced = replace_region(state.gm, region, call)
-    state.kernel_calls.add(call_node)
+    state.scratch.kernel_calls.add(call_node)
     return how, replaced

@@ -52,10 +52,10 @@ class RegisteredPatterns:
 
 
 def registered_patterns(state: PassState) -> RegisteredPatterns:
-    """The patterns of ``state``'s registry, traced once per graph (kept in ``state.patterns``)."""
-    if state.patterns is None:
-        state.patterns = _registered_patterns(state)
-    return state.patterns
+    """The patterns of ``state``'s registry, traced once per graph (kept in ``state.scratch.patterns``)."""
+    if state.scratch.patterns is None:
+        state.scratch.patterns = _registered_patterns(state)
+    return state.scratch.patterns
 
 
 def _registered_patterns(state: PassState) -> RegisteredPatterns:
@@ -124,7 +124,7 @@ def run(state: PassState) -> list[Outcome]:
             if kind == "computation" and not _matches_anywhere(state, target, selections[target]):
                 continue  # not a call of the function: not a candidate (match_anywhere=False)
             region = Region("function", target, region_location(nodes), nodes)
-            state.pattern_nodes.update(nodes)
+            state.scratch.pattern_nodes.update(nodes)
             choice = selections[target].choice
             outcomes.append(region_outcome(
                 lambda: _swap(state, region, pattern, match, selections[target], renamed, kind),

@@ -109,13 +109,14 @@ def should_fuse(setting: bool | str, mode: Mode, compiler: str) -> bool | Fusion
 
 
 def run(state: PassState) -> list[Outcome]:
-    """The pass: fuse when ``state.fuse_projections`` says so (the backend sets it with :func:`should_fuse`).
+    """The pass: fuse when :func:`should_fuse` says so for ``state.options.fuse_projections`` in ``state.mode``.
 
     Fusing swaps no registered region, so it answers no outcomes; the groups are logged at INFO.
     """
-    if state.fuse_projections is False:
+    decision = should_fuse(state.options.fuse_projections, state.mode, state.options.compiler)
+    if decision is False:
         return []
-    limits = FusionLimits() if state.fuse_projections is True else state.fuse_projections
+    limits = FusionLimits() if decision is True else decision
     groups = fuse_projections(state.gm, min_in_features=limits.min_in_features, max_rows=limits.max_rows)
     if groups:
         logger.info("fused %d group(s) of projections: %s", len(groups), "; ".join(map(str, groups)))

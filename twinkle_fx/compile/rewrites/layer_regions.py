@@ -140,7 +140,7 @@ def _swap(state: PassState, candidate: LayerCandidate) -> Swapped:
     how, _ = place_kernel(state, region, call, choice)
     # the kernel is specialised to these values: the compiled graph checks them on every call
     for node, value in region.constant_inputs.items():
-        state.baked_scalars[state.input_position(node)] = value
+        state.scratch.baked_scalars[state.input_position(node)] = value
     return Swapped("layer", region.target, region.location, str(choice), how)
 
 

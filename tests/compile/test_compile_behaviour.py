@@ -427,7 +427,7 @@ def test_compiled_root_reports_subclasses_of_bound_classes():
 
 
 def test_opaque_ops_are_registered_once_per_region_across_recompiles():
-    from twinkle_fx.compile.opaque import registered_opaque_ops
+    from twinkle_fx.compile.regions.opaque import registered_opaque_ops
 
     _register(UntraceableKernel)
     model, x = GatedMLP(), torch.randn(3, 8)
@@ -552,7 +552,7 @@ def test_compiled_root_reports_kernel_layer_name_tagged_classes():
 
 
 def test_a_pass_failing_on_one_region_keeps_it_with_the_reason_and_goes_on(monkeypatch):
-    from twinkle_fx.compile.rewrites import layer_regions
+    from twinkle_fx.compile.passes import layer_regions
 
     class TwoActs(torch.nn.Module):
         def __init__(self):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tiny_models import DEVICE, register_qwen2_kernels, tiny
-from twinkle_fx.compile.rewrites.gemm_fusion import fuse_projections
+from twinkle_fx.compile.passes.gemm_fusion import fuse_projections
 from twinkle_fx.compile.inductor_options import collect_cudagraph_status, inductor_config_patches
 from twinkle_fx.compile.options import parse_options
 from twinkle_fx.compile.swap_policy import Decision, keep_inductor_reason
@@ -223,7 +223,7 @@ def test_gemm_fusion_groups_only_linears_of_the_same_input():
 def test_gemm_fusion_auto_fuses_decode_sized_inputs_in_inference_only():
     """"auto": in inference under Inductor, inputs of at most AUTO_INFERENCE_MAX_ROWS rows (decode,
     measured 1.06x) are fused, a prefill-sized one is not (1.01x); in training nothing is (0.79x)."""
-    from twinkle_fx.compile.rewrites.gemm_fusion import AUTO_INFERENCE_MAX_ROWS, FusionLimits, should_fuse
+    from twinkle_fx.compile.passes.gemm_fusion import AUTO_INFERENCE_MAX_ROWS, FusionLimits, should_fuse
 
     limits = should_fuse("auto", Mode.INFERENCE | Mode.TORCH_COMPILE, "inductor")
     assert limits == FusionLimits(max_rows=AUTO_INFERENCE_MAX_ROWS)

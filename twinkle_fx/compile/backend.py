@@ -4,7 +4,7 @@
 ...                          options={"compiler": "aot_eager", "mode": "train"})   # doctest: +SKIP
 
 The eight passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``, see
-:mod:`.pipeline`; rewrites in :mod:`.rewrites`, analyses that only report in :mod:`.analyses`):
+:mod:`.pipeline`; one file each in :mod:`.passes`, the region machinery they share in :mod:`.regions`):
 
 1. ``graph_breaks`` (analysis): a graph break inside a registered layer or function is reported;
 2. ``layer_regions`` (rewrite): regions of registered nn.Module classes become one kernel call each;
@@ -45,7 +45,7 @@ from ..core.plugins import layer_mappings
 from ..core.registry import KernelRegistry, get_registry
 from ..core.settings import DISABLE_ENV, kernels_disabled
 from . import verify as verification
-from .analyses import compiled_root, foreign_forwards, function_calls, graph_breaks
+from .passes import compiled_root, foreign_forwards, function_calls, graph_breaks
 from .dynamo_internals import (checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break,
                                graph_breaks_counted, input_source, module_lookup, parse_source)
 from .inductor_options import compile_with_inductor, inductor_config_patches
@@ -53,9 +53,9 @@ from .options import BackendOptions, parse_options
 from .pipeline import Pass, PassState, run_passes
 from .reasons import Reason, ReasonKind
 from .recording import RecordedGraphs, active_recorders, readable
-from .regions import module_roots
+from .regions.region import module_roots
 from .report import CompileReport, GraphReport, RegionReport, active_reports
-from .rewrites import attention, function_patterns, gemm_fusion, layer_regions
+from .passes import attention, function_patterns, gemm_fusion, layer_regions
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Idempotent, and avoids importing ``torch._dynamo`` (a second of import time) when the installed
 entry point already names the backend. Registering a function kernel traces nothing: the backend
-traces each registered function the first time it needs its pattern (:mod:`.pattern_tracing`).
+traces each registered function the first time it needs its pattern (:mod:`.regions.pattern_tracing`).
 """
 
 from __future__ import annotations

@@ -43,14 +43,14 @@ class BackendOptions:
         cudagraphs (`bool`, defaults to `False`): CUDA graphs, as torch.compile's
             ``mode="reduce-overhead"`` (which cannot be given together with ``options=``).
         fuse_projections (`bool` or `"auto"`, defaults to `"auto"`): one GEMM for the linears that
-            read the same input (q/k/v, gate/up); "auto" where measured to pay, see :mod:`.gemm_fusion`.
+            read the same input (q/k/v, gate/up); "auto" where measured to pay, see :mod:`.passes.gemm_fusion`.
         gqa_attention (`bool` or `"auto"`, defaults to `"auto"`): SDPA on key/value repeated to the
             query's heads (transformers' ``repeat_kv``) becomes one grouped-query attention kernel
             that reads each KV head once; "auto" for queries of at most 16 tokens (decode steps),
-            see :mod:`.rewrites.attention`.
+            see :mod:`.passes.attention`.
         causal_mask (`bool`, defaults to `True`): SDPA given a causal mask that depends on no input
             (transformers materialises one under torch.compile) runs with ``is_causal=True`` instead,
-            i.e. flash attention over the lower half, see :mod:`.rewrites.attention`.
+            i.e. flash attention over the lower half, see :mod:`.passes.attention`.
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).

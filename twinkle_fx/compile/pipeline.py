@@ -2,9 +2,9 @@
 
 Every pass reads one :class:`PassState` (the graph and the facts about it, in named fields, and
 the backend's :class:`~twinkle_fx.compile.options.BackendOptions`), writes what later passes need
-in its :class:`PassScratch`, and answers one :class:`Swapped` or :class:`Kept` per candidate region it looked at.
-Rewriting passes live in :mod:`twinkle_fx.compile.rewrites`, passes that only report in
-:mod:`twinkle_fx.compile.analyses`. The runner times each pass (logged at DEBUG under the pass's
+in its :class:`PassScratch`, and answers one :class:`Swapped` or :class:`Kept` per candidate
+region it looked at. The passes, those that rewrite and those that only report, live in
+:mod:`twinkle_fx.compile.passes`. The runner times each pass (logged at DEBUG under the pass's
 own logger) and, with ``TWINKLE_FX_DUMP_GRAPHS=<dir>`` or ``options={"dump_graphs": <dir>}``, writes
 the graph before and after each pass::
 
@@ -35,7 +35,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import torch.fx as fx
 
@@ -44,10 +44,6 @@ from ..core.registry import KernelRegistry
 from .dynamo_internals import GraphBreak, ModuleLookup, checkpoint_bodies, example_value, real_input
 from .options import BackendOptions
 from .reasons import KeepRegion, Reason, ReasonKind
-
-if TYPE_CHECKING:
-    from .binding import Binding
-    from .rewrites.function_patterns import RegisteredPatterns
 
 __all__ = ["Swapped", "Kept", "Outcome", "PassState", "PassScratch", "Pass", "run_passes", "region_outcome", "checkpoint_states",
            "DUMP_ENV"]
@@ -94,13 +90,15 @@ class PassScratch:
     pattern_nodes: set[fx.Node] = field(default_factory=set)
     # call nodes the rewrites inserted: no later pass looks into them
     kernel_calls: set[fx.Node] = field(default_factory=set)
-    # region signature -> binding or the reason there is none: equal regions (24 layers) are bound once
-    bindings: dict[tuple, Binding | Reason] = field(default_factory=dict)
+    # region signature -> binding (a regions.region.Binding) or the Reason there is none: equal regions
+    # (24 layers) are bound once. Typed loosely because the regions package imports this module.
+    bindings: dict[tuple, object] = field(default_factory=dict)
     # float module attributes Dynamo lifted to graph inputs that a swapped kernel was specialised to:
     # graph input position -> value (the compiled graph checks them on every call, see backend)
     baked_scalars: dict[int, float] = field(default_factory=dict)
-    # the registered functions' patterns, traced by the first pass that needs them
-    patterns: RegisteredPatterns | None = None
+    # the registered functions' patterns (a regions.pattern_tracing.RegisteredPatterns), traced by the
+    # first pass that needs them
+    patterns: object | None = None
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..core.caches import owns_cache
-from .dynamo_internals import example_value
+from ...core.caches import owns_cache
+from ..dynamo_internals import example_value
 from .kernel_call import KernelCall
-from .reasons import KeepRegion, ReasonKind
+from ..reasons import KeepRegion, ReasonKind
 
 __all__ = ["opaque_call", "OpaqueCall", "registered_opaque_ops"]
 

@@ -21,7 +21,7 @@ from ...core.swaps import patched_functions
 from ..dynamo_internals import module_stack, stack_frames
 from ..pipeline import Kept, Outcome, PassState
 from ..reasons import Reason, ReasonKind
-from ..rewrites.function_patterns import region_location, registered_patterns
+from .function_patterns import region_location, registered_patterns
 
 __all__ = ["run", "function_call_regions"]
 

@@ -1,10 +1,10 @@
 """Function patterns: calls of a registered function, and copies of it in other modules.
 
 Each registered function target has a pattern traced by Dynamo the first time the backend needs
-it (:mod:`.pattern_tracing`). ``SubgraphMatcher`` finds it with literals as wildcards (Dynamo bakes
+it (:mod:`..regions.pattern_tracing`). ``SubgraphMatcher`` finds it with literals as wildcards (Dynamo bakes
 shapes into them); every match is then bound (placeholders are the function's tensor arguments,
 float constants are read from the matched nodes) and checked against the reference function on
-the matched shapes (:mod:`.equivalence`) before the kernel replaces it.
+the matched shapes (:mod:`..regions.equivalence`) before the kernel replaces it.
 
 Which matches count (``RegionReport.match`` says which each was):
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx
@@ -28,27 +27,18 @@ import torch.utils._pytree as pytree
 from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
 
 from ...core.selection import Selection, select_function_kernel
-from ..binding import bind, outputs_read_outside
+from ..regions.binding import bind, outputs_read_outside
 from ..dynamo_internals import example_value, is_erased, module_stack, stack_frames
-from ..kernel_call import FunctionKernelCall
-from ..pattern_tracing import TracedPattern, pattern_for
+from ..regions.kernel_call import FunctionKernelCall
+from ..regions.pattern_tracing import RegisteredPatterns, TracedPattern, pattern_for
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
-from ..splice import place_kernel
+from ..regions.splice import place_kernel
 from ..reasons import KeepRegion, ReasonKind
-from ..regions import Region
+from ..regions.region import Region
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RegisteredPatterns", "registered_patterns", "match_kind", "region_location", "run"]
-
-
-@dataclass
-class RegisteredPatterns:
-    """The registered function targets' patterns, largest first (targets with the same pattern
-    share one entry), and why the other targets have none."""
-
-    patterns: list[tuple[list[str], TracedPattern]]
-    missing: dict[str, str]
+__all__ = ["registered_patterns", "match_kind", "region_location", "run"]
 
 
 def registered_patterns(state: PassState) -> RegisteredPatterns:

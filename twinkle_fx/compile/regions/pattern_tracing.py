@@ -1,5 +1,5 @@
 """Trace a registered function with Dynamo, giving a pattern in Dynamo's own spelling
-(``x.pow(2)``, ``F.silu(x)``) that :mod:`.function_patterns` can match in any graph.
+(``x.pow(2)``, ``F.silu(x)``) that :mod:`..passes.function_patterns` can match in any graph.
 
 Traced lazily, the first time the backend needs it (a nested Dynamo run on a fresh code object,
 with a capturing backend; registering a kernel imports and runs nothing). The function is called on small
@@ -32,12 +32,12 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from ..core.registry import KernelRegistry
-from ..core.swaps import original_function
+from ...core.registry import KernelRegistry
+from ...core.swaps import original_function
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TracedPattern", "trace_function", "pattern_for", "resolve_reference"]
+__all__ = ["TracedPattern", "RegisteredPatterns", "trace_function", "pattern_for", "resolve_reference"]
 
 _SENTINEL = 0.123456789  # a float no model uses as a constant
 _SIZE = 8
@@ -218,3 +218,12 @@ def pattern_for(registry: KernelRegistry, target: str) -> TracedPattern | str:
         for registration in registrations:
             registration.compile_cache["pattern"] = (reference, result)
     return result
+
+
+@dataclass
+class RegisteredPatterns:
+    """The registered function targets' patterns, largest first (targets with the same pattern
+    share one entry), and why the other targets have none."""
+
+    patterns: list[tuple[list[str], TracedPattern]]
+    missing: dict[str, str]

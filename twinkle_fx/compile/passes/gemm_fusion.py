@@ -28,7 +28,7 @@ small GEMMs cost more in latency than the copy of ~2 MB of weights); in training
 width is at least :data:`AUTO_MIN_IN_FEATURES` (never, so far).
 
 Regions swapped by other passes are opaque calls by now (the pass runs last), so a swapped MLP
-keeps its own two GEMMs; the measured policy (:mod:`.swap_policy`) decides whether that swap is made.
+keeps its own two GEMMs; the measured policy (:mod:`..swap_policy`) decides whether that swap is made.
 """
 
 from __future__ import annotations

@@ -11,26 +11,16 @@ identical layers of a model) share one answer, kept in ``state.scratch.bindings`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx
 
 from .equivalence import StructuralKeys, aten_outputs, static_inputs
-from .pipeline import PassState
-from .reasons import KeepRegion, Reason, ReasonKind
-from .regions import Region, external_outputs, region_graph_module, region_signature
+from ..pipeline import PassState
+from ..reasons import KeepRegion, Reason, ReasonKind
+from .region import Binding, Region, external_outputs, region_graph_module, region_signature
 
-__all__ = ["Binding", "bind", "outputs_read_outside"]
-
-
-@dataclass(frozen=True)
-class Binding:
-    """``order[i]``: the region input passed as the reference's i-th argument; ``picks[j]``: the
-    leaf of the reference's result that region output j is."""
-
-    order: tuple[int, ...]
-    picks: tuple[int, ...]
+__all__ = ["bind", "outputs_read_outside"]
 
 
 def outputs_read_outside(region: Region) -> list[fx.Node]:

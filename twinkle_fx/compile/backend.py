@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._dynamo.exc import ShortenTraceback
 
 from ..core.caches import owns_cache
 from ..core.modes import Mode, format_mode
 from ..core.plugins import layer_mappings
 from ..core.registry import KernelRegistry, get_registry
 from ..core.settings import DISABLE_ENV, kernels_disabled
+from ..core.torch_internals import aot_eager, boxed_nop, shorten_traceback_base
 from . import verify as verification
 from .passes import compiled_root, foreign_forwards, function_calls, graph_breaks
 from .dynamo_internals import (checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break,
@@ -224,7 +224,7 @@ def _follow_registry(
     return run
 
 
-class BackendOptionsError(ValueError, ShortenTraceback):
+class BackendOptionsError(ValueError, shorten_traceback_base()):
     """A bad ``options=`` entry. A ShortenTraceback, so Dynamo passes it to the caller as it is,
     rather than wrapped in BackendCompilerFailed under frames of its own."""
 
@@ -298,8 +298,6 @@ def _inner_compile(
     if opts.compiler == "eager":
         return gm.forward
     if opts.compiler == "aot_eager":
-        from torch._dynamo.backends.debugging import aot_eager, boxed_nop
-
         def recording(kind: str) -> Callable[..., Any]:
             def compiler(graph: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
                 for recorder in recorders:

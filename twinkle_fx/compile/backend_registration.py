@@ -20,12 +20,12 @@ def _register_backend_name() -> None:
     # registers it itself; registering here too would make its lookup fail on a duplicate name.
     if BACKEND_NAME in entry_points(group="torch_dynamo_backends").names:
         return
-    from torch._dynamo import list_backends, register_backend
+    from ..core.torch_internals import dynamo_backend_names, register_dynamo_backend
 
-    if BACKEND_NAME not in list_backends(exclude_tags=()):
+    if BACKEND_NAME not in dynamo_backend_names():
         from .backend import twinkle_backend
 
-        register_backend(compiler_fn=twinkle_backend, name=BACKEND_NAME)
+        register_dynamo_backend(BACKEND_NAME, twinkle_backend)
 
 
 def install() -> None:

@@ -130,7 +130,7 @@ class TiedEmbeddingReduction:
         self.stats = {"early_reductions": 0, "finalized": 0, "rows_exchanged": 0}
         with torch.no_grad():
             dist.broadcast(weight, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
-        eager = torch._dynamo.disable  # a compiled root calls them as they are (one graph break each)
+        eager = torch.compiler.disable  # a compiled root calls them as they are (one graph break each)
         self._handles = [
             model.register_forward_pre_hook(eager(self._enter), with_kwargs=True),
             model.register_forward_hook(eager(self._leave), always_call=True),

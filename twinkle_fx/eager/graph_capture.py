@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.nn.modules import module as _nn_module
+
+from ..core.torch_internals import global_module_hooks_set
 
 TENSOR = object()  # placeholder of a tensor in an argument spec
 data_ptr = torch.Tensor.data_ptr
@@ -180,8 +181,7 @@ def dropout_reason(module: torch.nn.Module) -> str | None:
 
 
 def global_hooks() -> bool:
-    return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
-                or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks)
+    return global_module_hooks_set()
 
 
 def hooked(submodules: list[torch.nn.Module]) -> bool:

@@ -48,6 +48,7 @@ import os
 import torch
 import torch.fx as fx
 
+from ...core.torch_internals import nn_sdpa
 from ..dynamo_internals import common_provenance, example_value, is_erased, set_example_value
 from ..pipeline import Kept, Outcome, PassState, Swapped
 from ..reasons import Reason, ReasonKind
@@ -64,7 +65,7 @@ AUTO_MAX_QUERY_LEN = 16
 # the largest mask (elements) evaluated at compile time: 2**28 booleans is 256 MiB, a 16k x 16k mask
 MAX_EVALUATED_MASK = 2**28
 
-SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+SDPA_TARGETS = (nn_sdpa(), torch.nn.functional.scaled_dot_product_attention)
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _TARGET = "scaled_dot_product_attention on repeated K/V"
 _KERNEL = "twinkle_triton.gqa_attention"

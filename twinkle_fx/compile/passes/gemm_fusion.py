@@ -41,6 +41,7 @@ import torch
 import torch.fx as fx
 
 from ...core.modes import Mode
+from ...core.torch_internals import nn_linear
 from ..dynamo_internals import common_provenance, example_value, set_example_value
 from ..pipeline import Outcome, PassState
 
@@ -49,7 +50,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["fuse_projections", "FusedGroup", "FusionLimits", "should_fuse", "AUTO_MIN_IN_FEATURES",
            "AUTO_INFERENCE_MAX_ROWS", "run"]
 
-LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
+LINEAR_TARGETS = (nn_linear(), torch.nn.functional.linear)
 
 # fuse_projections="auto": in training, fuse where the input width is at least this; None: never.
 # Measured through the harness on one H100 80GB (torch 2.11, triton 3.6), training step batch 4 x 1024
@@ -228,9 +229,9 @@ def _fuse(graph: fx.Graph, x: fx.Node, linears: list[fx.Node], weights: list[fx.
             cat_b = graph.call_function(torch.cat, (list(biases),), {"dim": 0})
             cat_b.meta.update(meta)
             set_example_value(cat_b, fake(torch.cat, bias_values, dim=0))
-        fused = graph.call_function(torch._C._nn.linear, (x, cat_w, cat_b))
+        fused = graph.call_function(nn_linear(), (x, cat_w, cat_b))
         fused.meta.update(meta)
-        set_example_value(fused, fake(torch._C._nn.linear, x_value, example_value(cat_w),
+        set_example_value(fused, fake(nn_linear(), x_value, example_value(cat_w),
                                       None if cat_b is None else example_value(cat_b)))
         parts = graph.call_function(torch.split, (fused, widths), {"dim": -1})
         parts.meta.update(meta)

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
 
 from ...core.selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
 from ...core.swaps import foreign_forward, swapped_forward
+from ...core.torch_internals import fake_tensor_type
 from ..regions.binding import bind, outputs_read_outside
 from ..dynamo_internals import (ModuleFrame, example_value, input_source, is_ddp_piece, module_stack, parent_class,
                                 parse_source)
@@ -252,7 +252,7 @@ def _lifted_attribute(state: PassState, region: Region, module: torch.nn.Module,
     except AttributeError:
         return None
     value = state.placeholder_values.get(node)
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not isinstance(value, FakeTensor):
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not isinstance(value, fake_tensor_type()):
         value = value.item()
     if not isinstance(current, float) or not isinstance(value, float):
         return None

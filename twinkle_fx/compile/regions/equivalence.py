@@ -18,8 +18,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from ...core.torch_internals import fake_tensor_mode
 
 __all__ = ["StaticInputs", "static_inputs", "aten_outputs", "StructuralKeys", "reparametrized", "module_attributes"]
 
@@ -28,7 +29,7 @@ class StaticInputs:
     """Fresh static-shape fake tensors standing in for a region's inputs (one fake mode for all)."""
 
     def __init__(self, values: Sequence[Any]) -> None:
-        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.mode = fake_tensor_mode()
         self.values = [self._static(v) for v in values]
 
     def _static(self, value: Any) -> Any:

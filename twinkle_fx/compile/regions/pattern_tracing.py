@@ -34,6 +34,7 @@ import torch.utils._pytree as pytree
 
 from ...core.registry import KernelRegistry
 from ...core.swaps import original_function
+from ...core.torch_internals import fake_tensor_logger
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def _dynamo_graph(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[fx.Gr
 def _quiet_fake_tensor_errors() -> Iterator[None]:
     """A shape plan that does not fit the function fails inside Dynamo's fake tensors, which log each
     failure at ERROR before raising; the failure is expected and kept in the reason, so not logged."""
-    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    fake_log = fake_tensor_logger()
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)
     try:

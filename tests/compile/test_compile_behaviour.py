@@ -566,11 +566,11 @@ def test_a_pass_failing_on_one_region_keeps_it_with_the_reason_and_goes_on(monke
     calls = []
     real_place = layer_regions.place_kernel
 
-    def place_failing_once(state, region, call, choice):
+    def place_failing_once(gm, region, call, choice, **where):
         calls.append(region.location)
         if len(calls) == 1:
             raise RuntimeError("a bug in a pass")
-        return real_place(state, region, call, choice)
+        return real_place(gm, region, call, choice, **where)
 
     monkeypatch.setattr(layer_regions, "place_kernel", place_failing_once)
     model, x = TwoActs(), torch.randn(3, 8)

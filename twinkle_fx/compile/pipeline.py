@@ -44,6 +44,8 @@ from ..core.registry import KernelRegistry
 from .dynamo_internals import GraphBreak, ModuleLookup, checkpoint_bodies, example_value, real_input
 from .options import BackendOptions
 from .reasons import KeepRegion, Reason, ReasonKind
+from .regions.pattern_tracing import RegisteredPatterns
+from .regions.region import Binding
 
 __all__ = ["Swapped", "Kept", "Outcome", "PassState", "PassScratch", "Pass", "run_passes", "region_outcome", "checkpoint_states",
            "DUMP_ENV"]
@@ -90,15 +92,13 @@ class PassScratch:
     pattern_nodes: set[fx.Node] = field(default_factory=set)
     # call nodes the rewrites inserted: no later pass looks into them
     kernel_calls: set[fx.Node] = field(default_factory=set)
-    # region signature -> binding (a regions.region.Binding) or the Reason there is none: equal regions
-    # (24 layers) are bound once. Typed loosely because the regions package imports this module.
-    bindings: dict[tuple, object] = field(default_factory=dict)
+    # region signature -> binding or the reason there is none: equal regions (24 layers) are bound once
+    bindings: dict[tuple, Binding | Reason] = field(default_factory=dict)
     # float module attributes Dynamo lifted to graph inputs that a swapped kernel was specialised to:
     # graph input position -> value (the compiled graph checks them on every call, see backend)
     baked_scalars: dict[int, float] = field(default_factory=dict)
-    # the registered functions' patterns (a regions.pattern_tracing.RegisteredPatterns), traced by the
-    # first pass that needs them
-    patterns: object | None = None
+    # the registered functions' patterns, traced by the first pass that needs them
+    patterns: RegisteredPatterns | None = None
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ def _swap(
         return lambda *values: pattern.reference(**dict(zip(names, values)), **constants)
 
     binding = bind(
-        state, region, key=(pattern.name, tuple(names), tuple(sorted(constants.items()))),
+        state.gm, state.scratch.bindings, region, key=(pattern.name, tuple(names), tuple(sorted(constants.items()))),
         inputs=args, values=[example_value(n) for n in args], outputs=outputs,
         orders=[tuple(range(len(args)))], reference=reference,
         mismatch=(f"matches the pattern of {pattern.name} structurally but computes something else on these "
@@ -165,7 +165,9 @@ def _swap(
         f"func_{pattern.name.rpartition('.')[2]}", choice.call, pattern.signature,
         names, constants, binding.picks, single=len(region.outputs) == 1,
     )
-    how, replaced = place_kernel(state, region, call, choice)
+    how, call_node, replaced = place_kernel(state.gm, region, call, choice, device=state.device, mode=state.mode,
+                                            swap_policy=state.options.applied_swap_policy)
+    state.scratch.kernel_calls.add(call_node)
     renamed.update(replaced)
     return Swapped("function", region.target, region.location, str(choice), how, match=kind)
 

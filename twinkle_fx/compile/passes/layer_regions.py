@@ -137,7 +137,9 @@ def _swap(state: PassState, candidate: LayerCandidate) -> Swapped:
         f"layer_{choice.name}", module, choice.call, n_args, param_names, picks, single=len(region.outputs) == 1,
         constants=region.constants,
     )
-    how, _ = place_kernel(state, region, call, choice)
+    how, call_node, _ = place_kernel(state.gm, region, call, choice, device=state.device, mode=state.mode,
+                                     swap_policy=state.options.applied_swap_policy)
+    state.scratch.kernel_calls.add(call_node)
     # the kernel is specialised to these values: the compiled graph checks them on every call
     for node, value in region.constant_inputs.items():
         state.scratch.baked_scalars[state.input_position(node)] = value
@@ -220,7 +222,7 @@ def bind_layer(state: PassState, region: Region, module: torch.nn.Module) -> tup
 
     with module_attributes(module, constants):
         binding = bind(
-            state, region,
+            state.gm, state.scratch.bindings, region,
             key=(type(module), tuple(param_names), tuple(sorted(constants.items()))),
             inputs=args + [n for _, n in params],
             values=[example_value(n) for n in args] + [state.placeholder_values[n] for _, n in params],

@@ -19,7 +19,6 @@ import torch.utils._pytree as pytree
 from ...core.modes import Mode
 from ...core.selection import KernelChoice
 from ..dynamo_internals import example_value, provenance, set_example_value
-from ..pipeline import PassState
 from ..reasons import KeepRegion, ReasonKind
 from ..swap_policy import keep_inductor_reason
 from .equivalence import static_inputs
@@ -48,9 +47,11 @@ def _random_like(value: object) -> object:
 
 
 def place_kernel(
-    state: PassState, region: Region, call: KernelCall, choice: KernelChoice
-) -> tuple[str, dict[fx.Node, fx.Node]]:
-    """Rewrite ``region`` to call ``call``; returns how (for the report) and what replaced each output.
+    gm: fx.GraphModule, region: Region, call: KernelCall, choice: KernelChoice, *, device: str, mode: Mode,
+    swap_policy: str,
+) -> tuple[str, fx.Node, dict[fx.Node, fx.Node]]:
+    """Rewrite ``region`` of ``gm`` to call ``call``; returns how (for the report), the call node, and
+    what replaced each output. ``swap_policy``: ``BackendOptions.applied_swap_policy`` (see :mod:`..swap_policy`).
 
     A kernel declared ``can_torch_compile`` is run once on fake inputs: its outputs must have the
     region's shapes and dtypes (the shape guard), and it is then called directly so its custom
@@ -60,7 +61,7 @@ def place_kernel(
     (:class:`KeepRegion`, with the error), so the compiled model never crashes where the original runs.
     """
     first = example_value(region.call_args[0]) if region.call_args else None
-    kept = keep_inductor_reason(state.options.applied_swap_policy, choice.name, state.device, state.mode, first)
+    kept = keep_inductor_reason(swap_policy, choice.name, device, mode, first)
     if kept is not None:
         raise KeepRegion(ReasonKind.SWAP_POLICY, kept)
     statics = static_inputs([example_value(n) for n in region.call_args] + [example_value(n) for n in region.outputs])
@@ -73,7 +74,7 @@ def place_kernel(
         except Exception as e:  # the kernel's own error, shown in the report
             raise KeepRegion(ReasonKind.KERNEL_FAILED, f"the kernel fails on {trial}: {e!r}", e) from None
     else:
-        if Mode.TRAINING in state.mode and not choice.has_backward:
+        if Mode.TRAINING in mode and not choice.has_backward:
             raise KeepRegion(ReasonKind.INFERENCE_ONLY, "inference-only kernel (has_backward=False) in training")
         trial = "random inputs of the region's shapes"
         try:
@@ -91,14 +92,13 @@ def place_kernel(
         how = "custom op call"
     else:
         why_opaque = "can_torch_compile=False"
-        reference = region_graph_module(state.gm, region.nodes, region.call_args, region.outputs, region.constant_inputs)
-        wrapped = opaque_call(call, reference, training=Mode.TRAINING in state.mode)
+        reference = region_graph_module(gm, region.nodes, region.call_args, region.outputs, region.constant_inputs)
+        wrapped = opaque_call(call, reference, training=Mode.TRAINING in mode)
         if isinstance(wrapped, str):
             raise KeepRegion(ReasonKind.NOT_WRAPPABLE, f"cannot compile ({why_opaque}) and cannot be wrapped: {wrapped}")
         how, call = f"opaque custom op, {why_opaque}", wrapped
-    call_node, replaced = replace_region(state.gm, region, call)
-    state.scratch.kernel_calls.add(call_node)
-    return how, replaced
+    call_node, replaced = replace_region(gm, region, call)
+    return how, call_node, replaced
 
 
 def has_side_effects(node: fx.Node) -> bool:

@@ -273,3 +273,26 @@ def test_global_module_hooks_set():
     finally:
         handle.remove()
     assert not ti.global_module_hooks_set()
+
+
+def test_reparametrize_module_swaps_parameters_inside_the_block_only():
+    linear = torch.nn.Linear(2, 2, bias=False)
+    original = linear.weight
+    with ti.reparametrize_module(linear, {"weight": torch.zeros(2, 2)}):
+        assert linear(torch.ones(1, 2)).abs().sum().item() == 0.0
+    assert linear.weight is original
+
+
+def test_queue_backward_callback_runs_when_the_backward_ends():
+    ran = []
+    x = torch.randn(3, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda grad: ti.queue_backward_callback(lambda: ran.append(x.grad is not None)))
+    y.sum().backward()
+    assert ran == [True]  # after the whole backward: the leaf's gradient is already written
+
+
+def test_dropout_classes_cover_torchs_dropout_modules():
+    for cls in (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.AlphaDropout):
+        assert isinstance(cls(0.1), ti.dropout_classes())
+    assert not isinstance(torch.nn.Identity(), ti.dropout_classes())

@@ -29,7 +29,8 @@ __all__ = [
     "dynamo_backend_names", "register_dynamo_backend", "shorten_traceback_base", "aot_eager", "boxed_nop",
     "optimize_ddp", "set_optimize_ddp", "active_ddp_module", "compiled_call", "set_compiled_call",
     "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "nn_sdpa", "nn_linear",
-    "autograd_inside_custom_op", "global_module_hooks_set",
+    "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
+    "dropout_classes",
 ]
 
 
@@ -289,3 +290,21 @@ def global_module_hooks_set() -> bool:
 
     return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
                 or nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks)
+
+
+def reparametrize_module(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> contextlib.AbstractContextManager:
+    """``module`` with the parameters and buffers named in ``tensors`` replaced inside the block
+    (torch's ``_reparametrize_module``, what ``torch.func.functional_call`` runs on)."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    return _reparametrize_module(module, tensors)
+
+
+def queue_backward_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the backward pass now running ends (autograd's engine callback queue)."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def dropout_classes() -> tuple[type, ...]:
+    """The base class of torch's dropout modules (``Dropout``, ``Dropout1d``, ... all have ``p``)."""
+    return (torch.nn.modules.dropout._DropoutNd,)

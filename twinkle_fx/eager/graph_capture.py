@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..core.torch_internals import global_module_hooks_set
+from ..core.torch_internals import dropout_classes, global_module_hooks_set
 
 TENSOR = object()  # placeholder of a tensor in an argument spec
 data_ptr = torch.Tensor.data_ptr
@@ -174,7 +174,7 @@ def block_modules(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Modu
 
 def dropout_reason(module: torch.nn.Module) -> str | None:
     for path, sub in module.named_modules():
-        p = sub.p if isinstance(sub, torch.nn.modules.dropout._DropoutNd) else getattr(sub, "attention_dropout", 0.0)
+        p = sub.p if isinstance(sub, dropout_classes()) else getattr(sub, "attention_dropout", 0.0)
         if isinstance(p, (int, float)) and p > 0:
             return f"dropout p={p} in {path or type(module).__name__} while training"
     return None

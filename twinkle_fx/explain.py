@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .compile.regions import known_modules
+from .compile.regions.region import known_modules
 from .compile.report import CompileReport, collect_reports
 from .eager.kernelize import coverage_notes
 

@@ -427,7 +427,7 @@ def test_compiled_root_reports_subclasses_of_bound_classes():
 
 
 def test_opaque_ops_are_registered_once_per_region_across_recompiles():
-    from twinkle_fx.compile.opaque import registered_opaque_ops
+    from twinkle_fx.compile.regions.opaque import registered_opaque_ops
 
     _register(UntraceableKernel)
     model, x = GatedMLP(), torch.randn(3, 8)
@@ -552,7 +552,7 @@ def test_compiled_root_reports_kernel_layer_name_tagged_classes():
 
 
 def test_a_pass_failing_on_one_region_keeps_it_with_the_reason_and_goes_on(monkeypatch):
-    from twinkle_fx.compile.rewrites import layer_regions
+    from twinkle_fx.compile.passes import layer_regions
 
     class TwoActs(torch.nn.Module):
         def __init__(self):
@@ -566,11 +566,11 @@ def test_a_pass_failing_on_one_region_keeps_it_with_the_reason_and_goes_on(monke
     calls = []
     real_place = layer_regions.place_kernel
 
-    def place_failing_once(state, region, call, choice):
+    def place_failing_once(gm, region, call, choice, **where):
         calls.append(region.location)
         if len(calls) == 1:
             raise RuntimeError("a bug in a pass")
-        return real_place(state, region, call, choice)
+        return real_place(gm, region, call, choice, **where)
 
     monkeypatch.setattr(layer_regions, "place_kernel", place_failing_once)
     model, x = TwoActs(), torch.randn(3, 8)

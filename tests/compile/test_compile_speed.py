@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tiny_models import DEVICE, register_qwen2_kernels, tiny
-from twinkle_fx.compile.rewrites.gemm_fusion import fuse_projections
+from twinkle_fx.compile.passes.gemm_fusion import fuse_projections
 from twinkle_fx.compile.inductor_options import collect_cudagraph_status, inductor_config_patches
 from twinkle_fx.compile.options import parse_options
-from twinkle_fx.compile.swap_policy import Decision, active_policy, keep_inductor_reason
+from twinkle_fx.compile.swap_policy import Decision, keep_inductor_reason
 from twinkle_fx.core.modes import Mode
 from twinkle_fx.testing import record_graphs
 
@@ -223,7 +223,7 @@ def test_gemm_fusion_groups_only_linears_of_the_same_input():
 def test_gemm_fusion_auto_fuses_decode_sized_inputs_in_inference_only():
     """"auto": in inference under Inductor, inputs of at most AUTO_INFERENCE_MAX_ROWS rows (decode,
     measured 1.06x) are fused, a prefill-sized one is not (1.01x); in training nothing is (0.79x)."""
-    from twinkle_fx.compile.rewrites.gemm_fusion import AUTO_INFERENCE_MAX_ROWS, FusionLimits, should_fuse
+    from twinkle_fx.compile.passes.gemm_fusion import AUTO_INFERENCE_MAX_ROWS, FusionLimits, should_fuse
 
     limits = should_fuse("auto", Mode.INFERENCE | Mode.TORCH_COMPILE, "inductor")
     assert limits == FusionLimits(max_rows=AUTO_INFERENCE_MAX_ROWS)
@@ -252,13 +252,19 @@ def test_gemm_fusion_auto_fuses_decode_sized_inputs_in_inference_only():
     assert [len(fused[rows]) for rows in sorted(fused)] == [1, 1, 0]
 
 
+def test_measured_swap_policy_applies_under_inductor_only():
+    # the measured table compares kernels with Inductor's code: another inner compiler swaps every region
+    assert parse_options({"swap_policy": "measured"}).applied_swap_policy == "measured"
+    assert parse_options({"swap_policy": "measured", "compiler": "aot_eager"}).applied_swap_policy == "always"
+    assert parse_options(None).applied_swap_policy == "always"
+
+
 def test_swap_policy_keeps_inductor_where_measured_slower():
     table = (Decision("RMSNorm", "cuda", "inference", 64, "0.8x at 32 rows"),)
     decode, prefill = torch.empty(1, 32, 896), torch.empty(1, 2048, 896)
     # the default swaps everything; "measured" is opt-in
-    assert keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, decode, table) is None
-    with active_policy("measured"):
-        assert "measured slower" in keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, decode, table)
-        assert keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, prefill, table) is None
-        assert keep_inductor_reason("RMSNorm", "cuda", Mode.TRAINING, decode, table) is None
-        assert keep_inductor_reason("RMSNorm", "cpu", Mode.INFERENCE, decode, table) is None
+    assert keep_inductor_reason("always", "RMSNorm", "cuda", Mode.INFERENCE, decode, table) is None
+    assert "measured slower" in keep_inductor_reason("measured", "RMSNorm", "cuda", Mode.INFERENCE, decode, table)
+    assert keep_inductor_reason("measured", "RMSNorm", "cuda", Mode.INFERENCE, prefill, table) is None
+    assert keep_inductor_reason("measured", "RMSNorm", "cuda", Mode.TRAINING, decode, table) is None
+    assert keep_inductor_reason("measured", "RMSNorm", "cpu", Mode.INFERENCE, decode, table) is None

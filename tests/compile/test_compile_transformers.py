@@ -194,7 +194,7 @@ class TestRotaryOfOtherFamilies(expecttest.TestCase):
     def test_other_families_rotary_functions_trace_into_patterns(self):
         import importlib
 
-        from twinkle_fx.compile.pattern_tracing import trace_function
+        from twinkle_fx.compile.regions.pattern_tracing import trace_function
 
         # q, k [B, H, S, D] with cos, sin [B, S, D] (phi3 and glm4 concatenate q with its pass-through
         # part, which fails on same-rank examples); gpt_oss's cos and sin are half width

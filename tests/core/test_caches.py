@@ -39,7 +39,7 @@ def test_every_module_level_cache_has_an_owner_that_empties_it():
     unowned = [f"{name}.{attr}" for name, attr, value in _containers()
                if len(value) == 0 and name not in cache_owners() and f"{name}.{attr}" not in STATE]
     assert unowned == [], f"caches without an owner (register a reset with twinkle_fx.core.caches.owns_cache): {unowned}"
-    for name in ("twinkle_fx.eager.kernelize", "twinkle_fx.compile.opaque", "twinkle_fx.compile.ttir_memo",
+    for name in ("twinkle_fx.eager.kernelize", "twinkle_fx.compile.regions.opaque", "twinkle_fx.compile.ttir_memo",
                  "twinkle_fx.compile.dynamo_internals", "twinkle_fx.core.devices",
                  "twinkle_fx.integrations.kernels_mapping"):
         assert name in cache_owners()

@@ -135,7 +135,7 @@ def test_compiled_swaps_match_the_model(family, device):
         assert f"twinkle_func_{name}" in after, f"{name} not swapped under compile"
     if f.rotary and family not in _ROTARY_NOT_CALLED:
         # phi3, glm4, gpt_oss too: their apply_rotary_pos_emb is traced with q, k at rank 4 and cos, sin
-        # at rank 3 (half width for gpt_oss), see twinkle_fx/compile/pattern_tracing.py
+        # at rank 3 (half width for gpt_oss), see twinkle_fx/compile/regions/pattern_tracing.py
         assert "twinkle_func_apply_rotary_pos_emb" in after, "rotary not swapped under compile"
 
 

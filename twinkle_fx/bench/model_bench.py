@@ -120,7 +120,7 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
 def free_device_memory(device: torch.device) -> None:
     """Drop compiled graphs and cached blocks so the next backend starts from an empty device."""
     gc.collect()
-    torch._dynamo.reset()
+    torch.compiler.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -144,7 +144,7 @@ def warm_compiler(device: torch.device, backends: list[str], progress: Callable[
         progress(f"compiler warm-up failed ({type(e).__name__}: {e}); first steps include the start-up")
         return None
     finally:
-        torch._dynamo.reset()
+        torch.compiler.reset()
     elapsed = time.perf_counter() - start
     progress(f"compiler warmed up in {elapsed:.1f} s (a small Inductor compile: worker pool, CUDA, Triton; "
              "not counted in any first step)")

@@ -101,7 +101,7 @@ def measure_swap_table(dtype: torch.dtype = torch.bfloat16, progress: Callable[[
             for training in (False, True):
                 if training and size == "decode":
                     continue
-                torch._dynamo.reset()
+                torch.compiler.reset()
                 compiled = torch.compile(reference, dynamic=False)
                 ours = _graph_us(_phase_fn(twinkle, args, training, n_grad))
                 theirs = _graph_us(_phase_fn(compiled, args, training, n_grad))

@@ -4,7 +4,7 @@
 ...                          options={"compiler": "aot_eager", "mode": "train"})   # doctest: +SKIP
 
 The eight passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``, see
-:mod:`.pipeline`; rewrites in :mod:`.rewrites`, analyses that only report in :mod:`.analyses`):
+:mod:`.pipeline`; one file each in :mod:`.passes`, the region machinery they share in :mod:`.regions`):
 
 1. ``graph_breaks`` (analysis): a graph break inside a registered layer or function is reported;
 2. ``layer_regions`` (rewrite): regions of registered nn.Module classes become one kernel call each;
@@ -37,15 +37,15 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._dynamo.exc import ShortenTraceback
 
 from ..core.caches import owns_cache
 from ..core.modes import Mode, format_mode
 from ..core.plugins import layer_mappings
 from ..core.registry import KernelRegistry, get_registry
 from ..core.settings import DISABLE_ENV, kernels_disabled
+from ..core.torch_internals import aot_eager, boxed_nop, shorten_traceback_base
 from . import verify as verification
-from .analyses import compiled_root, foreign_forwards, function_calls, graph_breaks
+from .passes import compiled_root, foreign_forwards, function_calls, graph_breaks
 from .dynamo_internals import (checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break,
                                graph_breaks_counted, input_source, module_lookup, parse_source)
 from .inductor_options import compile_with_inductor, inductor_config_patches
@@ -53,10 +53,9 @@ from .options import BackendOptions, parse_options
 from .pipeline import Pass, PassState, run_passes
 from .reasons import Reason, ReasonKind
 from .recording import RecordedGraphs, active_recorders, readable
-from .regions import module_roots
+from .regions.region import module_roots
 from .report import CompileReport, GraphReport, RegionReport, active_reports
-from .rewrites import attention, function_patterns, gemm_fusion, layer_regions
-from .swap_policy import active_policy
+from .passes import attention, function_patterns, gemm_fusion, layer_regions
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +86,9 @@ def twinkle_backend(
     counted = graph_breaks_counted()
     state = PassState(
         gm, list(example_inputs), get_registry(), _device(example_inputs), opts.mode or _default_mode(example_inputs),
-        module_lookup(module_roots()), graph_break=graph_break(gm, counted), compiled_code=compiled_code(),
-        counted_breaks=counted,
+        module_lookup(module_roots()), opts, graph_break=graph_break(gm, counted), compiled_code=compiled_code(),
+        counted_breaks=tuple(counted),
     )
-    state.fuse_projections = gemm_fusion.should_fuse(opts.fuse_projections, state.mode, opts.compiler)
-    state.gqa_attention, state.causal_mask = opts.gqa_attention, opts.causal_mask
     report = GraphReport(0, state.device, format_mode(state.mode), opts.compiler, code_before=_code(gm),
                          graph_break=None if state.graph_break is None else str(state.graph_break))
     recorders = active_recorders()
@@ -103,12 +100,9 @@ def twinkle_backend(
     else:
         detach_checkpoint_bodies(gm)  # rewritten in place, the bodies would change in the reference too
         _warn_if_nothing_registered(state.registry)
-        # measured per-op decisions (swap_policy.py) compare with Inductor's generated code: they
-        # apply when Inductor is the inner compiler, and every region is swapped otherwise
-        with active_policy(opts.swap_policy if opts.compiler == "inductor" else "always"):
-            report.pass_ms = run_passes(state, PASSES, dump_graphs=opts.dump_graphs)
+        report.pass_ms = run_passes(state, PASSES, dump_graphs=opts.dump_graphs)
         logger.debug("module instances looked up with %d heap scan(s) in this compile so far", state.modules.heap_scans)
-        report.regions = [RegionReport.from_outcome(o) for o in state.outcomes]
+        report.regions = [RegionReport.from_outcome(o) for o in state.scratch.outcomes]
     gm.graph.lint()
     gm.recompile()
     if opts.verify and reference is not None and _code(gm) != report.code_before:
@@ -134,9 +128,9 @@ def twinkle_backend(
     for recorder in recorders:
         recorder.after.append(readable(gm))
     compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders)
-    if state.baked_scalars and reference is not None and gm is not reference:
+    if state.scratch.baked_scalars and reference is not None and gm is not reference:
         original = _inner_compile(reference, state.example_inputs, opts, mode, ())
-        compiled = _check_scalars(compiled, original, dict(state.baked_scalars), report)
+        compiled = _check_scalars(compiled, original, dict(state.scratch.baked_scalars), report)
     return _follow_registry(compiled, state.registry, report, opts, active_reports())
 
 
@@ -230,7 +224,7 @@ def _follow_registry(
     return run
 
 
-class BackendOptionsError(ValueError, ShortenTraceback):
+class BackendOptionsError(ValueError, shorten_traceback_base()):
     """A bad ``options=`` entry. A ShortenTraceback, so Dynamo passes it to the caller as it is,
     rather than wrapped in BackendCompilerFailed under frames of its own."""
 
@@ -304,8 +298,6 @@ def _inner_compile(
     if opts.compiler == "eager":
         return gm.forward
     if opts.compiler == "aot_eager":
-        from torch._dynamo.backends.debugging import aot_eager, boxed_nop
-
         def recording(kind: str) -> Callable[..., Any]:
             def compiler(graph: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
                 for recorder in recorders:

@@ -2,7 +2,7 @@
 
 Idempotent, and avoids importing ``torch._dynamo`` (a second of import time) when the installed
 entry point already names the backend. Registering a function kernel traces nothing: the backend
-traces each registered function the first time it needs its pattern (:mod:`.pattern_tracing`).
+traces each registered function the first time it needs its pattern (:mod:`.regions.pattern_tracing`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ def _register_backend_name() -> None:
     # registers it itself; registering here too would make its lookup fail on a duplicate name.
     if BACKEND_NAME in entry_points(group="torch_dynamo_backends").names:
         return
-    from torch._dynamo import list_backends, register_backend
+    from ..core.torch_internals import dynamo_backend_names, register_dynamo_backend
 
-    if BACKEND_NAME not in list_backends(exclude_tags=()):
+    if BACKEND_NAME not in dynamo_backend_names():
         from .backend import twinkle_backend
 
-        register_backend(compiler_fn=twinkle_backend, name=BACKEND_NAME)
+        register_dynamo_backend(BACKEND_NAME, twinkle_backend)
 
 
 def install() -> None:

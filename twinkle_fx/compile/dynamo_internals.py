@@ -1,7 +1,9 @@
-"""Everything the backend reads from Dynamo beyond the FX graph itself, in one place.
+"""Everything the backend reads from Dynamo's graphs beyond the FX graph itself, in one place.
 
 None of these is a public torch API; each accessor has a test (``tests/compile/test_dynamo_internals.py``)
-so a torch upgrade that changes one breaks here, and only here:
+so a torch upgrade that changes one breaks here, and only here. The private torch names these reach
+(the fake-tensor class, Dynamo's counters, the checkpoint operator, the compiling frame) come from
+:mod:`twinkle_fx.core.torch_internals`:
 
 - ``node.meta["nn_module_stack"]``: ``{str(id(module)) or "id@N": (source path, class)}``, outer to inner
   (:func:`module_stack`; a module's parent in the module tree, :func:`parent_class`);
@@ -34,9 +36,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
 
 from ..core.caches import owns_cache
+from ..core.torch_internals import (checkpoint_operator, compiling_translator, dynamo_graph_break_counts,
+                                    fake_tensor_type)
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +151,8 @@ def set_example_value(node: fx.Node, value: Any) -> None:
 def is_ddp_piece(example_inputs: list[Any]) -> bool:
     """Whether the graph is one of DDPOptimizer's pieces: it compiles each gradient bucket's piece of
     a DDP model's graph on fake copies of its inputs, where Dynamo hands a whole graph real ones."""
-    return any(isinstance(value, FakeTensor) for value in example_inputs)
+    fake = fake_tensor_type()
+    return any(isinstance(value, fake) for value in example_inputs)
 
 
 def real_input(placeholder: fx.Node, value: Any) -> Any:
@@ -158,9 +162,10 @@ def real_input(placeholder: fx.Node, value: Any) -> Any:
     subgraph on fake copies of its inputs; parameters are recognised by identity, so without this
     every layer region of a split graph reads as "state from outside the module".
     """
-    if isinstance(value, FakeTensor):
+    fake = fake_tensor_type()
+    if isinstance(value, fake):
         real = getattr(placeholder.meta.get("grapharg"), "example", None)
-        if isinstance(real, torch.Tensor) and not isinstance(real, FakeTensor):
+        if isinstance(real, torch.Tensor) and not isinstance(real, fake):
             return real
     return value
 
@@ -282,9 +287,7 @@ def _forget_counted_breaks() -> None:
     """Take Dynamo's graph-break counters as they are now as seen: a reset must not make every
     break counted before it look new to the next compile."""
     global _COUNTED_BREAKS
-    from torch._dynamo.utils import counters
-
-    _COUNTED_BREAKS = dict(counters.get("graph_break", {}))
+    _COUNTED_BREAKS = dynamo_graph_break_counts()
 
 
 owns_cache(__name__, _forget_counted_breaks)
@@ -293,9 +296,7 @@ owns_cache(__name__, _forget_counted_breaks)
 def graph_breaks_counted() -> list[str]:
     """First lines of the graph breaks Dynamo counted since the previous call (oldest first)."""
     global _COUNTED_BREAKS
-    from torch._dynamo.utils import counters
-
-    now = dict(counters.get("graph_break", {}))
+    now = dynamo_graph_break_counts()
     if any(now.get(message, 0) < count for message, count in _COUNTED_BREAKS.items()):
         _COUNTED_BREAKS = {}  # the counters were cleared (torch.compiler.reset())
     new = [message for message, count in now.items() if count > _COUNTED_BREAKS.get(message, 0)]
@@ -306,7 +307,7 @@ def graph_breaks_counted() -> list[str]:
 def compiled_code() -> types.CodeType | None:
     """The code object of the frame being compiled (a ``forward``, or Dynamo's resume function
     for the rest of one after a graph break: same file, lines inside it); None outside a compile."""
-    frame = _compiled_frame()
+    frame = compiling_translator()
     code = getattr(frame, "f_code", None)
     return code if isinstance(code, types.CodeType) else None
 
@@ -354,11 +355,8 @@ class CheckpointBody:
 
 
 def _is_checkpoint_call(node: fx.Node) -> bool:
-    try:
-        from torch._higher_order_ops.wrap import tag_activation_checkpoint
-    except ImportError:  # a torch without the op records no checkpoint this way
-        return False
-    return node.op == "call_function" and node.target is tag_activation_checkpoint
+    checkpoint = checkpoint_operator()  # None on a torch that records no checkpoint this way
+    return checkpoint is not None and node.op == "call_function" and node.target is checkpoint
 
 
 def checkpoint_bodies(gm: fx.GraphModule) -> list[CheckpointBody]:
@@ -392,17 +390,6 @@ def detach_checkpoint_bodies(gm: fx.GraphModule) -> None:
 
 
 # --- module instances -------------------------------------------------------------------------------
-
-
-def _compiled_frame() -> Any:
-    """Dynamo's translator of the frame being compiled (``f_locals``, ``f_globals``), while a backend
-    runs inside it; None otherwise (a backend called directly)."""
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        return InstructionTranslator.current_tx()
-    except (ImportError, AttributeError, IndexError, AssertionError):  # no frame is being compiled
-        return None
 
 
 def heap_instances(classes: Iterable[type]) -> list[Any]:
@@ -493,7 +480,7 @@ _CURRENT: tuple[weakref.ref, tuple[weakref.ref, ...], ModuleLookup] | None = Non
 def module_lookup(roots: tuple[torch.nn.Module, ...] = ()) -> ModuleLookup:
     """The :class:`ModuleLookup` of the frame compile in progress (shared by all its graphs)."""
     global _CURRENT
-    frame = _compiled_frame()
+    frame = compiling_translator()
     if frame is not None and _CURRENT is not None:
         current, current_roots, lookup = _CURRENT
         if current() is frame and [r() for r in current_roots] == list(roots):

@@ -9,7 +9,8 @@ order (later wins):
    pass other twinkle options: torch.compile refuses ``mode`` and ``options`` together);
 3. ``options={"inductor": {...}}``: any ``torch._inductor.config`` key ("max_autotune",
    "freezing", "triton.cudagraphs", "coordinate_descent_tuning", ...), checked against the
-   installed Inductor so a typo is an error, not a silent no-op.
+   installed Inductor by :func:`~twinkle_fx.compile.options.parse_options`, so a typo is an error,
+   not a silent no-op.
 
 Every graph Inductor compiles (forward, backward, inference) is recorded as a
 :class:`CudaGraphStatus`: CUDA graphs requested or not, used or not, and Inductor's own reason when
@@ -33,61 +34,17 @@ from typing import Any
 
 import torch.fx as fx
 
+from ..core.torch_internals import (clear_static_input, cudagraph_tree_manager, cudagraphs_logger, dynamo_source,
+                                    inductor_compile, inductor_config_patch, inductor_cudagraphs_requested,
+                                    inductor_inner_compiler, inductor_mode_options, is_static_input)
 from . import ttir_memo
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "CudaGraphStatus", "CudaGraphReport", "collect_cudagraph_status", "parse_inductor_options", "inductor_config_patches",
+    "CudaGraphStatus", "CudaGraphReport", "collect_cudagraph_status", "inductor_config_patches",
     "compile_with_inductor", "cudagraph_tree_summary", "unpin_fsdp_parameters",
 ]
-
-
-def parse_inductor_options(value: Any) -> dict[str, Any]:
-    """Check ``options["inductor"]``: a dict of ``torch._inductor.config`` keys (dotted for nested
-    ones, e.g. ``"triton.cudagraphs"``); returns a copy.
-
-    Raises:
-        ValueError: not a dict, or a key the installed Inductor does not have (the message names it
-            and says where the valid keys are listed).
-
-    Example:
-        >>> parse_inductor_options({"max_autotune": True})
-        {'max_autotune': True}
-    """
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"twinkle backend option inductor must be a dict of torch._inductor.config keys, "
-                         f"got {type(value).__name__}.")
-    from torch._inductor import config
-
-    known = config.get_config_copy()
-    for key in value:
-        if not isinstance(key, str) or key not in known:
-            raise ValueError(
-                f"twinkle backend option inductor={{{key!r}: ...}}: torch._inductor.config has no {key!r} "
-                f"(see torch._inductor.list_options() for the valid keys)."
-            )
-    for key in _WORKER_DECIDED:
-        if key in value and value[key] != known[key]:
-            raise ValueError(
-                f"twinkle backend option inductor={{{key!r}: {value[key]!r}}} cannot take effect: Inductor decides it "
-                f"where it compiles each kernel, in its compile workers, which read it only from the environment "
-                f"when they start (a config patch reaches the calling process only). Set "
-                f"{_WORKER_DECIDED[key]}={int(bool(value[key]))} before the first torch.compile of the process instead."
-            )
-    return dict(value)
-
-
-# torch._inductor.config keys read in Inductor's compile workers (torch 2.11-2.13: a worker patches in
-# only use_static_triton_launcher from the caller's config, runtime/compile_tasks.py), with the
-# environment variable that reaches them. static_launch_user_defined_triton_kernels: launch our
-# triton_op kernels through Inductor's static CUDA launcher instead of Triton's Python launcher; the
-# host cost per launch with and without: tools/launch_host_cost.py.
-_WORKER_DECIDED = {
-    "static_launch_user_defined_triton_kernels": "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS",
-}
 
 
 def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mapping[str, Any]) -> dict[str, Any]:
@@ -99,9 +56,7 @@ def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mappin
         ... # doctest: +NORMALIZE_WHITESPACE
         {'max_autotune': True, 'coordinate_descent_tuning': False, 'triton.cudagraphs': True}
     """
-    from torch._inductor import list_mode_options
-
-    patches: dict[str, Any] = dict(list_mode_options(mode)) if mode else {}
+    patches: dict[str, Any] = inductor_mode_options(mode) if mode else {}
     if cudagraphs:
         patches["triton.cudagraphs"] = True
     patches.update(inductor)
@@ -173,8 +128,7 @@ def collect_cudagraph_status() -> Iterator[CudaGraphReport]:
     """Collect what happened to CUDA graphs for every graph the twinkle backend hands to Inductor
     while the block runs (backward graphs are compiled at the first backward; CUDA graphs are
     recorded on the first runs), as a :class:`CudaGraphReport`."""
-    from torch._inductor.cudagraph_utils import cudagraphs_log
-
+    cudagraphs_log = cudagraphs_logger()
     report = CudaGraphReport()
     recorder = _SkipRecorder()
     _collectors.append(report)
@@ -187,7 +141,7 @@ def collect_cudagraph_status() -> Iterator[CudaGraphReport]:
 
 
 def _recording_inner_compile(graph_index: int, requested: bool) -> Callable[..., Any]:
-    from torch._inductor.compile_fx import compile_fx_inner
+    compile_fx_inner = inductor_inner_compiler()
 
     def inner_compile(gm: fx.GraphModule, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
         # the backward graph is compiled here at the first backward, outside compile_with_inductor
@@ -229,9 +183,8 @@ def unpin_fsdp_parameters(gm: fx.GraphModule) -> int:
     """
     unpinned = 0
     for node in gm.graph.find_nodes(op="placeholder"):
-        attributes = node.meta.get("tensor_dict") or {}
-        if "_dynamo_static_input_type" in attributes and _from_fsdp_module(getattr(node, "_dynamo_source", None)):
-            node.meta["tensor_dict"] = {k: v for k, v in attributes.items() if k != "_dynamo_static_input_type"}
+        if is_static_input(node) and _from_fsdp_module(dynamo_source(node)):
+            clear_static_input(node)
             unpinned += 1
     return unpinned
 
@@ -245,18 +198,15 @@ def _from_fsdp_module(source: Any) -> bool:
 
 def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any], patches: dict[str, Any]) -> Callable[..., Any]:
     """``compile_fx`` with ``patches`` applied, recording each compiled graph's CUDA-graph status."""
-    from torch._inductor import config
-    from torch._inductor.compile_fx import compile_fx
-
-    with config.patch(patches):
-        requested = bool(config.triton.cudagraphs)
+    with inductor_config_patch(patches):
+        requested = inductor_cudagraphs_requested()
     if requested and (copied := unpin_fsdp_parameters(gm)):
         logger.info("CUDA graphs: %d FSDP-managed parameter(s) copied into the graph at each replay", copied)
     graph_index = _graph_counter[0]
     _graph_counter[0] += 1
     with ttir_memo.memoized_ttir():  # AOTAutograd's traces analyse every triton_op launch (see ttir_memo)
-        return compile_fx(gm, example_inputs, inner_compile=_recording_inner_compile(graph_index, requested),
-                          config_patches=patches or None)
+        return inductor_compile(gm, example_inputs, inner_compile=_recording_inner_compile(graph_index, requested),
+                                config_patches=patches or None)
 
 
 def cudagraph_tree_summary(device_index: int | None = None) -> str:
@@ -275,12 +225,11 @@ def cudagraph_tree_summary(device_index: int | None = None) -> str:
         'cuda:0: 2 CUDA graph(s) recorded (1 forward, 1 backward); every compiled function recorded; 0 re-recording(s)'
     """
     import torch
-    from torch._inductor import cudagraph_trees
 
     if not torch.cuda.is_available():
         return "no CUDA device: no CUDA graphs"
     index = torch.cuda.current_device() if device_index is None else device_index
-    manager = cudagraph_trees.get_manager(index, create_if_none_exists=False)
+    manager = cudagraph_tree_manager(index)
     if manager is None:
         return f"cuda:{index}: no CUDA-graph tree (nothing ran with CUDA graphs)"
     nodes, stack = [], [n for roots in manager.roots.values() for n in roots]

@@ -23,6 +23,7 @@ from ..core.registry import get_registry
 from ..core.selection import select_layer_kernel, signature_mismatch
 from ..core.settings import kernels_disabled
 from ..core.swaps import LayerSwap, install_forward, swapped_forward
+from ..core.torch_internals import inductor_mode_options
 from .options import COMPILERS, parse_options
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def _check_arguments(caller: str, model: Any, root: torch.nn.Module, *, mode: st
         raise ValueError(f"{caller}: pass either mode= (torch.compile's, e.g. 'reduce-overhead') or "
                          "options= (the twinkle backend's), not both, as torch.compile requires.")
     if mode is not None:
-        modes = list(torch._inductor.list_mode_options())
+        modes = list(inductor_mode_options())
         if mode not in modes:
             raise ValueError(f"{caller}: mode={mode!r} is not a torch.compile mode; valid modes: {', '.join(modes)} "
                              "(the twinkle backend's own mode, 'train' or 'inference', goes in options={'mode': ...}).")

@@ -1,9 +1,10 @@
 """The pass interface: a pass is ``run(state) -> list[Outcome]``; :func:`run_passes` runs a list of them.
 
-Every pass reads and writes one :class:`PassState` (the graph and the facts about it, in named
-fields) and answers one :class:`Swapped` or :class:`Kept` per candidate region it looked at.
-Rewriting passes live in :mod:`twinkle_fx.compile.rewrites`, passes that only report in
-:mod:`twinkle_fx.compile.analyses`. The runner times each pass (logged at DEBUG under the pass's
+Every pass reads one :class:`PassState` (the graph and the facts about it, in named fields, and
+the backend's :class:`~twinkle_fx.compile.options.BackendOptions`), writes what later passes need
+in its :class:`PassScratch`, and answers one :class:`Swapped` or :class:`Kept` per candidate
+region it looked at. The passes, those that rewrite and those that only report, live in
+:mod:`twinkle_fx.compile.passes`. The runner times each pass (logged at DEBUG under the pass's
 own logger) and, with ``TWINKLE_FX_DUMP_GRAPHS=<dir>`` or ``options={"dump_graphs": <dir>}``, writes
 the graph before and after each pass::
 
@@ -24,6 +25,7 @@ region with the error as the reason, and the pass goes on with the next.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -40,9 +42,12 @@ import torch.fx as fx
 from ..core.modes import Mode
 from ..core.registry import KernelRegistry
 from .dynamo_internals import GraphBreak, ModuleLookup, checkpoint_bodies, example_value, real_input
+from .options import BackendOptions
 from .reasons import KeepRegion, Reason, ReasonKind
+from .regions.pattern_tracing import RegisteredPatterns
+from .regions.region import Binding
 
-__all__ = ["Swapped", "Kept", "Outcome", "PassState", "Pass", "run_passes", "region_outcome", "checkpoint_states",
+__all__ = ["Swapped", "Kept", "Outcome", "PassState", "PassScratch", "Pass", "run_passes", "region_outcome", "checkpoint_states",
            "DUMP_ENV"]
 
 logger = logging.getLogger(__name__)
@@ -78,8 +83,28 @@ Outcome = Union[Swapped, Kept]
 
 
 @dataclass
+class PassScratch:
+    """What the passes leave for the later ones while one graph is rewritten (shared by the graph and
+    its checkpoint bodies)."""
+
+    outcomes: list[Outcome] = field(default_factory=list)  # of the passes run so far (the runner appends)
+    # nodes that a pattern match took (swapped or reported): the call analysis does not report them again
+    pattern_nodes: set[fx.Node] = field(default_factory=set)
+    # call nodes the rewrites inserted: no later pass looks into them
+    kernel_calls: set[fx.Node] = field(default_factory=set)
+    # region signature -> binding or the reason there is none: equal regions (24 layers) are bound once
+    bindings: dict[tuple, Binding | Reason] = field(default_factory=dict)
+    # float module attributes Dynamo lifted to graph inputs that a swapped kernel was specialised to:
+    # graph input position -> value (the compiled graph checks them on every call, see backend)
+    baked_scalars: dict[int, float] = field(default_factory=dict)
+    # the registered functions' patterns, traced by the first pass that needs them
+    patterns: RegisteredPatterns | None = None
+
+
+@dataclass(frozen=True)
 class PassState:
-    """One graph under rewrite and everything the passes share, each in a field of its own."""
+    """One graph under rewrite: the facts about it in fields of their own, the backend's options, and
+    the :class:`PassScratch` the passes pass on to each other."""
 
     gm: fx.GraphModule
     example_inputs: list[Any]
@@ -87,33 +112,21 @@ class PassState:
     device: str
     mode: Mode
     modules: ModuleLookup  # the one way to a module instance (see dynamo_internals)
+    options: BackendOptions = field(default_factory=BackendOptions)
     graph_break: GraphBreak | None = None  # why Dynamo ended this graph early, if it did
     compiled_code: types.CodeType | None = None  # the code of the frame this graph comes from
-    counted_breaks: list[str] = field(default_factory=list)  # graph breaks Dynamo counted before this graph
-    outcomes: list[Outcome] = field(default_factory=list)  # of the passes run so far (the runner appends)
-    # nodes that a pattern match took (swapped or reported): the call analysis does not report them again
-    pattern_nodes: set[fx.Node] = field(default_factory=set)
-    # call nodes the rewrites inserted: no later pass looks into them
-    kernel_calls: set[fx.Node] = field(default_factory=set)
-    # region signature -> binding or the reason there is none: equal regions (24 layers) are bound once
-    bindings: dict[tuple, Any] = field(default_factory=dict)
-    # float module attributes Dynamo lifted to graph inputs that a swapped kernel was specialised to:
-    # graph input position -> value (the compiled graph checks them on every call, see backend)
-    baked_scalars: dict[int, float] = field(default_factory=dict)
-    patterns: Any = None  # the registered functions' patterns (rewrites.function_patterns.registered_patterns)
-    fuse_projections: Any = False  # the GEMM fusion decision: bool or rewrites.gemm_fusion.FusionLimits
-    gqa_attention: bool | str = False  # which SDPA calls on repeated K/V to rewrite (rewrites.attention)
-    causal_mask: bool = False  # SDPA with a constant causal mask -> is_causal=True (rewrites.attention)
+    counted_breaks: tuple[str, ...] = ()  # graph breaks Dynamo counted before this graph
+    scratch: PassScratch = field(default_factory=PassScratch)
     # in a checkpoint body: the state of the graph that calls it, and the node of that graph passed
     # to each of the body's placeholders (see checkpoint_states)
     outer: PassState | None = None
     outer_inputs: dict[fx.Node, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
+    @functools.cached_property
+    def placeholder_values(self) -> dict[fx.Node, Any]:
+        """Each placeholder of ``gm`` and the example value it holds (the real tensor where Dynamo has one)."""
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
-        self.placeholder_values: dict[fx.Node, Any] = {
-            n: real_input(n, value) for n, value in zip(placeholders, self.example_inputs)
-        }
+        return {n: real_input(n, value) for n, value in zip(placeholders, self.example_inputs)}
 
     @property
     def root(self) -> PassState:
@@ -155,10 +168,8 @@ class Pass:
 def checkpoint_states(state: PassState) -> list[PassState]:
     """A state for each activation-checkpoint body in ``state``'s graph, nested ones included (outer first).
 
-    A body's state shares everything with ``state`` (registry, module lookup, outcomes, bindings,
-    baked scalars) but its graph: each body placeholder holds what the outer graph passes to it, the
+    A body's state shares everything with ``state`` (registry, module lookup, options, scratch) but its graph: each body placeholder holds what the outer graph passes to it, the
     real tensor where that is a graph input (a parameter is then recognised as the module's own).
-    Made afresh for each pass, so it sees what the outer graph's run of that pass cached.
     """
     states = []
     for found in checkpoint_bodies(state.gm):
@@ -208,7 +219,7 @@ def _dump(directory: Path | None, position: int, name: str, when: str, gm: fx.Gr
 
 
 def run_passes(state: PassState, passes: tuple[Pass, ...], *, dump_graphs: str | None = None) -> dict[str, float]:
-    """Run ``passes`` in order on ``state``; returns each pass's time in ms (outcomes land in ``state.outcomes``)."""
+    """Run ``passes`` in order on ``state``; returns each pass's time in ms (outcomes land in ``state.scratch.outcomes``)."""
     timings: dict[str, float] = {}
     directory = _dump_dir(dump_graphs)
     if directory is not None:
@@ -217,11 +228,11 @@ def run_passes(state: PassState, passes: tuple[Pass, ...], *, dump_graphs: str |
         _dump(directory, position, graph_pass.name, "before", state.gm)
         start = time.perf_counter()
         outcomes = graph_pass.run(state)
-        state.outcomes.extend(outcomes)  # before the bodies: a pass skips what it already reported
+        state.scratch.outcomes.extend(outcomes)  # before the bodies: a pass skips what it already reported
         if not graph_pass.outer_only:
             for body in checkpoint_states(state):
                 found = graph_pass.run(body)
-                state.outcomes.extend(found)
+                state.scratch.outcomes.extend(found)
                 outcomes = outcomes + found
                 body.gm.graph.lint()
                 body.gm.recompile()

@@ -22,9 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch._dynamo.config as dynamo_config
-from torch.nn.parallel import DistributedDataParallel
 
+from ..core.torch_internals import active_ddp_module, compiled_call, optimize_ddp, set_compiled_call, set_optimize_ddp
 from .one_call import prepare_compile
 
 logger = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ class _WholeUnderDDP:
     """A compiled layer's call with DDPOptimizer off while it runs inside a DDP forward (see the module).
 
     Dynamo reads ``optimize_ddp`` only when it compiles the frame (a cache miss); a replay pays two
-    attribute reads, and under DDP two assignments. The setting is process-wide while the layer runs
+    reads, and under DDP two assignments. The setting is process-wide while the layer runs
     (as with ``torch._dynamo.config.patch``): a compilation in another thread at that moment under DDP
     would not be split either.
     """
@@ -71,15 +70,15 @@ class _WholeUnderDDP:
         self.compiled = compiled
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        saved = dynamo_config.optimize_ddp
+        saved = optimize_ddp()
         # outside DDP, and with python_reducer or the split already off: as they are
-        if saved not in (True, "ddp_optimizer") or DistributedDataParallel._active_ddp_module is None:
+        if saved not in (True, "ddp_optimizer") or active_ddp_module() is None:
             return self.compiled(*args, **kwargs)
-        dynamo_config.optimize_ddp = False
+        set_optimize_ddp(False)
         try:
             return self.compiled(*args, **kwargs)
         finally:
-            dynamo_config.optimize_ddp = saved
+            set_optimize_ddp(saved)
 
 
 def compile_layers(
@@ -135,7 +134,7 @@ def compile_layers(
                               device=device, fullgraph=fullgraph, dynamic=dynamic)
     for layer in chosen:
         layer.compile(backend="twinkle", mode=mode, options=options, fullgraph=fullgraph, dynamic=dynamic)
-        layer._compiled_call_impl = _WholeUnderDDP(layer._compiled_call_impl)  # what nn.Module.compile set
+        set_compiled_call(layer, _WholeUnderDDP(compiled_call(layer)))  # wraps what nn.Module.compile set
     logger.info("compile_layers: %d layer(s) of %s compiled with backend='twinkle'", len(chosen),
                 sorted({type(layer).__name__ for layer in chosen}))
     return model

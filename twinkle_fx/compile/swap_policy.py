@@ -22,16 +22,13 @@ out, forward for inference and forward + backward for training.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from ..core.modes import Mode
 
-__all__ = ["Decision", "DECISIONS", "keep_inductor_reason", "active_policy"]
+__all__ = ["Decision", "DECISIONS", "keep_inductor_reason"]
 
 
 @dataclass(frozen=True)
@@ -73,35 +70,24 @@ DECISIONS: tuple[Decision, ...] = (
              "(1.18x at 32)", min_rows=512),
 )
 
-_policy: contextvars.ContextVar[str] = contextvars.ContextVar("twinkle_swap_policy", default="always")
-
-
-@contextlib.contextmanager
-def active_policy(policy: str) -> Iterator[None]:
-    """The swap policy of the graph being rewritten (set by the backend around its passes)."""
-    token = _policy.set(policy)
-    try:
-        yield
-    finally:
-        _policy.reset(token)
-
-
 def _rows(value: object) -> int | None:
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return None
     return value.numel() // max(int(value.shape[-1]), 1)
 
 
-def keep_inductor_reason(kernel: str, device: str, mode: Mode, first_arg: object,
+def keep_inductor_reason(policy: str, kernel: str, device: str, mode: Mode, first_arg: object,
                          table: tuple[Decision, ...] | None = None) -> str | None:
-    """Why Inductor's code is kept for a region of ``kernel`` (None: swap it).
+    """Why Inductor's code is kept for a region of ``kernel`` under ``policy`` (None: swap it).
+
+    ``policy`` is the graph's ``BackendOptions.applied_swap_policy``: only "measured" keeps anything.
 
     Example:
         >>> table = (Decision("RMSNorm", "cuda", "inference", 64, "0.8x at 32 rows"),)
-        >>> keep_inductor_reason("RMSNorm", "cuda", Mode.INFERENCE, torch.empty(32, 896), table)
+        >>> keep_inductor_reason("measured", "RMSNorm", "cuda", Mode.INFERENCE, torch.empty(32, 896), table)
         "kept Inductor's code: RMSNorm was measured slower than Inductor at <= 64 rows on cuda in inference (0.8x at 32 rows); swap_policy='always' swaps it"
     """
-    if _policy.get() != "measured":
+    if policy != "measured":
         return None
     rows = _rows(first_arg)
     if rows is None:

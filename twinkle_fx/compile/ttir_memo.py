@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from ..core.caches import owns_cache
+from ..core.torch_internals import is_inductor_tensor_box, triton_kernel_wrap
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _arg_key(value: Any) -> tuple | None:
 
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Expr)):
         return ("sym",)  # generate_ttir replaces every symbolic value by 2
-    if isinstance(value, torch.Tensor) or _is_tensor_box(value):
+    if isinstance(value, torch.Tensor) or is_inductor_tensor_box(value):
         return ("tensor", str(value.dtype if isinstance(value, torch.Tensor) else value.get_dtype()))
     if value is None or isinstance(value, (bool, int, float, str)):
         return (type(value).__name__, value)
@@ -79,11 +79,6 @@ def _arg_key(value: Any) -> tuple | None:
     except TypeError:
         return None
     return (type(value).__module__, type(value).__qualname__, value)
-
-
-def _is_tensor_box(value: Any) -> bool:
-    ir = sys.modules.get("torch._inductor.ir")  # loaded by Inductor itself: a TensorBox exists only then
-    return ir is not None and isinstance(value, ir.TensorBox)
 
 
 def ttir_key(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: Any) -> tuple | None:
@@ -166,19 +161,15 @@ def memoized_ttir() -> Iterator[None]:
     own function when the outermost block exits). Without Triton, or with a torch that has no
     ``generate_ttir``, the block changes nothing."""
     global _active, _original
-    try:
-        from torch._higher_order_ops import triton_kernel_wrap
-    except ImportError:  # no Triton: no user-defined kernels to analyse
-        yield
-        return
-    if not callable(getattr(triton_kernel_wrap, "generate_ttir", None)):
+    module = triton_kernel_wrap()
+    if module is None:
         yield
         return
     with _lock:
         if _active == 0:
-            _original = triton_kernel_wrap.generate_ttir
+            _original = module.generate_ttir
             if not getattr(_original, "__twinkle_memo__", False):
-                triton_kernel_wrap.generate_ttir = _memoizing(_original)
+                module.generate_ttir = _memoizing(_original)
         _active += 1
     try:
         yield
@@ -186,6 +177,6 @@ def memoized_ttir() -> Iterator[None]:
         with _lock:
             _active -= 1
             if _active == 0:
-                triton_kernel_wrap.generate_ttir = _original
+                module.generate_ttir = _original
                 _original = None
                 logger.debug("TTIR memo so far: %(hits)d answered, %(misses)d run, %(bypassed)d bypassed", _counts)

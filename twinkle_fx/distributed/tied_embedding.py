@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ..core.torch_internals import queue_backward_callback
+
 logger = logging.getLogger(__name__)
 
 # torch 2.13 renamed all_gather_into_tensor (which now warns); 2.11 has only the old name
@@ -130,7 +132,7 @@ class TiedEmbeddingReduction:
         self.stats = {"early_reductions": 0, "finalized": 0, "rows_exchanged": 0}
         with torch.no_grad():
             dist.broadcast(weight, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
-        eager = torch._dynamo.disable  # a compiled root calls them as they are (one graph break each)
+        eager = torch.compiler.disable  # a compiled root calls them as they are (one graph break each)
         self._handles = [
             model.register_forward_pre_hook(eager(self._enter), with_kwargs=True),
             model.register_forward_hook(eager(self._leave), always_call=True),
@@ -189,7 +191,7 @@ class TiedEmbeddingReduction:
         """At the end of this backward (one that synchronises: the callers check), reduce what is left."""
         if not self.window.finalize_queued:
             self.window.finalize_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+            queue_backward_callback(self._finalize)
 
     def head_grad(self, grad: Tensor, sync: bool) -> None:
         grad = grad.detach()

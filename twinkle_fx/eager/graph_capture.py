@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.nn.modules import module as _nn_module
+
+from ..core.torch_internals import dropout_classes, global_module_hooks_set
 
 TENSOR = object()  # placeholder of a tensor in an argument spec
 data_ptr = torch.Tensor.data_ptr
@@ -173,15 +174,14 @@ def block_modules(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Modu
 
 def dropout_reason(module: torch.nn.Module) -> str | None:
     for path, sub in module.named_modules():
-        p = sub.p if isinstance(sub, torch.nn.modules.dropout._DropoutNd) else getattr(sub, "attention_dropout", 0.0)
+        p = sub.p if isinstance(sub, dropout_classes()) else getattr(sub, "attention_dropout", 0.0)
         if isinstance(p, (int, float)) and p > 0:
             return f"dropout p={p} in {path or type(module).__name__} while training"
     return None
 
 
 def global_hooks() -> bool:
-    return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
-                or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks)
+    return global_module_hooks_set()
 
 
 def hooked(submodules: list[torch.nn.Module]) -> bool:

@@ -37,12 +37,12 @@ def check_speed(check: KernelCheck, runner: Runner, sizes: list[tuple[int, int]]
         rows, width = sizes[-1]
         # Dynamo caches compiled frames per code object, and every check times the same lambdas:
         # without a reset, later targets would hit the recompile limit and silently run eagerly
-        torch._dynamo.reset()
+        torch.compiler.reset()
         try:
             check.speed.append(_case(runner, rows, width, dtype, compiled=True))
         except Exception as e:  # noqa: BLE001 - a kernel that breaks torch.compile is a finding
             compile_error = f"compiled timing raised {type(e).__name__}: {e}"
-        torch._dynamo.reset()
+        torch.compiler.reset()
         progress(f"    compiled timing: {'failed' if compile_error else 'done'} ({since(started)})")
     if not check.speed:
         return

@@ -28,7 +28,7 @@ small GEMMs cost more in latency than the copy of ~2 MB of weights); in training
 width is at least :data:`AUTO_MIN_IN_FEATURES` (never, so far).
 
 Regions swapped by other passes are opaque calls by now (the pass runs last), so a swapped MLP
-keeps its own two GEMMs; the measured policy (:mod:`.swap_policy`) decides whether that swap is made.
+keeps its own two GEMMs; the measured policy (:mod:`..swap_policy`) decides whether that swap is made.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import torch
 import torch.fx as fx
 
 from ...core.modes import Mode
+from ...core.torch_internals import nn_linear
 from ..dynamo_internals import common_provenance, example_value, set_example_value
 from ..pipeline import Outcome, PassState
 
@@ -49,7 +50,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["fuse_projections", "FusedGroup", "FusionLimits", "should_fuse", "AUTO_MIN_IN_FEATURES",
            "AUTO_INFERENCE_MAX_ROWS", "run"]
 
-LINEAR_TARGETS = (torch._C._nn.linear, torch.nn.functional.linear)
+LINEAR_TARGETS = (nn_linear(), torch.nn.functional.linear)
 
 # fuse_projections="auto": in training, fuse where the input width is at least this; None: never.
 # Measured through the harness on one H100 80GB (torch 2.11, triton 3.6), training step batch 4 x 1024
@@ -109,13 +110,14 @@ def should_fuse(setting: bool | str, mode: Mode, compiler: str) -> bool | Fusion
 
 
 def run(state: PassState) -> list[Outcome]:
-    """The pass: fuse when ``state.fuse_projections`` says so (the backend sets it with :func:`should_fuse`).
+    """The pass: fuse when :func:`should_fuse` says so for ``state.options.fuse_projections`` in ``state.mode``.
 
     Fusing swaps no registered region, so it answers no outcomes; the groups are logged at INFO.
     """
-    if state.fuse_projections is False:
+    decision = should_fuse(state.options.fuse_projections, state.mode, state.options.compiler)
+    if decision is False:
         return []
-    limits = FusionLimits() if state.fuse_projections is True else state.fuse_projections
+    limits = FusionLimits() if decision is True else decision
     groups = fuse_projections(state.gm, min_in_features=limits.min_in_features, max_rows=limits.max_rows)
     if groups:
         logger.info("fused %d group(s) of projections: %s", len(groups), "; ".join(map(str, groups)))
@@ -227,9 +229,9 @@ def _fuse(graph: fx.Graph, x: fx.Node, linears: list[fx.Node], weights: list[fx.
             cat_b = graph.call_function(torch.cat, (list(biases),), {"dim": 0})
             cat_b.meta.update(meta)
             set_example_value(cat_b, fake(torch.cat, bias_values, dim=0))
-        fused = graph.call_function(torch._C._nn.linear, (x, cat_w, cat_b))
+        fused = graph.call_function(nn_linear(), (x, cat_w, cat_b))
         fused.meta.update(meta)
-        set_example_value(fused, fake(torch._C._nn.linear, x_value, example_value(cat_w),
+        set_example_value(fused, fake(nn_linear(), x_value, example_value(cat_w),
                                       None if cat_b is None else example_value(cat_b)))
         parts = graph.call_function(torch.split, (fused, widths), {"dim": -1})
         parts.meta.update(meta)

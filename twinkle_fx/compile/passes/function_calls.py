@@ -21,7 +21,7 @@ from ...core.swaps import patched_functions
 from ..dynamo_internals import module_stack, stack_frames
 from ..pipeline import Kept, Outcome, PassState
 from ..reasons import Reason, ReasonKind
-from ..rewrites.function_patterns import region_location, registered_patterns
+from .function_patterns import region_location, registered_patterns
 
 __all__ = ["run", "function_call_regions"]
 
@@ -35,7 +35,7 @@ def function_call_regions(state: PassState, target: str, *, copies: bool = False
     if filename is None:
         return calls
     for node in state.gm.graph.nodes:
-        if node.op not in ("call_function", "call_method") or node in state.kernel_calls:
+        if node.op not in ("call_function", "call_method") or node in state.scratch.kernel_calls:
             continue
         site = _site(node, func_name, filename, copies)
         if site is not None:
@@ -59,7 +59,7 @@ def _sites_taken(state: PassState, target: str, *, copies: bool) -> set[tuple]:
     filename = getattr(sys.modules.get(module_name), "__file__", None)
     if filename is None:
         return set()
-    return {site for n in state.pattern_nodes if (site := _site(n, func_name, filename, copies)) is not None}
+    return {site for n in state.scratch.pattern_nodes if (site := _site(n, func_name, filename, copies)) is not None}
 
 
 def _installed_kernel_files() -> set[str]:

@@ -1,7 +1,7 @@
 """A region: the nodes of one graph that came from one call of a registered layer or function.
 
 Passes find regions, bind them (:mod:`.binding`: which nodes are the kernel's arguments, which
-nodes it must produce) and hand them to :mod:`.rewrite`. The graph-level facts every pass needs
+nodes it must produce) and hand them to :mod:`.splice`. The graph-level facts every pass needs
 (device, mode, which placeholder holds which parameter) live in
 :class:`~twinkle_fx.compile.pipeline.PassState`.
 """
@@ -17,10 +17,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .dynamo_internals import example_value
+from ..dynamo_internals import example_value
 
 __all__ = ["Region", "external_inputs", "external_outputs", "region_graph_module", "region_signature",
-           "known_modules", "module_roots"]
+           "known_modules", "module_roots", "Binding"]
 
 
 @dataclass
@@ -123,3 +123,12 @@ def region_signature(nodes: list[fx.Node], inputs: list[fx.Node], outputs: list[
         body.append((node.op, str(node.target), arg(node.args), arg(dict(node.kwargs))))
         ids[node] = ("node", i)
     return tuple(body), tuple(ids[n] for n in outputs)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """``order[i]``: the region input passed as the reference's i-th argument; ``picks[j]``: the
+    leaf of the reference's result that region output j is."""
+
+    order: tuple[int, ...]
+    picks: tuple[int, ...]

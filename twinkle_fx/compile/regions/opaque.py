@@ -11,21 +11,19 @@ the price of a kernel the compiler cannot see into).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..core.caches import owns_cache
-from .dynamo_internals import example_value
+from ...core.caches import owns_cache
+from ...core.torch_internals import autograd_inside_custom_op, fake_tensor_mode
+from ..dynamo_internals import example_value
 from .kernel_call import KernelCall
-from .reasons import KeepRegion, ReasonKind
+from ..reasons import KeepRegion, ReasonKind
 
 __all__ = ["opaque_call", "OpaqueCall", "registered_opaque_ops"]
 
@@ -100,7 +98,7 @@ def _new_opaque_call(call: KernelCall, reference: fx.GraphModule, *, training: b
     checked: set[tuple] = set()
 
     def expected(inputs: list[torch.Tensor]) -> list[tuple[torch.Size, torch.dtype]]:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        with fake_tensor_mode() as mode:
             outs = reference(*[mode.from_tensor(t) for t in inputs])
         return [(t.shape, t.dtype) for t in outs]
 
@@ -124,32 +122,12 @@ def _new_opaque_call(call: KernelCall, reference: fx.GraphModule, *, training: b
     return OpaqueCall(f"opaque_{name}", op, n_outputs)
 
 
-@contextlib.contextmanager
-def _autograd_inside_custom_op() -> Iterator[None]:
-    """Re-enable autograd for the block inside a custom op's implementation.
-
-    The dispatcher runs an op's implementation with the autograd keys excluded (below autograd),
-    so ``torch.enable_grad()`` alone records nothing there.
-    """
-    keys = [torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.AutogradOther,
-            torch._C.DispatchKey.AutogradNestedTensor]
-    saved = [(k, torch._C._dispatch_tls_is_dispatch_key_excluded(k)) for k in keys]
-    for key in keys:
-        torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
-    try:
-        with torch.enable_grad():
-            yield
-    finally:
-        for key, excluded in saved:
-            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
-
-
 def _register_recompute_backward(op: Any, name: str, call: KernelCall) -> None:
     def backward_impl(inputs: list[torch.Tensor], grads: list[torch.Tensor], needs_grad: list[bool]) -> list[torch.Tensor]:
         # only the inputs that required grad in the forward (a kernel may refuse grad on others,
         # e.g. rotary on cos/sin)
         leaves = [t.detach().requires_grad_(need) for t, need in zip(inputs, needs_grad)]
-        with _autograd_inside_custom_op():
+        with autograd_inside_custom_op():
             outs = _as_outputs(call(*leaves), leaves)
             wanted = [t for t in leaves if t.requires_grad]
             found = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True)) if wanted else iter(())

@@ -5,7 +5,7 @@ outer to inner). The outermost module whose class is bound to a kernel name
 (``register_external_layer`` or a ``kernel_layer_name`` attribute) names the region, so a
 registered MLP swallows its Linear and activation nodes. A region is swapped when a kernel is
 selected (same rules as the eager path), its inputs bind to ``forward``'s arguments (checked by
-tracing the original ``forward`` on the same fake inputs, see :mod:`..binding`) and the kernel
+tracing the original ``forward`` on the same fake inputs, see :mod:`..regions.binding`) and the kernel
 passes the shape guard.
 """
 
@@ -20,19 +20,19 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
 
 from ...core.selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
 from ...core.swaps import foreign_forward, swapped_forward
-from ..binding import bind, outputs_read_outside
+from ...core.torch_internals import fake_tensor_type
+from ..regions.binding import bind, outputs_read_outside
 from ..dynamo_internals import (ModuleFrame, example_value, input_source, is_ddp_piece, module_stack, parent_class,
                                 parse_source)
-from ..equivalence import module_attributes, reparametrized
-from ..kernel_call import LayerKernelCall
+from ..regions.equivalence import module_attributes, reparametrized
+from ..regions.kernel_call import LayerKernelCall
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
-from ..splice import place_kernel
+from ..regions.splice import place_kernel
 from ..reasons import KeepRegion, ReasonKind
-from ..regions import Region, external_inputs
+from ..regions.region import Region, external_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +137,12 @@ def _swap(state: PassState, candidate: LayerCandidate) -> Swapped:
         f"layer_{choice.name}", module, choice.call, n_args, param_names, picks, single=len(region.outputs) == 1,
         constants=region.constants,
     )
-    how, _ = place_kernel(state, region, call, choice)
+    how, call_node, _ = place_kernel(state.gm, region, call, choice, device=state.device, mode=state.mode,
+                                     swap_policy=state.options.applied_swap_policy)
+    state.scratch.kernel_calls.add(call_node)
     # the kernel is specialised to these values: the compiled graph checks them on every call
     for node, value in region.constant_inputs.items():
-        state.baked_scalars[state.input_position(node)] = value
+        state.scratch.baked_scalars[state.input_position(node)] = value
     return Swapped("layer", region.target, region.location, str(choice), how)
 
 
@@ -220,7 +222,7 @@ def bind_layer(state: PassState, region: Region, module: torch.nn.Module) -> tup
 
     with module_attributes(module, constants):
         binding = bind(
-            state, region,
+            state.gm, state.scratch.bindings, region,
             key=(type(module), tuple(param_names), tuple(sorted(constants.items()))),
             inputs=args + [n for _, n in params],
             values=[example_value(n) for n in args] + [state.placeholder_values[n] for _, n in params],
@@ -252,7 +254,7 @@ def _lifted_attribute(state: PassState, region: Region, module: torch.nn.Module,
     except AttributeError:
         return None
     value = state.placeholder_values.get(node)
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not isinstance(value, FakeTensor):
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not isinstance(value, fake_tensor_type()):
         value = value.item()
     if not isinstance(current, float) or not isinstance(value, float):
         return None

@@ -19,6 +19,7 @@ import torch
 from ...core.caches import owns_cache
 from ...core.selection import select_layer_kernel
 from ...core.swaps import swapped_forward
+from ...core.torch_internals import current_compile_context
 from ..dynamo_internals import SourceRef, input_source, parse_source
 from ..pipeline import Kept, Outcome, PassState
 from ..reasons import Reason, ReasonKind
@@ -85,7 +86,7 @@ def run(state: PassState) -> list[Outcome]:
         selection = select_layer_kernel(state.registry, type(module), state.device, state.mode)
         if selection is None or selection.choice is None:
             continue
-        compilation = torch._guards.CompileContext.try_get()
+        compilation = current_compile_context()
         if compilation is not None:
             if _REPORTED.get(module) is compilation:
                 return []  # another piece of this frame's compilation already reported it

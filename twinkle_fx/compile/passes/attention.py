@@ -48,6 +48,7 @@ import os
 import torch
 import torch.fx as fx
 
+from ...core.torch_internals import nn_sdpa
 from ..dynamo_internals import common_provenance, example_value, is_erased, set_example_value
 from ..pipeline import Kept, Outcome, PassState, Swapped
 from ..reasons import Reason, ReasonKind
@@ -55,9 +56,7 @@ from .function_patterns import region_location
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run", "GQA_ATTENTION", "AUTO_MAX_QUERY_LEN", "find_repeat", "should_rewrite", "constant_causal"]
-
-GQA_ATTENTION = (True, False, "auto")
+__all__ = ["run", "AUTO_MAX_QUERY_LEN", "find_repeat", "should_rewrite", "constant_causal"]
 
 # "auto": the longest query the kernel takes. Decode steps are 1 token (a few with speculative
 # decoding); there the repeat_kv copy is nearly all of attention's memory traffic.
@@ -66,7 +65,7 @@ AUTO_MAX_QUERY_LEN = 16
 # the largest mask (elements) evaluated at compile time: 2**28 booleans is 256 MiB, a 16k x 16k mask
 MAX_EVALUATED_MASK = 2**28
 
-SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+SDPA_TARGETS = (nn_sdpa(), torch.nn.functional.scaled_dot_product_attention)
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _TARGET = "scaled_dot_product_attention on repeated K/V"
 _KERNEL = "twinkle_triton.gqa_attention"
@@ -175,8 +174,8 @@ def _sdpa_args(node: fx.Node) -> dict[str, object]:
 
 
 def run(state: PassState) -> list[Outcome]:
-    """The pass: each SDPA call with a constant causal mask (``state.causal_mask``) or a short query on
-    repeated K/V (``state.gqa_attention``) is rewritten; see the module docstring."""
+    """The pass: each SDPA call with a constant causal mask (``state.options.causal_mask``) or a short
+    query on repeated K/V (``state.options.gqa_attention``) is rewritten; see the module docstring."""
     outcomes: list[Outcome] = []
     graph = state.gm.graph
     causal: dict[fx.Node, bool | str] = {}  # mask node -> True, or why it is not a constant causal mask
@@ -192,7 +191,7 @@ def run(state: PassState) -> list[Outcome]:
         mask = args.get("attn_mask")
         plain = args.get("dropout_p", 0.0) == 0.0 and args.get("is_causal", False) is False \
             and not args.get("enable_gqa", False)
-        if state.causal_mask and plain and isinstance(mask, fx.Node):
+        if state.options.causal_mask and plain and isinstance(mask, fx.Node):
             if mask not in causal:
                 causal[mask] = constant_causal(state.gm, mask)
             if causal[mask] is True:
@@ -224,7 +223,7 @@ def run(state: PassState) -> list[Outcome]:
         elif not isinstance(args.get("scale"), (float, int, type(None))):
             outcomes.append(kept(f"the scale is not a constant ({args.get('scale')})"))
         else:
-            rewrite, why = should_rewrite(state.gqa_attention, query.shape[2])
+            rewrite, why = should_rewrite(state.options.gqa_attention, query.shape[2])
             if not rewrite:  # not a candidate under these options (a prefill, or switched off): not reported
                 logger.debug("%s: %s", location, why)
                 continue
@@ -233,7 +232,7 @@ def run(state: PassState) -> list[Outcome]:
                 outcomes.append(Kept("function", _TARGET, location, Reason(ReasonKind.KERNEL_FAILED, failure),
                                      kernel=_KERNEL))
                 continue
-            state.kernel_calls.add(_rewrite_gqa(node, args, key[0], value[0]))
+            state.scratch.kernel_calls.add(_rewrite_gqa(node, args, key[0], value[0]))
             repeats += [key[2], value[2]]
             outcomes.append(Swapped("function", _TARGET, location, _KERNEL, "custom op call"))
     if any(isinstance(o, Swapped) for o in outcomes):

@@ -1,10 +1,10 @@
 """Function patterns: calls of a registered function, and copies of it in other modules.
 
 Each registered function target has a pattern traced by Dynamo the first time the backend needs
-it (:mod:`.pattern_tracing`). ``SubgraphMatcher`` finds it with literals as wildcards (Dynamo bakes
+it (:mod:`..regions.pattern_tracing`). ``SubgraphMatcher`` finds it with literals as wildcards (Dynamo bakes
 shapes into them); every match is then bound (placeholders are the function's tensor arguments,
 float constants are read from the matched nodes) and checked against the reference function on
-the matched shapes (:mod:`.equivalence`) before the kernel replaces it.
+the matched shapes (:mod:`..regions.equivalence`) before the kernel replaces it.
 
 Which matches count (``RegionReport.match`` says which each was):
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx
@@ -28,34 +27,25 @@ import torch.utils._pytree as pytree
 from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
 
 from ...core.selection import Selection, select_function_kernel
-from ..binding import bind, outputs_read_outside
+from ..regions.binding import bind, outputs_read_outside
 from ..dynamo_internals import example_value, is_erased, module_stack, stack_frames
-from ..kernel_call import FunctionKernelCall
-from ..pattern_tracing import TracedPattern, pattern_for
+from ..regions.kernel_call import FunctionKernelCall
+from ..regions.pattern_tracing import RegisteredPatterns, TracedPattern, pattern_for
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
-from ..splice import place_kernel
+from ..regions.splice import place_kernel
 from ..reasons import KeepRegion, ReasonKind
-from ..regions import Region
+from ..regions.region import Region
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RegisteredPatterns", "registered_patterns", "match_kind", "region_location", "run"]
-
-
-@dataclass
-class RegisteredPatterns:
-    """The registered function targets' patterns, largest first (targets with the same pattern
-    share one entry), and why the other targets have none."""
-
-    patterns: list[tuple[list[str], TracedPattern]]
-    missing: dict[str, str]
+__all__ = ["registered_patterns", "match_kind", "region_location", "run"]
 
 
 def registered_patterns(state: PassState) -> RegisteredPatterns:
-    """The patterns of ``state``'s registry, traced once per graph (kept in ``state.patterns``)."""
-    if state.patterns is None:
-        state.patterns = _registered_patterns(state)
-    return state.patterns
+    """The patterns of ``state``'s registry, traced once per graph (kept in ``state.scratch.patterns``)."""
+    if state.scratch.patterns is None:
+        state.scratch.patterns = _registered_patterns(state)
+    return state.scratch.patterns
 
 
 def _registered_patterns(state: PassState) -> RegisteredPatterns:
@@ -124,7 +114,7 @@ def run(state: PassState) -> list[Outcome]:
             if kind == "computation" and not _matches_anywhere(state, target, selections[target]):
                 continue  # not a call of the function: not a candidate (match_anywhere=False)
             region = Region("function", target, region_location(nodes), nodes)
-            state.pattern_nodes.update(nodes)
+            state.scratch.pattern_nodes.update(nodes)
             choice = selections[target].choice
             outcomes.append(region_outcome(
                 lambda: _swap(state, region, pattern, match, selections[target], renamed, kind),
@@ -164,7 +154,7 @@ def _swap(
         return lambda *values: pattern.reference(**dict(zip(names, values)), **constants)
 
     binding = bind(
-        state, region, key=(pattern.name, tuple(names), tuple(sorted(constants.items()))),
+        state.gm, state.scratch.bindings, region, key=(pattern.name, tuple(names), tuple(sorted(constants.items()))),
         inputs=args, values=[example_value(n) for n in args], outputs=outputs,
         orders=[tuple(range(len(args)))], reference=reference,
         mismatch=(f"matches the pattern of {pattern.name} structurally but computes something else on these "
@@ -175,7 +165,9 @@ def _swap(
         f"func_{pattern.name.rpartition('.')[2]}", choice.call, pattern.signature,
         names, constants, binding.picks, single=len(region.outputs) == 1,
     )
-    how, replaced = place_kernel(state, region, call, choice)
+    how, call_node, replaced = place_kernel(state.gm, region, call, choice, device=state.device, mode=state.mode,
+                                            swap_policy=state.options.applied_swap_policy)
+    state.scratch.kernel_calls.add(call_node)
     renamed.update(replaced)
     return Swapped("function", region.target, region.location, str(choice), how, match=kind)
 

@@ -5,32 +5,21 @@ The reference is a layer's original ``forward`` (its arguments' order unknown: e
 tried) or a registered function (its order known from the pattern). Region and reference are
 traced to ATen on the same static fake inputs (:mod:`.equivalence`); a binding exists when every
 region output is a reference output. Regions with the same structure and input metadata (the 24
-identical layers of a model) share one answer, kept in ``state.bindings``, so only the first is traced.
+identical layers of a model) share one answer, kept in the graph's cache (``PassScratch.bindings``), so only the first is traced.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx
 
 from .equivalence import StructuralKeys, aten_outputs, static_inputs
-from .pipeline import PassState
-from .reasons import KeepRegion, Reason, ReasonKind
-from .regions import Region, external_outputs, region_graph_module, region_signature
+from ..reasons import KeepRegion, Reason, ReasonKind
+from .region import Binding, Region, external_outputs, region_graph_module, region_signature
 
-__all__ = ["Binding", "bind", "outputs_read_outside"]
-
-
-@dataclass(frozen=True)
-class Binding:
-    """``order[i]``: the region input passed as the reference's i-th argument; ``picks[j]``: the
-    leaf of the reference's result that region output j is."""
-
-    order: tuple[int, ...]
-    picks: tuple[int, ...]
+__all__ = ["bind", "outputs_read_outside"]
 
 
 def outputs_read_outside(region: Region) -> list[fx.Node]:
@@ -42,7 +31,8 @@ def outputs_read_outside(region: Region) -> list[fx.Node]:
 
 
 def bind(
-    state: PassState,
+    gm: fx.GraphModule,
+    cache: dict[tuple, Binding | Reason],
     region: Region,
     *,
     key: tuple,
@@ -57,6 +47,8 @@ def bind(
     """The first order of ``orders`` whose reference computes the region's outputs.
 
     Args:
+        gm: the graph the region is in.
+        cache: the answers found so far for this graph (a binding, or the reason there is none).
         key: what besides the region's signature decides the answer (the class or pattern, names, constants).
         inputs: the region's input nodes, as the region graph takes them; ``values`` their example values.
         orders: orders to try; ``reference(order)`` is the reference taking the inputs' values in the
@@ -68,20 +60,20 @@ def bind(
         KeepRegion: no binding (the reason is cached with the key, as a binding would be).
     """
     full_key = (key, region_signature(region.nodes, list(inputs), list(outputs)))
-    if full_key not in state.bindings:
+    if full_key not in cache:
         try:
-            state.bindings[full_key] = _search(state, region, inputs, values, outputs, orders, reference, mismatch,
+            cache[full_key] = _search(gm, region, inputs, values, outputs, orders, reference, mismatch,
                                                constants)
         except KeepRegion as keep:
-            state.bindings[full_key] = keep.reason
-    found = state.bindings[full_key]
+            cache[full_key] = keep.reason
+    found = cache[full_key]
     if isinstance(found, Reason):
         raise KeepRegion(found.kind, found.detail, found.exception)
     return found
 
 
 def _search(
-    state: PassState, region: Region, inputs: Sequence[fx.Node], values: Sequence[Any], outputs: Sequence[fx.Node],
+    gm: fx.GraphModule, region: Region, inputs: Sequence[fx.Node], values: Sequence[Any], outputs: Sequence[fx.Node],
     orders: Iterable[tuple[int, ...]], reference: Callable[[tuple[int, ...]], Callable[..., Any]], mismatch: str,
     constants: dict[fx.Node, float] | None,
 ) -> Binding:
@@ -90,7 +82,7 @@ def _search(
     except ValueError as e:
         raise KeepRegion(ReasonKind.DATA_DEPENDENT, f"cannot build example inputs: {e}", e) from None
     keys = StructuralKeys()
-    region_gm = region_graph_module(state.gm, region.nodes, list(inputs), list(outputs), constants)
+    region_gm = region_graph_module(gm, region.nodes, list(inputs), list(outputs), constants)
     try:
         region_keys = keys.outputs(aten_outputs(region_gm, statics))
     except Exception as e:  # the region itself should always replay; say so if it does not

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from ...core.torch_internals import fake_tensor_mode, reparametrize_module
 
 __all__ = ["StaticInputs", "static_inputs", "aten_outputs", "StructuralKeys", "reparametrized", "module_attributes"]
 
@@ -28,7 +29,7 @@ class StaticInputs:
     """Fresh static-shape fake tensors standing in for a region's inputs (one fake mode for all)."""
 
     def __init__(self, values: Sequence[Any]) -> None:
-        self.mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.mode = fake_tensor_mode()
         self.values = [self._static(v) for v in values]
 
     def _static(self, value: Any) -> Any:
@@ -62,14 +63,12 @@ def aten_outputs(fn: Callable[..., Any], inputs: StaticInputs) -> fx.GraphModule
 @contextlib.contextmanager
 def reparametrized(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[None]:
     """``module`` with its parameters/buffers named in ``tensors`` replaced for the block."""
-    from torch.nn.utils.stateless import _reparametrize_module
-
     current = dict(module.named_parameters(remove_duplicate=False))
     current.update(module.named_buffers(remove_duplicate=False))
     if all(current.get(name) is t for name, t in tensors.items()):
         yield  # the graph runs with the real parameters (eager inner compiler): nothing to swap
         return
-    with _reparametrize_module(module, tensors):
+    with reparametrize_module(module, tensors):
         yield
 
 

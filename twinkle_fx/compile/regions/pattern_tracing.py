@@ -1,5 +1,5 @@
 """Trace a registered function with Dynamo, giving a pattern in Dynamo's own spelling
-(``x.pow(2)``, ``F.silu(x)``) that :mod:`.function_patterns` can match in any graph.
+(``x.pow(2)``, ``F.silu(x)``) that :mod:`..passes.function_patterns` can match in any graph.
 
 Traced lazily, the first time the backend needs it (a nested Dynamo run on a fresh code object,
 with a capturing backend; registering a kernel imports and runs nothing). The function is called on small
@@ -32,12 +32,13 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from ..core.registry import KernelRegistry
-from ..core.swaps import original_function
+from ...core.registry import KernelRegistry
+from ...core.swaps import original_function
+from ...core.torch_internals import fake_tensor_logger
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TracedPattern", "trace_function", "pattern_for", "resolve_reference"]
+__all__ = ["TracedPattern", "RegisteredPatterns", "trace_function", "pattern_for", "resolve_reference"]
 
 _SENTINEL = 0.123456789  # a float no model uses as a constant
 _SIZE = 8
@@ -136,7 +137,7 @@ def _dynamo_graph(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[fx.Gr
 def _quiet_fake_tensor_errors() -> Iterator[None]:
     """A shape plan that does not fit the function fails inside Dynamo's fake tensors, which log each
     failure at ERROR before raising; the failure is expected and kept in the reason, so not logged."""
-    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    fake_log = fake_tensor_logger()
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)
     try:
@@ -218,3 +219,12 @@ def pattern_for(registry: KernelRegistry, target: str) -> TracedPattern | str:
         for registration in registrations:
             registration.compile_cache["pattern"] = (reference, result)
     return result
+
+
+@dataclass
+class RegisteredPatterns:
+    """The registered function targets' patterns, largest first (targets with the same pattern
+    share one entry), and why the other targets have none."""
+
+    patterns: list[tuple[list[str], TracedPattern]]
+    missing: dict[str, str]

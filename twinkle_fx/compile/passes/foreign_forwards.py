@@ -21,7 +21,7 @@ __all__ = ["run"]
 def run(state: PassState) -> list[Outcome]:
     """One Kept outcome per module instance in the graph whose forward another tool replaced (and
     that no earlier pass reported)."""
-    seen = {o.location for o in state.outcomes}
+    seen = {o.location for o in state.scratch.outcomes}
     outcomes: list[Outcome] = []
     for node in state.gm.graph.nodes:
         for frame in module_stack(node):

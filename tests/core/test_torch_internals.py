@@ -1,0 +1,298 @@
+"""One test per accessor of :mod:`twinkle_fx.core.torch_internals`: twinkle_fx reaches private torch,
+Dynamo and Inductor names only through these, so a torch upgrade that moves one fails here, by name."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from twinkle_fx.core import torch_internals as ti
+
+
+class Capture:
+    """A backend that runs ``check`` inside the compile and keeps the graphs."""
+
+    def __init__(self, check=None):
+        self.check = check
+        self.graphs = []
+        self.results = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        if self.check is not None:
+            self.results.append(self.check(gm, example_inputs))
+        return gm.forward
+
+
+def _capture(fn, *args, check=None):
+    capture = Capture(check)
+    torch.compile(fn, backend=capture)(*args)
+    return capture
+
+
+# --- Inductor ---------------------------------------------------------------------------------------
+
+
+def test_inductor_config_values_lists_nested_keys_and_is_a_copy():
+    values = ti.inductor_config_values()
+    # the backend checks options={"inductor": {...}} against these keys, nested ones dotted
+    assert isinstance(values["max_autotune"], bool)
+    assert "triton.cudagraphs" in values
+    values["max_autotune"] = "changed"
+    assert ti.inductor_config_values()["max_autotune"] != "changed"
+
+
+def test_inductor_config_patch_applies_inside_the_block_only():
+    before = ti.inductor_config_values()["max_autotune"]
+    with ti.inductor_config_patch({"max_autotune": not before}):
+        assert ti.inductor_config_values()["max_autotune"] is (not before)
+    assert ti.inductor_config_values()["max_autotune"] is before
+
+
+def test_inductor_cudagraphs_requested_reads_the_patched_config():
+    with ti.inductor_config_patch({"triton.cudagraphs": True}):
+        assert ti.inductor_cudagraphs_requested() is True
+    with ti.inductor_config_patch({"triton.cudagraphs": False}):
+        assert ti.inductor_cudagraphs_requested() is False
+
+
+def test_inductor_mode_options_expands_a_mode_and_names_them_all():
+    assert ti.inductor_mode_options("max-autotune-no-cudagraphs")["max_autotune"] is True
+    assert {"reduce-overhead", "max-autotune", "default"} <= set(ti.inductor_mode_options())
+
+
+def test_inductor_compile_hands_each_graph_to_the_inner_compiler():
+    from functorch.compile import make_boxed_func
+
+    seen = []
+
+    def inner(gm, example_inputs, **kwargs):
+        seen.append(gm)
+        return make_boxed_func(gm.forward)
+
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2).sin())
+    x = torch.randn(4)
+    compiled = ti.inductor_compile(gm, [x], inner_compile=inner, config_patches=None)
+    torch.testing.assert_close(compiled(x), (x * 2).sin())
+    assert len(seen) == 1
+
+
+def test_inductor_inner_compiler_is_compile_fx_inner():
+    inner = ti.inductor_inner_compiler()
+    assert callable(inner) and inner.__name__ == "compile_fx_inner"
+
+
+def test_cudagraphs_logger_is_the_logger_of_cudagraph_skips():
+    logger = ti.cudagraphs_logger()
+    assert isinstance(logger, logging.Logger) and "cudagraph" in logger.name
+
+
+def test_cudagraph_tree_manager_is_none_where_nothing_recorded():
+    # no CUDA graph was recorded on device 99 (or at all, on the CPU), and asking creates none
+    assert ti.cudagraph_tree_manager(99) is None
+
+
+def test_is_inductor_tensor_box():
+    import torch._inductor.ir as ir
+
+    assert ti.is_inductor_tensor_box(ir.TensorBox.__new__(ir.TensorBox))
+    assert not ti.is_inductor_tensor_box(torch.empty(2))
+
+
+def test_triton_kernel_wrap_holds_generate_ttir():
+    pytest.importorskip("triton")
+    module = ti.triton_kernel_wrap()
+    assert module is not None and callable(module.generate_ttir)
+
+
+# --- Dynamo -----------------------------------------------------------------------------------------
+
+
+def test_static_input_marks_and_sources_of_graph_inputs():
+    linear = torch.nn.Linear(4, 4)
+    (gm,) = _capture(linear, torch.randn(2, 4)).graphs
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    static = [n for n in placeholders if ti.is_static_input(n)]
+    assert len(static) == 2 and len(placeholders) == 3  # weight and bias, not the input
+    assert all("weight" in ti.dynamo_source(n).name or "bias" in ti.dynamo_source(n).name for n in static)
+    ti.clear_static_input(static[0])
+    assert not ti.is_static_input(static[0]) and ti.is_static_input(static[1])
+
+
+def test_dynamo_source_is_none_for_a_node_without_one():
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    assert ti.dynamo_source(next(iter(gm.graph.find_nodes(op="placeholder")))) is None
+
+
+def test_dynamo_graph_break_counts_counts_each_break():
+    def fn(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    before = sum(ti.dynamo_graph_break_counts().values())
+    _capture(fn, torch.randn(3))
+    assert sum(ti.dynamo_graph_break_counts().values()) > before
+
+
+def test_checkpoint_operator_is_what_dynamo_records_for_a_checkpoint():
+    def fn(x):
+        return torch.utils.checkpoint.checkpoint(lambda y: y.sin().cos(), x, use_reentrant=False)
+
+    (gm,) = _capture(fn, torch.randn(3, requires_grad=True)).graphs
+    assert any(n.target is ti.checkpoint_operator() for n in gm.graph.nodes)
+
+
+def test_compiling_translator_sees_the_frame_being_compiled():
+    def fn(x):
+        return x + 1
+
+    capture = _capture(fn, torch.randn(2), check=lambda gm, _: ti.compiling_translator())
+    assert capture.results[0].f_code is fn.__code__ and ti.compiling_translator() is None
+
+
+def test_current_compile_context_is_set_while_compiling_only():
+    capture = _capture(lambda x: x * 3, torch.randn(2), check=lambda gm, _: ti.current_compile_context())
+    assert capture.results[0] is not None and ti.current_compile_context() is None
+
+
+def test_dynamo_backend_names_and_register_dynamo_backend():
+    assert "inductor" in ti.dynamo_backend_names()
+    capture = Capture()
+    ti.register_dynamo_backend("twinkle_torch_internals_probe", capture)
+    assert "twinkle_torch_internals_probe" in ti.dynamo_backend_names()
+    torch.compile(lambda x: x - 1, backend="twinkle_torch_internals_probe")(torch.randn(2))
+    assert len(capture.graphs) == 1
+
+
+def test_shorten_traceback_base_passes_a_backend_error_through_unwrapped():
+    class BadOption(ValueError, ti.shorten_traceback_base()):
+        def __init__(self, message):
+            ValueError.__init__(self, message)
+            self.first_useful_frame = None
+
+    def backend(gm, example_inputs):
+        raise BadOption("bad option")
+
+    torch.compiler.reset()
+    with pytest.raises(BadOption, match="bad option"):
+        torch.compile(lambda x: x + 2, backend=backend)(torch.randn(2))
+
+
+def test_aot_eager_runs_the_forward_compiler_it_is_given():
+    forwards = []
+
+    def fw(gm, example_inputs):
+        forwards.append(gm)
+        return ti.boxed_nop(gm, example_inputs)
+
+    x = torch.randn(3)
+    out = torch.compile(lambda t: t.exp() * 2, backend=lambda gm, inputs: ti.aot_eager(gm, inputs, fw_compiler=fw))(x)
+    torch.testing.assert_close(out, x.exp() * 2)
+    assert len(forwards) == 1
+
+
+def test_boxed_nop_runs_the_graph_on_a_list_of_inputs():
+    gm = torch.fx.symbolic_trace(lambda x: x + 5)
+    compiled = ti.boxed_nop(gm, [torch.zeros(2)])
+    assert getattr(compiled, "_boxed_call", False)
+    assert compiled([torch.zeros(2)]).tolist() == [5.0, 5.0]
+
+
+def test_optimize_ddp_reads_and_sets_dynamos_setting():
+    saved = ti.optimize_ddp()
+    try:
+        ti.set_optimize_ddp(False)
+        assert ti.optimize_ddp() is False
+        ti.set_optimize_ddp("ddp_optimizer")
+        assert ti.optimize_ddp() == "ddp_optimizer"
+    finally:
+        ti.set_optimize_ddp(saved)
+
+
+def test_active_ddp_module_is_none_outside_a_ddp_forward():
+    assert ti.active_ddp_module() is None
+
+
+# --- nn.Module, fake tensors, the dispatcher ---------------------------------------------------------
+
+
+def test_compiled_call_is_what_module_compile_installs_and_can_be_replaced():
+    linear = torch.nn.Linear(2, 2)
+    assert ti.compiled_call(linear) is None
+    linear.compile(backend="eager")
+    assert ti.compiled_call(linear) is not None
+    ti.set_compiled_call(linear, lambda *args, **kwargs: "replaced")
+    assert linear(torch.randn(1, 2)) == "replaced"
+
+
+def test_fake_tensor_type_and_mode():
+    mode = ti.fake_tensor_mode()
+    with mode:
+        made = torch.empty(3)
+        from_real = torch.ones(2) + 1  # a real input is taken (and faked), not refused
+    assert isinstance(made, ti.fake_tensor_type()) and isinstance(from_real, ti.fake_tensor_type())
+    assert not isinstance(torch.empty(3), ti.fake_tensor_type())
+
+
+def test_fake_tensor_logger_is_the_fake_tensor_modules_logger():
+    assert ti.fake_tensor_logger() is logging.getLogger(ti.fake_tensor_type().__module__)
+
+
+def test_nn_sdpa_and_nn_linear_are_the_targets_dynamo_records():
+    q = torch.randn(1, 2, 4, 8)
+    (gm,) = _capture(lambda a: F.scaled_dot_product_attention(a, a, a), q).graphs
+    assert any(n.target is ti.nn_sdpa() for n in gm.graph.nodes)
+    w = torch.randn(3, 8)
+    (gm,) = _capture(lambda a: F.linear(a, w), torch.randn(2, 8)).graphs
+    assert any(n.target is ti.nn_linear() for n in gm.graph.nodes)
+
+
+@torch.library.custom_op("twinkle_torch_internals::records_grad", mutates_args=())
+def _records_grad(x: torch.Tensor, inside: bool) -> torch.Tensor:
+    leaf = x.detach().requires_grad_()
+    if inside:
+        with ti.autograd_inside_custom_op():
+            return torch.tensor(float((leaf * 2).requires_grad))
+    with torch.enable_grad():
+        return torch.tensor(float((leaf * 2).requires_grad))
+
+
+def test_autograd_inside_custom_op_records_where_enable_grad_alone_does_not():
+    x = torch.randn(2, requires_grad=True)
+    assert _records_grad(x, True).item() == 1.0
+    assert _records_grad(x, False).item() == 0.0
+
+
+def test_global_module_hooks_set():
+    assert not ti.global_module_hooks_set()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)
+    try:
+        assert ti.global_module_hooks_set()
+    finally:
+        handle.remove()
+    assert not ti.global_module_hooks_set()
+
+
+def test_reparametrize_module_swaps_parameters_inside_the_block_only():
+    linear = torch.nn.Linear(2, 2, bias=False)
+    original = linear.weight
+    with ti.reparametrize_module(linear, {"weight": torch.zeros(2, 2)}):
+        assert linear(torch.ones(1, 2)).abs().sum().item() == 0.0
+    assert linear.weight is original
+
+
+def test_queue_backward_callback_runs_when_the_backward_ends():
+    ran = []
+    x = torch.randn(3, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda grad: ti.queue_backward_callback(lambda: ran.append(x.grad is not None)))
+    y.sum().backward()
+    assert ran == [True]  # after the whole backward: the leaf's gradient is already written
+
+
+def test_dropout_classes_cover_torchs_dropout_modules():
+    for cls in (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.AlphaDropout):
+        assert isinstance(cls(0.1), ti.dropout_classes())
+    assert not isinstance(torch.nn.Identity(), ti.dropout_classes())

@@ -1,0 +1,310 @@
+"""Every access twinkle_fx makes to a private torch, Dynamo or Inductor name, one accessor each.
+
+None of these is a public torch API, so each may move between torch releases; keeping them here
+means a torch upgrade is checked in one file, and ``tests/core/test_torch_internals.py`` has one
+test per accessor that fails when the name it reaches moves. Imports of ``torch._dynamo`` and
+``torch._inductor`` happen inside the accessors: importing this module costs nothing, and Dynamo
+(a second of import time) loads only where it is used. The Triton kernels' launch-time accesses
+(``kernels/twinkle_triton/_launch.py``) stay with the kernels, which import nothing from here.
+Reading Dynamo's graph metadata (``node.meta``) is compile-only and lives in
+``twinkle_fx.compile.dynamo_internals``, which reaches private names through this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+__all__ = [
+    "inductor_config_values", "inductor_config_patch", "inductor_cudagraphs_requested", "inductor_mode_options",
+    "inductor_compile", "inductor_inner_compiler", "cudagraphs_logger", "cudagraph_tree_manager",
+    "is_inductor_tensor_box", "triton_kernel_wrap", "is_static_input", "clear_static_input", "dynamo_source",
+    "dynamo_graph_break_counts", "checkpoint_operator", "compiling_translator", "current_compile_context",
+    "dynamo_backend_names", "register_dynamo_backend", "shorten_traceback_base", "aot_eager", "boxed_nop",
+    "optimize_ddp", "set_optimize_ddp", "active_ddp_module", "compiled_call", "set_compiled_call",
+    "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "nn_sdpa", "nn_linear",
+    "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
+    "dropout_classes",
+]
+
+
+# --- Inductor ---------------------------------------------------------------------------------------
+
+
+def inductor_config_values() -> dict[str, Any]:
+    """A copy of ``torch._inductor.config``: every key (dotted for nested ones) and its current value."""
+    from torch._inductor import config
+
+    return config.get_config_copy()
+
+
+def inductor_config_patch(patches: dict[str, Any]) -> contextlib.AbstractContextManager:
+    """``torch._inductor.config.patch(patches)``: the config with ``patches`` applied inside the block."""
+    from torch._inductor import config
+
+    return config.patch(patches)
+
+
+def inductor_cudagraphs_requested() -> bool:
+    """Whether Inductor's config (as patched now) asks for CUDA graphs (``triton.cudagraphs``)."""
+    from torch._inductor import config
+
+    return bool(config.triton.cudagraphs)
+
+
+def inductor_mode_options(mode: str | None = None) -> dict[str, Any]:
+    """Inductor's config for torch.compile's ``mode`` ("max-autotune", ...), as ``backend="inductor"``
+    expands it; with no mode, every mode name as a key."""
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode)) if mode is not None else dict(list_mode_options())
+
+
+def inductor_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], *, inner_compile: Callable[..., Any],
+                     config_patches: dict[str, Any] | None) -> Callable[..., Any]:
+    """Inductor's ``compile_fx`` (AOTAutograd, then ``inner_compile`` for each graph it produces)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs, inner_compile=inner_compile, config_patches=config_patches)
+
+
+def inductor_inner_compiler() -> Callable[..., Any]:
+    """Inductor's ``compile_fx_inner``, which ``inner_compile`` wrappers call on each graph."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    return compile_fx_inner
+
+
+def cudagraphs_logger() -> logging.Logger:
+    """The logger Inductor writes its "skipping cudagraphs due to ..." messages to."""
+    from torch._inductor.cudagraph_utils import cudagraphs_log
+
+    return cudagraphs_log
+
+
+def cudagraph_tree_manager(device_index: int) -> Any:
+    """Inductor's CUDA-graph tree manager of one GPU, or None when nothing ran with CUDA graphs there."""
+    from torch._inductor import cudagraph_trees
+
+    return cudagraph_trees.get_manager(device_index, create_if_none_exists=False)
+
+
+def is_inductor_tensor_box(value: Any) -> bool:
+    """Whether ``value`` is an Inductor ``TensorBox``; False before Inductor loaded its IR (none exists then)."""
+    ir = sys.modules.get("torch._inductor.ir")
+    return ir is not None and isinstance(value, ir.TensorBox)
+
+
+def triton_kernel_wrap() -> types.ModuleType | None:
+    """The module holding torch's ``generate_ttir`` (the analysis of each user Triton kernel launch),
+    or None without Triton or with a torch that has no ``generate_ttir``."""
+    try:
+        from torch._higher_order_ops import triton_kernel_wrap as module
+    except ImportError:  # no Triton: no user-defined kernels to analyse
+        return None
+    return module if callable(getattr(module, "generate_ttir", None)) else None
+
+
+# --- Dynamo -----------------------------------------------------------------------------------------
+
+_STATIC_INPUT = "_dynamo_static_input_type"  # Dynamo's mark of an input read at a fixed address
+
+
+def is_static_input(placeholder: torch.fx.Node) -> bool:
+    """Whether Dynamo marked the graph input ``placeholder`` static (an ``nn.Parameter``, a buffer)."""
+    return _STATIC_INPUT in (placeholder.meta.get("tensor_dict") or {})
+
+
+def clear_static_input(placeholder: torch.fx.Node) -> None:
+    """Drop Dynamo's static mark from ``placeholder`` (only the graph's copy of the tensor's attributes)."""
+    attributes = placeholder.meta.get("tensor_dict") or {}
+    placeholder.meta["tensor_dict"] = {k: v for k, v in attributes.items() if k != _STATIC_INPUT}
+
+
+def dynamo_source(placeholder: torch.fx.Node) -> Any:
+    """Dynamo's ``Source`` of a graph input (where the value comes from), or None."""
+    return getattr(placeholder, "_dynamo_source", None)
+
+
+def dynamo_graph_break_counts() -> dict[str, int]:
+    """Dynamo's graph-break counters as they are now: message -> how many times it was counted."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters.get("graph_break", {}))
+
+
+def checkpoint_operator() -> Any:
+    """The higher-order op Dynamo calls an activation-checkpoint body with, or None on a torch without it."""
+    try:
+        from torch._higher_order_ops.wrap import tag_activation_checkpoint
+    except ImportError:  # a torch without the op records no checkpoint this way
+        return None
+    return tag_activation_checkpoint
+
+
+def compiling_translator() -> Any:
+    """Dynamo's translator of the frame being compiled (``f_locals``, ``f_globals``), while a backend
+    runs inside it; None otherwise (a backend called directly)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        return InstructionTranslator.current_tx()
+    except (ImportError, AttributeError, IndexError, AssertionError):  # no frame is being compiled
+        return None
+
+
+def current_compile_context() -> Any:
+    """The compilation in progress (one object for every graph of one frame's compile), or None."""
+    return torch._guards.CompileContext.try_get()
+
+
+def dynamo_backend_names() -> list[str]:
+    """The names ``torch.compile(backend=...)`` knows, whatever their tags."""
+    from torch._dynamo import list_backends
+
+    return list_backends(exclude_tags=())
+
+
+def register_dynamo_backend(name: str, compiler_fn: Callable[..., Any]) -> None:
+    """Make ``torch.compile(backend=name)`` call ``compiler_fn``."""
+    from torch._dynamo import register_backend
+
+    register_backend(compiler_fn, name=name)
+
+
+def shorten_traceback_base() -> type:
+    """Dynamo's ``ShortenTraceback``: an error raised by a backend that subclasses it reaches the caller
+    as it is, not wrapped in ``BackendCompilerFailed``."""
+    from torch._dynamo.exc import ShortenTraceback
+
+    return ShortenTraceback
+
+
+def aot_eager(gm: torch.fx.GraphModule, example_inputs: list[Any], **compilers: Any) -> Callable[..., Any]:
+    """Dynamo's ``aot_eager`` backend (AOTAutograd, no code generation); ``compilers``: its
+    ``fw_compiler`` / ``bw_compiler``."""
+    from torch._dynamo.backends.debugging import aot_eager as backend
+
+    return backend(gm, example_inputs, **compilers)
+
+
+def boxed_nop(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Dynamo's do-nothing AOT compiler: runs ``gm`` as it is, taking its inputs as one list."""
+    from torch._dynamo.backends.debugging import boxed_nop as nop
+
+    return nop(gm, example_inputs)
+
+
+def optimize_ddp() -> Any:
+    """``torch._dynamo.config.optimize_ddp``: whether (and how) Dynamo splits graphs at DDP's buckets."""
+    import torch._dynamo.config as dynamo_config
+
+    return dynamo_config.optimize_ddp
+
+
+def set_optimize_ddp(value: Any) -> None:
+    """Set ``torch._dynamo.config.optimize_ddp`` (process-wide; Dynamo reads it when it compiles a frame)."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.optimize_ddp = value
+
+
+def active_ddp_module() -> torch.nn.Module | None:
+    """The ``DistributedDataParallel`` module whose forward is running, or None."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel._active_ddp_module
+
+
+# --- nn.Module, fake tensors, the dispatcher ---------------------------------------------------------
+
+
+def compiled_call(module: torch.nn.Module) -> Callable[..., Any] | None:
+    """What ``module(...)`` runs after ``module.compile()`` (None before)."""
+    return module._compiled_call_impl
+
+
+def set_compiled_call(module: torch.nn.Module, call: Callable[..., Any]) -> None:
+    """Make ``module(...)`` run ``call`` in place of what ``module.compile()`` installed."""
+    module._compiled_call_impl = call
+
+
+def fake_tensor_type() -> type:
+    """torch's ``FakeTensor`` class (the example values Dynamo and the backend's checks hold)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor
+
+
+def fake_tensor_mode() -> Any:
+    """A new fake-tensor mode that also takes real tensors as inputs (it fakes them)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_tensor_logger() -> logging.Logger:
+    """The logger fake tensors report their failures to (at ERROR, before raising)."""
+    return logging.getLogger("torch._subclasses.fake_tensor")
+
+
+def nn_sdpa() -> Callable[..., Any]:
+    """The C function Dynamo records for ``F.scaled_dot_product_attention``."""
+    return torch._C._nn.scaled_dot_product_attention
+
+
+def nn_linear() -> Callable[..., Any]:
+    """The C function Dynamo records for ``F.linear``."""
+    return torch._C._nn.linear
+
+
+@contextlib.contextmanager
+def autograd_inside_custom_op() -> Iterator[None]:
+    """Re-enable autograd for the block inside a custom op's implementation.
+
+    The dispatcher runs an op's implementation with the autograd keys excluded (below autograd),
+    so ``torch.enable_grad()`` alone records nothing there.
+    """
+    keys = [torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.AutogradOther,
+            torch._C.DispatchKey.AutogradNestedTensor]
+    saved = [(k, torch._C._dispatch_tls_is_dispatch_key_excluded(k)) for k in keys]
+    for key in keys:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        for key, excluded in saved:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
+
+
+def global_module_hooks_set() -> bool:
+    """Whether any hook was registered for every module (``torch.nn.modules.module.register_module_*_hook``)."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
+                or nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks)
+
+
+def reparametrize_module(module: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> contextlib.AbstractContextManager:
+    """``module`` with the parameters and buffers named in ``tensors`` replaced inside the block
+    (torch's ``_reparametrize_module``, what ``torch.func.functional_call`` runs on)."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    return _reparametrize_module(module, tensors)
+
+
+def queue_backward_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the backward pass now running ends (autograd's engine callback queue)."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def dropout_classes() -> tuple[type, ...]:
+    """The base class of torch's dropout modules (``Dropout``, ``Dropout1d``, ... all have ``p``)."""
+    return (torch.nn.modules.dropout._DropoutNd,)

@@ -268,6 +268,8 @@ def test_compiler_warm_up_runs_on_a_gpu_only_and_a_failure_does_not_stop_the_run
         assert said and said[0].startswith("compiler warm-up failed"), said
 
 
+@pytest.mark.slow
+@pytest.mark.interpreter  # --tiny is the CPU through the Triton interpreter by definition
 def test_the_matrix_runs_every_model_and_checks_each_against_its_first_backend(tmp_path):
     """``bench --matrix --tiny``: one table over the models, each row's first-step loss checked (here
     against eager, the model benchmark's own check), ratios to the model's first backend."""

@@ -63,7 +63,7 @@ def test_help_and_version_import_nothing_heavy(argv):
     (["bench", "--tiny", "--loss-rtol", "-1"], "argument --loss-rtol: must be a positive number, got -1"),
     (["bench", "--tiny", "--inference", "--twinkle-options", "{nope"], "--twinkle-options is not JSON"),
     (["bench", "--tiny", "--micro", "--profile", "prof"], "--profile profiles the model benchmark's backends"),
-    (["bench", "--tiny", "--micro", "--inference"], "two benchmarks; give one"),
+    (["bench", "--tiny", "--micro", "--inference"], "are three benchmarks; give one"),
     (["bench", "--tiny", "--out", "pyproject.toml"], "--out pyproject.toml: is a file"),
     (["bench", "--tiny", "--device", "gpu"], "argument --device: 'gpu' is not a device name"),
     (["check", "--tiny", "--dtypes", "fp64"], "--dtypes: unknown dtype(s) 'fp64'; valid: fp32, bf16, fp16"),

@@ -23,6 +23,10 @@ WARNING with its cause once; that signature then runs through the per-layer grap
 What a caller must know: the outputs (the logits) are the graph's static tensors, overwritten by the
 next decode step, as with ``torch.compile(mode="reduce-overhead")``; ``generate`` copies what it
 keeps, a hand-written loop that keeps logits across steps must clone them.
+Each replay checks that the parameters and buffers of the modules the model had when it was
+kernelized are where they were (a moved one records again) and that none has hooks; a submodule
+replaced after ``kernelize_model`` is not seen by a graph recorded before: call ``kernelize_model``
+again after changing the model's structure.
 """
 
 from __future__ import annotations

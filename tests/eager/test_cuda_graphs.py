@@ -248,23 +248,22 @@ def test_graphed_generate_with_a_static_cache_equals_eager_greedy():
     assert status.model_graphs == 4 and status.replays["forward"] == 0, status
 
 
-class SyncingBlock(torch.nn.Module):
+class PlainBlock(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(8, 8)
 
     def forward(self, x):
-        if x.sum().item() == float("inf"):  # a host sync: it invalidates a capture
-            x = x + 1
-        return self.linear(x)
+        return torch.relu(self.linear(x))
 
 
-class Syncing(torch.nn.Module):
-    _no_split_modules = ["SyncingBlock"]
+class Plain(torch.nn.Module):
+    """Two blocks of ``block`` (the class ``_no_split_modules`` names), applied in turn."""
 
-    def __init__(self):
+    def __init__(self, block: type[torch.nn.Module] = PlainBlock):
         super().__init__()
-        self.blocks = torch.nn.ModuleList([SyncingBlock(), SyncingBlock()])
+        self._no_split_modules = [block.__name__]
+        self.blocks = torch.nn.ModuleList([block(), block()])
 
     def forward(self, x):
         for block in self.blocks:
@@ -272,9 +271,16 @@ class Syncing(torch.nn.Module):
         return x
 
 
+class SyncingBlock(PlainBlock):
+    def forward(self, x):
+        if x.sum().item() == float("inf"):  # a host sync: it invalidates a capture
+            x = x + 1
+        return self.linear(x)
+
+
 @pytest.mark.gpu  # CUDA graphs
 def test_a_failed_capture_leaves_the_stream_and_the_random_generator_as_they_were(caplog):
-    model = Syncing().cuda().eval()
+    model = Plain(SyncingBlock).cuda().eval()
     kernelize_model(model, mode="inference", device="cuda", cuda_graphs=True)
     stream = torch.cuda.current_stream()
     x = torch.randn(2, 8, device="cuda")
@@ -290,28 +296,6 @@ def test_a_failed_capture_leaves_the_stream_and_the_random_generator_as_they_wer
     again, then = torch.rand(1000, device="cuda"), torch.rand(1000, device="cuda")
     assert torch.equal(first, again) and not torch.equal(again, then)  # seeded, and advancing
     undo_kernelize(model)
-
-
-class Plain(torch.nn.Module):
-    _no_split_modules = ["PlainBlock"]
-
-    def __init__(self):
-        super().__init__()
-        self.blocks = torch.nn.ModuleList([PlainBlock(), PlainBlock()])
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x)
-        return x
-
-
-class PlainBlock(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(8, 8)
-
-    def forward(self, x):
-        return torch.relu(self.linear(x))
 
 
 @pytest.mark.gpu  # CUDA graphs

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from .graph_capture import (TENSOR, Decline, KVCacheTag, MappingTag, data_ptr, dropout_reason, fixed_ptrs,
-                            flatten_call, global_hooks, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
+                            flatten_call, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,8 @@ class ModelGraphs:
             if not caches:
                 return fn(module, *args, **kwargs)  # not a decode step with a KV cache: the layers' graphs
             key = self._key(module, tensors, in_spec, caches)
+            if any(self.hook_dicts):
+                raise Decline("forward hooks on a module of the model (a graph would not call them)")
             entry = self.entries.get(key)
             if entry is None:
                 if key in self.failed:
@@ -107,8 +109,6 @@ class ModelGraphs:
             elif fixed_ptrs(self.modules) != entry.params:
                 del self.entries[key]
                 raise Decline("a parameter or buffer of the model moved to other memory")
-            elif any(self.hook_dicts):
-                raise Decline("forward hooks on a module of the model (a graph would not call them)")
         except Decline as reason:
             self.graphs.status.model_eager[str(reason)] += 1
             return fn(module, *args, **kwargs)
@@ -133,8 +133,6 @@ class ModelGraphs:
         return (in_spec, tuple(map(tensor_meta, tensors)), ptrs)
 
     def _check_recordable(self, module: torch.nn.Module) -> None:
-        if any(self.hook_dicts) or global_hooks():
-            raise Decline("forward hooks on a module of the model (a graph would not call them)")
         if module.training and (reason := dropout_reason(module)) is not None:
             raise Decline(reason)
         for stale in [k for k, e in self.entries.items() if not e.alive()]:  # their caches are gone

@@ -11,6 +11,7 @@ from twinkle_fx.compile.inductor_options import collect_cudagraph_status, induct
 from twinkle_fx.compile.options import parse_options
 from twinkle_fx.compile.swap_policy import Decision, keep_inductor_reason
 from twinkle_fx.core.modes import Mode
+from twinkle_fx.core.registry import scoped_registry
 from twinkle_fx.testing import record_graphs
 
 @pytest.mark.parametrize(
@@ -25,7 +26,7 @@ from twinkle_fx.testing import record_graphs
          "Set TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 before the first torch.compile"),
     ],
 )
-def test_bad_speed_options_name_the_option(options, message):
+def test_bad_backend_options_name_the_option(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
         parse_options(options)
 
@@ -218,6 +219,27 @@ def test_gemm_fusion_groups_only_linears_of_the_same_input():
     torch.testing.assert_close(torch.compile(block, backend=backend)(x), block(x))
     # b and a share x and both have a bias: fused; d has none (a GEMM of its own); c reads b's output
     assert [g.widths for g in graphs[0]] == [[6, 4]]
+
+
+@pytest.mark.parametrize("removed", [False, True])
+def test_gemm_fusion_is_a_graph_rewrite_of_the_registry(removed):
+    """Removed from the registry in effect, the fusion is not made even where the options ask for it."""
+
+    class Projections(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k = torch.nn.Linear(8, 4), torch.nn.Linear(8, 6)
+
+        def forward(self, x):
+            return self.q(x).sum() + self.k(x).sum()
+
+    block, x = Projections(), torch.randn(3, 8)
+    with scoped_registry() as registry, record_graphs() as graphs:
+        if removed:
+            registry.remove_graph_rewrite("fused_projections")
+        got = torch.compile(block, backend="twinkle", options={"compiler": "aot_eager", "fuse_projections": True})(x)
+    torch.testing.assert_close(got, block(x))
+    assert graphs.after[0].count("torch._C._nn.linear(") == (2 if removed else 1)
 
 
 def test_gemm_fusion_auto_fuses_decode_sized_inputs_in_inference_only():

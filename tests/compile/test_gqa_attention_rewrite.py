@@ -16,6 +16,7 @@ from transformers.integrations.sdpa_attention import repeat_kv
 from tiny_models import DEVICE, TINY, kernels_inlined
 from twinkle_fx.compile import collect_reports
 from twinkle_fx.compile.options import parse_options
+from twinkle_fx.core.registry import scoped_registry
 from twinkle_fx.testing import record_graphs
 
 _TARGET = "scaled_dot_product_attention on repeated K/V"
@@ -234,6 +235,17 @@ def test_causal_mask_false_leaves_the_graph_alone():
     with torch.no_grad(), record_graphs() as graphs:
         _compile(CausalFromArange(groups=3), causal_mask=False)(q, k, v)
     assert graphs.diff().strip() == ""
+
+
+@pytest.mark.parametrize("removed", ["gqa_attention", "causal_attention"])
+def test_a_graph_rewrite_removed_from_the_registry_is_not_made_and_the_other_is(removed):
+    decode, prefill = _inputs(1), _inputs(24, keys=24)[:3]
+    with scoped_registry() as registry, torch.no_grad(), collect_reports() as report:
+        registry.remove_graph_rewrite(removed)
+        _compile(RepeatKVAttention(groups=3))(*decode)
+        _compile(CausalFromArange(groups=3))(*prefill)
+    made = {r.target for r in report.regions if r.swapped}
+    assert made == {_TARGET, _CAUSAL} - {_TARGET if removed == "gqa_attention" else _CAUSAL}
 
 
 def test_a_compiled_qwen2_forward_without_padding_runs_causal_attention():

@@ -4,6 +4,7 @@ registering is pure data."""
 import sys
 import threading
 
+import pytest
 import torch
 
 from twinkle_fx import (
@@ -169,3 +170,25 @@ def test_registering_a_function_kernel_imports_and_runs_nothing(tmp_path, monkey
 
     assert twinkle_unimported_ops.CALLS == []
     del sys.modules["twinkle_unimported_ops"]
+
+
+def test_every_registry_starts_with_the_graph_rewrites_and_a_scope_removes_one_for_itself():
+    with scoped_registry(inherit=False) as registry:
+        assert registry.graph_rewrite_names() == ["causal_attention", "gqa_attention", "fused_projections"]
+        before = registry.generation
+        registry.remove_graph_rewrite("fused_projections")
+        assert registry.generation > before  # a compiled graph built with it hears of the change
+        with scoped_registry() as inner:
+            assert not inner.has_graph_rewrite("fused_projections")  # inherited
+            inner.add_graph_rewrite("fused_projections")
+            assert inner.has_graph_rewrite("fused_projections")
+        assert registry.graph_rewrite_names() == ["causal_attention", "gqa_attention"]
+    assert get_registry().has_graph_rewrite("fused_projections")
+
+
+def test_an_unknown_graph_rewrite_names_the_known_ones():
+    with scoped_registry() as registry:
+        for name in ("gqa", None):
+            with pytest.raises(ValueError, match=rf"{name!r} is not a graph rewrite .*'gqa_attention'.*'fused_projections'"):
+                registry.remove_graph_rewrite(name)
+        assert registry.graph_rewrite_names() == ["causal_attention", "gqa_attention", "fused_projections"]

@@ -1,11 +1,15 @@
 """The one kernel registry shared by ``kernelize_model`` and the ``twinkle`` compile backend.
 
-It holds three tables:
+It holds four tables:
 
 - layer kernels: kernel_name -> device -> mode -> :class:`LayerRegistration`;
 - layer bindings: nn.Module class -> kernel_name (``register_external_layer``; classes carrying a
   ``kernel_layer_name`` attribute, as set by Hugging Face ``kernels`` decorators, bind implicitly);
-- function kernels: "module.func" -> device -> mode -> :class:`FunctionRegistration`.
+- function kernels: "module.func" -> device -> mode -> :class:`FunctionRegistration`;
+- graph rewrites: name -> :class:`GraphRewrite`, the compile backend's rewrites of computations no
+  module or function names (attention as transformers writes it, projections reading one input).
+  Every registry starts with all of :data:`GRAPH_REWRITES`; removing one by name turns it off wherever
+  that registry is in effect (``options=`` of one ``torch.compile`` call choose among those left).
 
 The active registry is per context (a ``ContextVar``): :func:`scoped_registry` gives a block its
 own copy, so tests and libraries never leak registrations into each other, nor threads into each
@@ -35,6 +39,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "LayerRegistration",
     "FunctionRegistration",
+    "GraphRewrite",
+    "GRAPH_REWRITES",
     "KernelRegistry",
     "get_registry",
     "scoped_registry",
@@ -83,6 +89,29 @@ class FunctionRegistration:
         return f"{self.target} [{self.device}, {format_mode(self.mode)}] from {self.source.describe()}"
 
 
+@dataclass(frozen=True)
+class GraphRewrite:
+    """One rewrite the compile backend makes of a computation, not of a registered module or function."""
+
+    name: str
+    kernel: str  # what the rewritten computation calls
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.what} -> {self.kernel}"
+
+
+#: the compile backend's graph rewrites, by name (the passes in ``compile/passes`` read them here)
+GRAPH_REWRITES: dict[str, GraphRewrite] = {rewrite.name: rewrite for rewrite in (
+    GraphRewrite("causal_attention", "scaled_dot_product_attention(is_causal=True)",
+                 "scaled_dot_product_attention given a causal mask that depends on no input"),
+    GraphRewrite("gqa_attention", "twinkle_triton.gqa_attention",
+                 "scaled_dot_product_attention on key/value repeated to the query's heads (repeat_kv)"),
+    GraphRewrite("fused_projections", "one GEMM on concatenated weights",
+                 "linears that read the same input (q/k/v, gate/up)"),
+)}
+
+
 _Table = dict[str, dict[str, dict[Mode, object]]]
 
 
@@ -109,6 +138,7 @@ class KernelRegistry:
         self._bindings: dict[type, str] = {}
         self._within: dict[type, tuple[type, ...]] = {}  # bound class -> parent classes it is limited to
         self._functions: _Table = {}
+        self._graph_rewrites: dict[str, GraphRewrite] = dict(GRAPH_REWRITES)
         self.generation = 0  # bumped on every change: caches keyed on it stay valid exactly as long as the registry
 
     # -- writing -----------------------------------------------------------------------------
@@ -138,7 +168,37 @@ class KernelRegistry:
             _put(self._functions, registration.target, registration.device, registration.mode, registration, f"function kernel for {registration.target}")
             self.generation += 1
 
+    def remove_graph_rewrite(self, name: str) -> None:
+        """Turn the compile backend's graph rewrite ``name`` off (one of :data:`GRAPH_REWRITES`)
+        wherever this registry is in effect; :meth:`add_graph_rewrite` turns it on again.
+
+        Example:
+            >>> with scoped_registry() as registry:
+            ...     registry.remove_graph_rewrite("gqa_attention")
+            ...     registry.graph_rewrite_names()
+            ['causal_attention', 'fused_projections']
+        """
+        with self._lock:
+            _check_graph_rewrite(name)
+            self._graph_rewrites.pop(name, None)
+            self.generation += 1
+
+    def add_graph_rewrite(self, name: str) -> None:
+        """Turn the graph rewrite ``name`` (one of :data:`GRAPH_REWRITES`) on again."""
+        with self._lock:
+            self._graph_rewrites[name] = _check_graph_rewrite(name)
+            self.generation += 1
+
     # -- reading -----------------------------------------------------------------------------
+    def has_graph_rewrite(self, name: str) -> bool:
+        with self._lock:
+            return name in self._graph_rewrites
+
+    def graph_rewrite_names(self) -> list[str]:
+        """The graph rewrites this registry lets the compile backend make, in :data:`GRAPH_REWRITES` order."""
+        with self._lock:
+            return [name for name in GRAPH_REWRITES if name in self._graph_rewrites]
+
     def kernel_name_for(self, cls: type) -> str | None:
         """The kernel name bound to ``cls``: an explicit binding (searched along the MRO), else the
         ``kernel_layer_name`` class attribute set by Hugging Face ``kernels`` decorators."""
@@ -202,12 +262,21 @@ class KernelRegistry:
             new._functions = {k: {d: dict(m) for d, m in devs.items()} for k, devs in self._functions.items()}
             new._bindings = dict(self._bindings)
             new._within = dict(self._within)
+            new._graph_rewrites = dict(self._graph_rewrites)
             new.generation = self.generation
         return new
 
     def __repr__(self) -> str:
         with self._lock:
-            return f"<KernelRegistry layers={list(self._layers)} bindings={len(self._bindings)} functions={list(self._functions)}>"
+            return (f"<KernelRegistry layers={list(self._layers)} bindings={len(self._bindings)} "
+                    f"functions={list(self._functions)} graph_rewrites={self.graph_rewrite_names()}>")
+
+
+def _check_graph_rewrite(name: object) -> GraphRewrite:
+    if name not in GRAPH_REWRITES:
+        raise ValueError(f"{name!r} is not a graph rewrite of the compile backend; the rewrites are "
+                         f"{', '.join(map(repr, GRAPH_REWRITES))}")
+    return GRAPH_REWRITES[name]  # type: ignore[index]
 
 
 _GLOBAL_REGISTRY = KernelRegistry()
@@ -266,7 +335,7 @@ def scoped_registry(*, inherit: bool = True) -> Iterator[KernelRegistry]:
 
     Args:
         inherit (`bool`, defaults to `True`): start from a copy of the registrations in effect;
-            `False` starts empty.
+            `False` starts with no kernels and every graph rewrite, as a new registry does.
 
     Example:
         >>> from twinkle_fx import get_registry, scoped_registry, register_layer_kernel

@@ -10,8 +10,9 @@ input (it is made from ``arange``s of static sizes), the pass evaluates it once 
 when it is exactly the upper-left causal mask (key ``j`` visible to query ``i`` iff ``j <= i``, over
 every batch row and head), the call becomes ``scaled_dot_product_attention(q, k, v, is_causal=True)``,
 and on unrepeated K/V with ``enable_gqa=True`` where flash attention takes it (fp16/bf16). Any other
-mask (padding, a sliding window, a mask from the inputs) is left alone. ``options={"causal_mask": False}``
-turns it off.
+mask (padding, a sliding window, a mask from the inputs) is left alone. The registry's graph rewrite
+``causal_attention`` (``get_registry().remove_graph_rewrite("causal_attention")``) turns it off wherever
+that registry is in effect, ``options={"causal_mask": False}`` for one compile.
 
 **Short queries on repeated K/V become one grouped-query kernel.** transformers'
 ``sdpa_attention_forward`` repeats key and value whenever a mask is given, and a static KV cache always
@@ -29,7 +30,8 @@ after::
 ``twinkle_triton.gqa_attention`` reads each KV head once for all the query heads of its group
 (flash-decoding: the keys split across programs, then one combine), and has a backward.
 ``options={"gqa_attention": ...}``: ``"auto"`` (the default) rewrites calls whose query length is at
-most :data:`AUTO_MAX_QUERY_LEN` (decode steps), ``True`` every match, ``False`` none.
+most :data:`AUTO_MAX_QUERY_LEN` (decode steps), ``True`` every match, ``False`` none; removing the
+registry's graph rewrite ``gqa_attention`` turns it off as ``False`` does, wherever that registry is in effect.
 
 Both match the repeat written as transformers' ``repeat_kv`` (index with ``None``, ``expand``,
 ``reshape``) or as ``repeat_interleave(G, dim=1)``, on key and value with the same group size, and
@@ -65,6 +67,7 @@ AUTO_MAX_QUERY_LEN = 16
 # the largest mask (elements) evaluated at compile time: 2**28 booleans is 256 MiB, a 16k x 16k mask
 MAX_EVALUATED_MASK = 2**28
 
+CAUSAL_REWRITE, GQA_REWRITE = "causal_attention", "gqa_attention"  # their names in the registry
 SDPA_TARGETS = (nn_sdpa(), torch.nn.functional.scaled_dot_product_attention)
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _TARGET = "scaled_dot_product_attention on repeated K/V"
@@ -99,7 +102,7 @@ gqa_attention_call = GQAAttentionCall()
 def should_rewrite(setting: bool | str, query_len: object) -> tuple[bool, str]:
     """Whether ``setting`` rewrites a call with a query of ``query_len`` tokens, and if not, why."""
     if setting is False:
-        return False, "options gqa_attention=False"
+        return False, "options gqa_attention=False, or the registry's graph rewrite gqa_attention removed"
     if not isinstance(query_len, int):
         return False, f"the query length is symbolic ({query_len}); compile with dynamic=False for decode steps"
     if setting == "auto" and query_len > AUTO_MAX_QUERY_LEN:
@@ -175,9 +178,12 @@ def _sdpa_args(node: fx.Node) -> dict[str, object]:
 
 def run(state: PassState) -> list[Outcome]:
     """The pass: each SDPA call with a constant causal mask (``state.options.causal_mask``) or a short
-    query on repeated K/V (``state.options.gqa_attention``) is rewritten; see the module docstring."""
+    query on repeated K/V (``state.options.gqa_attention``) is rewritten, as far as the registry's
+    graph rewrites of those names are there; see the module docstring."""
     outcomes: list[Outcome] = []
     graph = state.gm.graph
+    causal_on = state.options.causal_mask and state.registry.has_graph_rewrite(CAUSAL_REWRITE)
+    gqa_setting = state.options.gqa_attention if state.registry.has_graph_rewrite(GQA_REWRITE) else False
     causal: dict[fx.Node, bool | str] = {}  # mask node -> True, or why it is not a constant causal mask
     repeats: list[list[fx.Node]] = []  # the repeat chains of rewritten calls, erased below if unread
     for node in list(graph.nodes):
@@ -191,7 +197,7 @@ def run(state: PassState) -> list[Outcome]:
         mask = args.get("attn_mask")
         plain = args.get("dropout_p", 0.0) == 0.0 and args.get("is_causal", False) is False \
             and not args.get("enable_gqa", False)
-        if state.options.causal_mask and plain and isinstance(mask, fx.Node):
+        if causal_on and plain and isinstance(mask, fx.Node):
             if mask not in causal:
                 causal[mask] = constant_causal(state.gm, mask)
             if causal[mask] is True:
@@ -223,7 +229,7 @@ def run(state: PassState) -> list[Outcome]:
         elif not isinstance(args.get("scale"), (float, int, type(None))):
             outcomes.append(kept(f"the scale is not a constant ({args.get('scale')})"))
         else:
-            rewrite, why = should_rewrite(state.options.gqa_attention, query.shape[2])
+            rewrite, why = should_rewrite(gqa_setting, query.shape[2])
             if not rewrite:  # not a candidate under these options (a prefill, or switched off): not reported
                 logger.debug("%s: %s", location, why)
                 continue

@@ -27,6 +27,9 @@ groups whose input has at most :data:`AUTO_INFERENCE_MAX_ROWS` rows (decode step
 small GEMMs cost more in latency than the copy of ~2 MB of weights); in training, where the input
 width is at least :data:`AUTO_MIN_IN_FEATURES` (never, so far).
 
+The registry's graph rewrite ``fused_projections`` (see :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`)
+turns the pass off wherever that registry is in effect, ``options={"fuse_projections": False}`` for one compile.
+
 Regions swapped by other passes are opaque calls by now (the pass runs last), so a swapped MLP
 keeps its own two GEMMs; the measured policy (:mod:`..swap_policy`) decides whether that swap is made.
 """
@@ -46,6 +49,8 @@ from ..dynamo_internals import common_provenance, example_value, set_example_val
 from ..pipeline import Outcome, PassState
 
 logger = logging.getLogger(__name__)
+
+FUSED_PROJECTIONS = "fused_projections"  # its name in the registry
 
 __all__ = ["fuse_projections", "FusedGroup", "FusionLimits", "should_fuse", "AUTO_MIN_IN_FEATURES",
            "AUTO_INFERENCE_MAX_ROWS", "run"]
@@ -110,10 +115,13 @@ def should_fuse(setting: bool | str, mode: Mode, compiler: str) -> bool | Fusion
 
 
 def run(state: PassState) -> list[Outcome]:
-    """The pass: fuse when :func:`should_fuse` says so for ``state.options.fuse_projections`` in ``state.mode``.
+    """The pass: fuse when :func:`should_fuse` says so for ``state.options.fuse_projections`` in ``state.mode``,
+    unless the registry's graph rewrite ``fused_projections`` was removed.
 
     Fusing swaps no registered region, so it answers no outcomes; the groups are logged at INFO.
     """
+    if not state.registry.has_graph_rewrite(FUSED_PROJECTIONS):
+        return []
     decision = should_fuse(state.options.fuse_projections, state.mode, state.options.compiler)
     if decision is False:
         return []

@@ -296,3 +296,29 @@ def test_dropout_classes_cover_torchs_dropout_modules():
     for cls in (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.AlphaDropout):
         assert isinstance(cls(0.1), ti.dropout_classes())
     assert not isinstance(torch.nn.Identity(), ti.dropout_classes())
+
+
+def test_module_hook_dicts_are_live_views_of_a_modules_own_hooks():
+    linear = torch.nn.Linear(2, 2)
+    forward, pre, backward, backward_pre = ti.module_hook_dicts(linear)
+    assert not any(ti.module_hook_dicts(linear))
+    handles = [linear.register_forward_hook(lambda *a: None), linear.register_forward_pre_hook(lambda *a: None),
+               linear.register_full_backward_hook(lambda *a: None),
+               linear.register_full_backward_pre_hook(lambda *a: None)]
+    assert all((forward, pre, backward, backward_pre))  # the dicts read before the hooks were added
+    assert len(ti.module_hook_dicts(linear, backward=False)) == 2
+    for handle in handles:
+        handle.remove()
+    assert not any(ti.module_hook_dicts(linear))
+
+
+def test_pytree_flattens_nested_containers_and_model_outputs():
+    from transformers.modeling_outputs import CausalLMOutput
+
+    tree = {"a": [torch.ones(1), (2, torch.zeros(2))], "out": CausalLMOutput(logits=torch.ones(3))}
+    leaves = ti.tree_leaves(tree)
+    assert [x.shape if isinstance(x, torch.Tensor) else x for x in leaves] == [(1,), 2, (2,), (3,)]
+    flat, spec = ti.tree_flatten(tree)
+    assert len(flat) == 4 and spec == ti.tree_flatten({"a": [0, (0, 0)], "out": CausalLMOutput(logits=0)})[1]
+    doubled = ti.tree_map_only(torch.Tensor, lambda t: t * 2, tree)
+    assert doubled["a"][1][0] == 2 and doubled["out"].logits.sum().item() == 6.0

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from .tolerances import tolerance
+from .torch_internals import tree_flatten
 
 __all__ = ["compare"]
 
@@ -56,8 +56,8 @@ def compare(ours: Any, reference: Any, *, check_grad: bool = False, leaf: str = 
         >>> compare((torch.ones(3),), (torch.ones(3), torch.ones(3)), leaf="output", reference_name="the original")[1]
         'structure differs: 1 output(s) shaped ... vs the original 2 shaped ...'
     """
-    ours_leaves, ours_spec = pytree.tree_flatten(ours)
-    ref_leaves, ref_spec = pytree.tree_flatten(reference)
+    ours_leaves, ours_spec = tree_flatten(ours)
+    ref_leaves, ref_spec = tree_flatten(reference)
     if ours_spec != ref_spec:
         return float("inf"), (f"structure differs: {len(ours_leaves)} {leaf}(s) shaped {ours_spec} vs "
                               f"{reference_name} {len(ref_leaves)} shaped {ref_spec}")

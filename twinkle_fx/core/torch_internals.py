@@ -30,7 +30,7 @@ __all__ = [
     "optimize_ddp", "set_optimize_ddp", "active_ddp_module", "compiled_call", "set_compiled_call",
     "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "nn_sdpa", "nn_linear",
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
-    "dropout_classes",
+    "dropout_classes", "module_hook_dicts", "tree_leaves", "tree_flatten", "tree_map_only",
 ]
 
 
@@ -308,3 +308,35 @@ def queue_backward_callback(callback: Callable[[], None]) -> None:
 def dropout_classes() -> tuple[type, ...]:
     """The base class of torch's dropout modules (``Dropout``, ``Dropout1d``, ... all have ``p``)."""
     return (torch.nn.modules.dropout._DropoutNd,)
+
+
+def module_hook_dicts(module: torch.nn.Module, *, backward: bool = True) -> tuple[dict, ...]:
+    """The hooks registered on ``module`` itself (``register_forward_hook`` and the rest), as the dicts
+    ``nn.Module`` keeps them in: forward and forward-pre, then (with ``backward``) backward and
+    backward-pre. Live views: reading one later sees hooks added or removed since."""
+    dicts = (module._forward_hooks, module._forward_pre_hooks)
+    return (*dicts, module._backward_hooks, module._backward_pre_hooks) if backward else dicts
+
+
+# --- pytree: torch's flattening of nested containers (lists, tuples, dicts, transformers' ModelOutput) ---
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """The leaves of ``tree`` in torch's flattening order (``torch.utils._pytree.tree_leaves``)."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_leaves(tree)
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
+    """``(leaves, spec)`` of ``tree``; two trees of one structure have equal specs."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_flatten(tree)
+
+
+def tree_map_only(kind: type, fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` with ``fn`` applied to each leaf of type ``kind``, every other leaf kept."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_map_only(kind, fn, tree)

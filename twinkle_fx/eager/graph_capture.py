@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..core.torch_internals import dropout_classes, global_module_hooks_set
+from ..core.torch_internals import dropout_classes, global_module_hooks_set, module_hook_dicts
 
 TENSOR = object()  # placeholder of a tensor in an argument spec
 data_ptr = torch.Tensor.data_ptr
@@ -185,10 +185,7 @@ def global_hooks() -> bool:
 
 
 def hooked(submodules: list[torch.nn.Module]) -> bool:
-    for m in submodules:
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
-            return True
-    return False
+    return any(hooks for m in submodules for hooks in module_hook_dicts(m))
 
 
 def fixed_ptrs(modules: list[torch.nn.Module]) -> tuple:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ..core.torch_internals import module_hook_dicts
 from .graph_capture import (TENSOR, Decline, KVCacheTag, MappingTag, data_ptr, dropout_reason, fixed_ptrs,
                             flatten_call, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
 
@@ -80,7 +81,7 @@ class ModelGraphs:
         modules = list(model.modules())
         self.modules = modules
         # the hook dicts of every submodule, read at each call: a graph would not call a hook
-        self.hook_dicts = [d for m in modules for d in (m._forward_hooks, m._forward_pre_hooks)]
+        self.hook_dicts = [d for m in modules for d in module_hook_dicts(m, backward=False)]
 
     def call(self, fn: Callable[..., Any], module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         if torch.is_grad_enabled() or self.graphs.inside_model_graph:

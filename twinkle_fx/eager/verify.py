@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from ..core.errors import KernelVerificationError
 from ..core.numerics import compare
+from ..core.torch_internals import tree_leaves, tree_map_only
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +54,14 @@ class Verification:
 
 def _signature(args: tuple, kwargs: dict) -> str:
     parts = []
-    for leaf in pytree.tree_leaves((args, kwargs)):
+    for leaf in tree_leaves((args, kwargs)):
         if isinstance(leaf, torch.Tensor):
             parts.append(f"{str(leaf.dtype).removeprefix('torch.')}{list(leaf.shape)}@{leaf.device.type}")
     return ", ".join(parts) + ("; grad" if torch.is_grad_enabled() else "")
 
 
 def _cloned(tree: Any) -> Any:
-    return pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), tree)
+    return tree_map_only(torch.Tensor, lambda t: t.clone(), tree)
 
 
 def _cotangents(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -75,7 +75,7 @@ def _cotangents(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _gradients(outputs: Any, wrt: list[torch.Tensor], cotangents: list[torch.Tensor]) -> list[torch.Tensor | None]:
-    tensors = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+    tensors = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.requires_grad]
     return list(torch.autograd.grad(tensors, wrt, cotangents, retain_graph=True, allow_unused=True))
 
 
@@ -147,8 +147,8 @@ class Verifier:
             return self._reject(signature, "inputs", error, f"the kernel changed its inputs differently: {problem}",
                                 reference)
         if grad:
-            outputs = [t for t in pytree.tree_leaves(ours) if isinstance(t, torch.Tensor) and t.requires_grad]
-            wrt = parameters + [t for t in pytree.tree_leaves((args, kwargs))
+            outputs = [t for t in tree_leaves(ours) if isinstance(t, torch.Tensor) and t.requires_grad]
+            wrt = parameters + [t for t in tree_leaves((args, kwargs))
                                 if isinstance(t, torch.Tensor) and t.requires_grad]
             if outputs and wrt:
                 cotangents = _cotangents(outputs)

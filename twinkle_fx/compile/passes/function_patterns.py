@@ -23,10 +23,10 @@ import sys
 from typing import Any
 
 import torch.fx as fx
-import torch.utils._pytree as pytree
 from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
 
 from ...core.selection import Selection, select_function_kernel
+from ...core.torch_internals import tree_leaves
 from ..regions.binding import bind, outputs_read_outside
 from ..dynamo_internals import example_value, is_erased, module_stack, stack_frames
 from ..regions.kernel_call import FunctionKernelCall
@@ -178,7 +178,7 @@ def _constants(pattern: TracedPattern, match: InternalMatch) -> dict[str, Any]:
     for param, node_name, index in pattern.scalar_slots:
         node = by_name.get(node_name)
         if node is not None:
-            leaves = pytree.tree_leaves((node.args, dict(node.kwargs)))
+            leaves = tree_leaves((node.args, dict(node.kwargs)))
             if index < len(leaves) and isinstance(leaves[index], (int, float)):
                 constants.setdefault(param, leaves[index])
     return constants

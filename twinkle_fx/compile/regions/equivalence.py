@@ -17,10 +17,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ...core.torch_internals import fake_tensor_mode, reparametrize_module
+from ...core.torch_internals import fake_tensor_mode, reparametrize_module, tree_leaves
 
 __all__ = ["StaticInputs", "static_inputs", "aten_outputs", "StructuralKeys", "reparametrized", "module_attributes"]
 
@@ -136,4 +135,4 @@ class StructuralKeys:
                 ids[node] = self._intern(
                     (node.op, _target_name(node.target), arg_key(node.args), arg_key(dict(node.kwargs)))
                 )
-        return [("node", ids[leaf]) if isinstance(leaf, fx.Node) else arg_key(leaf) for leaf in pytree.tree_leaves(output)]
+        return [("node", ids[leaf]) if isinstance(leaf, fx.Node) else arg_key(leaf) for leaf in tree_leaves(output)]

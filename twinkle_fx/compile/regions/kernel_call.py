@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
+from ...core.torch_internals import tree_leaves
 from .equivalence import module_attributes, reparametrized
 
 __all__ = ["KernelCall", "LayerKernelCall", "FunctionKernelCall"]
@@ -32,7 +32,7 @@ class KernelCall:
         self.single = single
 
     def _pick(self, result: Any) -> Any:
-        leaves = pytree.tree_leaves(result)
+        leaves = tree_leaves(result)
         picked = tuple(leaves[i] for i in self.picks)
         return picked[0] if self.single else picked
 

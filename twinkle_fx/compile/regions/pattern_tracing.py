@@ -30,11 +30,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
 from ...core.registry import KernelRegistry
 from ...core.swaps import original_function
-from ...core.torch_internals import fake_tensor_logger
+from ...core.torch_internals import fake_tensor_logger, tree_leaves
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +165,7 @@ def trace_function(name: str, fn: Callable[..., Any]) -> TracedPattern:
             continue
         slots = []
         for node in gm.graph.nodes:
-            for i, leaf in enumerate(pytree.tree_leaves((node.args, dict(node.kwargs)))):
+            for i, leaf in enumerate(tree_leaves((node.args, dict(node.kwargs)))):
                 if isinstance(leaf, float) and leaf == _SENTINEL:
                     slots.append((node.name, i))
         if len(scalars) > 1 and slots:

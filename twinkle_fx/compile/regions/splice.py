@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
 from ...core.modes import Mode
 from ...core.selection import KernelChoice
+from ...core.torch_internals import tree_leaves
 from ..dynamo_internals import example_value, provenance, set_example_value
 from ..reasons import KeepRegion, ReasonKind
 from ..swap_policy import keep_inductor_reason
@@ -82,7 +82,7 @@ def place_kernel(
                 result = call(*[_random_like(v) for v in inputs])
         except Exception as e:  # the kernel's own error, shown in the report
             raise KeepRegion(ReasonKind.KERNEL_FAILED, f"the kernel fails on {trial}: {e!r}", e) from None
-    got = pytree.tree_leaves(result)
+    got = tree_leaves(result)
     if [_describe(v) for v in got] != [_describe(v) for v in expected]:
         raise KeepRegion(ReasonKind.SHAPE_GUARD, (
             f"shape guard: on {trial} the kernel returns {', '.join(map(_describe, got))} where the region "

@@ -32,7 +32,8 @@ class Family(NamedTuple):
     ``experts``: the MoE ``*Experts`` classes and their kernel, or None; ``functions``: other functions
     of the modeling module, ``(function name, twinkle_triton function)`` (DeepSeek-V3's second rotary);
     ``within``: for norm classes shared with other models (``torch.nn.LayerNorm``, named by dotted
-    path), the family's classes they are bound under (their parent modules), so no other model is reached.
+    path), the family's classes they are bound under (their parent modules), so no other model is reached;
+    ``head_kernel``: the fused-loss head ``head`` is bound to (the MoE heads add the router's loss).
     """
 
     module: str
@@ -45,6 +46,7 @@ class Family(NamedTuple):
     experts: tuple[tuple[str, ...], str] | None = None
     functions: tuple[tuple[str, str], ...] = ()
     within: tuple[str, ...] = ()
+    head_kernel: str = "CausalLMFusedLoss"
 
 
 def _m(name: str) -> str:
@@ -53,7 +55,7 @@ def _m(name: str) -> str:
 
 _ROPE = "apply_rotary_pos_emb"
 _NO_HEAD_SOFTCAP = "head: final logit soft-capping (fused loss has none)"
-_NO_HEAD_MOE = "head: the router's auxiliary loss"
+_MOE_HEAD = "MoECausalLMFusedLoss"
 _EXPERTS = "SwiGLUExperts"
 
 # family -> what is bound (first four: the original Llama-style families)
@@ -83,19 +85,23 @@ BUILTIN_MODELS: dict[str, Family] = {
     "glm4": Family(_m("glm4"), (("Glm4RMSNorm",), "RMSNorm"), (("Glm4MLP",), "FusedSwiGLUMLP"),
                    "apply_rotary_pos_emb_interleaved_partial", "Glm4ForCausalLM", "glm4"),
     "deepseek_v3": Family(_m("deepseek_v3"), (("DeepseekV3RMSNorm",), "RMSNorm"), (("DeepseekV3MLP",), "SwiGLUMLP"),
-                          _ROPE, None, "deepseek_v3", _NO_HEAD_MOE, experts=(("DeepseekV3Experts",), _EXPERTS),
+                          _ROPE, None, "deepseek_v3",
+                          "head: a MoE output without the output_router_logits argument (neither fused head's signature)",
+                          experts=(("DeepseekV3Experts",), _EXPERTS),
                           functions=(("apply_rotary_pos_emb_interleave", "apply_rotary_pos_emb_deinterleave"),)),
-    "mixtral": Family(_m("mixtral"), (("MixtralRMSNorm",), "RMSNorm"), None, _ROPE, None, "mixtral", _NO_HEAD_MOE,
-                      experts=(("MixtralExperts",), _EXPERTS)),
+    "mixtral": Family(_m("mixtral"), (("MixtralRMSNorm",), "RMSNorm"), None, _ROPE, "MixtralForCausalLM", "mixtral",
+                      experts=(("MixtralExperts",), _EXPERTS), head_kernel=_MOE_HEAD),
     "qwen3_moe": Family(_m("qwen3_moe"), (("Qwen3MoeRMSNorm",), "RMSNorm"), (("Qwen3MoeMLP",), "SwiGLUMLP"), _ROPE,
-                        None, "qwen3_moe", _NO_HEAD_MOE, experts=(("Qwen3MoeExperts",), _EXPERTS)),
+                        "Qwen3MoeForCausalLM", "qwen3_moe", experts=(("Qwen3MoeExperts",), _EXPERTS),
+                        head_kernel=_MOE_HEAD),
     "gpt_oss": Family(_m("gpt_oss"), (("GptOssRMSNorm",), "FP32RMSNorm"), None, "apply_rotary_pos_emb_half_angle",
-                      None, "gpt_oss", _NO_HEAD_MOE, experts=(("GptOssExperts",), "ClampedSwiGLUExperts")),
+                      "GptOssForCausalLM", "gpt_oss", experts=(("GptOssExperts",), "ClampedSwiGLUExperts"),
+                      head_kernel=_MOE_HEAD),
     "ernie4_5": Family(_m("ernie4_5"), (("Ernie4_5RMSNorm",), "RMSNorm"), (("Ernie4_5MLP",), "SwiGLUMLP"),
                        "apply_rotary_pos_emb_interleaved_partial", "Ernie4_5ForCausalLM", "ernie4_5"),
     "ernie4_5_moe": Family(_m("ernie4_5_moe"), (("Ernie4_5_MoeRMSNorm",), "RMSNorm"), (("Ernie4_5_MoeMLP",), "SwiGLUMLP"),
-                           "apply_rotary_pos_emb_interleaved_partial", None, "ernie4_5_moe", _NO_HEAD_MOE,
-                           experts=(("Ernie4_5_MoeExperts",), _EXPERTS)),
+                           "apply_rotary_pos_emb_interleaved_partial", "Ernie4_5_MoeForCausalLM", "ernie4_5_moe",
+                           experts=(("Ernie4_5_MoeExperts",), _EXPERTS), head_kernel=_MOE_HEAD),
     "cohere": Family(_m("cohere"), (("CohereLayerNorm",), "LayerNorm"), (("CohereMLP",), "SwiGLUMLP"),
                      "apply_rotary_pos_emb_interleaved", None, "cohere", "head: logits multiplied by logit_scale"),
     "starcoder2": Family(_m("starcoder2"), (("torch.nn.LayerNorm",), "TorchLayerNorm"), (("Starcoder2MLP",), "BiasGeluMLP"),
@@ -134,8 +140,9 @@ def use_builtin_kernels(
     applies to (activation, norm attributes, weight shape); a module it does not apply to (say a
     Qwen2 config with ``hidden_act="gelu_pytorch_tanh"``) keeps its forward, with the reason in the
     log and in the compile report. With ``fused_loss``, the ``*ForCausalLM`` of families whose head
-    is a plain linear + cross-entropy is bound to ``"CausalLMFusedLoss"``: in training with labels the
-    loss comes from the fused linear cross-entropy and ``outputs.logits`` is None. All kernels serve
+    is a plain linear + cross-entropy is bound to ``"CausalLMFusedLoss"`` (``"MoECausalLMFusedLoss"`` for
+    the mixture-of-experts heads, which add the router's load-balancing loss when asked): in training with
+    labels the loss comes from the fused linear cross-entropy and ``outputs.logits`` is None. All kernels serve
     every mode (they have backward and compile).
 
     Args:
@@ -178,8 +185,8 @@ def use_builtin_kernels(
             if kernel_name in used:
                 register_layer_kernel(kernel_name=kernel_name, layer=getattr(layers, kernel_name), device=device,
                                       binds_by_tag=False)
-        if fused_loss and any(f.head for f in families):
-            register_layer_kernel(kernel_name="CausalLMFusedLoss", layer=layers.CausalLMFusedLoss, device=device,
+        for head_kernel in dict.fromkeys(f.head_kernel for f in families if fused_loss and f.head):
+            register_layer_kernel(kernel_name=head_kernel, layer=getattr(layers, head_kernel), device=device,
                                   binds_by_tag=False)
         if decoder_layers:  # mode "train" serves eager training and inference, never compile
             register_layer_kernel(kernel_name="DecoderLayer", layer=layers.DecoderLayer, device=device, mode="train",
@@ -202,8 +209,8 @@ def use_builtin_kernels(
             register_external_layer(getattr(modeling, decoder), "DecoderLayer")
             bound.append(f"{decoder} -> DecoderLayer")
         if fused_loss and family.head:
-            register_external_layer(getattr(modeling, family.head), "CausalLMFusedLoss")
-            bound.append(f"{family.head} -> CausalLMFusedLoss")
+            register_external_layer(getattr(modeling, family.head), family.head_kernel)
+            bound.append(f"{family.head} -> {family.head_kernel}")
         if family.rotary:
             for device in devices:
                 register_function_kernel(func_name="apply_rotary_pos_emb", target_module=family.module,
@@ -234,6 +241,6 @@ def coverage_table() -> str:
         cells = [", ".join(f"{c} → {spec[1]}" + (within if "." in c else "") for spec in specs if spec
                            for c in spec[0]) or "—" for specs in ((f.norms,), (f.mlps, f.experts))]
         cells.append("; ".join([f.rotary] * bool(f.rotary) + [f"{n} → {k}" for n, k in f.functions]) or "—")
-        cells.append(f"{f.head} → CausalLMFusedLoss" if f.head else "—")
+        cells.append(f"{f.head} → {f.head_kernel}" if f.head else "—")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {f.not_covered} |")
     return "\n".join(lines)

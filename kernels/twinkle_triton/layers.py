@@ -19,7 +19,7 @@ from torch import nn
 
 from .transformers_api import CACHE_ARGUMENT
 from .add_gelu import add_gelu
-from .causal_lm import CausalLMFusedLoss  # noqa: F401  (a layer too: the causal-LM head with fused loss)
+from .causal_lm import CausalLMFusedLoss, MoECausalLMFusedLoss  # noqa: F401  (layers too: the causal-LM heads with fused loss)
 from .fp32_norm import layer_norm, rms_norm_fp32
 from .gelu_mul import gelu_mul
 # transformers' MoE *Experts: the SiLU·mul kernel; GPT-OSS's clamped SwiGLU

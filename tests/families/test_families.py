@@ -43,7 +43,7 @@ EAGER_CASES = [(f, torch.float32) for f in FAMILIES] + [(f, torch.bfloat16) for 
 def _expected_swaps(family: str) -> set[str]:
     f = BUILTIN_MODELS[family]
     want = {f"{c.rpartition('.')[2]}->{spec[1]}" for spec in (f.norms, f.mlps, f.experts) if spec for c in spec[0]}
-    return want | ({f"{f.head}->CausalLMFusedLoss"} if f.head else set())
+    return want | ({f"{f.head}->{f.head_kernel}"} if f.head else set())
 
 
 def _functions(family: str) -> dict[str, str]:
@@ -435,3 +435,35 @@ def test_explain_cli_builds_every_family(family, capsys, device):
     assert main(["explain", "--config", family, "--summary", "--device", device]) == 0
     out = capsys.readouterr().out
     assert "swapped" in out and "RMSNorm" in out
+
+
+_MOE_HEADS = sorted(name for name, f in BUILTIN_MODELS.items() if f.head and f.head_kernel == "MoECausalLMFusedLoss")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", _MOE_HEADS)
+@pytest.mark.parametrize("asked_by", ["config", "argument"])
+def test_moe_head_adds_the_router_loss_as_the_original_does(family, asked_by, device):
+    use_builtin_kernels(devices=(device,), models=(family,))
+    model = tiny_model(family, output_router_logits=asked_by == "config", router_aux_loss_coef=0.5).train()
+    ids = torch.randint(3, 128, (2, 9), device=device)
+    ask = {} if asked_by == "config" else {"output_router_logits": True}
+
+    def step():
+        out = model(ids, labels=ids, **ask)
+        params = [p for p in model.parameters() if p.requires_grad]
+        grads = dict(zip([n for n, p in model.named_parameters() if p.requires_grad],
+                         torch.autograd.grad(out.loss, params, allow_unused=True)))
+        return out, grads
+
+    want, want_grads = step()
+    kernelize_model(model, mode="train", use_fallback=False)
+    assert swapped_forward(model).kernel_name == "MoECausalLMFusedLoss"
+    got, grads = step()
+    assert got.logits is None and got.aux_loss is not None and len(got.router_logits) == len(want.router_logits)
+    torch.testing.assert_close(got.aux_loss, want.aux_loss, **TOLERANCE[torch.float32])
+    torch.testing.assert_close(got.loss, want.loss, **TOLERANCE[torch.float32])  # the cross-entropy + 0.5 x aux
+    _assert_grads_close(grads, want_grads, torch.float32)
+    with torch.no_grad():  # no router loss asked for: none added, none returned
+        plain = model(ids, labels=ids, output_router_logits=False)
+    assert plain.aux_loss is None

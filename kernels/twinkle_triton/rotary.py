@@ -296,6 +296,11 @@ def _check_shapes(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim:
                 f"apply_rotary_pos_emb: {name} of shape {tuple(t.shape)} would broadcast q "
                 f"{tuple(q.shape)} to a larger shape; pass [batch, seq, dim] (or [1, seq, dim])."
             )
+        if t.shape[-1] != q.shape[-1]:  # a last dimension of 1 broadcasts in PyTorch; the kernel reads whole rows
+            raise ValueError(
+                f"apply_rotary_pos_emb: {name} of shape {tuple(t.shape)} has {t.shape[-1]} angle(s) per position "
+                f"for heads of {q.shape[-1]}; pass one per column ({name}.expand(*{name}.shape[:-1], {q.shape[-1]}))."
+            )
 
 
 def apply_rotary_pos_emb(

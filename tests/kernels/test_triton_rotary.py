@@ -51,6 +51,21 @@ def test_general_cos_sin_halves_and_batch_broadcast():
     )
 
 
+@pytest.mark.parametrize("batch_rows", [1, 2])
+def test_one_angle_per_position_is_refused_and_its_expansion_is_right(batch_rows):
+    """A last dimension of 1 broadcasts in the reference; the kernel reads a row of head-dim angles."""
+    q, k, _, _ = _qkv(2, 3, 2, 1, 8, torch.float32, 1)
+    cos, sin = torch.randn(batch_rows, 3, 1), torch.randn(batch_rows, 3, 1)
+    with pytest.raises(ValueError, match=r"cos of shape .* has 1 angle\(s\) per position for heads of 8.*expand"):
+        tt.apply_rotary_pos_emb(q, k, cos, sin)
+    cos, sin = cos.expand(batch_rows, 3, 8), sin.expand(batch_rows, 3, 8)
+    check_forward_backward(
+        lambda q, k: tt.apply_rotary_pos_emb(q, k, cos, sin),
+        lambda q, k: tt.apply_rotary_pos_emb_reference(q, k, cos, sin),
+        (q, k), torch.float32, "rotary expanded cos/sin",
+    )
+
+
 def test_gradcheck_fp64():
     q, k, cos, sin = _qkv(1, 3, 2, 1, 4, torch.float64, 1)
     q, k = q.detach().requires_grad_(), k.detach().requires_grad_()

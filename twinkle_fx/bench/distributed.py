@@ -1,6 +1,10 @@
-"""Data-parallel training of a Qwen2ForCausalLM with twinkle_fx kernels: DDP or FSDP2, on N GPUs or CPU processes.
+"""The distributed training benchmark: a transformers causal LM trained with twinkle_fx kernels under DDP or
+FSDP2, on N GPUs or CPU processes (``torchrun --nproc_per_node N -m twinkle_fx.bench.distributed ...``; one
+process with ``python -m twinkle_fx.bench.distributed --parallel none ...``).
 
-Every rank builds the same model from the same seed, takes its own shard of the same global batch
+``--model`` picks the architecture (``qwen2``: Qwen2ForCausalLM; ``llama3b``: LlamaForCausalLM) and ``--size``
+its shape: ``reference`` is the model's own (Qwen2-0.5B, Llama-3.2-3B), ``tiny`` and ``small`` shrink it for CPU
+processes. Every rank builds the same model from the same seed, takes its own shard of the same global batch
 (``--batch`` rows per rank and micro-step; the global batch depends only on ``--seed``, the
 micro-step and ``batch x world size``), so the losses of a 2-process run equal those of a 1-process
 run with twice the ``--batch``. At the end rank 0 prints ONE table for the run: global tokens/s and
@@ -15,7 +19,8 @@ then ``backend="twinkle"`` compiles the rest). ``--no-fused-loss`` leaves the he
 Whole-model compilation compiles the DDP- or FSDP2-wrapped model, so DDP's graph splitting at
 bucket boundaries (Dynamo's DDPOptimizer, ``--optimize-ddp``) is part of what runs; ``--regional``
 compiles each decoder layer instead (``twinkle_fx.compile.regional.compile_layers``: one small
-graph all layers share, the head installed eagerly on the uncompiled root).
+graph all layers share, the head installed eagerly on the uncompiled root; ``--backend inductor
+--regional``: ``torch.compile`` of each layer).
 
 Options a training run needs: ``--mixed-precision`` (FSDP2's MixedPrecisionPolicy: fp32 master
 weights, bf16 parameters in compute, fp32 gradient reduction), ``--checkpoint`` (activation
@@ -25,31 +30,34 @@ captured by compiled autograd, gradients reduced by DDP's Python reducer), ``--c
 graphs replayed as CUDA graphs, ``mode="reduce-overhead"``: under DDP or with ``--accum`` each parameter
 gets its own ``.grad`` buffer, zeroed in place, because a gradient that *is* a CUDA graph's output is
 overwritten by the next replay, pytorch/pytorch#169545; a single-device step without accumulation takes
-the graph's gradients as they are; under FSDP2 the gathered parameters are copied into the graphs at
-each replay, since FSDP2 gathers them into new memory every step, and ``--accum`` is refused). DDP's own
-costs: ``--ddp-comm-hook allreduce`` (one division per bucket instead of one per gradient),
-``--no-broadcast-buffers``, ``--ddp-static-graph``, ``--grad-as-bucket-view``. ``--profile DIR`` runs three more
-steps under torch.profiler on every rank and writes a Chrome trace and a report (device vs wall time,
-top kernels, NCCL included) per rank.
+the graph's gradients as they are; under FSDP2 the twinkle backend copies the gathered parameters into the
+graphs at each replay, since FSDP2 gathers them into new memory every step, ``--backend inductor`` is refused
+(it would record the graphs again every step) and so is ``--accum``). FSDP2's own choices:
+``--reshard-after-forward true|false|N``, ``--prefetch N`` (explicit all-gather prefetching), ``--fused-adamw``
+(the fused optimizer on the shards). DDP's own costs: ``--ddp-comm-hook allreduce`` (one division per bucket
+instead of one per gradient), ``--no-broadcast-buffers``, ``--ddp-static-graph``, ``--grad-as-bucket-view``.
+``--profile DIR`` runs three more steps under torch.profiler on every rank and writes a Chrome trace and a
+report (device vs wall time, top kernels, NCCL included) per rank.
 
-Run on GPUs (NCCL), the reference size:
+Run on GPUs (NCCL), the reference sizes:
 
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle --regional
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel fsdp2 --backend twinkle \
-        --regional --mixed-precision
+    torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --size reference --parallel ddp --backend twinkle \
+        --regional
+    torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --model llama3b --size reference --parallel fsdp2 \
+        --backend twinkle --regional --fused-adamw
 
 The single-GPU baselines of a 2-GPU run (the same per-GPU batch for speed, the 2-GPU global batch
 for the losses), then the 2-GPU run compared with them:
 
-    python examples/train_distributed.py --size reference --parallel none --backend twinkle --compare-single 2 \
+    python -m twinkle_fx.bench.distributed --size reference --parallel none --backend twinkle --compare-single 2 \
         --out single.json
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle \
+    torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --size reference --parallel ddp --backend twinkle \
         --baseline single.json --out ddp.json
 
 Without a GPU (gloo on CPU, the Triton kernels through the interpreter), the tiny size (the default):
 
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size tiny --parallel ddp --backend kernelize
+    torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --model llama3b --size tiny --parallel fsdp2 \
+        --backend kernelize
 """
 
 from __future__ import annotations
@@ -59,11 +67,10 @@ import contextlib
 import gc
 import json
 import os
-import statistics
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -73,101 +80,36 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-if not torch.cuda.is_available():
-    # No GPU: the Triton kernels run through the interpreter (must be set before triton.jit runs).
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-SIZES: dict[str, dict[str, Any]] = {
-    # small enough for the Triton interpreter on a 2-core CPU, big enough (4 MB in fp32) that DDP
-    # buckets of 1 MB (the least DDPOptimizer accepts: its first bucket is 1 MB) split it in several
-    "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=256),
-    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=8192),
-    # the reference workload of the benchmark harness (twinkle_fx/bench/workloads.py: "qwen2"): the Qwen2-0.5B shape
-    "reference": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                      num_key_value_heads=2, vocab_size=151936),
-}
-# per-rank batch x sequence length when not given
-DEFAULT_SHAPE = {"tiny": (1, 8), "small": (4, 256), "reference": (4, 1024)}
-
+from .distributed_models import DEFAULT_SHAPE, MODELS, SIZES, build_model, global_batch  # noqa: E402
+from .distributed_results import (  # noqa: E402
+    COMPILED, RankSwaps, RunResult, describe_args, kernel_swaps_compiled, load_baseline, table,
+)
 
 BACKENDS = ("eager", "inductor", "twinkle", "kernelize", "kernelize+twinkle")
-COMPILED = ("inductor", "twinkle", "kernelize+twinkle")
 
 
-@dataclass
-class RankSwaps:
-    """What twinkle_fx swapped on one rank: compile-report regions and eagerly swapped modules/functions."""
-
-    rank: int
-    graphs: int = 0
-    graph_breaks: int = 0
-    swapped: dict[str, int] = field(default_factory=dict)  # "layer Qwen2RMSNorm -> RMSNorm": count
-    kept: dict[str, int] = field(default_factory=dict)  # "<target>: <reason>": count
-    graphs_with_swaps: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(self.swapped.values())
-
-    def short(self) -> str:
-        """``97 (26 graphs)``: swaps, and the compiled graphs when there are any."""
-        return f"{self.total}" + (f" ({self.graphs} graph(s), {self.graphs_with_swaps} with swaps)" if self.graphs else "")
-
-    def __str__(self) -> str:
-        head = f"rank {self.rank}: {self.total} swap(s)"
-        if self.graphs:
-            head += (f"; {self.graphs} compiled graph(s), {self.graphs_with_swaps} with backend swaps,"
-                     f" {self.graph_breaks} ended at a graph break")
-        lines = [head, *(f"  {n} x {what}" for what, n in sorted(self.swapped.items()))]
-        lines += [f"  kept {n} x {what}" for what, n in sorted(self.kept.items())]
-        return "\n".join(lines)
-
-
-@dataclass
-class RunResult:
-    """What rank 0 reports (``--out`` writes it)."""
-
-    args: dict[str, Any]
-    world_size: int
-    device: str
-    losses: list[float]
-    tokens_per_s: list[float]
-    swaps: list[RankSwaps]
-    step_ms: list[float] = field(default_factory=list)
-    peak_gib: list[float | None] = field(default_factory=list)  # per rank: torch.cuda.max_memory_allocated
-    cudagraphs: list[str] = field(default_factory=list)  # per rank, --cudagraphs: cudagraph_tree_summary()
-
-    @property
-    def _steady(self) -> list[float]:
-        return self.step_ms[2:] or self.step_ms  # after compilation and CUDA-graph recording
-
-    @property
-    def steady_ms(self) -> float:
-        """Median step time after the first two steps (or over all when fewer). The median, not the mean:
-        one step that stalls on the host (a 655 ms step among 50 ms ones, seen on a GPU run) would
-        otherwise move the figure, and every ratio taken from it, by half."""
-        return statistics.median(self._steady)
-
-    @property
-    def spread_ms(self) -> tuple[float, float]:
-        """The fastest and slowest step of those :attr:`steady_ms` is the median of."""
-        return min(self._steady), max(self._steady)
-
-    @property
-    def steady_tokens_per_s(self) -> float:
-        """Global tokens per second at the median step time (:attr:`steady_ms`)."""
-        a = self.args
-        return a["batch"] * self.world_size * a["seq"] * a["accum"] / (self.steady_ms / 1e3)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "steady_ms": self.steady_ms, "steady_tokens_per_s": self.steady_tokens_per_s}
+def _reshard_after_forward(value: str) -> bool | int:
+    """``--reshard-after-forward``: ``true``, ``false`` or a group size (an int of 2 or more)."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if size < 2:
+        raise argparse.ArgumentTypeError(f"takes true, false or a group size of 2 or more ranks, not {value!r}")
+    return size
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=tuple(SIZES), default="tiny")
+    parser = argparse.ArgumentParser(prog="python -m twinkle_fx.bench.distributed",
+                                     description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("--model", choices=tuple(MODELS), default="qwen2",
+                        help="qwen2: Qwen2ForCausalLM, reference size Qwen2-0.5B; llama3b: LlamaForCausalLM, "
+                             "reference size Llama-3.2-3B")
+    parser.add_argument("--size", choices=SIZES, default="tiny",
+                        help="reference: the --model's own shape; tiny and small: the same architecture shrunk for "
+                             "CPU processes and the Triton interpreter")
     parser.add_argument("--parallel", choices=("ddp", "fsdp2", "none"), default="ddp",
                         help="none: one process, no wrapper and no process group (the single-GPU baseline)")
     parser.add_argument("--backend", choices=BACKENDS, default="twinkle")
@@ -185,15 +127,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="parameter dtype (default: bf16 on GPU, fp32 on CPU; fp32 with --mixed-precision)")
     parser.add_argument("--mixed-precision", action="store_true",
                         help="FSDP2 MixedPrecisionPolicy: fp32 master weights, bf16 compute, fp32 gradient reduction")
-    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
-                        help="FSDP2 fully_shard(reshard_after_forward=False): each layer keeps its gathered "
-                             "parameters from its forward to its backward (no second all-gather per layer, at the "
-                             "cost of holding them: ZeRO-2's memory, not ZeRO-3's)")
+    parser.add_argument("--reshard-after-forward", type=_reshard_after_forward, default=True, metavar="true|false|N",
+                        help="FSDP2 fully_shard(reshard_after_forward=...) of every decoder layer: true (the default) "
+                             "frees each layer's gathered parameters after its forward and gathers them again for "
+                             "its backward; false keeps them from forward to backward (no second all-gather per "
+                             "layer, at the cost of holding them: ZeRO-2's memory, not ZeRO-3's); N keeps them "
+                             "sharded over groups of N ranks in between (N divides the world size, 1 < N < world), "
+                             "so the backward's all-gather stays within the group")
+    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,
+                        help="the same as --reshard-after-forward false")
+    parser.add_argument("--prefetch", type=int, default=0, metavar="N",
+                        help="FSDP2: each decoder layer starts the all-gathers of the next N layers in its forward "
+                             "(set_modules_to_forward_prefetch) and of the N before it in its backward "
+                             "(set_modules_to_backward_prefetch); 0 (the default) leaves FSDP2's own order: "
+                             "forward all-gathers issued as each layer starts, one layer ahead in backward")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--fused-adamw", action="store_true",
                         help="AdamW(fused=True): one fused kernel set for the whole step instead of torch's "
-                             "default multi-tensor one (the optimizer step is 19.5 ms of an FSDP2 step on DTensors)")
+                             "default multi-tensor one (the optimizer step is 19.5 ms of an FSDP2 step on DTensors); "
+                             "under FSDP2 it updates each rank's shards (DTensors) in place")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bucket-cap-mb", type=float, default=None,
                         help="DDP bucket size; small values give several buckets, so DDPOptimizer splits the graph")
@@ -248,8 +201,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.mixed_precision and args.parallel != "fsdp2":
         parser.error("--mixed-precision is FSDP2's MixedPrecisionPolicy: use it with --parallel fsdp2 "
                      "(DDP and none train in --dtype)")
-    if not args.reshard_after_forward and args.parallel != "fsdp2":
-        parser.error("--no-reshard-after-forward is an FSDP2 option: use it with --parallel fsdp2")
+    if (args.reshard_after_forward is not True or args.prefetch) and args.parallel != "fsdp2":
+        parser.error("--reshard-after-forward, --no-reshard-after-forward and --prefetch are FSDP2 options: use "
+                     "them with --parallel fsdp2")
+    if args.prefetch < 0:
+        parser.error(f"--prefetch must be 0 or more layers, got {args.prefetch}")
     if args.mixed_precision and args.dtype == "bf16":
         parser.error("--mixed-precision keeps fp32 master weights: leave --dtype out (or fp32)")
     if args.compiled_autograd:
@@ -266,6 +222,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.optimize_ddp = args.optimize_ddp or ("no_optimization" if args.regional else "ddp_optimizer")
     if args.cudagraphs and (not compiled or args.compiler != "inductor"):
         parser.error("--cudagraphs needs a compiled --backend with --compiler inductor")
+    if args.cudagraphs and args.parallel == "fsdp2" and args.backend == "inductor":
+        parser.error("--backend inductor --cudagraphs under FSDP2: Inductor's CUDA graphs read every parameter at "
+                     "the address they were recorded with, and FSDP2 gathers the parameters into new memory every "
+                     "step, so the graphs are recorded again and again (measured on an H100, the Qwen2-0.5B shape, "
+                     "regional: 192 to 240 graphs instead of 48, steps of 1.7 s while re-recording); use --backend "
+                     "twinkle --cudagraphs (it copies FSDP2's parameters into the graphs at each replay) or leave "
+                     "--cudagraphs out")
     if args.cudagraphs and args.parallel == "fsdp2" and args.accum > 1:
         parser.error("--cudagraphs with FSDP2 and --accum: between micro-steps FSDP2 keeps each unsharded "
                      "parameter's gradient, which is the backward graph's output, and the next replay overwrites it "
@@ -315,27 +278,6 @@ def init_distributed(parallel: str = "ddp") -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def build_model(size: str, dtype: torch.dtype, device: torch.device, seed: int) -> torch.nn.Module:
-    """The same weights on every rank: built on CPU from ``seed``, then moved (``from_config(dtype=...)``
-    keeps the rotary ``inv_freq`` fp32 as in real bf16 training)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(**SIZES[size], tie_word_embeddings=True, max_position_embeddings=4096,
-                         attn_implementation="sdpa", use_cache=False)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM._from_config(config, dtype=dtype)
-    return model.to(device).train()
-
-
-def global_batch(step: int, rows: int, seq: int, vocab: int, seed: int) -> torch.Tensor:
-    """Micro-step ``step``'s global batch (on CPU), learnable: each row counts up from a random start by a
-    random stride in 1..7 (mod vocab), so the loss falls as the model picks the rule up."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    start = torch.randint(0, vocab, (rows, 1), generator=generator)
-    stride = torch.randint(1, 8, (rows, 1), generator=generator)
-    return (start + stride * torch.arange(seq)) % vocab
-
-
 def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
     if args.parallel == "none":
         return model
@@ -360,10 +302,29 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device)
     if args.mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     # one FSDP group per decoder layer, the root holds the (tied) embedding / LM head and final norm
-    for layer in model.model.layers:
+    layers = list(model.model.layers)
+    for layer in layers:
         fully_shard(layer, reshard_after_forward=args.reshard_after_forward, **kwargs)
     fully_shard(model, **kwargs)
+    if args.prefetch:
+        # explicit prefetching: more all-gathers in flight (more gathered layers held) for more overlap
+        for i, layer in enumerate(layers):
+            layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + args.prefetch])
+            layer.set_modules_to_backward_prefetch(layers[max(0, i - args.prefetch):i][::-1])
     return model
+
+
+def check_world(args: argparse.Namespace, world: int) -> None:
+    """What only the world size decides.
+
+    Raises:
+        ValueError: ``--reshard-after-forward N`` where N does not split ``world`` into groups of N ranks.
+    """
+    n = args.reshard_after_forward
+    if not isinstance(n, bool) and (world % n or not 1 < n < world):
+        raise ValueError(f"--reshard-after-forward {n}: FSDP2 reshards each layer to groups of {n} ranks after its "
+                         f"forward, so {n} must divide the world size {world} and lie between 2 and {world - 1}"
+                         + ("; on 2 ranks use true or false" if world == 2 else ""))
 
 
 def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
@@ -402,15 +363,6 @@ def kernel_swaps_eager(model: torch.nn.Module) -> dict[str, int]:
     )
     swapped.update(f"patched {name}" for name in patched_functions())
     return dict(swapped)
-
-
-def kernel_swaps_compiled(rank: int, report) -> RankSwaps:
-    return RankSwaps(
-        rank, graphs=report.graph_count, graph_breaks=report.graph_breaks,
-        swapped=dict(Counter(f"{r.kind} {r.target}" for r in report.swapped)),
-        kept=dict(Counter(f"{r.kind} {r.target}: {r.reason}" for r in report.not_swapped)),
-        graphs_with_swaps=sum(any(r.swapped for r in g.regions) for g in report.graphs),
-    )
 
 
 def _gather(value: Any, world: int) -> list[Any]:
@@ -458,6 +410,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
 
     default = "fp32" if args.mixed_precision or device.type != "cuda" else "bf16"
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or default]
+    check_world(args, world)
     torch._dynamo.reset()
     if device.type == "cuda":
         gc.collect()  # an earlier run's model, optimizer and graphs (reference cycles) go before the peak is reset
@@ -467,8 +420,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     with torch._dynamo.config.patch(**patches), twinkle_fx.scoped_registry(), collect_reports() as report:
         kernelize = args.backend.startswith("kernelize")
         if args.backend not in ("eager", "inductor"):
-            use_builtin_kernels(devices=(device.type,), models=("qwen2",), fused_loss=args.fused_loss)
-        model = build_model(args.size, dtype, device, args.seed)
+            use_builtin_kernels(devices=(device.type,), models=(MODELS[args.model].family,), fused_loss=args.fused_loss)
+        model = build_model(args.model, args.size, dtype, device, args.seed)
         if args.checkpoint:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if kernelize:
@@ -557,113 +510,38 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def describe(result: RunResult) -> str:
-    """One line naming the run: ``ddp x 2 · twinkle (inductor), regional · bf16 · 4 x 1024 per rank``."""
-    return _describe(result.args, result.world_size, result.device)
-
-
-def describe_args(args: argparse.Namespace, world: int, device: torch.device) -> str:
-    return _describe(vars(args), world, str(device))
-
-
-def _describe(a: dict[str, Any], world: int, device: str) -> str:
-    where = "1 device, no wrapper" if a["parallel"] == "none" else f"{a['parallel']} x {world}"
-    backend = a["backend"] + (f" ({a['compiler']})" if a["backend"].endswith("twinkle") else "")
-    backend += ", regional" if a["regional"] else ""
-    backend += ", CUDA graphs" if a.get("cudagraphs") else ""
-    backend += "" if a["fused_loss"] else ", no fused-loss head"
-    precision = "mixed bf16/fp32" if a["mixed_precision"] else (a["dtype"] or ("bf16" if "cuda" in device else "fp32"))
-    parts = [where, backend, precision, f"{a['batch']} x {a['seq']} per rank"]
-    parts += [f"accum {a['accum']}"] if a["accum"] > 1 else []
-    parts += ["activation checkpointing"] if a["checkpoint"] else []
-    parts += ["no reshard after forward"] if not a.get("reshard_after_forward", True) else []
-    parts += ["tied embedding reduced early"] if a.get("tied_embedding_ddp") else []
-    parts += ["all-reduce comm hook"] if a.get("ddp_comm_hook", "none") != "none" else []
-    parts += ["no buffer broadcast"] if not a.get("broadcast_buffers", True) else []
-    parts += ["static graph"] if a.get("ddp_static_graph") else []
-    parts += ["grads as bucket views"] if a.get("grad_as_bucket_view") else []
-    parts += ["persistent grads"] if a.get("persistent_grads") else []
-    if a["parallel"] == "ddp" and a["backend"] in COMPILED:
-        parts.append(f"optimize_ddp {a['optimize_ddp']}")
-    parts += ["compiled autograd"] if a["compiled_autograd"] else []
-    return " · ".join(parts)
-
-
-def _short(what: str) -> str:
-    """``layer Qwen2RMSNorm -> RMSNorm`` -> ``RMSNorm``; ``function ...apply_rotary_pos_emb`` -> ``apply_rotary_pos_emb``."""
-    return what.split(" -> ")[-1].rsplit(".", 1)[-1]
-
-
-def table(result: RunResult, baseline: list[RunResult] = ()) -> str:
-    """The run's table (markdown); with ``baseline`` (single-device runs), the speed-up over the one
-    with this run's per-rank batch and the loss difference from the one with its global batch."""
-    a = result.args
-    peak = ", ".join("-" if p is None else f"{p:.2f}" for p in result.peak_gib)
-    rows = [
-        ("tokens/s (global, median step of 3+)", f"{result.steady_tokens_per_s:,.0f}"),
-        ("ms/step (median; fastest-slowest)", f"{result.steady_ms:.1f} ({result.spread_ms[0]:.1f}-{result.spread_ms[1]:.1f})"),
-        ("first step s (compile)", f"{result.step_ms[0] / 1e3:.1f}"),
-        ("peak GiB per GPU (rank 0, 1, ...)", peak),
-        ("loss per step", ", ".join(f"{x:.4f}" for x in result.losses)),
-        ("swaps per rank", "; ".join(f"r{s.rank}: {s.short()}" for s in result.swaps)),
-    ]
-    if result.cudagraphs:
-        rows.append(("CUDA graphs (rank 0)", result.cudagraphs[0]))
-    first = result.swaps[0]
-    if first.swapped:
-        rows.append(("swapped (rank 0)", ", ".join(f"{n} x {_short(w)}" for w, n in sorted(first.swapped.items()))))
-    if first.kept:
-        rows.append(("kept (rank 0)", "; ".join(f"{n} x {w}" for w, n in sorted(first.kept.items()))))
-    same = ("seq", "accum", "steps", "seed", "size", "lr")
-    for ref in baseline:
-        r = ref.args
-        if ref.world_size != 1 or any(r[k] != a[k] for k in same) or ref is result:
-            continue
-        if r["batch"] == a["batch"]:
-            rows.append((f"vs 1 device, {r['batch']} x {r['seq']} ({r['backend']}{', regional' if r['regional'] else ''})",
-                         f"{result.steady_tokens_per_s / ref.steady_tokens_per_s:.2f}x "
-                         f"({ref.steady_tokens_per_s:,.0f} tokens/s)"))
-        if r["batch"] == a["batch"] * result.world_size and len(ref.losses) == len(result.losses):
-            diff = max(abs(x - y) for x, y in zip(result.losses, ref.losses))
-            rel = max(abs(x - y) / abs(y) for x, y in zip(result.losses, ref.losses))
-            rows.append((f"losses vs 1 device, global batch {r['batch']} x {r['seq']}",
-                         f"max |diff| {diff:.2e} (relative {rel:.1e})"))
-    width = max(len(k) for k, _ in rows)
-    lines = [f"| {describe(result)} | |", "|---|---|", *(f"| {k.ljust(width)} | {v} |" for k, v in rows)]
-    return "\n".join(lines)
-
-
-def load_baseline(path: str) -> list[RunResult]:
-    with open(path) as f:
-        runs = json.load(f)["runs"]
-    keep = {f.name for f in fields(RunResult)}
-    return [RunResult(**{**{k: v for k, v in run.items() if k in keep},
-                         "swaps": [RankSwaps(**s) for s in run["swaps"]]}) for run in runs]
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not torch.cuda.is_available():
+        from twinkle_fx.core.settings import use_triton_interpreter
+
+        use_triton_interpreter(command="python -m twinkle_fx.bench.distributed")  # before the kernels are imported
     baseline = [run for path in args.baseline for run in load_baseline(path)]
     rank, world, device = init_distributed(args.parallel)
     try:
+        try:
+            check_world(args, world)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
         configs = [args]
         if args.compare_single:
             configs.append(argparse.Namespace(**{**vars(args), "batch": args.batch * args.compare_single}))
         results = []
         for config in configs:
             if rank == 0:
-                print(f"{config.parallel} x {world} on {device.type}, backend {config.backend}, size {config.size}, "
+                print(f"{config.parallel} x {world} on {device.type}, backend {config.backend}, model {config.model} "
+                      f"size {config.size}, "
                       f"batch {config.batch} x {config.seq} per rank", flush=True)
             results.append(train(config, rank, world, device))
         if rank == 0:
             tables = [table(result, [*baseline, *results]) for result in results]
             print("\n\n".join(tables), flush=True)
             if args.out:
-                versions = {"torch": torch.__version__,
-                            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+                from .environment import describe_environment
+
                 with open(args.out, "w") as f:
-                    json.dump({"versions": versions, "runs": [r.to_json() for r in results], "tables": tables}, f,
-                              indent=1)
+                    json.dump({"environment": describe_environment(device), "runs": [r.to_json() for r in results],
+                               "tables": tables}, f, indent=1)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,98 @@
+"""Train a Hugging Face causal LM on several GPUs with DDP or FSDP2 and the twinkle_fx kernels.
+
+    torchrun --nproc_per_node 2 examples/train_distributed.py --model meta-llama/Llama-3.2-3B --parallel fsdp2
+    torchrun --nproc_per_node 2 examples/train_distributed.py --tiny      # CPU processes (gloo), a tiny Llama
+
+The built-in kernels of the model's family (norms, MLP, rotary embedding, fused LM-head loss) are bound, then
+every decoder layer is compiled with ``backend="twinkle"`` (``compile_layers``: one graph the layers share)
+before DDP or ``fully_shard`` wraps the model. The steps train on random tokens; put your data loader there.
+The benchmark behind the measured numbers is ``python -m twinkle_fx.bench.distributed`` (docs/distributed.md).
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+if not torch.cuda.is_available():
+    # no GPU: the Triton kernels run through the interpreter (set before triton.jit runs)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from twinkle_fx.builtin import BUILTIN_MODELS, use_builtin_kernels  # noqa: E402
+from twinkle_fx.compile.regional import compile_layers, repeated_layers  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="meta-llama/Llama-3.2-1B", help="a Hugging Face causal-LM name or path")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of --model (no download)")
+    parser.add_argument("--parallel", choices=("ddp", "fsdp2"), default="fsdp2")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=None, help="sequences per GPU (default 4; 2 with --tiny)")
+    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 1024; 16 with --tiny)")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    return parser.parse_args()
+
+
+def load_model(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if not args.tiny:
+        return AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device)
+    config = LlamaConfig(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, tie_word_embeddings=True)
+    torch.manual_seed(0)  # every rank starts from the same weights
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
+
+
+def main() -> None:
+    args = parse_args()
+    batch, seq = args.batch or (2 if args.tiny else 4), args.seq or (16 if args.tiny else 1024)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    model = load_model(args, device).train()
+    if model.config.model_type in BUILTIN_MODELS:
+        use_builtin_kernels(devices=(device.type,), models=(model.config.model_type,))
+    layers = repeated_layers(model)
+    # Inductor on a GPU; on the CPU aot_eager (Inductor's C++ build takes minutes on a few cores)
+    compile_layers(model, layers=layers, options={"compiler": "inductor" if cuda else "aot_eager"})
+    if args.parallel == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in layers:  # one all-gather / reduce-scatter group per decoder layer, the rest on the root
+            fully_shard(layer)
+        wrapped = fully_shard(model)
+    else:
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    # fused: one kernel set for the whole update (FSDP2: on each rank's shards)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=cuda)
+
+    generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
+    for step in range(args.steps):
+        input_ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator).to(device)
+        start = time.perf_counter()
+        loss = wrapped(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        mean = loss.detach().float()
+        dist.all_reduce(mean)  # a sum: gloo has no average
+        mean = mean.item() / world  # waits for the step to finish
+        elapsed = time.perf_counter() - start
+        if rank == 0:
+            print(f"step {step}  loss {mean:.4f}  {batch * seq * world / elapsed:,.0f} tokens/s", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -57,7 +57,7 @@ for the losses), then the 2-GPU run compared with them:
 Without a GPU (gloo on CPU, the Triton kernels through the interpreter), the tiny size (the default):
 
     torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --model llama3b --size tiny --parallel fsdp2 \
-        --backend kernelize
+        --backend twinkle --compiler aot_eager --regional
 """
 
 from __future__ import annotations
@@ -542,6 +542,10 @@ def main(argv: list[str] | None = None) -> int:
                 with open(args.out, "w") as f:
                     json.dump({"environment": describe_environment(device), "runs": [r.to_json() for r in results],
                                "tables": tables}, f, indent=1)
+        if dist.is_initialized():
+            # the other ranks wait while rank 0 writes: a gloo rank that tears its connections down while a peer
+            # still holds them aborts its process at exit ("terminate called without an active exception")
+            dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

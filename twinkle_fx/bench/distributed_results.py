@@ -10,7 +10,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["COMPILED", "RankSwaps", "RunResult", "describe", "describe_args", "kernel_swaps_compiled", "load_baseline", "table"]
+__all__ = ["COMPILED", "RankSwaps", "RunResult", "describe", "describe_args", "kernel_swaps_compiled", "load_baseline",
+           "table"]
 # the --backend values that compile
 COMPILED = ("inductor", "twinkle", "kernelize+twinkle")
 
@@ -162,7 +163,8 @@ def table(result: RunResult, baseline: list[RunResult] = ()) -> str:
         if ref.world_size != 1 or any(r.get(k, d) != a.get(k, d) for k, d in same.items()) or ref is result:
             continue
         if r["batch"] == a["batch"]:
-            how = r["backend"] + (", regional" if r["regional"] else "") + (", CUDA graphs" if r.get("cudagraphs") else "")
+            how = (r["backend"] + (", regional" if r["regional"] else "")
+                   + (", CUDA graphs" if r.get("cudagraphs") else ""))
             peaks = [p for p in result.peak_gib if p is not None]
             memory = (f"; peak {max(peaks) / ref.peak_gib[0]:.2f}x ({ref.peak_gib[0]:.2f} GiB)"
                       if peaks and ref.peak_gib and ref.peak_gib[0] else "")

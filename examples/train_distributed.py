@@ -1,674 +1,98 @@
-"""Data-parallel training of a Qwen2ForCausalLM with twinkle_fx kernels: DDP or FSDP2, on N GPUs or CPU processes.
+"""Train a Hugging Face causal LM on several GPUs with DDP or FSDP2 and the twinkle_fx kernels.
 
-Every rank builds the same model from the same seed, takes its own shard of the same global batch
-(``--batch`` rows per rank and micro-step; the global batch depends only on ``--seed``, the
-micro-step and ``batch x world size``), so the losses of a 2-process run equal those of a 1-process
-run with twice the ``--batch``. At the end rank 0 prints ONE table for the run: global tokens/s and
-ms/step (steps after the first two), the peak GPU memory of every rank, the loss of every step
-(averaged over ranks and micro-steps) and what twinkle_fx swapped on each rank.
+    torchrun --nproc_per_node 2 examples/train_distributed.py --model meta-llama/Llama-3.2-3B --parallel fsdp2
+    torchrun --nproc_per_node 2 examples/train_distributed.py --tiny      # CPU processes (gloo), a tiny Llama
 
-Backends: ``eager``; ``inductor`` (plain ``torch.compile``); ``twinkle`` (``twinkle_fx.compile``:
-the fused-loss head installed on the model, everything else rewritten by ``backend="twinkle"``;
-``--compiler`` picks its inner compiler); ``kernelize`` (``kernelize_model`` with the built-in
-kernels, eager, the head included); ``kernelize+twinkle`` (both: the eager swaps, head included,
-then ``backend="twinkle"`` compiles the rest). ``--no-fused-loss`` leaves the head unbound for all.
-Whole-model compilation compiles the DDP- or FSDP2-wrapped model, so DDP's graph splitting at
-bucket boundaries (Dynamo's DDPOptimizer, ``--optimize-ddp``) is part of what runs; ``--regional``
-compiles each decoder layer instead (``twinkle_fx.compile.regional.compile_layers``: one small
-graph all layers share, the head installed eagerly on the uncompiled root).
-
-Options a training run needs: ``--mixed-precision`` (FSDP2's MixedPrecisionPolicy: fp32 master
-weights, bf16 parameters in compute, fp32 gradient reduction), ``--checkpoint`` (activation
-checkpointing of every decoder layer), ``--accum N`` (gradient accumulation: N micro-steps per
-optimizer step, gradients synchronised on the last), ``--compiled-autograd`` (DDP: the backward
-captured by compiled autograd, gradients reduced by DDP's Python reducer), ``--cudagraphs`` (the compiled
-graphs replayed as CUDA graphs, ``mode="reduce-overhead"``: under DDP or with ``--accum`` each parameter
-gets its own ``.grad`` buffer, zeroed in place, because a gradient that *is* a CUDA graph's output is
-overwritten by the next replay, pytorch/pytorch#169545; a single-device step without accumulation takes
-the graph's gradients as they are; under FSDP2 the gathered parameters are copied into the graphs at
-each replay, since FSDP2 gathers them into new memory every step, and ``--accum`` is refused). DDP's own
-costs: ``--ddp-comm-hook allreduce`` (one division per bucket instead of one per gradient),
-``--no-broadcast-buffers``, ``--ddp-static-graph``, ``--grad-as-bucket-view``. ``--profile DIR`` runs three more
-steps under torch.profiler on every rank and writes a Chrome trace and a report (device vs wall time,
-top kernels, NCCL included) per rank.
-
-Run on GPUs (NCCL), the reference size:
-
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle --regional
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel fsdp2 --backend twinkle \
-        --regional --mixed-precision
-
-The single-GPU baselines of a 2-GPU run (the same per-GPU batch for speed, the 2-GPU global batch
-for the losses), then the 2-GPU run compared with them:
-
-    python examples/train_distributed.py --size reference --parallel none --backend twinkle --compare-single 2 \
-        --out single.json
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size reference --parallel ddp --backend twinkle \
-        --baseline single.json --out ddp.json
-
-Without a GPU (gloo on CPU, the Triton kernels through the interpreter), the tiny size (the default):
-
-    torchrun --nproc_per_node 2 examples/train_distributed.py --size tiny --parallel ddp --backend kernelize
+The built-in kernels of the model's family (norms, MLP, rotary embedding, fused LM-head loss) are bound, then
+every decoder layer is compiled with ``backend="twinkle"`` (``compile_layers``: one graph the layers share)
+before DDP or ``fully_shard`` wraps the model. The steps train on random tokens; put your data loader there.
+The benchmark behind the measured numbers is ``python -m twinkle_fx.bench.distributed`` (docs/distributed.md).
 """
 
-from __future__ import annotations
-
 import argparse
-import contextlib
-import gc
-import json
 import os
-import statistics
-import sys
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
-from typing import Any
 
-# NVLink multicast (NVLS) stays off on the GPU machines; it must be set before NCCL initialises.
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 if not torch.cuda.is_available():
-    # No GPU: the Triton kernels run through the interpreter (must be set before triton.jit runs).
+    # no GPU: the Triton kernels run through the interpreter (set before triton.jit runs)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-SIZES: dict[str, dict[str, Any]] = {
-    # small enough for the Triton interpreter on a 2-core CPU, big enough (4 MB in fp32) that DDP
-    # buckets of 1 MB (the least DDPOptimizer accepts: its first bucket is 1 MB) split it in several
-    "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=256),
-    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=8192),
-    # the reference workload of the benchmark harness (twinkle_fx/bench/workloads.py: "qwen2"): the Qwen2-0.5B shape
-    "reference": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                      num_key_value_heads=2, vocab_size=151936),
-}
-# per-rank batch x sequence length when not given
-DEFAULT_SHAPE = {"tiny": (1, 8), "small": (4, 256), "reference": (4, 1024)}
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from twinkle_fx.builtin import BUILTIN_MODELS, use_builtin_kernels  # noqa: E402
+from twinkle_fx.compile.regional import compile_layers, repeated_layers  # noqa: E402
 
 
-BACKENDS = ("eager", "inductor", "twinkle", "kernelize", "kernelize+twinkle")
-COMPILED = ("inductor", "twinkle", "kernelize+twinkle")
-
-
-@dataclass
-class RankSwaps:
-    """What twinkle_fx swapped on one rank: compile-report regions and eagerly swapped modules/functions."""
-
-    rank: int
-    graphs: int = 0
-    graph_breaks: int = 0
-    swapped: dict[str, int] = field(default_factory=dict)  # "layer Qwen2RMSNorm -> RMSNorm": count
-    kept: dict[str, int] = field(default_factory=dict)  # "<target>: <reason>": count
-    graphs_with_swaps: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(self.swapped.values())
-
-    def short(self) -> str:
-        """``97 (26 graphs)``: swaps, and the compiled graphs when there are any."""
-        return f"{self.total}" + (f" ({self.graphs} graph(s), {self.graphs_with_swaps} with swaps)" if self.graphs else "")
-
-    def __str__(self) -> str:
-        head = f"rank {self.rank}: {self.total} swap(s)"
-        if self.graphs:
-            head += (f"; {self.graphs} compiled graph(s), {self.graphs_with_swaps} with backend swaps,"
-                     f" {self.graph_breaks} ended at a graph break")
-        lines = [head, *(f"  {n} x {what}" for what, n in sorted(self.swapped.items()))]
-        lines += [f"  kept {n} x {what}" for what, n in sorted(self.kept.items())]
-        return "\n".join(lines)
-
-
-@dataclass
-class RunResult:
-    """What rank 0 reports (``--out`` writes it)."""
-
-    args: dict[str, Any]
-    world_size: int
-    device: str
-    losses: list[float]
-    tokens_per_s: list[float]
-    swaps: list[RankSwaps]
-    step_ms: list[float] = field(default_factory=list)
-    peak_gib: list[float | None] = field(default_factory=list)  # per rank: torch.cuda.max_memory_allocated
-    cudagraphs: list[str] = field(default_factory=list)  # per rank, --cudagraphs: cudagraph_tree_summary()
-
-    @property
-    def _steady(self) -> list[float]:
-        return self.step_ms[2:] or self.step_ms  # after compilation and CUDA-graph recording
-
-    @property
-    def steady_ms(self) -> float:
-        """Median step time after the first two steps (or over all when fewer). The median, not the mean:
-        one step that stalls on the host (a 655 ms step among 50 ms ones, seen on a GPU run) would
-        otherwise move the figure, and every ratio taken from it, by half."""
-        return statistics.median(self._steady)
-
-    @property
-    def spread_ms(self) -> tuple[float, float]:
-        """The fastest and slowest step of those :attr:`steady_ms` is the median of."""
-        return min(self._steady), max(self._steady)
-
-    @property
-    def steady_tokens_per_s(self) -> float:
-        """Global tokens per second at the median step time (:attr:`steady_ms`)."""
-        a = self.args
-        return a["batch"] * self.world_size * a["seq"] * a["accum"] / (self.steady_ms / 1e3)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "steady_ms": self.steady_ms, "steady_tokens_per_s": self.steady_tokens_per_s}
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=tuple(SIZES), default="tiny")
-    parser.add_argument("--parallel", choices=("ddp", "fsdp2", "none"), default="ddp",
-                        help="none: one process, no wrapper and no process group (the single-GPU baseline)")
-    parser.add_argument("--backend", choices=BACKENDS, default="twinkle")
-    parser.add_argument("--compiler", choices=("inductor", "aot_eager", "eager"), default="inductor",
-                        help="inner compiler of the twinkle backends (default inductor)")
-    parser.add_argument("--regional", action="store_true",
-                        help="compile each decoder layer instead of the whole model (compiled backends)")
-    parser.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
-                        help="leave the LM head + loss unswapped (bind no fused-loss head)")
+    parser.add_argument("--model", default="meta-llama/Llama-3.2-1B", help="a Hugging Face causal-LM name or path")
+    parser.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of --model (no download)")
+    parser.add_argument("--parallel", choices=("ddp", "fsdp2"), default="fsdp2")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=None, help="sequences per rank and micro-step (default: 4 for reference)")
-    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: 1024 for reference)")
-    parser.add_argument("--accum", type=int, default=1, help="gradient accumulation: micro-steps per optimizer step")
-    parser.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
-                        help="parameter dtype (default: bf16 on GPU, fp32 on CPU; fp32 with --mixed-precision)")
-    parser.add_argument("--mixed-precision", action="store_true",
-                        help="FSDP2 MixedPrecisionPolicy: fp32 master weights, bf16 compute, fp32 gradient reduction")
-    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_false",
-                        help="FSDP2 fully_shard(reshard_after_forward=False): each layer keeps its gathered "
-                             "parameters from its forward to its backward (no second all-gather per layer, at the "
-                             "cost of holding them: ZeRO-2's memory, not ZeRO-3's)")
-    parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--fused-adamw", action="store_true",
-                        help="AdamW(fused=True): one fused kernel set for the whole step instead of torch's "
-                             "default multi-tensor one (the optimizer step is 19.5 ms of an FSDP2 step on DTensors)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bucket-cap-mb", type=float, default=None,
-                        help="DDP bucket size; small values give several buckets, so DDPOptimizer splits the graph")
-    parser.add_argument("--ddp-static-graph", action="store_true",
-                        help="DDP(static_graph=True): the same parameters get gradients every step, so DDP can fix "
-                             "its bucket order after the first step and skip its per-step search for unused ones")
-    parser.add_argument("--grad-as-bucket-view", action="store_true",
-                        help="DDP(gradient_as_bucket_view=True): .grad tensors are views of the all-reduce buckets "
-                             "(no copy of the gradients into them, one copy less of 1 GB per step for the reference)")
-    parser.add_argument("--ddp-comm-hook", choices=("none", "allreduce"), default="none",
-                        help="allreduce: DDP's built-in C++ all-reduce hook, which divides each bucket once before "
-                             "reducing it; without a hook DDP's reducer divides every gradient on its own (one "
-                             "kernel launch per parameter, 291 for the reference, every step)")
-    parser.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false",
-                        help="DDP(broadcast_buffers=False): rank 0's buffers are not broadcast before every "
-                             "forward (Qwen2's only buffer is the rotary inv_freq, a constant)")
-    parser.add_argument("--persistent-grads", action="store_true",
-                        help="with --cudagraphs and one device: keep a zeroed .grad buffer per parameter even "
-                             "when the backward could hand its gradients over (no accumulation, no DDP)")
-    parser.add_argument("--tied-embedding-ddp", action="store_true",
-                        help="wrap with twinkle_fx.distributed.tied_embedding_ddp: the tied embedding / LM-head "
-                             "weight (272 MB in bf16 for the reference) leaves DDP's buckets; the head's gradient "
-                             "is all-reduced while the layers run backward, the embedding's as rows at the end")
-    parser.add_argument("--optimize-ddp", choices=("ddp_optimizer", "no_optimization", "python_reducer"), default=None,
-                        help="compiled DDP: split the graph at bucket boundaries (torch's default; with --regional "
-                             "no_optimization is), compile it whole, or reduce in compiled autograd (python_reducer, "
-                             "the default with --compiled-autograd)")
-    parser.add_argument("--compiled-autograd", action="store_true",
-                        help="capture the backward with compiled autograd (torch._dynamo.config.compiled_autograd)")
-    parser.add_argument("--compare-single", type=int, default=None, metavar="WORLD",
-                        help="with --parallel none: run twice, with --batch (the speed baseline of a WORLD-GPU run) "
-                             "and with WORLD x --batch (its global batch: the loss baseline)")
-    parser.add_argument("--baseline", action="append", default=[],
-                        help="a --parallel none --out file (--compare-single writes both baselines): the table "
-                             "compares with its runs; may be given more than once")
-    parser.add_argument("--report", action="store_true", help="every rank prints its twinkle compile report, once")
-    parser.add_argument("--out", default=None, help="rank 0 writes the runs and tables here (JSON)")
-    parser.add_argument("--cudagraphs", action="store_true",
-                        help="replay the compiled graphs (whole model or each layer) as CUDA graphs "
-                             "(mode='reduce-overhead'); the table says how many were recorded and re-recorded")
-    parser.add_argument("--profile", default=None, metavar="DIR",
-                        help="after the timed steps, 3 more under torch.profiler on every rank: DIR/rank<r>/"
-                             "profile_trace.json and profile_report.txt (rank 0's report is printed)")
-    args = parser.parse_args(argv)
-    batch, seq = DEFAULT_SHAPE[args.size]
-    args.batch = args.batch or batch
-    args.seq = args.seq or seq
-    compiled = args.backend in COMPILED
-    if args.regional and not compiled:
-        parser.error(f"--regional compiles decoder layers: it needs a compiled --backend ({', '.join(COMPILED)}), "
-                     f"not {args.backend}")
-    if args.mixed_precision and args.parallel != "fsdp2":
-        parser.error("--mixed-precision is FSDP2's MixedPrecisionPolicy: use it with --parallel fsdp2 "
-                     "(DDP and none train in --dtype)")
-    if not args.reshard_after_forward and args.parallel != "fsdp2":
-        parser.error("--no-reshard-after-forward is an FSDP2 option: use it with --parallel fsdp2")
-    if args.mixed_precision and args.dtype == "bf16":
-        parser.error("--mixed-precision keeps fp32 master weights: leave --dtype out (or fp32)")
-    if args.compiled_autograd:
-        if not compiled or args.parallel == "fsdp2":
-            parser.error("--compiled-autograd needs a compiled --backend and --parallel ddp or none")
-        if args.optimize_ddp in ("ddp_optimizer", "no_optimization"):
-            parser.error(f"--compiled-autograd works with --optimize-ddp python_reducer, not {args.optimize_ddp} "
-                         "(torch._dynamo.config.optimize_ddp says so)")
-        args.optimize_ddp = args.optimize_ddp or "python_reducer"
-    elif args.optimize_ddp == "python_reducer":
-        parser.error("--optimize-ddp python_reducer needs --compiled-autograd")
-    # --regional: a layer's graph is not worth splitting at bucket boundaries (compile_layers keeps it whole
-    # on its own; this keeps --backend inductor's layers whole too)
-    args.optimize_ddp = args.optimize_ddp or ("no_optimization" if args.regional else "ddp_optimizer")
-    if args.cudagraphs and (not compiled or args.compiler != "inductor"):
-        parser.error("--cudagraphs needs a compiled --backend with --compiler inductor")
-    if args.cudagraphs and args.parallel == "fsdp2" and args.accum > 1:
-        parser.error("--cudagraphs with FSDP2 and --accum: between micro-steps FSDP2 keeps each unsharded "
-                     "parameter's gradient, which is the backward graph's output, and the next replay overwrites it "
-                     "(pytorch/pytorch#169545); leave one of them out")
-    ddp_only = (args.ddp_static_graph or args.grad_as_bucket_view or args.tied_embedding_ddp
-                or args.ddp_comm_hook != "none" or not args.broadcast_buffers)
-    if ddp_only and args.parallel != "ddp":
-        parser.error("--ddp-static-graph, --grad-as-bucket-view, --tied-embedding-ddp, --ddp-comm-hook and "
-                     "--no-broadcast-buffers are DistributedDataParallel options: use them with --parallel ddp")
-    if args.ddp_comm_hook != "none" and args.compiled_autograd:
-        parser.error("--ddp-comm-hook with --compiled-autograd: DDP's Python reducer all-reduces each gradient in "
-                     "its own hook and never runs the C++ reducer's built-in hook; leave one of them out")
-    if args.persistent_grads and (not args.cudagraphs or args.parallel == "fsdp2"):
-        parser.error("--persistent-grads is how --cudagraphs runs keep gradients: use it with --cudagraphs and "
-                     "--parallel ddp or none (FSDP2's gradients are its reduce-scatter's output, not a graph's)")
-    if args.ddp_static_graph and args.accum > 1:
-        parser.error("--ddp-static-graph with --accum: DDP(static_graph=True) under no_sync() fails an internal "
-                     "assert on its first backward, and past it stops all-reducing gradients "
-                     "(https://github.com/pytorch/pytorch/issues/143580, fix pending in pytorch/pytorch#187732); "
-                     "leave one of them out")
-    if args.compare_single is not None and (args.parallel != "none" or args.compare_single < 2):
-        parser.error("--compare-single WORLD (>= 2) runs the single-device baselines: use it with --parallel none")
-    for name in ("steps", "batch", "seq", "accum"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    return args
+    parser.add_argument("--batch", type=int, default=None, help="sequences per GPU (default 4; 2 with --tiny)")
+    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 1024; 16 with --tiny)")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    return parser.parse_args()
 
 
-def init_distributed(parallel: str = "ddp") -> tuple[int, int, torch.device]:
-    """The process group from torchrun's environment: NCCL on this rank's GPU, else gloo on CPU.
+def load_model(args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if not args.tiny:
+        return AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device)
+    config = LlamaConfig(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=256, tie_word_embeddings=True)
+    torch.manual_seed(0)  # every rank starts from the same weights
+    return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
 
-    ``parallel="none"`` makes no process group: one process, on GPU ``LOCAL_RANK`` (0 without torchrun).
-    """
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    if parallel == "none":
-        if int(os.environ.get("WORLD_SIZE", 1)) != 1:
-            raise SystemExit("--parallel none runs one process: launch it without torchrun or with --nproc_per_node 1")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        return 0, 1, device
-    if device.type == "cuda":
+
+def main() -> None:
+    args = parse_args()
+    batch, seq = args.batch or (2 if args.tiny else 4), args.seq or (16 if args.tiny else 1024)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size(), device
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
 
-
-def build_model(size: str, dtype: torch.dtype, device: torch.device, seed: int) -> torch.nn.Module:
-    """The same weights on every rank: built on CPU from ``seed``, then moved (``from_config(dtype=...)``
-    keeps the rotary ``inv_freq`` fp32 as in real bf16 training)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(**SIZES[size], tie_word_embeddings=True, max_position_embeddings=4096,
-                         attn_implementation="sdpa", use_cache=False)
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM._from_config(config, dtype=dtype)
-    return model.to(device).train()
-
-
-def global_batch(step: int, rows: int, seq: int, vocab: int, seed: int) -> torch.Tensor:
-    """Micro-step ``step``'s global batch (on CPU), learnable: each row counts up from a random start by a
-    random stride in 1..7 (mod vocab), so the loss falls as the model picks the rule up."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    start = torch.randint(0, vocab, (rows, 1), generator=generator)
-    stride = torch.randint(1, 8, (rows, 1), generator=generator)
-    return (start + stride * torch.arange(seq)) % vocab
-
-
-def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
-    if args.parallel == "none":
-        return model
-    if args.parallel == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        kwargs = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
-        kwargs.update(static_graph=args.ddp_static_graph, gradient_as_bucket_view=args.grad_as_bucket_view,
-                      broadcast_buffers=args.broadcast_buffers, device_ids=[device.index] if device.type == "cuda" else None)
-        if args.tied_embedding_ddp:
-            from twinkle_fx.distributed import tied_embedding_ddp
-
-            ddp = tied_embedding_ddp(model, **kwargs)
-        else:
-            ddp = DDP(model, **kwargs)
-        if args.ddp_comm_hook == "allreduce":  # before the first backward, as DDP requires
-            ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
-        return ddp
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    kwargs = {}
-    if args.mixed_precision:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    # one FSDP group per decoder layer, the root holds the (tied) embedding / LM head and final norm
-    for layer in model.model.layers:
-        fully_shard(layer, reshard_after_forward=args.reshard_after_forward, **kwargs)
-    fully_shard(model, **kwargs)
-    return model
-
-
-def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
-    """``--backend`` / ``--regional``: what the training loop calls (``wrapped`` itself when regional or eager)."""
-    import twinkle_fx
-    from twinkle_fx.compile.regional import compile_layers
-
-    options = {"compiler": args.compiler, **({"cudagraphs": True} if args.cudagraphs else {})}
-    inductor_mode = {"mode": "reduce-overhead"} if args.cudagraphs else {}
-    if args.regional:
-        # the layers are compiled in place (nn.Module.compile): the wrappers keep working on them
-        if args.backend == "inductor":
-            for layer in model.model.layers:
-                layer.compile(**inductor_mode)
-        else:  # twinkle: the head installed on the uncompiled root; kernelize+twinkle: kernelize did it
-            compile_layers(model, layers=model.model.layers, options=options, fused_loss=args.fused_loss)
-        return wrapped
-    if args.backend == "inductor":
-        return torch.compile(wrapped, **inductor_mode)
-    if args.backend == "twinkle":
-        # the head on the model (DDP's .module; FSDP2's root is the model), the rest by the backend
-        return twinkle_fx.compile(wrapped, options=options, fused_loss=args.fused_loss)
-    if args.backend == "kernelize+twinkle":
-        return torch.compile(wrapped, backend="twinkle", options=options)
-    return wrapped
-
-
-def kernel_swaps_eager(model: torch.nn.Module) -> dict[str, int]:
-    from twinkle_fx.function import patched_functions
-    from twinkle_fx.core.swaps import swapped_forward
-
-    swapped = Counter(
-        f"kernelized {type(module).__name__} -> {forward.kernel_name}"
-        for module in model.modules()
-        if (forward := swapped_forward(module)) is not None
-    )
-    swapped.update(f"patched {name}" for name in patched_functions())
-    return dict(swapped)
-
-
-def kernel_swaps_compiled(rank: int, report) -> RankSwaps:
-    return RankSwaps(
-        rank, graphs=report.graph_count, graph_breaks=report.graph_breaks,
-        swapped=dict(Counter(f"{r.kind} {r.target}" for r in report.swapped)),
-        kept=dict(Counter(f"{r.kind} {r.target}: {r.reason}" for r in report.not_swapped)),
-        graphs_with_swaps=sum(any(r.swapped for r in g.regions) for g in report.graphs),
-    )
-
-
-def _gather(value: Any, world: int) -> list[Any]:
-    if not dist.is_initialized():
-        return [value]
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, value)
-    return everyone
-
-
-def persistent_grads(args: argparse.Namespace) -> bool:
-    """Whether ``--cudagraphs`` needs a ``.grad`` buffer per parameter, zeroed in place every step.
-
-    A gradient that *is* a CUDA graph's output is overwritten by the graph's next replay
-    (pytorch/pytorch#169545): with accumulation the next micro-step's backward would add into it, and
-    DDP keeps ``.grad`` across steps (its bucket views). A single-device step without accumulation
-    hands the gradients over (``zero_grad(set_to_none=True)``): the optimizer reads them before the next
-    replay, and no add per parameter runs. FSDP2 needs no buffer: its post-backward copies each layer's
-    gradients into the reduce-scatter input and drops them before the layer's graph replays again (with
-    ``--accum`` it would keep them: parse_args refuses that).
-    """
-    return args.cudagraphs and (args.parallel == "ddp" or args.accum > 1 or args.persistent_grads)
-
-
-def _skip_sync(wrapped: torch.nn.Module, model: torch.nn.Module, args: argparse.Namespace, sync: bool):
-    """Gradient accumulation: no gradient reduction on the micro-steps before the last."""
-    if args.parallel == "ddp" and not sync:
-        return wrapped.no_sync()  # an OptimizedModule passes the attribute to the DDP module
+    model = load_model(args, device).train()
+    if model.config.model_type in BUILTIN_MODELS:
+        use_builtin_kernels(devices=(device.type,), models=(model.config.model_type,))
+    layers = repeated_layers(model)
+    # Inductor on a GPU; on the CPU aot_eager (Inductor's C++ build takes minutes on a few cores)
+    compile_layers(model, layers=layers, options={"compiler": "inductor" if cuda else "aot_eager"})
     if args.parallel == "fsdp2":
-        model.set_requires_gradient_sync(sync)
-    return contextlib.nullcontext()
+        from torch.distributed.fsdp import fully_shard
 
+        for layer in layers:  # one all-gather / reduce-scatter group per decoder layer, the rest on the root
+            fully_shard(layer)
+        wrapped = fully_shard(model)
+    else:
+        from torch.nn.parallel import DistributedDataParallel
 
-def train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> RunResult:
-    """Build, wrap, prepare (``--backend``), train ``--steps`` steps; the process group must exist
-    (unless ``--parallel none``).
+        wrapped = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    # fused: one kernel set for the whole update (FSDP2: on each rank's shards)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=cuda)
 
-    Registrations are private to the call and the eager swaps are undone at the end, so a process
-    can run several configurations one after another.
-    """
-    import twinkle_fx
-    from twinkle_fx.builtin import use_builtin_kernels
-    from twinkle_fx.compile import collect_reports
-    from twinkle_fx.compile.inductor_options import cudagraph_tree_summary
-
-    default = "fp32" if args.mixed_precision or device.type != "cuda" else "bf16"
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or default]
-    torch._dynamo.reset()
-    if device.type == "cuda":
-        gc.collect()  # an earlier run's model, optimizer and graphs (reference cycles) go before the peak is reset
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-    patches = dict(optimize_ddp=args.optimize_ddp, compiled_autograd=args.compiled_autograd)
-    with torch._dynamo.config.patch(**patches), twinkle_fx.scoped_registry(), collect_reports() as report:
-        kernelize = args.backend.startswith("kernelize")
-        if args.backend not in ("eager", "inductor"):
-            use_builtin_kernels(devices=(device.type,), models=("qwen2",), fused_loss=args.fused_loss)
-        model = build_model(args.size, dtype, device, args.seed)
-        if args.checkpoint:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if kernelize:
-            mode = "train+compile" if args.backend.endswith("twinkle") else "train"
-            twinkle_fx.kernelize_model(model, mode=mode, device=device.type)
-        if args.regional:  # layers compiled before fully_shard / DDP wrap them (the modules stay)
-            compile_model(model, model, args)
-            wrapped = run = wrap(model, args, device)
-        else:
-            wrapped = wrap(model, args, device)
-            run = compile_model(model, wrapped, args)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, **({"fused": True} if args.fused_adamw else {}))
-        params = list(model.parameters())
-        keep_grads = persistent_grads(args)
-        if keep_grads:  # the backward adds into these buffers instead of handing over its output
-            for p in params:
-                p.grad = torch.zeros_like(p)
-        losses, tokens_per_s, step_ms = [], [], []
-
-        def one_step(micro: list[torch.Tensor]) -> torch.Tensor:
-            total = torch.zeros((), device=device)
-            for m, input_ids in enumerate(micro):
-                with _skip_sync(wrapped, model, args, sync=m == args.accum - 1):
-                    loss = run(input_ids=input_ids, labels=input_ids).loss
-                    (loss / args.accum).backward()
-                total += loss.detach().float()
-            optimizer.step()
-            if keep_grads:  # one multi-tensor launch, not one zero_() per parameter
-                torch._foreach_zero_([p.grad for p in params if p.grad is not None])
-            else:
-                optimizer.zero_grad(set_to_none=True)
-            if world > 1:
-                dist.all_reduce(total)  # SUM: gloo has no AVG
-            return total
-
-        def batches(step: int) -> list[torch.Tensor]:
-            return [global_batch(step * args.accum + m, args.batch * world, args.seq, model.config.vocab_size,
-                                 args.seed)[rank * args.batch:(rank + 1) * args.batch].to(device)
-                    for m in range(args.accum)]
-
-        try:
-            for step in range(args.steps):
-                micro = batches(step)
-                _sync(device)
-                start = time.perf_counter()
-                total = one_step(micro)
-                _sync(device)
-                elapsed = time.perf_counter() - start
-                losses.append(total.item() / world / args.accum)
-                step_ms.append(elapsed * 1e3)
-                tokens_per_s.append(args.batch * world * args.seq * args.accum / elapsed)
-                if rank == 0:
-                    print(f"step {step:3d}  loss {losses[-1]:.6f}  {tokens_per_s[-1]:,.0f} tokens/s  "
-                          f"({elapsed * 1e3:.1f} ms)", flush=True)
-            if args.profile:
-                # after the timed steps (the profiler's overhead never reaches them), every rank
-                from twinkle_fx.bench.profile import profile_steps
-                from twinkle_fx.bench.timing import DeviceClock
-
-                micro = batches(args.steps)
-                summary = profile_steps(lambda: one_step(micro), DeviceClock(device), Path(args.profile) / f"rank{rank}",
-                                        steps=3, title=describe_args(args, world, device))
-                if rank == 0:
-                    print(Path(summary.report).read_text(), flush=True)
-            # recorded, never recorded, re-recorded (a parameter at a new address each step would re-record
-            # every step): read before torch._dynamo.reset() drops the trees
-            graphs = cudagraph_tree_summary(device.index) if args.cudagraphs and device.type == "cuda" else ""
-            mine = kernel_swaps_compiled(rank, report)
-            for what, n in kernel_swaps_eager(model).items():  # kernelize, or the head on the root
-                mine.swapped[what] = mine.swapped.get(what, 0) + n
-            if args.report:
-                # once per rank: one summary over all of this rank's graphs (DDP's pieces included)
-                print(f"rank {rank} twinkle_fx report:\n{report.summary()}", flush=True)
-        finally:
-            twinkle_fx.undo_kernelize(model)  # function patches are process-wide; the head is an eager swap
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    everyone = _gather((asdict(mine), peak, graphs), world)
-    torch._dynamo.reset()
-    return RunResult(vars(args).copy(), world, str(device), losses, tokens_per_s,
-                     [RankSwaps(**s) for s, _, _ in everyone], step_ms, [p for _, p, _ in everyone],
-                     [g for _, _, g in everyone if g])
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def describe(result: RunResult) -> str:
-    """One line naming the run: ``ddp x 2 · twinkle (inductor), regional · bf16 · 4 x 1024 per rank``."""
-    return _describe(result.args, result.world_size, result.device)
-
-
-def describe_args(args: argparse.Namespace, world: int, device: torch.device) -> str:
-    return _describe(vars(args), world, str(device))
-
-
-def _describe(a: dict[str, Any], world: int, device: str) -> str:
-    where = "1 device, no wrapper" if a["parallel"] == "none" else f"{a['parallel']} x {world}"
-    backend = a["backend"] + (f" ({a['compiler']})" if a["backend"].endswith("twinkle") else "")
-    backend += ", regional" if a["regional"] else ""
-    backend += ", CUDA graphs" if a.get("cudagraphs") else ""
-    backend += "" if a["fused_loss"] else ", no fused-loss head"
-    precision = "mixed bf16/fp32" if a["mixed_precision"] else (a["dtype"] or ("bf16" if "cuda" in device else "fp32"))
-    parts = [where, backend, precision, f"{a['batch']} x {a['seq']} per rank"]
-    parts += [f"accum {a['accum']}"] if a["accum"] > 1 else []
-    parts += ["activation checkpointing"] if a["checkpoint"] else []
-    parts += ["no reshard after forward"] if not a.get("reshard_after_forward", True) else []
-    parts += ["tied embedding reduced early"] if a.get("tied_embedding_ddp") else []
-    parts += ["all-reduce comm hook"] if a.get("ddp_comm_hook", "none") != "none" else []
-    parts += ["no buffer broadcast"] if not a.get("broadcast_buffers", True) else []
-    parts += ["static graph"] if a.get("ddp_static_graph") else []
-    parts += ["grads as bucket views"] if a.get("grad_as_bucket_view") else []
-    parts += ["persistent grads"] if a.get("persistent_grads") else []
-    if a["parallel"] == "ddp" and a["backend"] in COMPILED:
-        parts.append(f"optimize_ddp {a['optimize_ddp']}")
-    parts += ["compiled autograd"] if a["compiled_autograd"] else []
-    return " · ".join(parts)
-
-
-def _short(what: str) -> str:
-    """``layer Qwen2RMSNorm -> RMSNorm`` -> ``RMSNorm``; ``function ...apply_rotary_pos_emb`` -> ``apply_rotary_pos_emb``."""
-    return what.split(" -> ")[-1].rsplit(".", 1)[-1]
-
-
-def table(result: RunResult, baseline: list[RunResult] = ()) -> str:
-    """The run's table (markdown); with ``baseline`` (single-device runs), the speed-up over the one
-    with this run's per-rank batch and the loss difference from the one with its global batch."""
-    a = result.args
-    peak = ", ".join("-" if p is None else f"{p:.2f}" for p in result.peak_gib)
-    rows = [
-        ("tokens/s (global, median step of 3+)", f"{result.steady_tokens_per_s:,.0f}"),
-        ("ms/step (median; fastest-slowest)", f"{result.steady_ms:.1f} ({result.spread_ms[0]:.1f}-{result.spread_ms[1]:.1f})"),
-        ("first step s (compile)", f"{result.step_ms[0] / 1e3:.1f}"),
-        ("peak GiB per GPU (rank 0, 1, ...)", peak),
-        ("loss per step", ", ".join(f"{x:.4f}" for x in result.losses)),
-        ("swaps per rank", "; ".join(f"r{s.rank}: {s.short()}" for s in result.swaps)),
-    ]
-    if result.cudagraphs:
-        rows.append(("CUDA graphs (rank 0)", result.cudagraphs[0]))
-    first = result.swaps[0]
-    if first.swapped:
-        rows.append(("swapped (rank 0)", ", ".join(f"{n} x {_short(w)}" for w, n in sorted(first.swapped.items()))))
-    if first.kept:
-        rows.append(("kept (rank 0)", "; ".join(f"{n} x {w}" for w, n in sorted(first.kept.items()))))
-    same = ("seq", "accum", "steps", "seed", "size", "lr")
-    for ref in baseline:
-        r = ref.args
-        if ref.world_size != 1 or any(r[k] != a[k] for k in same) or ref is result:
-            continue
-        if r["batch"] == a["batch"]:
-            rows.append((f"vs 1 device, {r['batch']} x {r['seq']} ({r['backend']}{', regional' if r['regional'] else ''})",
-                         f"{result.steady_tokens_per_s / ref.steady_tokens_per_s:.2f}x "
-                         f"({ref.steady_tokens_per_s:,.0f} tokens/s)"))
-        if r["batch"] == a["batch"] * result.world_size and len(ref.losses) == len(result.losses):
-            diff = max(abs(x - y) for x, y in zip(result.losses, ref.losses))
-            rel = max(abs(x - y) / abs(y) for x, y in zip(result.losses, ref.losses))
-            rows.append((f"losses vs 1 device, global batch {r['batch']} x {r['seq']}",
-                         f"max |diff| {diff:.2e} (relative {rel:.1e})"))
-    width = max(len(k) for k, _ in rows)
-    lines = [f"| {describe(result)} | |", "|---|---|", *(f"| {k.ljust(width)} | {v} |" for k, v in rows)]
-    return "\n".join(lines)
-
-
-def load_baseline(path: str) -> list[RunResult]:
-    with open(path) as f:
-        runs = json.load(f)["runs"]
-    keep = {f.name for f in fields(RunResult)}
-    return [RunResult(**{**{k: v for k, v in run.items() if k in keep},
-                         "swaps": [RankSwaps(**s) for s in run["swaps"]]}) for run in runs]
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    baseline = [run for path in args.baseline for run in load_baseline(path)]
-    rank, world, device = init_distributed(args.parallel)
-    try:
-        configs = [args]
-        if args.compare_single:
-            configs.append(argparse.Namespace(**{**vars(args), "batch": args.batch * args.compare_single}))
-        results = []
-        for config in configs:
-            if rank == 0:
-                print(f"{config.parallel} x {world} on {device.type}, backend {config.backend}, size {config.size}, "
-                      f"batch {config.batch} x {config.seq} per rank", flush=True)
-            results.append(train(config, rank, world, device))
+    generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
+    for step in range(args.steps):
+        input_ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator).to(device)
+        start = time.perf_counter()
+        loss = wrapped(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        mean = loss.detach().float()
+        dist.all_reduce(mean)  # a sum: gloo has no average
+        mean = mean.item() / world  # waits for the step to finish
+        elapsed = time.perf_counter() - start
         if rank == 0:
-            tables = [table(result, [*baseline, *results]) for result in results]
-            print("\n\n".join(tables), flush=True)
-            if args.out:
-                versions = {"torch": torch.__version__,
-                            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
-                with open(args.out, "w") as f:
-                    json.dump({"versions": versions, "runs": [r.to_json() for r in results], "tables": tables}, f,
-                              indent=1)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
+            print(f"step {step}  loss {mean:.4f}  {batch * seq * world / elapsed:,.0f} tokens/s", flush=True)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -14,15 +14,20 @@
 #                published dimensions against the unswapped model
 #   distributed  2 GPUs (NCCL): single-GPU baselines, DDP with per-layer CUDA graphs (plain and with DDP's recipe,
 #                then with the tied embedding reduced early), FSDP2 with and without graphs and the fused-loss head
+#   fsdp         2 GPUs (NCCL), the Llama-3.2-3B shape: 1 GPU then FSDP2 on 2, each as torch.compile regional,
+#                twinkle regional and twinkle regional + CUDA graphs (FSDP_BATCH sequences of 1024 per GPU, default
+#                4; FSDP_EXTRA: more flags for the FSDP2 runs, e.g. "--prefetch 2" or "--reshard-after-forward false")
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference
 #   bash tools/gpu.sh distributed --tiny     # the distributed sequence as a dry run: CPU processes, gloo, tiny model
+#   bash tools/gpu.sh fsdp --tiny            # likewise: the tiny Llama
 # Results (harness JSON stamped with device, versions and $COMMIT, logs) go under $OUT (default ./gpu-out); a JSON
 # that replaces one in docs/performance/ keeps that file's name. Wheels in .whl/ (git-ignored) are installed
 # first, for packages the GPU image lacks (kernels, expecttest, pytest-xdist, liger-kernel, cut-cross-entropy).
-# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S.
+# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S;
+# each run of the distributed and fsdp jobs by RUN_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -38,7 +43,7 @@ export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"
 tiny=0
 jobs=()
 for arg in "$@"; do if [ "$arg" = "--tiny" ]; then tiny=1; else jobs+=("$arg"); fi; done
-[ ${#jobs[@]} -gt 0 ] || { sed -n '2,24p' "$0"; exit 2; }
+[ ${#jobs[@]} -gt 0 ] || { sed -n '2,29p' "$0"; exit 2; }
 if [ "$tiny" = 1 ]; then export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1; else unset TRITON_INTERPRET; fi
 status=0
 
@@ -53,7 +58,7 @@ bench() {  # bench NAME SECONDS ARGS...: one `twinkle-fx bench` run, its table o
   sed -n '/^backend/,/^$/p' "$out/$name.txt"
 }
 
-distributed_run() {  # distributed_run NAME COMMAND...: one examples/train_distributed.py run, its table on stdout
+distributed_run() {  # distributed_run NAME COMMAND...: one twinkle_fx.bench.distributed run, its table on stdout
   local name=$1; shift
   echo "### $name"
   timeout "${RUN_S:-150}" "$@" --out "$out/$name.json" > "$out/$name.log" 2>&1
@@ -103,7 +108,7 @@ job_matrix() {
 }
 
 job_distributed() {
-  local ex=examples/train_distributed.py shape two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
+  local ex=(-m twinkle_fx.bench.distributed) shape two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
   if [ "$tiny" = 1 ]; then
     shape=(--size tiny --batch 1 --seq 8 --steps 3 --compiler aot_eager)
   else
@@ -117,22 +122,63 @@ job_distributed() {
       | grep "all-reduce"
   fi
   local regional=(--backend twinkle --regional "${shape[@]}")
-  distributed_run single python3 "$ex" --parallel none "${regional[@]}" --compare-single 2
+  distributed_run single python3 "${ex[@]}" --parallel none "${regional[@]}" --compare-single 2
   local base=(--baseline "$out/single.json")
-  local ddp=("${two[@]}" "$ex" --parallel ddp "${regional[@]}" --bucket-cap-mb 100)
+  local ddp=("${two[@]}" "${ex[@]}" --parallel ddp "${regional[@]}" --bucket-cap-mb 100)
   local recipe=(--grad-as-bucket-view --ddp-comm-hook allreduce --no-broadcast-buffers --ddp-static-graph)
   distributed_run ddp "${ddp[@]}" "${base[@]}"
   distributed_run ddp-recipe "${ddp[@]}" "${recipe[@]}" "${base[@]}"
   distributed_run ddp-recipe-tied "${ddp[@]}" "${recipe[@]}" --tied-embedding-ddp "${base[@]}"
-  distributed_run single-fused-adamw python3 "$ex" --parallel none "${regional[@]}" --fused-adamw --compare-single 2
+  distributed_run single-fused-adamw python3 "${ex[@]}" --parallel none "${regional[@]}" --fused-adamw --compare-single 2
   local fbase=(--baseline "$out/single-fused-adamw.json")
-  local fsdp=("${two[@]}" "$ex" --parallel fsdp2 "${regional[@]}" --fused-adamw)
+  local fsdp=("${two[@]}" "${ex[@]}" --parallel fsdp2 "${regional[@]}" --fused-adamw)
   if [ "$tiny" = 1 ]; then
     distributed_run fsdp2 "${fsdp[@]}" "${fbase[@]}"
   else
     distributed_run fsdp2-no-reshard "${fsdp[@]}" --no-reshard-after-forward "${fbase[@]}"
     distributed_run fsdp2-no-reshard-no-fused-loss "${fsdp[@]}" --no-reshard-after-forward --no-fused-loss "${fbase[@]}"
   fi
+}
+
+job_fsdp() {
+  # Memory per GPU, Llama-3.2-3B shape: 3.213 B parameters (28 layers of 100.7 M, 192 MiB each in bf16; the tied
+  # embedding 394 M). Pure bf16 with AdamW keeps 8 bytes a parameter (weight, gradient, exp_avg, exp_avg_sq):
+  # 23.9 GiB on one GPU, 12.0 GiB per GPU sharded over 2 (fp32 master weights, --mixed-precision, would double
+  # both and leave one GPU nothing to compare with, so both run in bf16). Activations kept for the backward, about
+  # 90 KB a token and layer in bf16 (3 x 8192 MLP + 6 x 3072 + 2048 k/v elements), 2.4 MiB a token over 28 layers:
+  # 9.6 GiB for 4 x 1024 tokens; torch.compile's loss adds up to 4 GiB of logits (4096 x 128256, bf16, fp32 in
+  # the loss and its gradient), the fused-loss head about none. One GPU, 4 x 1024: 24 + 9.6 + 4 = 38 GiB; the
+  # global-batch run (8 x 1024, the loss reference): 24 + 19 + 8 = 51 GiB; FSDP2, 4 x 1024 per GPU: 12 + 9.6 + 4
+  # + the gathered layers and root (~1.5 GiB) = 27 GiB; with CUDA graphs each layer's forward and backward graph
+  # keeps its own copy of the gathered parameters (56 x 192 MiB = 10.5 GiB; at the Qwen2-0.5B shape the same
+  # copies, 48 x 30 MB, measured +1.3 GiB): 38 GiB at most. All fit 80 GB without activation checkpointing, so
+  # no run uses --checkpoint.
+  # Time: ~1 min a run (start, model, one layer's compile, 12 steps), 7 runs: ~7-8 min on 2 H100.
+  local ex=(-m twinkle_fx.bench.distributed) shape two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
+  local cg=() RUN_S=${RUN_S:-120}
+  if [ "$tiny" = 1 ]; then
+    # the same sequence on CPU processes (gloo); no CUDA graphs there, so the "-cudagraphs" rows run without them.
+    # Inductor's CPU compile of the torch.compile rows takes minutes on 2 shared cores
+    shape=(--model llama3b --size tiny --batch 1 --seq 8 --steps 3)
+    RUN_S=$(( RUN_S > 400 ? RUN_S : 400 ))
+  else
+    shape=(--model llama3b --size reference --batch "${FSDP_BATCH:-4}" --seq 1024 --steps 12)
+    cg=(--cudagraphs)
+    nvidia-smi topo -m 2>/dev/null | head -4
+  fi
+  local inductor=(--backend inductor --regional --fused-adamw "${shape[@]}")
+  # twinkle's inner compiler: Inductor on the GPU, aot_eager on CPU processes (Inductor's C++ build takes minutes)
+  local twinkle=(--backend twinkle --regional --fused-adamw "${shape[@]}")
+  [ "$tiny" = 1 ] && twinkle+=(--compiler aot_eager)
+  distributed_run fsdp-single-inductor python3 "${ex[@]}" --parallel none "${inductor[@]}"
+  # --compare-single 2 adds the 2-GPU global batch on one GPU: the losses every FSDP2 run is compared with
+  distributed_run fsdp-single-twinkle python3 "${ex[@]}" --parallel none "${twinkle[@]}" --compare-single 2
+  distributed_run fsdp-single-twinkle-cudagraphs python3 "${ex[@]}" --parallel none "${twinkle[@]}" "${cg[@]}"
+  local fsdp=("${two[@]}" "${ex[@]}" --parallel fsdp2 ${FSDP_EXTRA:-}) losses=(--baseline "$out/fsdp-single-twinkle.json")
+  distributed_run fsdp2-inductor "${fsdp[@]}" "${inductor[@]}" --baseline "$out/fsdp-single-inductor.json" "${losses[@]}"
+  distributed_run fsdp2-twinkle "${fsdp[@]}" "${twinkle[@]}" "${losses[@]}"
+  distributed_run fsdp2-twinkle-cudagraphs "${fsdp[@]}" "${twinkle[@]}" "${cg[@]}" \
+    --baseline "$out/fsdp-single-twinkle-cudagraphs.json" "${losses[@]}"
 }
 
 job_check() {
@@ -142,7 +188,7 @@ job_check() {
 
 SECONDS=0
 for job in "${jobs[@]}"; do
-  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed check"; exit 2; fi
+  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check"; exit 2; fi
   echo "=== $job (${SECONDS} s)"
   "job_$job"
 done

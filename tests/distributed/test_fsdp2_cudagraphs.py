@@ -1,19 +1,17 @@
-"""FSDP2 with each decoder layer replayed as CUDA graphs (examples/train_distributed.py --parallel fsdp2
+"""FSDP2 with each decoder layer replayed as CUDA graphs (twinkle_fx.bench.distributed --parallel fsdp2
 --regional --cudagraphs), in a world of one over NCCL."""
 
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import train_distributed  # noqa: E402
+import twinkle_fx.bench.distributed as distributed_bench
+from twinkle_fx.bench.distributed_models import MODELS
 
-LAYERS = train_distributed.SIZES["tiny"]["num_hidden_layers"]
+LAYERS = MODELS["qwen2"].sizes["tiny"]["num_hidden_layers"]
 
 
 @pytest.mark.gpu
@@ -28,8 +26,8 @@ def test_fsdp2_layers_replay_cuda_graphs_and_train_alike(compiled, world_of_one)
     common = f"--size tiny --batch 2 --seq 64 --steps 5 --dtype fp32 --parallel fsdp2 --backend twinkle {compiled}"
     device = torch.device("cuda", torch.cuda.current_device())
 
-    def run(flags: str) -> train_distributed.RunResult:
-        return train_distributed.train(train_distributed.parse_args(f"{common} {flags}".split()), 0, 1, device)
+    def run(flags: str) -> distributed_bench.RunResult:
+        return distributed_bench.train(distributed_bench.parse_args(f"{common} {flags}".split()), 0, 1, device)
 
     plain, graphs = run(""), run("--cudagraphs")
     assert len(set(plain.losses)) == len(plain.losses)
@@ -56,7 +54,7 @@ def test_only_fsdp_managed_parameters_are_unpinned(sharded, world_of_one, device
     from twinkle_fx.compile.inductor_options import unpin_fsdp_parameters
 
     torch._dynamo.reset()
-    model = train_distributed.build_model("tiny", torch.float32, torch.device(device), 0)
+    model = distributed_bench.build_model("qwen2", "tiny", torch.float32, torch.device(device), 0)
     layer = model.model.layers[0]
     if sharded:
         fully_shard(layer)

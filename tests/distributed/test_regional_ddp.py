@@ -1,18 +1,15 @@
 """Regional compilation under DistributedDataParallel (a world of one: gloo on the CPU, NCCL on a GPU),
-and the CUDA-graph gradients of examples/train_distributed.py (GPU)."""
+and the CUDA-graph gradients of twinkle_fx.bench.distributed (GPU)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch._dynamo.config as dynamo_config
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import train_distributed  # noqa: E402
+import twinkle_fx.bench.distributed as distributed_bench
 
 
 def _step_under_ddp(device: str, compile_layers_of) -> tuple:
@@ -26,7 +23,7 @@ def _step_under_ddp(device: str, compile_layers_of) -> tuple:
     torch._dynamo.reset()
     with twinkle_fx.scoped_registry(), collect_reports() as report:
         use_builtin_kernels(devices=(device,), models=("qwen2",))
-        model = train_distributed.build_model("small", torch.float32, torch.device(device), 0)
+        model = distributed_bench.build_model("qwen2", "small", torch.float32, torch.device(device), 0)
         compile_layers_of(model)
         ddp = DDP(model, device_ids=[0] if device == "cuda" else None)
         ids = torch.arange(16, device=device).unsqueeze(0)
@@ -68,7 +65,7 @@ def test_cudagraph_gradients_handed_over_or_kept_train_alike():
     device = torch.device("cuda")
 
     def losses(flags: str) -> list[float]:
-        return train_distributed.train(train_distributed.parse_args(f"{common} {flags}".split()), 0, 1, device).losses
+        return distributed_bench.train(distributed_bench.parse_args(f"{common} {flags}".split()), 0, 1, device).losses
 
     reference = losses("--backend eager")
     handed_over = losses("--backend twinkle --regional --cudagraphs")

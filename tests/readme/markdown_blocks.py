@@ -7,7 +7,7 @@ the tests treat it (the rendered page does not show it; the surrounding text say
   reports it skipped with REASON;
 - ``<!-- needs: gpu -->``: run only where CUDA is available;
 - ``<!-- tested in: tests/path.py -->``: a command that test file runs already (the check is that it names the
-  command's script);
+  command's script, or the module a ``-m`` runs);
 - no comment: run. A Python block is written to a file at the repository root and run as ``python <file>``
   in a fresh process, with the environment of a user (no ``TRITON_INTERPRET`` preset: a block sets it itself
   on the CPU); a bash block runs line by line with ``bash -c``, in the repository root.
@@ -115,7 +115,10 @@ def check(block: Block, *, has_cuda: bool) -> str | None:
         if Path(block.page).name in test_file:  # the test reads this page and runs its blocks
             return None
         for command in commands(block.code):
-            script = next((word for word in command.split() if word.endswith(".py")), "")
+            words = command.split()
+            script = next((word for word in words if word.endswith(".py")), "")
+            if not script and "-m" in words[:-1]:  # python -m / torchrun -m: the module
+                script = words[words.index("-m") + 1]
             assert script and script.split("/")[-1] in test_file, f"{block.value} does not run `{command}`"
         return None
     if block.lang == "python":

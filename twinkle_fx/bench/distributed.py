@@ -1,0 +1,556 @@
+"""The distributed training benchmark: a transformers causal LM trained with twinkle_fx kernels under DDP or
+FSDP2, on N GPUs or CPU processes (``torchrun --nproc_per_node N -m twinkle_fx.bench.distributed ...``; one
+process with ``python -m twinkle_fx.bench.distributed --parallel none ...``).
+
+``--model`` picks the architecture (``qwen2``: Qwen2ForCausalLM; ``llama3b``: LlamaForCausalLM) and ``--size``
+its shape: ``reference`` is the model's own (Qwen2-0.5B, Llama-3.2-3B), ``tiny`` and ``small`` shrink it for CPU
+processes. Every rank builds the same model from the same seed, takes its own shard of the same global batch
+(``--batch`` rows per rank and micro-step; the global batch depends only on ``--seed``, the
+micro-step and ``batch x world size``), so the losses of a 2-process run equal those of a 1-process
+run with twice the ``--batch``. At the end rank 0 prints ONE table for the run: global tokens/s and
+ms/step (steps after the first two), the peak GPU memory of every rank, the loss of every step
+(averaged over ranks and micro-steps) and what twinkle_fx swapped on each rank.
+
+Backends: ``eager``; ``inductor`` (plain ``torch.compile``); ``twinkle`` (``twinkle_fx.compile``:
+the fused-loss head installed on the model, everything else rewritten by ``backend="twinkle"``;
+``--compiler`` picks its inner compiler); ``kernelize`` (``kernelize_model`` with the built-in
+kernels, eager, the head included); ``kernelize+twinkle`` (both: the eager swaps, head included,
+then ``backend="twinkle"`` compiles the rest). ``--no-fused-loss`` leaves the head unbound for all.
+Whole-model compilation compiles the DDP- or FSDP2-wrapped model, so DDP's graph splitting at
+bucket boundaries (Dynamo's DDPOptimizer, ``--optimize-ddp``) is part of what runs; ``--regional``
+compiles each decoder layer instead (``twinkle_fx.compile.regional.compile_layers``: one small
+graph all layers share, the head installed eagerly on the uncompiled root; ``--backend inductor
+--regional``: ``torch.compile`` of each layer).
+
+Options a training run needs: ``--mixed-precision`` (FSDP2's MixedPrecisionPolicy: fp32 master
+weights, bf16 parameters in compute, fp32 gradient reduction), ``--checkpoint`` (activation
+checkpointing of every decoder layer), ``--accum N`` (gradient accumulation: N micro-steps per
+optimizer step, gradients synchronised on the last), ``--compiled-autograd`` (DDP: the backward
+captured by compiled autograd, gradients reduced by DDP's Python reducer), ``--cudagraphs`` (the compiled
+graphs replayed as CUDA graphs, ``mode="reduce-overhead"``: under DDP or with ``--accum`` each parameter
+gets its own ``.grad`` buffer, zeroed in place, because a gradient that *is* a CUDA graph's output is
+overwritten by the next replay, pytorch/pytorch#169545; a single-device step without accumulation takes
+the graph's gradients as they are; under FSDP2 the twinkle backend copies the gathered parameters into the
+graphs at each replay, since FSDP2 gathers them into new memory every step, ``--backend inductor`` is refused
+(it would record the graphs again every step) and so is ``--accum``). FSDP2's own choices:
+``--reshard-after-forward true|false|N``, ``--prefetch N`` (explicit all-gather prefetching), ``--fused-adamw``
+(the fused optimizer on the shards). DDP's own costs: ``--ddp-comm-hook allreduce`` (one division per bucket
+instead of one per gradient), ``--no-broadcast-buffers``, ``--ddp-static-graph``, ``--grad-as-bucket-view``.
+``--profile DIR`` runs three more steps under torch.profiler on every rank and writes a Chrome trace and a
+report (device vs wall time, top kernels, NCCL included) per rank.
+
+Run on GPUs (NCCL), the reference sizes:
+
+    torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --size reference --parallel ddp --backend twinkle \
+        --regional
+    torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --model llama3b --size reference --parallel fsdp2 \
+        --backend twinkle --regional --fused-adamw
+
+The single-GPU baselines of a 2-GPU run (the same per-GPU batch for speed, the 2-GPU global batch
+for the losses), then the 2-GPU run compared with them:
+
+    python -m twinkle_fx.bench.distributed --size reference --parallel none --backend twinkle --compare-single 2 \
+        --out single.json
+    torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --size reference --parallel ddp --backend twinkle \
+        --baseline single.json --out ddp.json
+
+Without a GPU (gloo on CPU, the Triton kernels through the interpreter), the tiny size (the default):
+
+    torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --model llama3b --size tiny --parallel fsdp2 \
+        --backend twinkle --compiler aot_eager --regional
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+# NVLink multicast (NVLS) stays off on the GPU machines; it must be set before NCCL initialises.
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from .distributed_models import DEFAULT_SHAPE, MODELS, SIZES, build_model, global_batch  # noqa: E402
+from .distributed_results import (  # noqa: E402
+    COMPILED, RankSwaps, RunResult, describe_args, kernel_swaps_compiled, load_baseline, table,
+)
+
+BACKENDS = ("eager", "inductor", "twinkle", "kernelize", "kernelize+twinkle")
+
+
+def _reshard_after_forward(value: str) -> bool | int:
+    """``--reshard-after-forward``: ``true``, ``false`` or a group size (an int of 2 or more)."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if size < 2:
+        raise argparse.ArgumentTypeError(f"takes true, false or a group size of 2 or more ranks, not {value!r}")
+    return size
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m twinkle_fx.bench.distributed",
+                                     description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("--model", choices=tuple(MODELS), default="qwen2",
+                        help="qwen2: Qwen2ForCausalLM, reference size Qwen2-0.5B; llama3b: LlamaForCausalLM, "
+                             "reference size Llama-3.2-3B")
+    parser.add_argument("--size", choices=SIZES, default="tiny",
+                        help="reference: the --model's own shape; tiny and small: the same architecture shrunk for "
+                             "CPU processes and the Triton interpreter")
+    parser.add_argument("--parallel", choices=("ddp", "fsdp2", "none"), default="ddp",
+                        help="none: one process, no wrapper and no process group (the single-GPU baseline)")
+    parser.add_argument("--backend", choices=BACKENDS, default="twinkle")
+    parser.add_argument("--compiler", choices=("inductor", "aot_eager", "eager"), default="inductor",
+                        help="inner compiler of the twinkle backends (default inductor)")
+    parser.add_argument("--regional", action="store_true",
+                        help="compile each decoder layer instead of the whole model (compiled backends)")
+    parser.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
+                        help="leave the LM head + loss unswapped (bind no fused-loss head)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=None, help="sequences per rank and micro-step (default: 4 for reference)")
+    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: 1024 for reference)")
+    parser.add_argument("--accum", type=int, default=1, help="gradient accumulation: micro-steps per optimizer step")
+    parser.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
+                        help="parameter dtype (default: bf16 on GPU, fp32 on CPU; fp32 with --mixed-precision)")
+    parser.add_argument("--mixed-precision", action="store_true",
+                        help="FSDP2 MixedPrecisionPolicy: fp32 master weights, bf16 compute, fp32 gradient reduction")
+    parser.add_argument("--reshard-after-forward", type=_reshard_after_forward, default=True, metavar="true|false|N",
+                        help="FSDP2 fully_shard(reshard_after_forward=...) of every decoder layer: true (the default) "
+                             "frees each layer's gathered parameters after its forward and gathers them again for "
+                             "its backward; false keeps them from forward to backward (no second all-gather per "
+                             "layer, at the cost of holding them: ZeRO-2's memory, not ZeRO-3's); N keeps them "
+                             "sharded over groups of N ranks in between (N divides the world size, 1 < N < world), "
+                             "so the backward's all-gather stays within the group")
+    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,
+                        help="the same as --reshard-after-forward false")
+    parser.add_argument("--prefetch", type=int, default=0, metavar="N",
+                        help="FSDP2: each decoder layer starts the all-gathers of the next N layers in its forward "
+                             "(set_modules_to_forward_prefetch) and of the N before it in its backward "
+                             "(set_modules_to_backward_prefetch); 0 (the default) leaves FSDP2's own order: "
+                             "forward all-gathers issued as each layer starts, one layer ahead in backward")
+    parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--fused-adamw", action="store_true",
+                        help="AdamW(fused=True): one fused kernel set for the whole step instead of torch's "
+                             "default multi-tensor one (the optimizer step is 19.5 ms of an FSDP2 step on DTensors); "
+                             "under FSDP2 it updates each rank's shards (DTensors) in place")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bucket-cap-mb", type=float, default=None,
+                        help="DDP bucket size; small values give several buckets, so DDPOptimizer splits the graph")
+    parser.add_argument("--ddp-static-graph", action="store_true",
+                        help="DDP(static_graph=True): the same parameters get gradients every step, so DDP can fix "
+                             "its bucket order after the first step and skip its per-step search for unused ones")
+    parser.add_argument("--grad-as-bucket-view", action="store_true",
+                        help="DDP(gradient_as_bucket_view=True): .grad tensors are views of the all-reduce buckets "
+                             "(no copy of the gradients into them, one copy less of 1 GB per step for the reference)")
+    parser.add_argument("--ddp-comm-hook", choices=("none", "allreduce"), default="none",
+                        help="allreduce: DDP's built-in C++ all-reduce hook, which divides each bucket once before "
+                             "reducing it; without a hook DDP's reducer divides every gradient on its own (one "
+                             "kernel launch per parameter, 291 for the reference, every step)")
+    parser.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false",
+                        help="DDP(broadcast_buffers=False): rank 0's buffers are not broadcast before every "
+                             "forward (Qwen2's only buffer is the rotary inv_freq, a constant)")
+    parser.add_argument("--persistent-grads", action="store_true",
+                        help="with --cudagraphs and one device: keep a zeroed .grad buffer per parameter even "
+                             "when the backward could hand its gradients over (no accumulation, no DDP)")
+    parser.add_argument("--tied-embedding-ddp", action="store_true",
+                        help="wrap with twinkle_fx.distributed.tied_embedding_ddp: the tied embedding / LM-head "
+                             "weight (272 MB in bf16 for the reference) leaves DDP's buckets; the head's gradient "
+                             "is all-reduced while the layers run backward, the embedding's as rows at the end")
+    parser.add_argument("--optimize-ddp", choices=("ddp_optimizer", "no_optimization", "python_reducer"), default=None,
+                        help="compiled DDP: split the graph at bucket boundaries (torch's default; with --regional "
+                             "no_optimization is), compile it whole, or reduce in compiled autograd (python_reducer, "
+                             "the default with --compiled-autograd)")
+    parser.add_argument("--compiled-autograd", action="store_true",
+                        help="capture the backward with compiled autograd (torch._dynamo.config.compiled_autograd)")
+    parser.add_argument("--compare-single", type=int, default=None, metavar="WORLD",
+                        help="with --parallel none: run twice, with --batch (the speed baseline of a WORLD-GPU run) "
+                             "and with WORLD x --batch (its global batch: the loss baseline)")
+    parser.add_argument("--baseline", action="append", default=[],
+                        help="a --parallel none --out file (--compare-single writes both baselines): the table "
+                             "compares with its runs; may be given more than once")
+    parser.add_argument("--report", action="store_true", help="every rank prints its twinkle compile report, once")
+    parser.add_argument("--out", default=None, help="rank 0 writes the runs and tables here (JSON)")
+    parser.add_argument("--cudagraphs", action="store_true",
+                        help="replay the compiled graphs (whole model or each layer) as CUDA graphs "
+                             "(mode='reduce-overhead'); the table says how many were recorded and re-recorded")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="after the timed steps, 3 more under torch.profiler on every rank: DIR/rank<r>/"
+                             "profile_trace.json and profile_report.txt (rank 0's report is printed)")
+    args = parser.parse_args(argv)
+    batch, seq = DEFAULT_SHAPE[args.size]
+    args.batch = args.batch or batch
+    args.seq = args.seq or seq
+    compiled = args.backend in COMPILED
+    if args.regional and not compiled:
+        parser.error(f"--regional compiles decoder layers: it needs a compiled --backend ({', '.join(COMPILED)}), "
+                     f"not {args.backend}")
+    if args.mixed_precision and args.parallel != "fsdp2":
+        parser.error("--mixed-precision is FSDP2's MixedPrecisionPolicy: use it with --parallel fsdp2 "
+                     "(DDP and none train in --dtype)")
+    if (args.reshard_after_forward is not True or args.prefetch) and args.parallel != "fsdp2":
+        parser.error("--reshard-after-forward, --no-reshard-after-forward and --prefetch are FSDP2 options: use "
+                     "them with --parallel fsdp2")
+    if args.prefetch < 0:
+        parser.error(f"--prefetch must be 0 or more layers, got {args.prefetch}")
+    if args.mixed_precision and args.dtype == "bf16":
+        parser.error("--mixed-precision keeps fp32 master weights: leave --dtype out (or fp32)")
+    if args.compiled_autograd:
+        if not compiled or args.parallel == "fsdp2":
+            parser.error("--compiled-autograd needs a compiled --backend and --parallel ddp or none")
+        if args.optimize_ddp in ("ddp_optimizer", "no_optimization"):
+            parser.error(f"--compiled-autograd works with --optimize-ddp python_reducer, not {args.optimize_ddp} "
+                         "(torch._dynamo.config.optimize_ddp says so)")
+        args.optimize_ddp = args.optimize_ddp or "python_reducer"
+    elif args.optimize_ddp == "python_reducer":
+        parser.error("--optimize-ddp python_reducer needs --compiled-autograd")
+    # --regional: a layer's graph is not worth splitting at bucket boundaries (compile_layers keeps it whole
+    # on its own; this keeps --backend inductor's layers whole too)
+    args.optimize_ddp = args.optimize_ddp or ("no_optimization" if args.regional else "ddp_optimizer")
+    if args.cudagraphs and (not compiled or args.compiler != "inductor"):
+        parser.error("--cudagraphs needs a compiled --backend with --compiler inductor")
+    if args.cudagraphs and args.parallel == "fsdp2" and args.backend == "inductor":
+        parser.error("--backend inductor --cudagraphs under FSDP2: Inductor's CUDA graphs read every parameter at "
+                     "the address they were recorded with, and FSDP2 gathers the parameters into new memory every "
+                     "step, so the graphs are recorded again and again (measured on an H100, the Qwen2-0.5B shape, "
+                     "regional: 192 to 240 graphs instead of 48, steps of 1.7 s while re-recording); use --backend "
+                     "twinkle --cudagraphs (it copies FSDP2's parameters into the graphs at each replay) or leave "
+                     "--cudagraphs out")
+    if args.cudagraphs and args.parallel == "fsdp2" and args.accum > 1:
+        parser.error("--cudagraphs with FSDP2 and --accum: between micro-steps FSDP2 keeps each unsharded "
+                     "parameter's gradient, which is the backward graph's output, and the next replay overwrites it "
+                     "(pytorch/pytorch#169545); leave one of them out")
+    ddp_only = (args.ddp_static_graph or args.grad_as_bucket_view or args.tied_embedding_ddp
+                or args.ddp_comm_hook != "none" or not args.broadcast_buffers)
+    if ddp_only and args.parallel != "ddp":
+        parser.error("--ddp-static-graph, --grad-as-bucket-view, --tied-embedding-ddp, --ddp-comm-hook and "
+                     "--no-broadcast-buffers are DistributedDataParallel options: use them with --parallel ddp")
+    if args.ddp_comm_hook != "none" and args.compiled_autograd:
+        parser.error("--ddp-comm-hook with --compiled-autograd: DDP's Python reducer all-reduces each gradient in "
+                     "its own hook and never runs the C++ reducer's built-in hook; leave one of them out")
+    if args.persistent_grads and (not args.cudagraphs or args.parallel == "fsdp2"):
+        parser.error("--persistent-grads is how --cudagraphs runs keep gradients: use it with --cudagraphs and "
+                     "--parallel ddp or none (FSDP2's gradients are its reduce-scatter's output, not a graph's)")
+    if args.ddp_static_graph and args.accum > 1:
+        parser.error("--ddp-static-graph with --accum: DDP(static_graph=True) under no_sync() fails an internal "
+                     "assert on its first backward, and past it stops all-reducing gradients "
+                     "(https://github.com/pytorch/pytorch/issues/143580, fix pending in pytorch/pytorch#187732); "
+                     "leave one of them out")
+    if args.compare_single is not None and (args.parallel != "none" or args.compare_single < 2):
+        parser.error("--compare-single WORLD (>= 2) runs the single-device baselines: use it with --parallel none")
+    for name in ("steps", "batch", "seq", "accum"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    return args
+
+
+def init_distributed(parallel: str = "ddp") -> tuple[int, int, torch.device]:
+    """The process group from torchrun's environment: NCCL on this rank's GPU, else gloo on CPU.
+
+    ``parallel="none"`` makes no process group: one process, on GPU ``LOCAL_RANK`` (0 without torchrun).
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if parallel == "none":
+        if int(os.environ.get("WORLD_SIZE", 1)) != 1:
+            raise SystemExit("--parallel none runs one process: launch it without torchrun or with --nproc_per_node 1")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return 0, 1, device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    if args.parallel == "none":
+        return model
+    if args.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        kwargs = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+        kwargs.update(static_graph=args.ddp_static_graph, gradient_as_bucket_view=args.grad_as_bucket_view,
+                      broadcast_buffers=args.broadcast_buffers, device_ids=[device.index] if device.type == "cuda" else None)
+        if args.tied_embedding_ddp:
+            from twinkle_fx.distributed import tied_embedding_ddp
+
+            ddp = tied_embedding_ddp(model, **kwargs)
+        else:
+            ddp = DDP(model, **kwargs)
+        if args.ddp_comm_hook == "allreduce":  # before the first backward, as DDP requires
+            ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+        return ddp
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = {}
+    if args.mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # one FSDP group per decoder layer, the root holds the (tied) embedding / LM head and final norm
+    layers = list(model.model.layers)
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=args.reshard_after_forward, **kwargs)
+    fully_shard(model, **kwargs)
+    if args.prefetch:
+        # explicit prefetching: more all-gathers in flight (more gathered layers held) for more overlap
+        for i, layer in enumerate(layers):
+            layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + args.prefetch])
+            layer.set_modules_to_backward_prefetch(layers[max(0, i - args.prefetch):i][::-1])
+    return model
+
+
+def check_world(args: argparse.Namespace, world: int) -> None:
+    """What only the world size decides.
+
+    Raises:
+        ValueError: ``--reshard-after-forward N`` where N does not split ``world`` into groups of N ranks.
+    """
+    n = args.reshard_after_forward
+    if not isinstance(n, bool) and (world % n or not 1 < n < world):
+        raise ValueError(f"--reshard-after-forward {n}: FSDP2 reshards each layer to groups of {n} ranks after its "
+                         f"forward, so {n} must divide the world size {world} and lie between 2 and {world - 1}"
+                         + ("; on 2 ranks use true or false" if world == 2 else ""))
+
+
+def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
+    """``--backend`` / ``--regional``: what the training loop calls (``wrapped`` itself when regional or eager)."""
+    import twinkle_fx
+    from twinkle_fx.compile.regional import compile_layers
+
+    options = {"compiler": args.compiler, **({"cudagraphs": True} if args.cudagraphs else {})}
+    inductor_mode = {"mode": "reduce-overhead"} if args.cudagraphs else {}
+    if args.regional:
+        # the layers are compiled in place (nn.Module.compile): the wrappers keep working on them
+        if args.backend == "inductor":
+            for layer in model.model.layers:
+                layer.compile(**inductor_mode)
+        else:  # twinkle: the head installed on the uncompiled root; kernelize+twinkle: kernelize did it
+            compile_layers(model, layers=model.model.layers, options=options, fused_loss=args.fused_loss)
+        return wrapped
+    if args.backend == "inductor":
+        return torch.compile(wrapped, **inductor_mode)
+    if args.backend == "twinkle":
+        # the head on the model (DDP's .module; FSDP2's root is the model), the rest by the backend
+        return twinkle_fx.compile(wrapped, options=options, fused_loss=args.fused_loss)
+    if args.backend == "kernelize+twinkle":
+        return torch.compile(wrapped, backend="twinkle", options=options)
+    return wrapped
+
+
+def kernel_swaps_eager(model: torch.nn.Module) -> dict[str, int]:
+    from twinkle_fx.function import patched_functions
+    from twinkle_fx.core.swaps import swapped_forward
+
+    swapped = Counter(
+        f"kernelized {type(module).__name__} -> {forward.kernel_name}"
+        for module in model.modules()
+        if (forward := swapped_forward(module)) is not None
+    )
+    swapped.update(f"patched {name}" for name in patched_functions())
+    return dict(swapped)
+
+
+def _gather(value: Any, world: int) -> list[Any]:
+    if not dist.is_initialized():
+        return [value]
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, value)
+    return everyone
+
+
+def persistent_grads(args: argparse.Namespace) -> bool:
+    """Whether ``--cudagraphs`` needs a ``.grad`` buffer per parameter, zeroed in place every step.
+
+    A gradient that *is* a CUDA graph's output is overwritten by the graph's next replay
+    (pytorch/pytorch#169545): with accumulation the next micro-step's backward would add into it, and
+    DDP keeps ``.grad`` across steps (its bucket views). A single-device step without accumulation
+    hands the gradients over (``zero_grad(set_to_none=True)``): the optimizer reads them before the next
+    replay, and no add per parameter runs. FSDP2 needs no buffer: its post-backward copies each layer's
+    gradients into the reduce-scatter input and drops them before the layer's graph replays again (with
+    ``--accum`` it would keep them: parse_args refuses that).
+    """
+    return args.cudagraphs and (args.parallel == "ddp" or args.accum > 1 or args.persistent_grads)
+
+
+def _skip_sync(wrapped: torch.nn.Module, model: torch.nn.Module, args: argparse.Namespace, sync: bool):
+    """Gradient accumulation: no gradient reduction on the micro-steps before the last."""
+    if args.parallel == "ddp" and not sync:
+        return wrapped.no_sync()  # an OptimizedModule passes the attribute to the DDP module
+    if args.parallel == "fsdp2":
+        model.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
+
+
+def train(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> RunResult:
+    """Build, wrap, prepare (``--backend``), train ``--steps`` steps; the process group must exist
+    (unless ``--parallel none``).
+
+    Registrations are private to the call and the eager swaps are undone at the end, so a process
+    can run several configurations one after another.
+    """
+    import twinkle_fx
+    from twinkle_fx.builtin import use_builtin_kernels
+    from twinkle_fx.compile import collect_reports
+    from twinkle_fx.compile.inductor_options import cudagraph_tree_summary
+
+    default = "fp32" if args.mixed_precision or device.type != "cuda" else "bf16"
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or default]
+    check_world(args, world)
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        gc.collect()  # an earlier run's model, optimizer and graphs (reference cycles) go before the peak is reset
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    patches = dict(optimize_ddp=args.optimize_ddp, compiled_autograd=args.compiled_autograd)
+    with torch._dynamo.config.patch(**patches), twinkle_fx.scoped_registry(), collect_reports() as report:
+        kernelize = args.backend.startswith("kernelize")
+        if args.backend not in ("eager", "inductor"):
+            use_builtin_kernels(devices=(device.type,), models=(MODELS[args.model].family,), fused_loss=args.fused_loss)
+        model = build_model(args.model, args.size, dtype, device, args.seed)
+        if args.checkpoint:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if kernelize:
+            mode = "train+compile" if args.backend.endswith("twinkle") else "train"
+            twinkle_fx.kernelize_model(model, mode=mode, device=device.type)
+        if args.regional:  # layers compiled before fully_shard / DDP wrap them (the modules stay)
+            compile_model(model, model, args)
+            wrapped = run = wrap(model, args, device)
+        else:
+            wrapped = wrap(model, args, device)
+            run = compile_model(model, wrapped, args)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, **({"fused": True} if args.fused_adamw else {}))
+        params = list(model.parameters())
+        keep_grads = persistent_grads(args)
+        if keep_grads:  # the backward adds into these buffers instead of handing over its output
+            for p in params:
+                p.grad = torch.zeros_like(p)
+        losses, tokens_per_s, step_ms = [], [], []
+
+        def one_step(micro: list[torch.Tensor]) -> torch.Tensor:
+            total = torch.zeros((), device=device)
+            for m, input_ids in enumerate(micro):
+                with _skip_sync(wrapped, model, args, sync=m == args.accum - 1):
+                    loss = run(input_ids=input_ids, labels=input_ids).loss
+                    (loss / args.accum).backward()
+                total += loss.detach().float()
+            optimizer.step()
+            if keep_grads:  # one multi-tensor launch, not one zero_() per parameter
+                torch._foreach_zero_([p.grad for p in params if p.grad is not None])
+            else:
+                optimizer.zero_grad(set_to_none=True)
+            if world > 1:
+                dist.all_reduce(total)  # SUM: gloo has no AVG
+            return total
+
+        def batches(step: int) -> list[torch.Tensor]:
+            return [global_batch(step * args.accum + m, args.batch * world, args.seq, model.config.vocab_size,
+                                 args.seed)[rank * args.batch:(rank + 1) * args.batch].to(device)
+                    for m in range(args.accum)]
+
+        try:
+            for step in range(args.steps):
+                micro = batches(step)
+                _sync(device)
+                start = time.perf_counter()
+                total = one_step(micro)
+                _sync(device)
+                elapsed = time.perf_counter() - start
+                losses.append(total.item() / world / args.accum)
+                step_ms.append(elapsed * 1e3)
+                tokens_per_s.append(args.batch * world * args.seq * args.accum / elapsed)
+                if rank == 0:
+                    print(f"step {step:3d}  loss {losses[-1]:.6f}  {tokens_per_s[-1]:,.0f} tokens/s  "
+                          f"({elapsed * 1e3:.1f} ms)", flush=True)
+            if args.profile:
+                # after the timed steps (the profiler's overhead never reaches them), every rank
+                from twinkle_fx.bench.profile import profile_steps
+                from twinkle_fx.bench.timing import DeviceClock
+
+                micro = batches(args.steps)
+                summary = profile_steps(lambda: one_step(micro), DeviceClock(device), Path(args.profile) / f"rank{rank}",
+                                        steps=3, title=describe_args(args, world, device))
+                if rank == 0:
+                    print(Path(summary.report).read_text(), flush=True)
+            # recorded, never recorded, re-recorded (a parameter at a new address each step would re-record
+            # every step): read before torch._dynamo.reset() drops the trees
+            graphs = cudagraph_tree_summary(device.index) if args.cudagraphs and device.type == "cuda" else ""
+            mine = kernel_swaps_compiled(rank, report)
+            for what, n in kernel_swaps_eager(model).items():  # kernelize, or the head on the root
+                mine.swapped[what] = mine.swapped.get(what, 0) + n
+            if args.report:
+                # once per rank: one summary over all of this rank's graphs (DDP's pieces included)
+                print(f"rank {rank} twinkle_fx report:\n{report.summary()}", flush=True)
+        finally:
+            twinkle_fx.undo_kernelize(model)  # function patches are process-wide; the head is an eager swap
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    everyone = _gather((asdict(mine), peak, graphs), world)
+    torch._dynamo.reset()
+    return RunResult(vars(args).copy(), world, str(device), losses, tokens_per_s,
+                     [RankSwaps(**s) for s, _, _ in everyone], step_ms, [p for _, p, _ in everyone],
+                     [g for _, _, g in everyone if g])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        from twinkle_fx.core.settings import use_triton_interpreter
+
+        use_triton_interpreter(command="python -m twinkle_fx.bench.distributed")  # before the kernels are imported
+    baseline = [run for path in args.baseline for run in load_baseline(path)]
+    rank, world, device = init_distributed(args.parallel)
+    try:
+        try:
+            check_world(args, world)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
+        configs = [args]
+        if args.compare_single:
+            configs.append(argparse.Namespace(**{**vars(args), "batch": args.batch * args.compare_single}))
+        results = []
+        for config in configs:
+            if rank == 0:
+                print(f"{config.parallel} x {world} on {device.type}, backend {config.backend}, model {config.model} "
+                      f"size {config.size}, "
+                      f"batch {config.batch} x {config.seq} per rank", flush=True)
+            results.append(train(config, rank, world, device))
+        if rank == 0:
+            tables = [table(result, [*baseline, *results]) for result in results]
+            print("\n\n".join(tables), flush=True)
+            if args.out:
+                from .environment import describe_environment
+
+                with open(args.out, "w") as f:
+                    json.dump({"environment": describe_environment(device), "runs": [r.to_json() for r in results],
+                               "tables": tables}, f, indent=1)
+        if dist.is_initialized():
+            # the other ranks wait while rank 0 writes: a gloo rank that tears its connections down while a peer
+            # still holds them aborts its process at exit ("terminate called without an active exception")
+            dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

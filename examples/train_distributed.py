@@ -28,7 +28,7 @@ from twinkle_fx.compile.regional import compile_layers, repeated_layers  # noqa:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="meta-llama/Llama-3.2-1B", help="a Hugging Face causal-LM name or path")
+    parser.add_argument("--model", default="Qwen/Qwen2.5-0.5B", help="a Hugging Face causal-LM name or path")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of --model (no download)")
     parser.add_argument("--parallel", choices=("ddp", "fsdp2"), default="fsdp2")
     parser.add_argument("--steps", type=int, default=10)

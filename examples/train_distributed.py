@@ -1,6 +1,6 @@
 """Train a Hugging Face causal LM on several GPUs with DDP or FSDP2 and the twinkle_fx kernels.
 
-    torchrun --nproc_per_node 2 examples/train_distributed.py --model meta-llama/Llama-3.2-3B --parallel fsdp2
+    torchrun --nproc_per_node 2 examples/train_distributed.py --model Qwen/Qwen2.5-3B --parallel fsdp2
     torchrun --nproc_per_node 2 examples/train_distributed.py --tiny      # CPU processes (gloo), a tiny Llama
 
 The built-in kernels of the model's family (norms, MLP, rotary embedding, fused LM-head loss) are bound, then

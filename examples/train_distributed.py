@@ -91,6 +91,7 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         if rank == 0:
             print(f"step {step}  loss {mean:.4f}  {batch * seq * world / elapsed:,.0f} tokens/s", flush=True)
+    dist.barrier()  # no rank tears its connections down while another still uses them
     dist.destroy_process_group()
 
 

@@ -45,7 +45,8 @@ def test_every_family_is_a_workload_and_the_cli_lists_it():
 @pytest.mark.interpreter  # --tiny is the CPU through the Triton interpreter by definition
 @pytest.mark.parametrize(("family", "swapped"), [
     ("gemma", {"GemmaRMSNorm -> GemmaRMSNorm", "GemmaMLP -> GeGLUMLP", "GemmaForCausalLM -> CausalLMFusedLoss"}),
-    ("mixtral", {"MixtralRMSNorm -> RMSNorm", "MixtralExperts -> SwiGLUExperts"}),
+    ("mixtral", {"MixtralRMSNorm -> RMSNorm", "MixtralExperts -> SwiGLUExperts",
+                 "MixtralForCausalLM -> MoECausalLMFusedLoss"}),
 ])
 def test_tiny_bench_runs_a_family(family, swapped, tmp_path):
     _cli("--model", family, "--tiny", "--backends", "eager,kernelize", "--warmup", "0", "--out", str(tmp_path))

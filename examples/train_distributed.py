@@ -78,6 +78,9 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=cuda)
 
     generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
+    # one buffer for the loss all-reduce, alive to the end: gloo's worker thread may release a collective's
+    # tensor after the call returns, and freeing a tensor Python already dropped needs the GIL (a hang at exit)
+    loss_sum = torch.zeros((), device=device)
     for step in range(args.steps):
         input_ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator).to(device)
         start = time.perf_counter()
@@ -85,9 +88,9 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        mean = loss.detach().float()
-        dist.all_reduce(mean)  # a sum: gloo has no average
-        mean = mean.item() / world  # waits for the step to finish
+        loss_sum.copy_(loss.detach())
+        dist.all_reduce(loss_sum)  # a sum: gloo has no average
+        mean = loss_sum.item() / world  # waits for the step to finish
         elapsed = time.perf_counter() - start
         if rank == 0:
             print(f"step {step}  loss {mean:.4f}  {batch * seq * world / elapsed:,.0f} tokens/s", flush=True)

@@ -27,6 +27,10 @@ GQA_ATTENTION = (True, False, "auto")
 class BackendOptions:
     """Options of the ``twinkle`` backend.
 
+    ``fuse_projections``, ``gqa_attention`` and ``causal_mask`` choose among the graph rewrites the registry
+    in effect has: one removed from it (``get_registry().remove_graph_rewrite("gqa_attention")``, names in
+    :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever they say.
+
     Args:
         compiler (`str`, defaults to `"inductor"`): the inner compiler the rewritten graph goes to:
             "inductor", "aot_eager" or "eager".
@@ -51,10 +55,6 @@ class BackendOptions:
         causal_mask (`bool`, defaults to `True`): SDPA given a causal mask that depends on no input
             (transformers materialises one under torch.compile) runs with ``is_causal=True`` instead,
             i.e. flash attention over the lower half, see :mod:`.passes.attention`.
-
-        The last three choose among the graph rewrites the registry in effect has: one removed from it
-        (``get_registry().remove_graph_rewrite("gqa_attention")``, names in
-        :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever these say.
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).

@@ -6,7 +6,7 @@ It holds four tables:
 - layer bindings: nn.Module class -> kernel_name (``register_external_layer``; classes carrying a
   ``kernel_layer_name`` attribute, as set by Hugging Face ``kernels`` decorators, bind implicitly);
 - function kernels: "module.func" -> device -> mode -> :class:`FunctionRegistration`;
-- graph rewrites: name -> :class:`GraphRewrite`, the compile backend's rewrites of computations no
+- graph rewrites: the names of the compile backend's rewrites of computations no
   module or function names (attention as transformers writes it, projections reading one input).
   Every registry starts with all of :data:`GRAPH_REWRITES`; removing one by name turns it off wherever
   that registry is in effect (``options=`` of one ``torch.compile`` call choose among those left).
@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "LayerRegistration",
     "FunctionRegistration",
-    "GraphRewrite",
     "GRAPH_REWRITES",
     "KernelRegistry",
     "get_registry",
@@ -89,27 +88,13 @@ class FunctionRegistration:
         return f"{self.target} [{self.device}, {format_mode(self.mode)}] from {self.source.describe()}"
 
 
-@dataclass(frozen=True)
-class GraphRewrite:
-    """One rewrite the compile backend makes of a computation, not of a registered module or function."""
-
-    name: str
-    kernel: str  # what the rewritten computation calls
-    what: str
-
-    def __str__(self) -> str:
-        return f"{self.name}: {self.what} -> {self.kernel}"
-
-
-#: the compile backend's graph rewrites, by name (the passes in ``compile/passes`` read them here)
-GRAPH_REWRITES: dict[str, GraphRewrite] = {rewrite.name: rewrite for rewrite in (
-    GraphRewrite("causal_attention", "scaled_dot_product_attention(is_causal=True)",
-                 "scaled_dot_product_attention given a causal mask that depends on no input"),
-    GraphRewrite("gqa_attention", "twinkle_triton.gqa_attention",
-                 "scaled_dot_product_attention on key/value repeated to the query's heads (repeat_kv)"),
-    GraphRewrite("fused_projections", "one GEMM on concatenated weights",
-                 "linears that read the same input (q/k/v, gate/up)"),
-)}
+#: the compile backend's graph rewrites (the passes in ``compile/passes`` look their names up), and what each does
+GRAPH_REWRITES: dict[str, str] = {
+    "causal_attention": "scaled_dot_product_attention given a causal mask that depends on no input -> is_causal=True",
+    "gqa_attention": "scaled_dot_product_attention on key/value repeated to the query's heads (repeat_kv) -> "
+                     "twinkle_triton.gqa_attention",
+    "fused_projections": "linears that read the same input (q/k/v, gate/up) -> one GEMM on concatenated weights",
+}
 
 
 _Table = dict[str, dict[str, dict[Mode, object]]]
@@ -138,7 +123,7 @@ class KernelRegistry:
         self._bindings: dict[type, str] = {}
         self._within: dict[type, tuple[type, ...]] = {}  # bound class -> parent classes it is limited to
         self._functions: _Table = {}
-        self._graph_rewrites: dict[str, GraphRewrite] = dict(GRAPH_REWRITES)
+        self._graph_rewrites: set[str] = set(GRAPH_REWRITES)
         self.generation = 0  # bumped on every change: caches keyed on it stay valid exactly as long as the registry
 
     # -- writing -----------------------------------------------------------------------------
@@ -180,13 +165,14 @@ class KernelRegistry:
         """
         with self._lock:
             _check_graph_rewrite(name)
-            self._graph_rewrites.pop(name, None)
+            self._graph_rewrites.discard(name)
             self.generation += 1
 
     def add_graph_rewrite(self, name: str) -> None:
         """Turn the graph rewrite ``name`` (one of :data:`GRAPH_REWRITES`) on again."""
         with self._lock:
-            self._graph_rewrites[name] = _check_graph_rewrite(name)
+            _check_graph_rewrite(name)
+            self._graph_rewrites.add(name)
             self.generation += 1
 
     # -- reading -----------------------------------------------------------------------------
@@ -262,7 +248,7 @@ class KernelRegistry:
             new._functions = {k: {d: dict(m) for d, m in devs.items()} for k, devs in self._functions.items()}
             new._bindings = dict(self._bindings)
             new._within = dict(self._within)
-            new._graph_rewrites = dict(self._graph_rewrites)
+            new._graph_rewrites = set(self._graph_rewrites)
             new.generation = self.generation
         return new
 
@@ -272,11 +258,10 @@ class KernelRegistry:
                     f"functions={list(self._functions)} graph_rewrites={self.graph_rewrite_names()}>")
 
 
-def _check_graph_rewrite(name: object) -> GraphRewrite:
+def _check_graph_rewrite(name: object) -> None:
     if name not in GRAPH_REWRITES:
         raise ValueError(f"{name!r} is not a graph rewrite of the compile backend; the rewrites are "
                          f"{', '.join(map(repr, GRAPH_REWRITES))}")
-    return GRAPH_REWRITES[name]  # type: ignore[index]
 
 
 _GLOBAL_REGISTRY = KernelRegistry()

@@ -100,6 +100,17 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
     return output if return_dict else output.to_tuple()
 
 
+def _load_balancing_loss(head):
+    """The modeling module's own ``load_balancing_loss_func`` (the families differ in how they weigh padding
+    and top-k), found along the MRO: FSDP2 and user subclasses live in other modules."""
+    for cls in type(head).__mro__:
+        found = getattr(sys.modules.get(cls.__module__), "load_balancing_loss_func", None)
+        if found is not None:
+            return found
+    raise TypeError(f"MoECausalLMFusedLoss: no load_balancing_loss_func in the modules of {type(head).__name__}'s "
+                    "classes; call the model with output_router_logits=False, or unbind its head")
+
+
 def _moe_causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                            inputs_embeds=None, labels=None, use_cache=None, output_router_logits=None,
                            logits_to_keep=0, **kwargs):
@@ -113,9 +124,7 @@ def _moe_causal_lm_forward(self, input_ids=None, attention_mask=None, position_i
     loss, logits = _loss_and_logits(self, outputs.last_hidden_state, labels, logits_to_keep, loss_args, kwargs)
     aux_loss = None
     if output_router_logits:
-        # the modeling module's own function: the families differ in how they weigh padding and top-k
-        balancing = sys.modules[type(self).__module__].load_balancing_loss_func
-        aux_loss = balancing(outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask)
+        aux_loss = _load_balancing_loss(self)(outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask)
         if labels is not None:
             loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
     output = MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits, hidden_states=outputs.hidden_states,

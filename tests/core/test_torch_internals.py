@@ -307,9 +307,13 @@ def test_module_hook_dicts_are_live_views_of_a_modules_own_hooks():
                linear.register_full_backward_pre_hook(lambda *a: None)]
     assert all((forward, pre, backward, backward_pre))  # the dicts read before the hooks were added
     assert len(ti.module_hook_dicts(linear, backward=False)) == 2
+    assert ti.has_forward_hooks(linear)
     for handle in handles:
         handle.remove()
-    assert not any(ti.module_hook_dicts(linear))
+    assert not any(ti.module_hook_dicts(linear)) and not ti.has_forward_hooks(linear)
+    handle = linear.register_forward_pre_hook(lambda *a: None)
+    assert not ti.has_forward_hooks(linear)  # a pre-hook sees the input, not the output
+    handle.remove()
 
 
 def test_pytree_flattens_nested_containers_and_model_outputs():

@@ -30,7 +30,7 @@ __all__ = [
     "optimize_ddp", "set_optimize_ddp", "active_ddp_module", "compiled_call", "set_compiled_call",
     "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "nn_sdpa", "nn_linear",
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
-    "dropout_classes", "module_hook_dicts", "tree_leaves", "tree_flatten", "tree_map_only",
+    "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
 ]
 
 
@@ -316,6 +316,12 @@ def module_hook_dicts(module: torch.nn.Module, *, backward: bool = True) -> tupl
     backward-pre. Live views: reading one later sees hooks added or removed since."""
     dicts = (module._forward_hooks, module._forward_pre_hooks)
     return (*dicts, module._backward_hooks, module._backward_pre_hooks) if backward else dicts
+
+
+
+def has_forward_hooks(module: torch.nn.Module) -> bool:
+    """Whether a forward hook is registered on ``module`` itself; one attribute read (replays call it per layer)."""
+    return bool(module._forward_hooks)
 
 
 # --- pytree: torch's flattening of nested containers (lists, tuples, dicts, transformers' ModelOutput) ---

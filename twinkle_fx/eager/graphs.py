@@ -84,7 +84,7 @@ from typing import Any
 
 import torch
 
-from ..core.torch_internals import module_hook_dicts
+from ..core.torch_internals import has_forward_hooks
 from .graph_capture import (Decline, block_modules, capture, data_ptr, dropout_reason, fixed_ptrs, flatten_call,
                             global_hooks, hooked, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
 from .graph_replay import Pass, Replay, Sequence, Step, Token, copy_inputs
@@ -291,7 +291,7 @@ class GraphSet:
             copy_inputs(p, step, tensors)
             step.fwd.replay()
             outs = step.static_out
-        if module_hook_dicts(module, backward=False)[0]:  # a forward hook may keep the output (output_hidden_states): give it its own memory
+        if has_forward_hooks(module):  # a forward hook may keep the output (output_hidden_states): give it its own memory
             outs = [o.clone() for o in outs]
         return rebuild(step.out_spec, iter(outs), caches)
 

@@ -59,8 +59,12 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
 
     model = load_model(args, device).train()
-    if model.config.model_type in BUILTIN_MODELS:
-        use_builtin_kernels(devices=(device.type,), models=(model.config.model_type,))
+    # the built-in kernels of the model's family (a family is found by its config's model_type: gemma3 -> gemma3_text)
+    family = next((name for name, f in BUILTIN_MODELS.items() if f.model_type == model.config.model_type), None)
+    if family is not None:
+        use_builtin_kernels(devices=(device.type,), models=(family,))
+    elif rank == 0:
+        print(f"no built-in kernels for model_type {model.config.model_type!r}: the layers are compiled as they are")
     layers = repeated_layers(model)
     # Inductor on a GPU; on the CPU aot_eager (Inductor's C++ build takes minutes on a few cores)
     compile_layers(model, layers=layers, options={"compiler": "inductor" if cuda else "aot_eager"})

@@ -82,9 +82,6 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=cuda)
 
     generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
-    # one buffer for the loss all-reduce, alive to the end: gloo's worker thread may release a collective's
-    # tensor after the call returns, and freeing a tensor Python already dropped needs the GIL (a hang at exit)
-    loss_sum = torch.zeros((), device=device)
     for step in range(args.steps):
         input_ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=generator).to(device)
         start = time.perf_counter()
@@ -92,13 +89,17 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_sum.copy_(loss.detach())
+        loss_sum = loss.detach().clone()
         dist.all_reduce(loss_sum)  # a sum: gloo has no average
         mean = loss_sum.item() / world  # waits for the step to finish
         elapsed = time.perf_counter() - start
         if rank == 0:
             print(f"step {step}  loss {mean:.4f}  {batch * seq * world / elapsed:,.0f} tokens/s", flush=True)
     dist.barrier()  # no rank tears its connections down while another still uses them
+    # DDP's reducer holds the process group and frees it holding the GIL: if it drops the last reference, gloo's
+    # destructor waits for a worker thread that needs the GIL to release a tensor (a hang at exit). Freed first,
+    # the group's last reference goes in destroy_process_group, which releases the GIL.
+    del wrapped
     dist.destroy_process_group()
 
 

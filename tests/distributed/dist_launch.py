@@ -3,8 +3,10 @@ named cases and writing rank 0's results."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,13 +23,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(script: Path, out: Path, *args: str, timeout: int, env: dict[str, str] | None = None) -> dict:
-    """``script OUT ARGS...`` on 2 processes with no GPU visible (gloo on the CPU); its JSON results."""
+def launch(target: list[str], *, timeout: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``torchrun TARGET...`` on 2 processes with no GPU visible (gloo on the CPU). Fails the test with what
+    the processes printed when they exit non-zero or outlive ``timeout`` seconds."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(free_port()), str(script), str(out), *args]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+               "--master_port", str(free_port()), *target]
+    # a session of its own: on a time-out the workers go with the launcher instead of living on as orphans
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()  # what they printed says where they were
+            raise AssertionError(f"{' '.join(target)} ran past {timeout} s\n{stdout[-3000:]}\n{stderr[-6000:]}") \
+                from None
+    assert process.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def torchrun(script: Path, out: Path, *args: str, timeout: int, env: dict[str, str] | None = None) -> dict:
+    """``script OUT ARGS...`` through :func:`launch`; its JSON results."""
+    launch([str(script), str(out), *args], timeout=timeout, env=env)
     return json.loads(out.read_text())
 
 
@@ -42,4 +60,7 @@ def run_cases(out: str, rank: int, cases: dict[str, Callable[[], Any]]) -> None:
             if rank == 0:
                 Path(out).write_text(json.dumps(results, indent=1))
     finally:
+        # objects the cases left in reference cycles (a DDP reducer holds the group) go first: a DDP reducer
+        # that dropped the group's last reference would wait for gloo's threads holding the GIL
+        gc.collect()
         dist.destroy_process_group()

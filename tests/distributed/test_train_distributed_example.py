@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from dist_launch import free_port
+from dist_launch import launch
 
 # gloo runs CPU processes, so the kernels run through the Triton interpreter: not on a GPU run
 pytestmark = pytest.mark.interpreter
@@ -22,12 +19,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_distributed.
 @pytest.mark.parametrize("parallel", ["fsdp2", "ddp"])
 def test_example_trains_on_two_processes(parallel):
     steps = 3
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(free_port()), str(EXAMPLE), "--tiny", "--parallel", parallel,
-               "--steps", str(steps)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    done = launch([str(EXAMPLE), "--tiny", "--parallel", parallel, "--steps", str(steps)], timeout=300)
     # rank 0 alone prints one line a step
     found = re.findall(r"^step (\d+)  loss (\S+)  ([\d,]+) tokens/s$", done.stdout, re.MULTILINE)
     assert [int(step) for step, _, _ in found] == list(range(steps)), done.stdout

@@ -548,6 +548,9 @@ def main(argv: list[str] | None = None) -> int:
             dist.barrier()
     finally:
         if dist.is_initialized():
+            # DDP modules left in reference cycles go first: a DDP reducer that dropped the group's last reference
+            # would wait for gloo's worker threads while holding the GIL, which a worker may need (a hang at exit)
+            gc.collect()
             dist.destroy_process_group()
     return 0
 

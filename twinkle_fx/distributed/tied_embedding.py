@@ -130,11 +130,6 @@ class TiedEmbeddingReduction:
         self.active = False  # between the root's pre-hook and its post-hook, while building a graph
         self.sync = True
         self.stats = {"early_reductions": 0, "finalized": 0, "rows_exchanged": 0}
-        # The tensors of the last exchange, referenced until the next one. A gloo worker thread drops its
-        # reference to a collective's tensors after the caller has moved on; when that is the last one, it
-        # must take the GIL to free the Python object, which deadlocks or aborts the process if the main
-        # thread is tearing the process group down (or the interpreter) at that moment.
-        self._exchanged: list[Tensor] = []
         with torch.no_grad():
             dist.broadcast(weight, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group)
         eager = torch.compiler.disable  # a compiled root calls them as they are (one graph break each)
@@ -227,27 +222,24 @@ class TiedEmbeddingReduction:
     def _finalize(self) -> None:
         """After the backward that synchronises: sum both parts over the ranks into ``weight.grad``."""
         window, self.window = self.window, _Window()
-        self._exchanged = exchanged = [tensor for tensor, _ in window.in_flight]
         grad = None
         if window.head_local is not None:  # a head gradient from no_sync steps, none in this one
             grad = window.head_local.div_(self.world)
             dist.all_reduce(grad, group=self.group)
-            exchanged.append(grad)
         for tensor, work in window.in_flight:
             work.wait()
             grad = tensor if grad is None else grad.add_(tensor)
         if grad is None:
             grad = torch.zeros_like(self.weight)
-        self._add_embedding_rows(grad, window, exchanged)
+        self._add_embedding_rows(grad, window)
         self.stats["finalized"] += 1
         if self.weight.grad is None:
             self.weight.grad = grad
         else:
             self.weight.grad.add_(grad)
 
-    def _add_embedding_rows(self, grad: Tensor, window: _Window, exchanged: list[Tensor]) -> None:
-        """Every rank takes part (the counts tell all of them whether there is anything to exchange); the
-        tensors handed to the collectives go to ``exchanged``."""
+    def _add_embedding_rows(self, grad: Tensor, window: _Window) -> None:
+        """Every rank takes part (the counts tell all of them whether there is anything to exchange)."""
         device, hidden = self.weight.device, self.weight.shape[1]
         ids = torch.cat(window.ids) if window.ids else torch.empty(0, dtype=torch.long, device=device)
         rows = torch.cat(window.rows) if window.rows else grad.new_zeros(0, hidden)
@@ -255,7 +247,6 @@ class TiedEmbeddingReduction:
         gathered, count = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world)], \
             torch.tensor([ids.numel()], device=device)
         dist.all_gather(gathered, count, group=self.group)
-        exchanged += [*gathered, count]
         counts = [int(c.item()) for c in gathered]
         longest = max(counts)
         if longest == 0:  # no lookup on any rank (inputs_embeds): the head's part is all there is
@@ -268,7 +259,6 @@ class TiedEmbeddingReduction:
         all_rows = rows.new_empty(self.world * longest, hidden)
         _all_gather_single(all_ids, padded_ids, group=self.group)
         _all_gather_single(all_rows, padded_rows, group=self.group)
-        exchanged += [all_ids, padded_ids, all_rows, padded_rows]
         keep = torch.cat([torch.arange(longest, device=device) < n for n in counts])
         all_ids, all_rows = all_ids[keep], all_rows[keep]
         distinct, inverse = torch.unique(all_ids, return_inverse=True)

@@ -27,14 +27,13 @@ from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
 
 from ...core.selection import Selection, select_function_kernel
 from ...core.torch_internals import tree_leaves
-from ..regions.binding import bind, outputs_read_outside
 from ..dynamo_internals import example_value, is_erased, module_stack, stack_frames
 from ..regions.kernel_call import FunctionKernelCall
 from ..regions.pattern_tracing import RegisteredPatterns, TracedPattern, pattern_for
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
 from ..regions.splice import place_kernel
 from ..reasons import KeepRegion, ReasonKind
-from ..regions.region import Region
+from ..regions.region import Region, bind, outputs_read_outside
 
 logger = logging.getLogger(__name__)
 

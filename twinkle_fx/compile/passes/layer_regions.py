@@ -5,7 +5,7 @@ outer to inner). The outermost module whose class is bound to a kernel name
 (``register_external_layer`` or a ``kernel_layer_name`` attribute) names the region, so a
 registered MLP swallows its Linear and activation nodes. A region is swapped when a kernel is
 selected (same rules as the eager path), its inputs bind to ``forward``'s arguments (checked by
-tracing the original ``forward`` on the same fake inputs, see :mod:`..regions.binding`) and the kernel
+tracing the original ``forward`` on the same fake inputs, see :func:`..regions.region.bind`) and the kernel
 passes the shape guard.
 """
 
@@ -24,7 +24,6 @@ import torch.fx as fx
 from ...core.selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
 from ...core.swaps import foreign_forward, swapped_forward
 from ...core.torch_internals import fake_tensor_type
-from ..regions.binding import bind, outputs_read_outside
 from ..dynamo_internals import (ModuleFrame, example_value, input_source, is_ddp_piece, module_stack, parent_class,
                                 parse_source)
 from ..regions.equivalence import module_attributes, reparametrized
@@ -32,7 +31,7 @@ from ..regions.kernel_call import LayerKernelCall
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
 from ..regions.splice import place_kernel
 from ..reasons import KeepRegion, ReasonKind
-from ..regions.region import Region, external_inputs
+from ..regions.region import Region, bind, external_inputs, outputs_read_outside
 
 logger = logging.getLogger(__name__)
 

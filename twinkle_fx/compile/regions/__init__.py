@@ -1,11 +1,11 @@
 """Regions: the part of a graph one kernel call replaces, from finding it to splicing the call in.
 
 - :mod:`.region`: a :class:`~.region.Region` (its nodes, the call's arguments, the outputs the rest
-  of the graph reads) and the region as a graph module of its own;
+  of the graph reads), the region as a graph module of its own, and :func:`~.region.bind`: which
+  region inputs are the kernel's arguments, in which order, checked by :mod:`.equivalence` (the region
+  and the original code traced to ATen on the same fake inputs);
 - :mod:`.pattern_tracing`: a registered function's computation traced to a pattern the function
   pass can match anywhere;
-- :mod:`.binding`: which region inputs are the kernel's arguments, in which order, checked by
-  :mod:`.equivalence` (the region and the original code traced to ATen on the same fake inputs);
 - :mod:`.kernel_call`: the graph's call of a selected kernel (a layer's or a function's);
 - :mod:`.splice`: the shape guard, then the call in place of the region (traceable, or through
   :mod:`.opaque`, a custom op around a kernel torch.compile cannot trace).

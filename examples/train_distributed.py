@@ -89,9 +89,9 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss_sum = loss.detach().clone()
-        dist.all_reduce(loss_sum)  # a sum: gloo has no average
-        mean = loss_sum.item() / world  # waits for the step to finish
+        mean = loss.detach().float()
+        dist.all_reduce(mean)  # a sum: gloo has no average
+        mean = mean.item() / world  # waits for the step to finish
         elapsed = time.perf_counter() - start
         if rank == 0:
             print(f"step {step}  loss {mean:.4f}  {batch * seq * world / elapsed:,.0f} tokens/s", flush=True)

@@ -124,7 +124,8 @@ def _moe_causal_lm_forward(self, input_ids=None, attention_mask=None, position_i
     loss, logits = _loss_and_logits(self, outputs.last_hidden_state, labels, logits_to_keep, loss_args, kwargs)
     aux_loss = None
     if output_router_logits:
-        aux_loss = _load_balancing_loss(self)(outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask)
+        balancing = _load_balancing_loss(self)
+        aux_loss = balancing(outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask)
         if labels is not None:
             loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
     output = MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits, hidden_states=outputs.hidden_states,

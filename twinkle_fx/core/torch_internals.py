@@ -318,7 +318,6 @@ def module_hook_dicts(module: torch.nn.Module, *, backward: bool = True) -> tupl
     return (*dicts, module._backward_hooks, module._backward_pre_hooks) if backward else dicts
 
 
-
 def has_forward_hooks(module: torch.nn.Module) -> bool:
     """Whether a forward hook is registered on ``module`` itself; one attribute read (replays call it per layer)."""
     return bool(module._forward_hooks)

@@ -244,10 +244,9 @@ class TiedEmbeddingReduction:
         ids = torch.cat(window.ids) if window.ids else torch.empty(0, dtype=torch.long, device=device)
         rows = torch.cat(window.rows) if window.rows else grad.new_zeros(0, hidden)
         ids, rows = ids.to(device=device, dtype=torch.long), rows.to(grad.dtype)
-        gathered, count = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world)], \
-            torch.tensor([ids.numel()], device=device)
-        dist.all_gather(gathered, count, group=self.group)
-        counts = [int(c.item()) for c in gathered]
+        counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(self.world)]
+        dist.all_gather(counts, torch.tensor([ids.numel()], device=device), group=self.group)
+        counts = [int(c.item()) for c in counts]
         longest = max(counts)
         if longest == 0:  # no lookup on any rank (inputs_embeds): the head's part is all there is
             return

@@ -44,6 +44,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped on the CPU/interpreter run)")
     config.addinivalue_line("markers", "interpreter: needs the Triton interpreter (skipped on a GPU run)")
     config.addinivalue_line("markers", "fast: the fast subset that meets transformers' surface (see FAST)")
+    config.addinivalue_line("markers", "falls_back: a generation test that means transformers' own loop to run")
     config.addinivalue_line("markers", "slow: ten seconds or more on 2 CPU cores (run by default; -m 'not slow')")
     config.addinivalue_line("markers", "distributed: starts a torch.distributed process group (see DISTRIBUTED)")
 

@@ -28,7 +28,7 @@ FACADE = "twinkle_fx"
 LAYERS = (
     ("kernels", ("twinkle_triton",)),
     ("core", ("twinkle_fx.core",)),
-    ("paths", ("twinkle_fx.eager", "twinkle_fx.compile", "twinkle_fx.distributed")),
+    ("paths", ("twinkle_fx.eager", "twinkle_fx.compile", "twinkle_fx.distributed", "twinkle_fx.generation")),
     ("integrations", ("twinkle_fx.integrations",)),
     ("public modules", ("twinkle_fx.builtin", "twinkle_fx.explain", "twinkle_fx.function", "twinkle_fx.testing")),
     ("harness", ("twinkle_fx.bench",)),

@@ -37,6 +37,7 @@ _PUBLIC = {
                     ".core.registration"),
     **dict.fromkeys(("get_registry", "scoped_registry"), ".core.registry"),
     "explain": ".explain",
+    **dict.fromkeys(("decode", "release_decode_state", "use_decode_loop"), ".generation"),
     # the tools: the library itself never imports them
     "check_kernels": ".cli.checklist",
     **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".bench.kernel"),
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from .core.registry import get_registry, scoped_registry
     from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
     from .explain import explain
+    from .generation import decode, release_decode_state, use_decode_loop
 
 
 def _load_library() -> None:

@@ -11,6 +11,11 @@ twinkle                     the same with ``compile_config=CompileConfig(backend
                             built-in kernels registered
 kernelize+cudagraphs        ``kernelize_model(mode="inference", cuda_graphs=True)`` (decoder layers
                             bound too), a static cache, ``disable_compile=True``
+hf-static+decode            transformers' recipe with ``custom_generate=twinkle_fx.decode``: the
+                            Inductor-compiled forward inside the loop's graphed decode step
+twinkle+decode              the ``twinkle`` row with ``custom_generate=twinkle_fx.decode``
+kernelize+decode            ``kernelize_model(mode="inference")`` and ``custom_generate=twinkle_fx.decode``:
+                            no compiler, the eager kernels inside the graphed decode step
 ==========================  ======================================================================
 
 Per row and batch size: two warm-up calls (the first one's wall time is reported: it compiles),
@@ -18,13 +23,16 @@ then ``repeats`` calls generating 1 token and ``repeats`` generating ``new_token
 the prefill latency (``t_1``) and the decode rate ``B * (N - 1) / (t_N - t_1)``. ``of limit`` is the
 time one decode step would take reading every weight once at the device's measured copy bandwidth,
 over the measured step time. ``tokens`` compares, in fp32 (random-init bf16 logits are too flat for
-argmax to agree), the tokens a short generate produces with eager's.
+argmax to agree), the tokens a short generate produces with eager's. At the first batch size, a
+profile of a ``new_tokens`` generate against a 1-token one gives the kernels and the device time per
+decode step (``kernels/step``, ``GPU ms/step``): their gap to ``ms/step`` is the host's share.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -44,7 +52,8 @@ __all__ = ["GENERATE_ROWS", "GenerateOptions", "GenerateRow", "run_generate_benc
 @dataclass(frozen=True)
 class GenerateOptions:
     model: str = "qwen2"
-    rows: tuple[str, ...] = ("eager", "hf-static", "twinkle", "kernelize+cudagraphs")
+    rows: tuple[str, ...] = ("eager", "hf-static", "twinkle", "kernelize+cudagraphs", "hf-static+decode",
+                             "twinkle+decode", "kernelize+decode")
     batches: tuple[int, ...] = (1, 8, 32)
     prompt: int = 512
     new_tokens: int = 128
@@ -65,6 +74,8 @@ class GenerateRow:
     step_ms: float | None = None  # per decode step
     decode_tok_s: float | None = None
     of_limit: float | None = None  # weight-read time per step at copy bandwidth / measured step time
+    kernels_per_step: float | None = None  # device kernels a decode step launches (profiled, first batch)
+    gpu_ms_per_step: float | None = None  # their device time
     tokens_equal: bool | None = None  # fp32 tokens equal eager's
     notes: list[str] = field(default_factory=list)
     error: str | None = None
@@ -104,11 +115,39 @@ def _kernelize_cudagraphs(model: torch.nn.Module, family: str, device: torch.dev
             undo_kernelize(model)
 
 
+@contextlib.contextmanager
+def _decode(row: Callable[..., Any], model: torch.nn.Module, family: str, device: torch.device) -> Iterator[dict[str, Any]]:
+    from twinkle_fx import decode, release_decode_state
+
+    with row(model, family, device) as kwargs:
+        try:
+            yield {**kwargs, "custom_generate": decode}
+        finally:
+            release_decode_state(model)
+
+
+@contextlib.contextmanager
+def _kernelize(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[dict[str, Any]]:
+    from twinkle_fx import kernelize_model, undo_kernelize
+
+    from .backends import _builtin_kernels
+
+    with _builtin_kernels(family, device):
+        kernelize_model(model, mode="inference", device=device)
+        try:
+            yield {}
+        finally:
+            undo_kernelize(model)
+
+
 GENERATE_ROWS: dict[str, Callable[..., Any]] = {
     "eager": _plain,
     "hf-static": _hf_static,
     "twinkle": _twinkle,
     "kernelize+cudagraphs": _kernelize_cudagraphs,
+    "hf-static+decode": functools.partial(_decode, _hf_static),
+    "twinkle+decode": functools.partial(_decode, _twinkle),
+    "kernelize+decode": functools.partial(_decode, _kernelize),
 }
 
 
@@ -156,6 +195,23 @@ def _tokens(options: GenerateOptions, row: str) -> torch.Tensor:
         return _generate(model, ids, 8, kwargs).cpu()
 
 
+def _profile_step(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int,
+                  kwargs: dict[str, Any]) -> tuple[float, float]:
+    """Kernels and device milliseconds per decode step: a profile of ``new_tokens`` against one token."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(tokens: int) -> tuple[int, float]:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            _generate(model, ids, tokens, kwargs)
+            torch.cuda.synchronize()
+        events = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith("Memset")
+                  and not e.name.startswith("Memcpy")]
+        return len(events), sum(e.device_time for e in events) / 1e3
+
+    (n1, ms1), (nn, msn) = kernels(1), kernels(new_tokens)
+    return (nn - n1) / (new_tokens - 1), (msn - ms1) / (new_tokens - 1)
+
+
 def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: torch.Tensor | None) -> list[GenerateRow]:
     workload = get_workload(options.model)
     vocab = workload.config_kwargs(tiny=options.tiny)["vocab_size"]
@@ -185,6 +241,8 @@ def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: to
             result.step_ms = step_s * 1e3
             result.decode_tok_s = batch / step_s
             result.of_limit = limit_s / step_s if limit_s == limit_s else None  # NaN off CUDA
+            if batch == options.batches[0] and options.device.type == "cuda":
+                result.kernels_per_step, result.gpu_ms_per_step = _profile_step(model, ids, options.new_tokens, kwargs)
         if row == "kernelize+cudagraphs":
             from twinkle_fx.eager.graphs import graph_status
 
@@ -236,17 +294,19 @@ def format_generate_table(result: dict[str, Any]) -> str:
     lines = [f"{env.get('device')}; torch {versions.get('torch')}, transformers {versions.get('transformers')}; "
              f"copy bandwidth {result['copy_bandwidth_gb_s']:.0f} GB/s",
              "",
-             "| row | batch | first call s | prefill ms | decode tok/s | ms/step | vs hf-static | of limit | fp32 tokens |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| row | batch | first call s | prefill ms | decode tok/s | ms/step | vs hf-static | of limit | kernels/step "
+             "| GPU ms/step | fp32 tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["error"]:
-            lines.append(f"| {r['row']} | {r['batch']} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['row']} | {r['batch']} | failed: {r['error']} | | | | | | | | |")
             continue
         ratio = r["decode_tok_s"] / base[r["batch"]] if r["decode_tok_s"] and base.get(r["batch"]) else None
         equal = {True: "equal", False: "DIFFER", None: "–"}[r["tokens_equal"]]
         lines.append(f"| {r['row']} | {r['batch']} | {_cell(r['first_call_s'], '.1f')} | {_cell(r['prefill_ms'], '.2f')} "
                      f"| {_cell(r['decode_tok_s'], ',.0f')} | {_cell(r['step_ms'], '.3f')} | {_cell(ratio, '.2f')} "
-                     f"| {_cell(r['of_limit'], '.0%')} | {equal} |")
+                     f"| {_cell(r['of_limit'], '.0%')} | {_cell(r.get('kernels_per_step'), '.0f')} "
+                     f"| {_cell(r.get('gpu_ms_per_step'), '.3f')} | {equal} |")
     notes = [f"- {r['row']}: {note}" for r in rows for note in r["notes"]]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 

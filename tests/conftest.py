@@ -35,7 +35,7 @@ TESTS = Path(__file__).resolve().parent
 # ``-m fast``: the tests that meet transformers' surface (the README's blocks, every built-in model
 # family, the fused-loss head, the names the kernels take) in a few minutes; CI also runs them
 # against the oldest transformers the project supports.
-FAST = ("readme/", "families/", "docs/test_seeds.py", "eager/test_causal_lm_head.py",
+FAST = ("readme/", "families/", "generation/", "docs/test_seeds.py", "eager/test_causal_lm_head.py",
         "kernels/test_transformers_api.py")
 DISTRIBUTED = ("distributed/",)
 

@@ -235,3 +235,28 @@ def test_kernelized_model_decodes_with_its_kernels(device):
             assert torch.equal(_decode(model, ids, mask, max_new_tokens=6), want)
         finally:
             twinkle_fx.undo_kernelize(model)
+
+
+@pytest.mark.slow
+def test_compile_config_compiles_the_forward_inside_the_step(device):
+    """``cache_implementation="static"`` compiles the step's forward as transformers would (here through the
+    twinkle backend), without CUDA graphs of its own: the loop graphs the whole step."""
+    from transformers import CompileConfig
+
+    from twinkle_fx.builtin import use_builtin_kernels
+    from twinkle_fx.testing import record_graphs
+
+    model = tiny_model("qwen2").eval()
+    ids, mask = _inputs(device)
+    want = _reference(model, ids, mask, max_new_tokens=5)
+    config = CompileConfig(backend="twinkle", options={"compiler": "inductor" if device == "cuda" else "aot_eager"})
+    config._compile_all_devices = True  # transformers compiles only on accelerators unless told
+    torch._dynamo.reset()
+    try:
+        with twinkle_fx.scoped_registry(), record_graphs() as graphs:
+            use_builtin_kernels(devices=(device,), models=("qwen2",))
+            got = _decode(model, ids, mask, max_new_tokens=5, cache_implementation="static", compile_config=config)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got, want)
+    assert graphs.after and "twinkle_layer_RMSNorm" in "\n".join(graphs.after)

@@ -195,21 +195,41 @@ def _tokens(options: GenerateOptions, row: str) -> torch.Tensor:
         return _generate(model, ids, 8, kwargs).cpu()
 
 
+_KERNEL_CLASSES = (("GEMM", ("gemm", "gemv", "cutlass", "nvjet", "sm90_xmma", "cublas")),
+                   ("attention", ("attention", "fmha", "flash", "gqa", "sdpa")),
+                   ("Triton", ("triton",)),
+                   ("ATen", ("at::native", "at_cuda_detail", "cub::")))
+
+
+def _kernel_class(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, marks in _KERNEL_CLASSES if any(m in lowered for m in marks)), "other")
+
+
 def _profile_step(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int,
-                  kwargs: dict[str, Any]) -> tuple[float, float]:
-    """Kernels and device milliseconds per decode step: a profile of ``new_tokens`` against one token."""
+                  kwargs: dict[str, Any]) -> tuple[float, float, str]:
+    """Kernels and device milliseconds per decode step, and their split by kernel class: a profile of
+    ``new_tokens`` against one token."""
+    from collections import Counter
+
     from torch.profiler import ProfilerActivity, profile
 
-    def kernels(tokens: int) -> tuple[int, float]:
+    def kernels(tokens: int) -> tuple[Counter, Counter]:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             _generate(model, ids, tokens, kwargs)
             torch.cuda.synchronize()
-        events = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith("Memset")
-                  and not e.name.startswith("Memcpy")]
-        return len(events), sum(e.device_time for e in events) / 1e3
+        count, time = Counter(), Counter()
+        for e in prof.events():
+            if e.device_type.name == "CUDA" and not e.name.startswith(("Memset", "Memcpy")):
+                count[_kernel_class(e.name)] += 1
+                time[_kernel_class(e.name)] += e.device_time / 1e3
+        return count, time
 
     (n1, ms1), (nn, msn) = kernels(1), kernels(new_tokens)
-    return (nn - n1) / (new_tokens - 1), (msn - ms1) / (new_tokens - 1)
+    steps = new_tokens - 1
+    split = ", ".join(f"{kind} {(nn[kind] - n1[kind]) / steps:.0f} x {(msn[kind] - ms1[kind]) / steps:.3f} ms"
+                      for kind in sorted(nn, key=lambda k: -(msn[k] - ms1[k])))
+    return ((sum(nn.values()) - sum(n1.values())) / steps, (sum(msn.values()) - sum(ms1.values())) / steps, split)
 
 
 def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: torch.Tensor | None) -> list[GenerateRow]:
@@ -242,7 +262,12 @@ def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: to
             result.decode_tok_s = batch / step_s
             result.of_limit = limit_s / step_s if limit_s == limit_s else None  # NaN off CUDA
             if batch == options.batches[0] and options.device.type == "cuda":
-                result.kernels_per_step, result.gpu_ms_per_step = _profile_step(model, ids, options.new_tokens, kwargs)
+                try:
+                    result.kernels_per_step, result.gpu_ms_per_step, split = _profile_step(
+                        model, ids, options.new_tokens, kwargs)
+                    result.notes.append(f"batch {batch}, one decode step on the device: {split}")
+                except Exception as error:  # noqa: BLE001  the timings stand without the profile
+                    result.notes.append(f"batch {batch}: the profile failed: {type(error).__name__}: {error}"[:300])
         if row == "kernelize+cudagraphs":
             from twinkle_fx.eager.graphs import graph_status
 
@@ -276,7 +301,12 @@ def run_generate_bench(options: GenerateOptions, progress: Callable[[str], None]
     rows: list[GenerateRow] = []
     for row in options.rows:
         progress(f"{row}: batches {', '.join(map(str, options.batches))}")
-        rows.extend(_run_row(row, options, bandwidth, reference))
+        done = _run_row(row, options, bandwidth, reference)
+        rows.extend(done)
+        for r in done:  # each row as it finishes: a run cut short by a time limit still tells
+            progress(f"  {row} B{r.batch}: {_cell(r.decode_tok_s, ',.0f')} tok/s, {_cell(r.step_ms, '.3f')} ms/step, "
+                     f"first call {_cell(r.first_call_s, '.1f')} s, {_cell(r.kernels_per_step, '.0f')} kernels/step, "
+                     f"GPU {_cell(r.gpu_ms_per_step, '.3f')} ms/step{', ' + r.error if r.error else ''}")
     return {"environment": describe_environment(options.device), "copy_bandwidth_gb_s": bandwidth / 1e9,
             "options": {k: str(v) for k, v in asdict(options).items()}, "rows": [asdict(r) for r in rows]}
 

@@ -7,7 +7,9 @@
 #                kernelize (+ CUDA graphs)
 #   inference    prefill 1 x 2048 and decode 32 x 1 on a static cache: the same backends
 #   generate     model.generate() at B1/B8/B32, prompt 512, 128 new tokens: eager, transformers' static-cache recipe,
-#                twinkle through CompileConfig, kernelize with CUDA graphs (python -m twinkle_fx.bench.generate)
+#                twinkle through CompileConfig, kernelize with CUDA graphs, and the decode loop with each forward
+#                (python -m twinkle_fx.bench.generate; GENERATE_MODELS: space-separated shapes, default qwen2;
+#                GENERATE_ARGS: more flags, e.g. "--rows hf-static,twinkle+decode --batches 1,8")
 #   kernels      `twinkle-fx bench --micro`: every kernel and the fused loss against eager, Inductor, Liger, CCE
 #   matrix       `twinkle-fx bench --matrix`: training across model shapes (MODELS, comma-separated, default the
 #                command's six; BACKENDS likewise), one table; then tools/family_reference.py: every family at its
@@ -43,7 +45,7 @@ export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"
 tiny=0
 jobs=()
 for arg in "$@"; do if [ "$arg" = "--tiny" ]; then tiny=1; else jobs+=("$arg"); fi; done
-[ ${#jobs[@]} -gt 0 ] || { sed -n '2,29p' "$0"; exit 2; }
+[ ${#jobs[@]} -gt 0 ] || { sed -n '2,31p' "$0"; exit 2; }
 if [ "$tiny" = 1 ]; then export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1; else unset TRITON_INTERPRET; fi
 status=0
 
@@ -85,10 +87,13 @@ job_inference() {
 }
 
 job_generate() {
-  echo "### generate"
-  timeout "${GENERATE_S:-500}" python3 -m twinkle_fx.bench.generate ${GENERATE_ARGS:-} --out "$out/generate.json" \
-    > "$out/generate.txt" 2>&1 || { status=1; tail -20 "$out/generate.txt"; }
-  sed -n '/^| row/,$p' "$out/generate.txt"
+  local model
+  for model in ${GENERATE_MODELS:-qwen2}; do
+    echo "### generate $model"
+    timeout "${GENERATE_S:-500}" python3 -m twinkle_fx.bench.generate --model "$model" ${GENERATE_ARGS:-} \
+      --out "$out/generate-$model.json" > "$out/generate-$model.txt" 2>&1 || { status=1; tail -20 "$out/generate-$model.txt"; }
+    sed -n '/^| row/,$p' "$out/generate-$model.txt"
+  done
 }
 
 job_kernels() {

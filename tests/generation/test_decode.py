@@ -260,3 +260,21 @@ def test_compile_config_compiles_the_forward_inside_the_step(device):
         torch._dynamo.reset()
     assert torch.equal(got, want)
     assert graphs.after and "twinkle_layer_RMSNorm" in "\n".join(graphs.after)
+
+
+def test_the_loop_state_lives_and_dies_with_the_model(device):
+    import copy
+    import gc
+    import io
+    import weakref
+
+    model = tiny_model("qwen2").eval()
+    ids, mask = _inputs(device)
+    want = _decode(model, ids, mask, max_new_tokens=4)
+    twin = copy.deepcopy(model)  # a copy records its own step on its own memory
+    assert torch.equal(_decode(twin, ids, mask, max_new_tokens=4), want)
+    torch.save(model, io.BytesIO())  # the recorded state is not pickled
+    gone = weakref.ref(model)
+    del model, twin
+    gc.collect()
+    assert gone() is None

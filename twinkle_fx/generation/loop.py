@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import weakref
 from typing import Any
 
 import torch
@@ -47,8 +46,10 @@ CACHE_ROUNDING = 128  # cache lengths are rounded up to this: nearby max_new_tok
 
 
 class _ModelState:
-    """The caches, decode steps and compiled forwards of one model (``generate`` calls on one model
-    are serialised: a step's buffers serve one call at a time)."""
+    """The caches, decode steps and compiled forwards of one model, kept on the model itself (it and
+    they refer to each other, so they are freed together). ``generate`` calls on one model are
+    serialised: a step's buffers serve one call at a time. A copy or a pickle of the model carries an
+    empty state: graphs and caches belong to the memory they were recorded on."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -56,23 +57,28 @@ class _ModelState:
         self.steps: dict[tuple, DecodeStep] = {}
         self.compiled: dict[str, Any] = {}
 
+    def __deepcopy__(self, memo: dict) -> _ModelState:
+        return _ModelState()
 
-_STATES: weakref.WeakKeyDictionary[torch.nn.Module, _ModelState] = weakref.WeakKeyDictionary()
-_STATES_LOCK = threading.Lock()
+    def __reduce__(self) -> tuple:
+        return (_ModelState, ())
+
+
+_STATE_ATTRIBUTE = "_twinkle_decode_state"
+_CREATE_LOCK = threading.Lock()
 
 
 def _state(model: torch.nn.Module) -> _ModelState:
-    with _STATES_LOCK:
-        state = _STATES.get(model)
+    with _CREATE_LOCK:
+        state = model.__dict__.get(_STATE_ATTRIBUTE)
         if state is None:
-            state = _STATES[model] = _ModelState()
+            state = model.__dict__[_STATE_ATTRIBUTE] = _ModelState()
         return state
 
 
 def release_decode_state(model: torch.nn.Module) -> None:
     """Free the KV caches and graphs the decode loop keeps for ``model`` (the next call records anew)."""
-    with _STATES_LOCK:
-        _STATES.pop(model, None)
+    model.__dict__.pop(_STATE_ATTRIBUTE, None)
 
 
 def _fallback(model, input_ids, reason: str, logits_processor, stopping_criteria, generation_config,

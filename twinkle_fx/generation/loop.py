@@ -161,6 +161,10 @@ def _forward(model: torch.nn.Module, state: _ModelState, generation_config, mode
     if "cudagraphs" in options:  # the twinkle backend's option
         options["cudagraphs"] = False
     mode = {"reduce-overhead": None, "max-autotune": "max-autotune-no-cudagraphs"}.get(mode, mode)
+    if config.get("dynamic") is None:
+        # one static graph per batch size, as the step's CUDA graph is: Dynamo would otherwise recompile the
+        # second batch size with dynamic shapes, a compile that took longer than the first one
+        config["dynamic"] = False
     key = repr((sorted(config.items()), mode, sorted(options.items())))
     compiled = state.compiled.get(key)
     if compiled is None:

@@ -4,7 +4,9 @@ before anything is built (each with the reason, one line)."""
 from __future__ import annotations
 
 import argparse
+import os
 
+from ..core.outputs import check_output_path
 from .distributed_models import DEFAULT_SHAPE, MODELS, SIZES
 from .distributed_results import COMPILED
 
@@ -179,4 +181,16 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     for name in ("steps", "batch", "seq", "accum"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    _check_files(parser, args)
     return args
+
+
+def _check_files(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The files a run writes, before it runs: rank 0 writes ``--out``, every rank its ``--profile`` folder
+    (``RANK`` is torchrun's; the other ranks may not see rank 0's disk)."""
+    try:
+        if int(os.environ.get("RANK", "0")) == 0:
+            check_output_path("--out", args.out, file_name="distributed.json")
+        check_output_path("--profile", args.profile, directory=True)
+    except ValueError as e:
+        parser.error(str(e))

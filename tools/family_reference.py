@@ -109,6 +109,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tiny", action="store_true", help="tiny configs on the CPU (Triton interpreter)")
     parser.add_argument("--out", default=None, type=output_file, help="JSON file for every row")
     args = parser.parse_args(argv)
+    if not args.families.replace(",", "").strip():
+        parser.error("--families is empty; give a comma-separated list of built-in families, or all")
     args.dtypes = _choices(parser, "--dtypes", args.dtypes, DTYPES)
     args.paths = _choices(parser, "--paths", args.paths, PATHS)
     args.batch = args.batch or 2

@@ -1,6 +1,6 @@
 """The benchmark modules run as commands (``python -m twinkle_fx.bench.generate``, ``.distributed``,
-``.swap_table``) refuse what would end in a traceback, before the run and in one line: an output path the
-run could not write."""
+``.swap_table``) refuse what would measure nothing or end in a traceback, before the run and in one line: an
+empty list, an output path the run could not write."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ def _usage_error(capsys, call) -> str:
 
 
 @pytest.mark.parametrize("argv, expected", [
+    (["--rows", ","], "--rows is empty; give a comma-separated list from: eager, hf-static"),
+    (["--batches", ","], "--batches takes comma-separated positive integers"),
     (["--out", "{tmp}"], "--out {tmp}: is a directory; give the file to write (e.g. {tmp}/generate.json)"),
     (["--out", "{tmp}/missing/generate.json"], "--out {tmp}/missing/generate.json: the folder {tmp}/missing does "
                                                "not exist"),
@@ -64,3 +66,16 @@ def test_swap_table_refuses_an_out_that_is_a_file(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(sys, "argv", ["swap_table", "--out", str(tmp_path / "file")])
     line = _usage_error(capsys, swap_table.main)
     assert f"argument --out: {tmp_path}/file: is a file, and the results go into a directory" in line
+
+
+def test_family_reference_refuses_an_empty_family_list(capsys, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[2] / "tools" / "family_reference.py"
+    spec = importlib.util.spec_from_file_location("family_reference_args", tool)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    line = _usage_error(capsys, lambda: module._parse(["--tiny", "--families", ","]))
+    assert "--families is empty; give a comma-separated list of built-in families, or all" in line

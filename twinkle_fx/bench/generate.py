@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
     rows = tuple(r for r in args.rows.split(",") if r)
+    if not rows:
+        parser.error(f"--rows is empty; give a comma-separated list from: {', '.join(GENERATE_ROWS)}")
     unknown = [r for r in rows if r not in GENERATE_ROWS]
     if unknown:
         parser.error(f"unknown row(s) {', '.join(unknown)}; choose from: {', '.join(GENERATE_ROWS)}")

@@ -1,9 +1,11 @@
 """The benchmark modules run as commands (``python -m twinkle_fx.bench.generate``, ``.distributed``,
 ``.swap_table``) refuse what would measure nothing or end in a traceback, before the run and in one line: an
-empty list, an output path the run could not write."""
+empty list, a size of 0, a baseline file that is not there or not one, an output path the run could not
+write, and a distributed run started without torchrun."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -45,6 +47,10 @@ def test_generate_refuses_before_it_runs(argv, expected, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, expected", [
+    ("--batch 0", "--batch must be at least 1, got 0"),
+    ("--seq 0", "--seq must be at least 1, got 0"),
+    ("--baseline {tmp}/single.json", "--baseline {tmp}/single.json: no such file; give the JSON a --parallel none "
+                                     "run wrote with --out"),
     ("--out {tmp}", "--out {tmp}: is a directory; give the file to write (e.g. {tmp}/distributed.json)"),
     ("--out {tmp}/missing/run.json", "the folder {tmp}/missing does not exist"),
     ("--profile {tmp}/file", "--profile {tmp}/file: is a file, and the results go into a directory"),
@@ -55,10 +61,35 @@ def test_distributed_refuses_before_it_runs(flags, expected, tmp_path, capsys):
     assert expected.format(tmp=tmp_path) in line
 
 
+def test_distributed_sizes_default_only_when_left_out():
+    assert (distributed_bench.parse_args([]).batch, distributed_bench.parse_args([]).seq) == (1, 8)  # --size tiny
+    assert distributed_bench.parse_args("--batch 3 --seq 5".split()).batch == 3
+
+
 def test_distributed_out_is_rank_0s_alone(tmp_path, monkeypatch):
     """Rank 0 writes --out; another rank never checks it (its machine may not have rank 0's folders)."""
     monkeypatch.setenv("RANK", "1")
     assert distributed_bench.parse_args(["--out", str(tmp_path / "missing" / "run.json")]).out
+
+
+def test_distributed_without_torchrun_says_how_to_launch(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as info:
+        distributed_bench.main(["--parallel", "ddp", "--backend", "eager", "--steps", "1"])
+    message = str(info.value.code)
+    assert message.startswith("--parallel ddp runs one process per device: launch it with torchrun --nproc_per_node")
+    assert "or use --parallel none" in message and len(message) <= 200 and "\n" not in message
+
+
+def test_distributed_baseline_that_is_no_result_is_named(tmp_path):
+    baseline = tmp_path / "other.json"
+    baseline.write_text(json.dumps({"kind": "something else"}))
+    with pytest.raises(SystemExit) as info:
+        distributed_bench.main(["--parallel", "none", "--baseline", str(baseline)])
+    message = str(info.value.code)
+    assert message.startswith(f"error: --baseline {baseline}: not what a --parallel none --out run writes (KeyError")
+    assert "\n" not in message
 
 
 def test_swap_table_refuses_an_out_that_is_a_file(tmp_path, monkeypatch, capsys):
@@ -66,7 +97,6 @@ def test_swap_table_refuses_an_out_that_is_a_file(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(sys, "argv", ["swap_table", "--out", str(tmp_path / "file")])
     line = _usage_error(capsys, swap_table.main)
     assert f"argument --out: {tmp_path}/file: is a file, and the results go into a directory" in line
-
 
 def test_family_reference_refuses_an_empty_family_list(capsys, monkeypatch):
     import importlib.util

@@ -105,6 +105,9 @@ def init_distributed(parallel: str = "ddp") -> tuple[int, int, torch.device]:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         return 0, 1, device
+    if any(name not in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        raise SystemExit(f"--parallel {parallel} runs one process per device: launch it with torchrun --nproc_per_node "
+                         "N -m twinkle_fx.bench.distributed ..., or use --parallel none for one process")
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
@@ -345,13 +348,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _load_baseline(path: str) -> list[RunResult]:
+    try:
+        return load_baseline(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise SystemExit(f"error: --baseline {path}: not what a --parallel none --out run writes "
+                         f"({type(e).__name__}: {str(e)[:80]})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         from twinkle_fx.core.settings import use_triton_interpreter
 
         use_triton_interpreter(command="python -m twinkle_fx.bench.distributed")  # before the kernels are imported
-    baseline = [run for path in args.baseline for run in load_baseline(path)]
+    baseline = [run for path in args.baseline for run in _load_baseline(path)]
     rank, world, device = init_distributed(args.parallel)
     try:
         try:

@@ -119,8 +119,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                              "profile_trace.json and profile_report.txt (rank 0's report is printed)")
     args = parser.parse_args(argv)
     batch, seq = DEFAULT_SHAPE[args.size]
-    args.batch = args.batch or batch
-    args.seq = args.seq or seq
+    args.batch = batch if args.batch is None else args.batch
+    args.seq = seq if args.seq is None else args.seq
     compiled = args.backend in COMPILED
     if args.regional and not compiled:
         parser.error(f"--regional compiles decoder layers: it needs a compiled --backend ({', '.join(COMPILED)}), "
@@ -186,8 +186,11 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
 
 
 def _check_files(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The files a run writes, before it runs: rank 0 writes ``--out``, every rank its ``--profile`` folder
-    (``RANK`` is torchrun's; the other ranks may not see rank 0's disk)."""
+    """The files a run reads and writes, before it runs: rank 0 writes ``--out``, every rank its ``--profile``
+    folder (``RANK`` is torchrun's; the other ranks may not see rank 0's disk)."""
+    for path in args.baseline:
+        if not os.path.isfile(path):
+            parser.error(f"--baseline {path}: no such file; give the JSON a --parallel none run wrote with --out")
     try:
         if int(os.environ.get("RANK", "0")) == 0:
             check_output_path("--out", args.out, file_name="distributed.json")

@@ -35,6 +35,7 @@ MODULES = (
     "twinkle_fx.core.devices",
     "twinkle_fx.core.numerics",
     "twinkle_fx.core.tolerances",
+    "twinkle_fx.core.outputs",
     "twinkle_fx.builtin",
     "twinkle_fx.integrations.kernels_api",
     "twinkle_fx.integrations.kernels_mapping",

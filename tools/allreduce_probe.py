@@ -20,6 +20,8 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from twinkle_fx.core.outputs import output_file
+
 
 def _time_all_reduce(buffer: torch.Tensor, reps: int, busy: bool) -> float:
     """Median ms of one all-reduce of ``buffer`` (with ``busy``, GEMMs run on another stream meanwhile)."""
@@ -46,7 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", default="100,1000")
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--json")
+    parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
     rank = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(rank)

@@ -32,6 +32,8 @@ from collections import defaultdict
 
 import torch
 
+from twinkle_fx.core.outputs import output_file
+
 
 def _time_generate_ttir() -> dict:
     """Count and time torch's generate_ttir for the rest of the process (what runs under the memo's
@@ -145,7 +147,7 @@ def main() -> int:
     parser.add_argument("--decode", action="store_true",
                         help="time the first compiled decode step (--batch x 1 on a cache of --seq tokens; "
                              "backends of bench --inference) instead of a training step")
-    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--json", type=output_file, help="write the rows here")
     args = parser.parse_args()
 
     from torch._dynamo.utils import compile_times

@@ -94,6 +94,8 @@ def _deadline(seconds: float):
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
+    from twinkle_fx.core.outputs import output_file  # the checkout's twinkle_fx: __main__ put it on sys.path
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", default="all", help="comma-separated families of BUILTIN_MODELS (default: all)")
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp32 (default: both)")
@@ -105,8 +107,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per family, all dtypes and paths (default 120)")
     parser.add_argument("--tiny", action="store_true", help="tiny configs on the CPU (Triton interpreter)")
-    parser.add_argument("--out", default=None, help="JSON file for every row")
+    parser.add_argument("--out", default=None, type=output_file, help="JSON file for every row")
     args = parser.parse_args(argv)
+    if not args.families.replace(",", "").strip():
+        parser.error("--families is empty; give a comma-separated list of built-in families, or all")
     args.dtypes = _choices(parser, "--dtypes", args.dtypes, DTYPES)
     args.paths = _choices(parser, "--paths", args.paths, PATHS)
     args.batch = args.batch or 2

@@ -21,6 +21,7 @@ import time
 import torch
 
 from twinkle_fx.bench.timing import GIB, DeviceClock, time_calls
+from twinkle_fx.core.outputs import output_file
 
 import twinkle_triton as tt
 from twinkle_triton import fused_linear_cross_entropy_vocab_chunked as vocab
@@ -31,7 +32,7 @@ CHUNK_MIB = (8, 16, 32, 64, 128)
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, type=output_file)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--quick", action="store_true",
                         help="only the defaults: chunked, vocab_chunked, exact tiling, and label smoothing's route")

@@ -32,6 +32,7 @@ import triton
 import triton.testing
 
 import twinkle_triton as tt
+from twinkle_fx.core.outputs import output_file
 
 _gqa_module = sys.modules["twinkle_triton.gqa_attention"]
 
@@ -122,7 +123,7 @@ def check_backward() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--out", type=output_file, help="write the results as JSON here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gqa_attention_bench: needs a CUDA device (it times kernels).")

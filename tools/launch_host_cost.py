@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+from twinkle_fx.core.outputs import output_file
+
 SETTINGS = ("inductor", "twinkle", "twinkle+static")
 
 
@@ -83,7 +85,7 @@ def child(setting: str, ops: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=32)
-    parser.add_argument("--out")
+    parser.add_argument("--out", type=output_file)
     parser.add_argument("--child", choices=SETTINGS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

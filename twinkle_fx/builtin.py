@@ -161,7 +161,7 @@ def use_builtin_kernels(
     Raises:
         ValueError: an unknown model family.
 
-    Example:
+    Examples:
         >>> from twinkle_fx import kernelize_model
         >>> from twinkle_fx.builtin import use_builtin_kernels
         >>> # not run by the doctest test: it imports and traces transformers' Gemma (seconds)
@@ -230,7 +230,7 @@ def coverage_table() -> str:
 
     Attention is never swapped (transformers' SDPA / flash kernels are used as they are).
 
-    Example:
+    Examples:
         >>> coverage_table().splitlines()[2].startswith("| qwen2 | Qwen2RMSNorm → RMSNorm | Qwen2MLP → SwiGLUMLP |")
         True
     """

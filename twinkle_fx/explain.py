@@ -41,7 +41,7 @@ def explain(model: torch.nn.Module, *args: Any, options: Mapping[str, Any] | Non
         :class:`~twinkle_fx.compile.report.CompileReport`; ``print(report)`` shows every candidate
         region, the kernel chosen or the reason, graph breaks, pass times and the graph diffs.
 
-    Example:
+    Examples:
         >>> # not run by the doctest test: it compiles a whole model (tests/compile/test_compile_explain.py does)
         >>> report = twinkle_fx.explain(model, input_ids)      # doctest: +SKIP
         >>> print(report)                                     # doctest: +SKIP

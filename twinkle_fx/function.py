@@ -1,6 +1,6 @@
 """Function kernels: register a replacement for ``module.func`` and apply it.
 
-Example:
+Examples:
     >>> from twinkle_fx.function import register_function_kernel, apply_function_kernel, restore_functions
     >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
     >>> _ = register_function_kernel(func_name="add", target_module="my_pkg.math_ops",

@@ -4,7 +4,7 @@ Record what the backend saw and produced, normalised the way PyTorch's own Dynam
 (``normalize_gm``: no comments, no trailing spaces), and pin it with
 ``expecttest.TestCase.assertExpectedInline``; ``EXPECTTEST_ACCEPT=1`` fills in the expectations.
 
-Example:
+Examples:
     >>> import expecttest, torch
     >>> from twinkle_fx.testing import record_graphs
     >>> class TestMyKernel(expecttest.TestCase):

@@ -20,6 +20,16 @@ def test_explain_reports_swaps_times_and_the_diff():
                                               "compiled_root", "foreign_forwards", "attention", "gemm_fusion"]
 
 
+def test_a_container_root_reports_the_paths_under_it():
+    """A root whose forward is torch's own (nn.Sequential, a subclass of it) reaches Dynamo through the bound
+    method (``L['fn'].__self__``): the report names its layers by their paths, not ``__self__.0``."""
+    register_layer_kernel(kernel_name="SiluAndMul", layer=SiluAndMulKernel, device="cpu")
+    register_external_layer(SiluAndMul, "SiluAndMul")
+    text = str(twinkle_fx.explain(torch.nn.Sequential(SiluAndMul(), SiluAndMul()), torch.randn(3, 8)))
+    assert "swapped 2 x layer SiluAndMul -> SiluAndMul: SiluAndMul [cpu, any] from impl SiluAndMulKernel (custom op " \
+           "call)  [0, 1]" in text, text
+
+
 def test_cli_explains_a_tiny_qwen2(capsys, device):
     assert main(["explain", "--config", "qwen2", "--summary", "--device", device]) == 0
     out = capsys.readouterr().out

@@ -151,6 +151,28 @@ def test_a_root_reached_through_args_has_the_paths_of_a_root_reached_as_self():
     assert scans == 0  # resolved from the frame's args, not by a heap walk
 
 
+def test_a_root_reached_through_a_bound_method_has_the_paths_under_it():
+    """``torch.compile(module.forward)`` of a module whose forward is torch's own: Dynamo enters a wrapper, and
+    the module is ``L['fn'].__self__``; the locations are the paths under it, the lookup still finds each one."""
+    model = torch.nn.Sequential(Norm(), torch.nn.Sequential(Norm()))
+
+    def check(gm, _):
+        lookup = di.module_lookup()
+        return {frame.location: (frame.source, lookup.find(frame))
+                for node in gm.graph.nodes for frame in di.module_stack(node)}
+
+    (found,) = _compiled(model.forward, check).results
+    assert found["1.0"][0] == "L['fn'].__self__.1.0"  # how Dynamo names it
+    assert set(found) == {"0", "1", "1.0"}
+    assert found["0"][1] is model[0] and found["1.0"][1] is model[1][0]
+
+
+def test_source_paths_fold_bound_method_hops():
+    assert di.parse_source("L['fn'].__self__.layers.1").path == "layers.1"
+    assert di.parse_source("L['self'].layers.0.forward.__self__.norm").path == "layers.0.norm"
+    assert di.parse_source("L['self']").path == ""
+
+
 def test_graph_break_reason_and_user_stack():
     def fn(x):
         y = x.sin()

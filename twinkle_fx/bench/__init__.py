@@ -5,7 +5,7 @@ The end-to-end benchmark runs a transformers training step under each backend
 microbenchmarks (:mod:`.micro`) time each twinkle_triton kernel against its references with the
 copy bandwidth as roofline; :mod:`.report` judges and shows the results (table, JSON, PNG).
 
-Example:
+Examples:
     >>> from twinkle_fx.bench import ModelBenchOptions, run_model_bench, format_table
     >>> options = ModelBenchOptions(model="qwen2", backends=["eager", "inductor"], batch=4, seq=1024,
     ...                             dtype=torch.bfloat16, steps=20, warmup=3, device=torch.device("cuda"))

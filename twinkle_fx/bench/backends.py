@@ -290,7 +290,7 @@ def parse_backends(text: str, known: dict[str, Any] | None = None) -> list[str]:
     Raises:
         ValueError: an unknown name (the message lists the valid ones) or an empty list.
 
-    Example:
+    Examples:
         >>> parse_backends("eager, inductor")
         ['eager', 'inductor']
     """

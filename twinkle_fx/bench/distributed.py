@@ -80,181 +80,16 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from .distributed_models import DEFAULT_SHAPE, MODELS, SIZES, build_model, global_batch  # noqa: E402
+from . import distributed_args  # noqa: E402
+from .distributed_models import MODELS, build_model, global_batch  # noqa: E402
 from .distributed_results import (  # noqa: E402
-    COMPILED, RankSwaps, RunResult, describe_args, kernel_swaps_compiled, load_baseline, table,
+    RankSwaps, RunResult, describe_args, kernel_swaps_compiled, load_baseline, table,
 )
-
-BACKENDS = ("eager", "inductor", "twinkle", "kernelize", "kernelize+twinkle")
-
-
-def _reshard_after_forward(value: str) -> bool | int:
-    """``--reshard-after-forward``: ``true``, ``false`` or a group size (an int of 2 or more)."""
-    if value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    try:
-        size = int(value)
-    except ValueError:
-        size = 0
-    if size < 2:
-        raise argparse.ArgumentTypeError(f"takes true, false or a group size of 2 or more ranks, not {value!r}")
-    return size
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m twinkle_fx.bench.distributed",
-                                     description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("--model", choices=tuple(MODELS), default="qwen2",
-                        help="qwen2: Qwen2ForCausalLM, reference size Qwen2-0.5B; llama3b: LlamaForCausalLM, "
-                             "reference size Llama-3.2-3B")
-    parser.add_argument("--size", choices=SIZES, default="tiny",
-                        help="reference: the --model's own shape; tiny and small: the same architecture shrunk for "
-                             "CPU processes and the Triton interpreter")
-    parser.add_argument("--parallel", choices=("ddp", "fsdp2", "none"), default="ddp",
-                        help="none: one process, no wrapper and no process group (the single-GPU baseline)")
-    parser.add_argument("--backend", choices=BACKENDS, default="twinkle")
-    parser.add_argument("--compiler", choices=("inductor", "aot_eager", "eager"), default="inductor",
-                        help="inner compiler of the twinkle backends (default inductor)")
-    parser.add_argument("--regional", action="store_true",
-                        help="compile each decoder layer instead of the whole model (compiled backends)")
-    parser.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
-                        help="leave the LM head + loss unswapped (bind no fused-loss head)")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=None, help="sequences per rank and micro-step (default: 4 for reference)")
-    parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default: 1024 for reference)")
-    parser.add_argument("--accum", type=int, default=1, help="gradient accumulation: micro-steps per optimizer step")
-    parser.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
-                        help="parameter dtype (default: bf16 on GPU, fp32 on CPU; fp32 with --mixed-precision)")
-    parser.add_argument("--mixed-precision", action="store_true",
-                        help="FSDP2 MixedPrecisionPolicy: fp32 master weights, bf16 compute, fp32 gradient reduction")
-    parser.add_argument("--reshard-after-forward", type=_reshard_after_forward, default=True, metavar="true|false|N",
-                        help="FSDP2 fully_shard(reshard_after_forward=...) of every decoder layer: true (the default) "
-                             "frees each layer's gathered parameters after its forward and gathers them again for "
-                             "its backward; false keeps them from forward to backward (no second all-gather per "
-                             "layer, at the cost of holding them: ZeRO-2's memory, not ZeRO-3's); N keeps them "
-                             "sharded over groups of N ranks in between (N divides the world size, 1 < N < world), "
-                             "so the backward's all-gather stays within the group")
-    parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,
-                        help="the same as --reshard-after-forward false")
-    parser.add_argument("--prefetch", type=int, default=0, metavar="N",
-                        help="FSDP2: each decoder layer starts the all-gathers of the next N layers in its forward "
-                             "(set_modules_to_forward_prefetch) and of the N before it in its backward "
-                             "(set_modules_to_backward_prefetch); 0 (the default) leaves FSDP2's own order: "
-                             "forward all-gathers issued as each layer starts, one layer ahead in backward")
-    parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--fused-adamw", action="store_true",
-                        help="AdamW(fused=True): one fused kernel set for the whole step instead of torch's "
-                             "default multi-tensor one (the optimizer step is 19.5 ms of an FSDP2 step on DTensors); "
-                             "under FSDP2 it updates each rank's shards (DTensors) in place")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bucket-cap-mb", type=float, default=None,
-                        help="DDP bucket size; small values give several buckets, so DDPOptimizer splits the graph")
-    parser.add_argument("--ddp-static-graph", action="store_true",
-                        help="DDP(static_graph=True): the same parameters get gradients every step, so DDP can fix "
-                             "its bucket order after the first step and skip its per-step search for unused ones")
-    parser.add_argument("--grad-as-bucket-view", action="store_true",
-                        help="DDP(gradient_as_bucket_view=True): .grad tensors are views of the all-reduce buckets "
-                             "(no copy of the gradients into them, one copy less of 1 GB per step for the reference)")
-    parser.add_argument("--ddp-comm-hook", choices=("none", "allreduce"), default="none",
-                        help="allreduce: DDP's built-in C++ all-reduce hook, which divides each bucket once before "
-                             "reducing it; without a hook DDP's reducer divides every gradient on its own (one "
-                             "kernel launch per parameter, 291 for the reference, every step)")
-    parser.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false",
-                        help="DDP(broadcast_buffers=False): rank 0's buffers are not broadcast before every "
-                             "forward (Qwen2's only buffer is the rotary inv_freq, a constant)")
-    parser.add_argument("--persistent-grads", action="store_true",
-                        help="with --cudagraphs and one device: keep a zeroed .grad buffer per parameter even "
-                             "when the backward could hand its gradients over (no accumulation, no DDP)")
-    parser.add_argument("--tied-embedding-ddp", action="store_true",
-                        help="wrap with twinkle_fx.distributed.tied_embedding_ddp: the tied embedding / LM-head "
-                             "weight (272 MB in bf16 for the reference) leaves DDP's buckets; the head's gradient "
-                             "is all-reduced while the layers run backward, the embedding's as rows at the end")
-    parser.add_argument("--optimize-ddp", choices=("ddp_optimizer", "no_optimization", "python_reducer"), default=None,
-                        help="compiled DDP: split the graph at bucket boundaries (torch's default; with --regional "
-                             "no_optimization is), compile it whole, or reduce in compiled autograd (python_reducer, "
-                             "the default with --compiled-autograd)")
-    parser.add_argument("--compiled-autograd", action="store_true",
-                        help="capture the backward with compiled autograd (torch._dynamo.config.compiled_autograd)")
-    parser.add_argument("--compare-single", type=int, default=None, metavar="WORLD",
-                        help="with --parallel none: run twice, with --batch (the speed baseline of a WORLD-GPU run) "
-                             "and with WORLD x --batch (its global batch: the loss baseline)")
-    parser.add_argument("--baseline", action="append", default=[],
-                        help="a --parallel none --out file (--compare-single writes both baselines): the table "
-                             "compares with its runs; may be given more than once")
-    parser.add_argument("--report", action="store_true", help="every rank prints its twinkle compile report, once")
-    parser.add_argument("--out", default=None, help="rank 0 writes the runs and tables here (JSON)")
-    parser.add_argument("--cudagraphs", action="store_true",
-                        help="replay the compiled graphs (whole model or each layer) as CUDA graphs "
-                             "(mode='reduce-overhead'); the table says how many were recorded and re-recorded")
-    parser.add_argument("--profile", default=None, metavar="DIR",
-                        help="after the timed steps, 3 more under torch.profiler on every rank: DIR/rank<r>/"
-                             "profile_trace.json and profile_report.txt (rank 0's report is printed)")
-    args = parser.parse_args(argv)
-    batch, seq = DEFAULT_SHAPE[args.size]
-    args.batch = args.batch or batch
-    args.seq = args.seq or seq
-    compiled = args.backend in COMPILED
-    if args.regional and not compiled:
-        parser.error(f"--regional compiles decoder layers: it needs a compiled --backend ({', '.join(COMPILED)}), "
-                     f"not {args.backend}")
-    if args.mixed_precision and args.parallel != "fsdp2":
-        parser.error("--mixed-precision is FSDP2's MixedPrecisionPolicy: use it with --parallel fsdp2 "
-                     "(DDP and none train in --dtype)")
-    if (args.reshard_after_forward is not True or args.prefetch) and args.parallel != "fsdp2":
-        parser.error("--reshard-after-forward, --no-reshard-after-forward and --prefetch are FSDP2 options: use "
-                     "them with --parallel fsdp2")
-    if args.prefetch < 0:
-        parser.error(f"--prefetch must be 0 or more layers, got {args.prefetch}")
-    if args.mixed_precision and args.dtype == "bf16":
-        parser.error("--mixed-precision keeps fp32 master weights: leave --dtype out (or fp32)")
-    if args.compiled_autograd:
-        if not compiled or args.parallel == "fsdp2":
-            parser.error("--compiled-autograd needs a compiled --backend and --parallel ddp or none")
-        if args.optimize_ddp in ("ddp_optimizer", "no_optimization"):
-            parser.error(f"--compiled-autograd works with --optimize-ddp python_reducer, not {args.optimize_ddp} "
-                         "(torch._dynamo.config.optimize_ddp says so)")
-        args.optimize_ddp = args.optimize_ddp or "python_reducer"
-    elif args.optimize_ddp == "python_reducer":
-        parser.error("--optimize-ddp python_reducer needs --compiled-autograd")
-    # --regional: a layer's graph is not worth splitting at bucket boundaries (compile_layers keeps it whole
-    # on its own; this keeps --backend inductor's layers whole too)
-    args.optimize_ddp = args.optimize_ddp or ("no_optimization" if args.regional else "ddp_optimizer")
-    if args.cudagraphs and (not compiled or args.compiler != "inductor"):
-        parser.error("--cudagraphs needs a compiled --backend with --compiler inductor")
-    if args.cudagraphs and args.parallel == "fsdp2" and args.backend == "inductor":
-        parser.error("--backend inductor --cudagraphs under FSDP2: Inductor's CUDA graphs read every parameter at "
-                     "the address they were recorded with, and FSDP2 gathers the parameters into new memory every "
-                     "step, so the graphs are recorded again and again (measured on an H100, the Qwen2-0.5B shape, "
-                     "regional: 192 to 240 graphs instead of 48, steps of 1.7 s while re-recording); use --backend "
-                     "twinkle --cudagraphs (it copies FSDP2's parameters into the graphs at each replay) or leave "
-                     "--cudagraphs out")
-    if args.cudagraphs and args.parallel == "fsdp2" and args.accum > 1:
-        parser.error("--cudagraphs with FSDP2 and --accum: between micro-steps FSDP2 keeps each unsharded "
-                     "parameter's gradient, which is the backward graph's output, and the next replay overwrites it "
-                     "(pytorch/pytorch#169545); leave one of them out")
-    ddp_only = (args.ddp_static_graph or args.grad_as_bucket_view or args.tied_embedding_ddp
-                or args.ddp_comm_hook != "none" or not args.broadcast_buffers)
-    if ddp_only and args.parallel != "ddp":
-        parser.error("--ddp-static-graph, --grad-as-bucket-view, --tied-embedding-ddp, --ddp-comm-hook and "
-                     "--no-broadcast-buffers are DistributedDataParallel options: use them with --parallel ddp")
-    if args.ddp_comm_hook != "none" and args.compiled_autograd:
-        parser.error("--ddp-comm-hook with --compiled-autograd: DDP's Python reducer all-reduces each gradient in "
-                     "its own hook and never runs the C++ reducer's built-in hook; leave one of them out")
-    if args.persistent_grads and (not args.cudagraphs or args.parallel == "fsdp2"):
-        parser.error("--persistent-grads is how --cudagraphs runs keep gradients: use it with --cudagraphs and "
-                     "--parallel ddp or none (FSDP2's gradients are its reduce-scatter's output, not a graph's)")
-    if args.ddp_static_graph and args.accum > 1:
-        parser.error("--ddp-static-graph with --accum: DDP(static_graph=True) under no_sync() fails an internal "
-                     "assert on its first backward, and past it stops all-reducing gradients "
-                     "(https://github.com/pytorch/pytorch/issues/143580, fix pending in pytorch/pytorch#187732); "
-                     "leave one of them out")
-    if args.compare_single is not None and (args.parallel != "none" or args.compare_single < 2):
-        parser.error("--compare-single WORLD (>= 2) runs the single-device baselines: use it with --parallel none")
-    for name in ("steps", "batch", "seq", "accum"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    return args
+    """The command line (:func:`.distributed_args.parse_args`), described by this module's first paragraph."""
+    return distributed_args.parse_args(argv, description=__doc__.split("\n\n")[0].replace("\n", " "))
 
 
 def init_distributed(parallel: str = "ddp") -> tuple[int, int, torch.device]:
@@ -270,6 +105,9 @@ def init_distributed(parallel: str = "ddp") -> tuple[int, int, torch.device]:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         return 0, 1, device
+    if any(name not in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        raise SystemExit(f"--parallel {parallel} runs one process per device: launch it with torchrun --nproc_per_node "
+                         "N -m twinkle_fx.bench.distributed ..., or use --parallel none for one process")
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
@@ -510,13 +348,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _load_baseline(path: str) -> list[RunResult]:
+    try:
+        return load_baseline(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise SystemExit(f"error: --baseline {path}: not what a --parallel none --out run writes "
+                         f"({type(e).__name__}: {str(e)[:80]})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         from twinkle_fx.core.settings import use_triton_interpreter
 
         use_triton_interpreter(command="python -m twinkle_fx.bench.distributed")  # before the kernels are imported
-    baseline = [run for path in args.baseline for run in load_baseline(path)]
+    baseline = [run for path in args.baseline for run in _load_baseline(path)]
     rank, world, device = init_distributed(args.parallel)
     try:
         try:

@@ -355,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
     rows = tuple(r for r in args.rows.split(",") if r)
+    if not rows:
+        parser.error(f"--rows is empty; give a comma-separated list from: {', '.join(GENERATE_ROWS)}")
     unknown = [r for r in rows if r not in GENERATE_ROWS]
     if unknown:
         parser.error(f"unknown row(s) {', '.join(unknown)}; choose from: {', '.join(GENERATE_ROWS)}")
@@ -366,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
                         *(("--batches", b) for b in batches)):
         if value < 1 or (name == "--new-tokens" and value < 2):
             parser.error(f"{name} must be at least {2 if name == '--new-tokens' else 1}, got {value}")
+    from ..core.outputs import check_output_path
+
+    try:
+        check_output_path("--out", args.out, file_name="generate.json")
+    except ValueError as e:
+        parser.error(str(e))
     if not args.tiny and not torch.cuda.is_available():
         parser.error("timing generate() needs a CUDA device; --tiny runs the tiny config on the CPU")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")

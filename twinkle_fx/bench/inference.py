@@ -271,7 +271,7 @@ def run_inference_bench(options: InferenceBenchOptions, progress: Callable[[str]
     """Benchmark ``options.backends`` on prefill and decode of ``options.model`` (see the module
     docstring); ratios against Inductor and Inductor + CUDA graphs of the same run.
 
-    Example:
+    Examples:
         >>> options = InferenceBenchOptions(model="qwen2", backends=["eager", "kernelize"], prefill=32,
         ...                                 decode_batch=2, context=16, dtype=torch.float32, steps=2,
         ...                                 warmup=1, device=torch.device("cpu"), tiny=True)

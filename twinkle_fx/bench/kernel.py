@@ -84,7 +84,7 @@ def benchmark_kernel(fn: Callable[..., Any], *args: Any, warmup: int = 20, iters
     Raises:
         ValueError: ``iters`` below 1 or ``warmup`` below 0.
 
-    Example:
+    Examples:
         >>> import torch, twinkle_triton
         >>> from twinkle_fx import benchmark_kernel
         >>> x, bias = torch.randn(64, 256), torch.randn(256)

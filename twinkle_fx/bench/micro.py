@@ -429,7 +429,7 @@ def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOpt
 def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] = print) -> BenchResult:
     """Time every twinkle_triton op (or ``options.ops``) under each implementation in ``options.impls``.
 
-    Example:
+    Examples:
         >>> options = MicroBenchOptions(impls=["eager", "twinkle"], dtype=torch.float32, reps=2, warmup=1,
         ...                             device=torch.device("cpu"), tiny=True)
         >>> # not run by the doctest test: benchmarks take tens of seconds even tiny (tests/bench runs them)

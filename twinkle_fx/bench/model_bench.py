@@ -160,7 +160,7 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
     makes an object whose ``tick()`` runs after each warm-up and timed step and ``close()`` at the end
     (the command line passes a tqdm bar).
 
-    Example:
+    Examples:
         >>> options = ModelBenchOptions(model="qwen2", backends=["eager", "kernelize"], batch=2, seq=32,
         ...                             dtype=torch.float32, steps=2, warmup=1, device=torch.device("cpu"),
         ...                             tiny=True)

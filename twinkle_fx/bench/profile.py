@@ -122,7 +122,7 @@ def host_us_per_kernel(host_ms: float | None, profile: dict[str, Any] | None) ->
     ran: what the host spends per kernel call, whatever launched it (Python, Inductor's code, a
     CUDA-graph replay).
 
-    Example:
+    Examples:
         >>> host_us_per_kernel(12.0, {"kernels_per_step": 1500.0})
         8.0
     """

@@ -15,9 +15,10 @@ import argparse
 import json
 import statistics
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+
+from ..core.outputs import output_dir
 
 __all__ = ["measure_swap_table"]
 
@@ -115,7 +116,7 @@ def measure_swap_table(dtype: torch.dtype = torch.bfloat16, progress: Callable[[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="directory for swap-table.json")
+    parser.add_argument("--out", type=output_dir, help="directory for swap-table.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("swap_table: needs a CUDA device (the table is per device).")

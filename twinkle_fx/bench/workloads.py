@@ -204,7 +204,7 @@ def get_workload(name: str) -> Workload:
     Raises:
         ValueError: unknown name (the message lists the known ones).
 
-    Example:
+    Examples:
         >>> get_workload("qwen2").config["vocab_size"]
         151936
     """

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from . import names
-from .common import (CommandError, StepProgress, check_names, check_out_dir, choose_device, comma_list, device_name,
+from .common import (CommandError, StepProgress, check_names, check_output, choose_device, comma_list, device_name,
                      non_negative_int, positive_float, positive_int, quiet_profiler)
 
 __all__ = ["add_parser", "run"]
@@ -136,7 +136,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.plot is not None:
         if not args.plot.is_file():
             raise CommandError(f"--plot {args.plot}: no such file (a JSON written by `twinkle-fx bench --out DIR`)")
-        check_out_dir("--out", args.out)
+        check_output("--out", args.out, directory=True)
         return
     if sum((args.micro, args.inference, args.matrix)) > 1:
         raise CommandError("--micro (the kernels), --inference (prefill and decode) and --matrix (training across "
@@ -148,8 +148,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
                            "kernel with torch.profiler, see README 'For kernel authors')")
     if args.ops is not None and not args.micro:
         raise CommandError("--ops chooses the kernels of --micro; add --micro or leave it out")
-    check_out_dir("--out", args.out)
-    check_out_dir("--profile", args.profile)
+    check_output("--out", args.out, directory=True)
+    check_output("--profile", args.profile, directory=True)
     if args.micro:
         check_names("--ops", args.ops or (), names.MICRO_OPS, "op")
         check_names("--backends", args.backends or (), names.MICRO_IMPLS, "backend")

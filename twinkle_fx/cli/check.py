@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from . import names
-from .common import (CommandError, check_names, choose_device, comma_list, device_name, note, quiet_profiler)
+from .common import (CommandError, check_names, check_output, choose_device, comma_list, device_name, note,
+                     quiet_profiler)
 
 __all__ = ["add_parser", "run"]
 
@@ -55,8 +56,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
         check_names("--models", args.models, names.BUILTIN_FAMILIES, "model family")
     for spec in args.setup:
         _setup_exists(spec)
-    if args.out is not None and args.out.is_dir():
-        raise CommandError(f"--out {args.out}: is a directory; give the JSON file to write (e.g. {args.out / 'check.json'})")
+    check_output("--out", args.out, parents=True, file_name="check.json")
 
 
 def _setup_exists(spec: str) -> None:

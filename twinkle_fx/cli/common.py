@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = ["CommandError", "positive_int", "non_negative_int", "positive_float", "device_name", "comma_list",
-           "check_names", "check_out_dir", "choose_device", "checked_device", "quiet_profiler", "note",
+           "check_names", "check_output", "choose_device", "checked_device", "quiet_profiler", "note",
            "StepProgress"]
 
 
@@ -78,12 +78,15 @@ def check_names(option: str, given: Iterable[str], valid: Iterable[str], what: s
         raise CommandError(f"{option}: unknown {what}(s) {', '.join(map(repr, unknown))}; valid: {', '.join(valid)}")
 
 
-def check_out_dir(option: str, path: Path | None) -> None:
-    """``path`` may be a directory or not exist yet (it is created), but not a file: said before a run,
-    not after it."""
-    if path is not None and path.exists() and not path.is_dir():
-        raise CommandError(f"{option} {path}: is a file, and the results go into a directory; give a directory "
-                           "(existing or new)")
+def check_output(option: str, path: Path | None, **kind: bool | str) -> None:
+    """:func:`twinkle_fx.core.outputs.check_output_path` (``kind``: ``directory``, ``parents``, ``file_name``)
+    as a :class:`CommandError`: an output the run could not write is refused before the run."""
+    from ..core.outputs import check_output_path
+
+    try:
+        check_output_path(option, path, **kind)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
 
 
 def _int(text: str) -> int:

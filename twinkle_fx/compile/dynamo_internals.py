@@ -72,7 +72,7 @@ class ModuleFrame:
     def location(self) -> str:
         """The module path under the compiled root ("model.layers.0.mlp"; "<root>"), with "@N" on repeat calls."""
         ref = parse_source(self.source)
-        path = ".".join(ref.modules) if ref is not None else self.source
+        path = ref.path if ref is not None else self.source
         path = path or "<root>"
         return f"{path}@{self.key.split('@', 1)[1]}" if "@" in self.key else path
 
@@ -195,6 +195,15 @@ class SourceRef:
     def root(self) -> tuple[str, str, tuple[int, ...]]:
         """Which object of the frame the path starts from: scope, name and indices."""
         return self.scope, self.name, self.items
+
+    @property
+    def path(self) -> str:
+        """The dotted module path as the model names it: ``m.forward.__self__`` is ``m``, and a local that is a bound
+        method is its module (``torch.compile(seq.forward)`` of an ``nn.Sequential`` sees ``L['fn'].__self__.0``)."""
+        names: list[str] = []
+        for name in self.modules:  # a bound method's __self__: back to the object the method was read from
+            names = names[:-1] if name == "__self__" else [*names, name]
+        return ".".join(names)
 
 
 _ROOT = re.compile(r"^(?P<scope>[LG])\['(?P<name>[^']+)'\]")

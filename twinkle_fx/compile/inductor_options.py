@@ -16,7 +16,7 @@ Every graph Inductor compiles (forward, backward, inference) is recorded as a
 :class:`CudaGraphStatus`: CUDA graphs requested or not, used or not, and Inductor's own reason when
 it skipped them ("mutated inputs", "cpu device", "non-static input pointers", ...).
 
-Example:
+Examples:
     >>> with collect_cudagraph_status() as cudagraphs:                        # doctest: +SKIP
     ...     torch.compile(model, backend="twinkle", mode="reduce-overhead")(input_ids)
     >>> print(cudagraphs.summary())                                            # doctest: +SKIP
@@ -51,7 +51,7 @@ def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mappin
     """Inductor config patches for torch.compile's ``mode``, the ``cudagraphs`` option and the
     ``inductor`` options, in that order of precedence (see the module docstring).
 
-    Example:
+    Examples:
         >>> inductor_config_patches("max-autotune-no-cudagraphs", True, {"coordinate_descent_tuning": False})
         ... # doctest: +NORMALIZE_WHITESPACE
         {'max_autotune': True, 'coordinate_descent_tuning': False, 'triton.cudagraphs': True}
@@ -217,7 +217,7 @@ def cudagraph_tree_summary(device_index: int | None = None) -> str:
     :func:`collect_cudagraph_status` does not see. Call it before ``torch._dynamo.reset()``, which
     drops the trees.
 
-    Example:
+    Examples:
         >>> compiled = torch.compile(model, mode="reduce-overhead")             # doctest: +SKIP
         >>> for _ in range(3):                                                   # doctest: +SKIP
         ...     model.zero_grad(set_to_none=True); compiled(input_ids=ids, labels=ids).loss.backward()

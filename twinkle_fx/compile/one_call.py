@@ -158,7 +158,7 @@ def compile_model(
             or misspelt backend option, an unknown device, a device the weights are not on, or a GPU
             device without a GPU.
 
-    Example:
+    Examples:
         ```python
         import twinkle_fx
         from twinkle_fx.builtin import use_builtin_kernels

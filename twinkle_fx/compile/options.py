@@ -89,7 +89,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
     Raises:
         ValueError: an unknown key or a bad value (the message names the option and the valid values).
 
-    Example:
+    Examples:
         >>> parse_options({"cudagraphs": True, "gqa_attention": False}).gqa_attention
         False
     """

@@ -6,7 +6,7 @@ kinds follow the path a region takes through a pass: selection, the module insta
 trial run of the kernel, the rewrite, and the compile-time checks after it (as Lightning Thunder's
 ``SplitReason`` does for its splits).
 
-Example:
+Examples:
     >>> reason = Reason(ReasonKind.SHAPE_GUARD, "the kernel returns float32[3, 32] where the region produces float32[3, 16]")
     >>> reason.kind.name, str(reason)[:23]
     ('SHAPE_GUARD', 'the kernel returns floa')

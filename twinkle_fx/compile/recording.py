@@ -40,7 +40,7 @@ def root_as_self(code: str) -> str:
     wraps ``*ForCausalLM.forward`` so) reaches Dynamo as ``args[0]``, and every lifted parameter is
     then named ``l_args_0_...``: the same graph, named after how it was entered.
 
-    Example:
+    Examples:
         >>> root_as_self("linear(x, l_args_0_modules_proj_parameters_weight_)")
         'linear(x, l_self_modules_proj_parameters_weight_)'
     """

@@ -117,7 +117,7 @@ def compile_layers(
     Raises:
         ValueError: ``mode`` together with ``options``, no layers found, or an unknown device.
 
-    Example:
+    Examples:
         ```python
         from twinkle_fx.builtin import use_builtin_kernels
         from twinkle_fx.compile.regional import compile_layers

@@ -3,7 +3,7 @@
 ``str(report)`` is the readable form (``python -m twinkle_fx explain`` prints it); the fields are
 there for tests and tools.
 
-Example:
+Examples:
     >>> from twinkle_fx.compile import collect_reports
     >>> with collect_reports() as report:                                         # doctest: +SKIP
     ...     torch.compile(model, backend="twinkle")(input_ids)

@@ -82,7 +82,7 @@ def keep_inductor_reason(policy: str, kernel: str, device: str, mode: Mode, firs
 
     ``policy`` is the graph's ``BackendOptions.applied_swap_policy``: only "measured" keeps anything.
 
-    Example:
+    Examples:
         >>> table = (Decision("RMSNorm", "cuda", "inference", 64, "0.8x at 32 rows"),)
         >>> keep_inductor_reason("measured", "RMSNorm", "cuda", Mode.INFERENCE, torch.empty(32, 896), table)
         "kept Inductor's code: RMSNorm was measured slower than Inductor at <= 64 rows on cuda in inference (0.8x at 32 rows); swap_policy='always' swaps it"

@@ -85,7 +85,7 @@ def ttir_key(kernel: Any, kwargs: dict[str, Any], tma_descriptor_metadata: Any) 
     """The memo key of one ``generate_ttir(kernel, kwargs, tma_descriptor_metadata)`` call, or None
     when the call must not be memoized.
 
-    Example:
+    Examples:
         >>> import torch
         >>> a = ttir_key("k", {"x": torch.empty(4, dtype=torch.bfloat16), "n": 7, "BLOCK": 64}, {})
         >>> a == ttir_key("k", {"x": torch.empty(9, dtype=torch.bfloat16), "n": 7, "BLOCK": 64}, {})

@@ -50,7 +50,7 @@ def awkward_size(hint: int, lower: int = 2, upper: float = float("inf")) -> int 
     """An odd size other than ``hint`` within ``[lower, upper]``, close to it (small inputs stay
     small); None when the range holds none. Odd sizes above 1 are never powers of two.
 
-    Example:
+    Examples:
         >>> awkward_size(4), awkward_size(5), awkward_size(8, upper=8)
         (5, 7, 7)
     """

@@ -8,7 +8,8 @@
   both paths to ask;
 - :mod:`.plugins` is where the Hugging Face integrations (``twinkle_fx.integrations``) plug in;
 - the small shared pieces: :mod:`.errors`, :mod:`.caches`, :mod:`.settings`, :mod:`.numerics` and
-  :mod:`.tolerances`.
+  :mod:`.tolerances`; and for the tools (the benchmarks, the command line), :mod:`.outputs`: their
+  ``--out`` paths checked before a run.
 
 Imports go one way: core imports the kernels at most, never the eager or compile paths, the
 integrations or the tools (``tests/test_layering.py`` holds the rule). Importing this package imports

@@ -10,7 +10,7 @@ undone with :func:`twinkle_fx.undo_kernelize`, and torch.library keeps the ops i
 
 Only modules that were imported registered a cache (a module never imported filled none).
 
-Example:
+Examples:
     >>> from twinkle_fx.core.caches import cache_owners, reset_caches
     >>> "twinkle_fx.eager.kernelize" in cache_owners()
     True

@@ -100,7 +100,7 @@ def register_kernels(config: Mapping[str, Any]) -> None:
     key ``"module.func_name"`` is accepted as a shorthand (a key and a ``target_module`` that
     disagree are an error).
 
-    Example:
+    Examples:
         >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
         >>> register_kernels({
         ...     "layers": {"MyAwesomeMLP": [

@@ -27,7 +27,7 @@ def parse_device(device: Any, *, allow_any: bool = False) -> str:
     Raises:
         ValueError: the device type is not one of cpu, cuda, rocm, xpu, mps, metal, npu.
 
-    Example:
+    Examples:
         >>> parse_device("cuda:1")
         'cuda'
     """
@@ -72,7 +72,7 @@ def infer_device(model: torch.nn.Module) -> str:
 def parse_devices(devices: str | torch.device | Sequence[str | torch.device]) -> tuple[str, ...]:
     """One device or several, validated: ``"cpu"`` is the single device "cpu", not "c", "p", "u".
 
-    Example:
+    Examples:
         >>> parse_devices("cpu"), parse_devices(("cuda", "cpu"))
         (('cpu',), ('cuda', 'cpu'))
     """

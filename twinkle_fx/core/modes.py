@@ -20,7 +20,7 @@ class Mode(enum.Flag):
     never asks for it. ``FALLBACK`` is the same member under Hugging Face ``kernels``' name for it
     (``kernels.Mode.FALLBACK`` converts to it), kept so code written against either name works.
 
-    Example:
+    Examples:
         >>> Mode.FALLBACK is Mode.ANY
         True
         >>> parse_mode("train+compile")
@@ -63,7 +63,7 @@ def parse_mode(mode: Any, *, allow_fallback: bool = False) -> Mode:
     Raises:
         ValueError: unknown words, or a contradictory combination such as ``"train+inference"``.
 
-    Example:
+    Examples:
         >>> parse_mode("compile")
         <Mode.INFERENCE|TORCH_COMPILE: 12>
     """

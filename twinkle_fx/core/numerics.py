@@ -47,7 +47,7 @@ def compare(ours: Any, reference: Any, *, check_grad: bool = False, leaf: str = 
             (``"output"`` for a graph's outputs).
         reference_name (`str`, defaults to ``"the reference"``): what the reference is called in messages.
 
-    Example:
+    Examples:
         >>> import torch
         >>> compare(torch.ones(3), torch.ones(3) + 1e-6)
         (9.5367431640625e-07, None)

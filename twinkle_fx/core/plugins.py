@@ -15,7 +15,7 @@ An integration plugs in by module name, and the module is imported when core fir
 plugging in costs nothing at start-up. Importing ``twinkle_fx`` plugs in ``twinkle_fx.integrations``,
 so every use of the library has them.
 
-Example:
+Examples:
     >>> [mapping.__name__ for mapping in layer_mappings()]
     ['twinkle_fx.integrations.kernels_mapping']
 """

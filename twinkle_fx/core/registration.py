@@ -100,7 +100,7 @@ def register_layer_kernel(
     Raises:
         ValueError: unknown mode or device, none or several sources, both revision and version.
 
-    Example:
+    Examples:
         >>> register_layer_kernel(kernel_name="MyAwesomeMLP", repo_path="/path/to/local/repo",
         ...                       package_name="my_kernels", layer_name="Qwen2MLPTrainingKernel",
         ...                       device="cuda", mode="train")  # lazy: the repo is read when a model needs it
@@ -160,7 +160,7 @@ def register_external_layer(cls: type | str, kernel_name: str, *, within: Sequen
     module tree, ``backend="twinkle"`` from Dynamo's module stack (the compiled root's own parent is
     unknown, so a limited binding never swaps the root).
 
-    Example:
+    Examples:
         >>> from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
         >>> register_external_layer(Qwen2MLP, "MyAwesomeMLP")
     """
@@ -208,7 +208,7 @@ def register_function_kernel(
             swaps the bare computation wherever a model writes it. Powerful for patterns of several
             ops, dangerous for one op: a registered ``add(x, y)`` would take every residual add.
 
-    Example:
+    Examples:
         >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
         >>> registration = register_function_kernel(func_name="add", target_module="my_pkg.math_ops",
         ...                                         func_impl=fast_add, device="cuda", mode="inference")
@@ -248,7 +248,7 @@ class KeywordSpec:
     """The keywords of a registration function, read from its signature: the one place they are
     named and given defaults. ``register_kernels`` entries are checked against it.
 
-    Example:
+    Examples:
         >>> LAYER_KEYWORDS.complete("layers['MyMLP']", {"layer": object, "device": "cuda"}, kernel_name="MyMLP")["mode"] is None
         True
         >>> LAYER_KEYWORDS.complete("layers['MyMLP']", {"devcie": "cuda"}, kernel_name="MyMLP")

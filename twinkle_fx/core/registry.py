@@ -110,7 +110,7 @@ def _put(table: _Table, key: str, device: str, mode: Mode, entry: object, label:
 class KernelRegistry:
     """Registrations of layer and function kernels. Usually reached through :func:`get_registry`.
 
-    Example:
+    Examples:
         >>> reg = KernelRegistry()
         >>> reg.bind_layer(torch.nn.GELU, "FastGelu")
         >>> reg.kernel_name_for(torch.nn.GELU)
@@ -157,7 +157,7 @@ class KernelRegistry:
         """Turn the compile backend's graph rewrite ``name`` off (one of :data:`GRAPH_REWRITES`)
         wherever this registry is in effect; :meth:`add_graph_rewrite` turns it on again.
 
-        Example:
+        Examples:
             >>> with scoped_registry() as registry:
             ...     registry.remove_graph_rewrite("gqa_attention")
             ...     registry.graph_rewrite_names()
@@ -322,7 +322,7 @@ def scoped_registry(*, inherit: bool = True) -> Iterator[KernelRegistry]:
         inherit (`bool`, defaults to `True`): start from a copy of the registrations in effect;
             `False` starts with no kernels and every graph rewrite, as a new registry does.
 
-    Example:
+    Examples:
         >>> from twinkle_fx import get_registry, scoped_registry, register_layer_kernel
         >>> with scoped_registry():
         ...     _ = register_layer_kernel(kernel_name="Fast", layer=torch.nn.Identity, device="cpu")

@@ -310,7 +310,7 @@ def does_not_apply(choice: KernelChoice, module: torch.nn.Module) -> str | None:
     ``applies_to`` apply wherever their signature fits. (On ``forward`` because Hugging Face
     ``kernels`` refuses layer classes with members beyond ``has_backward``/``can_torch_compile``.)
 
-    Example:
+    Examples:
         >>> def silu_only(module):
         ...     return None if isinstance(module.act_fn, nn.SiLU) else f"act_fn is {module.act_fn}"
         >>> class SwiGLUMLP(nn.Module):

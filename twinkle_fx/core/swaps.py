@@ -15,7 +15,7 @@ undo notices a forward that another tool (``kernels.kernelize``, say) put there 
 Functions: module attributes are process-wide, so the record of what was patched is too: one ledger,
 guarded by a lock, that remembers each original so an undo puts it back exactly.
 
-Example:
+Examples:
     >>> from twinkle_fx import kernelize_model, register_external_layer, register_layer_kernel
     >>> class FastGelu(nn.Module):
     ...     def forward(self, input):
@@ -124,7 +124,7 @@ def foreign_forward(module: torch.nn.Module) -> str | None:
     """Who replaced ``module.forward``, when something other than twinkle_fx did (``kernels.kernelize``
     binds a kernel layer's ``forward`` to the instance); None for the class's own forward.
 
-    Example:
+    Examples:
         >>> kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")   # doctest: +SKIP
         >>> foreign_forward(model.model.norm)                                     # doctest: +SKIP
         'kernels.kernelize (twinkle_triton.layers.RMSNorm.forward)'

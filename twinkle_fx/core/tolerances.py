@@ -60,7 +60,7 @@ def tolerance(dtype: torch.dtype) -> Tolerance:
     """The :class:`Tolerance` of ``dtype``; float32's for dtypes without their own (integers are
     compared exactly by :func:`twinkle_fx.core.numerics.compare`, fp8 results are upcast first).
 
-    Example:
+    Examples:
         >>> tolerance(torch.bfloat16)
         Tolerance(atol=0.02, rtol=0.02, loss_rtol=0.01, logits_rtol=0.03)
     """

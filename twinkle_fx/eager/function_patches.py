@@ -59,7 +59,7 @@ class VerifiedFunction:
 class PatchedFunctions(list):
     """The ``"module.func"`` names patched by one call; also a handle to undo what that call changed.
 
-    Example:
+    Examples:
         >>> import my_pkg.math_ops
         >>> from twinkle_fx import register_function_kernel
         >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
@@ -137,7 +137,7 @@ def apply_function_kernel(
     Returns:
         :class:`PatchedFunctions`, the list of patched ``"module.func"`` names (also an undo handle).
 
-    Example:
+    Examples:
         >>> from twinkle_fx import register_function_kernel
         >>> from my_pkg.fast_ops import fast_add   # examples/my_pkg: a Triton add
         >>> _ = register_function_kernel(func_name="add", target_module="my_pkg.math_ops", func_impl=fast_add,

@@ -110,7 +110,7 @@ def static_cache_state(cache: Any) -> tuple[tuple[int, ...], str | None]:
     (``cumulative_length_int``) that a replay would not advance; other layer kinds (linear
     attention, indexer) and caches with their own ``update``.
 
-    Example:
+    Examples:
         >>> import transformers, torch
         >>> config = transformers.Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
         ...                                   num_attention_heads=2, num_key_value_heads=1, vocab_size=32)

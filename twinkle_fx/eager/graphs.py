@@ -513,7 +513,7 @@ def graph_status(model: torch.nn.Module) -> GraphStatus | None:
     recorded sequences, replays, and the block calls that ran eagerly with their reasons; None when
     the model has no CUDA graphs.
 
-    Example:
+    Examples:
         >>> kernelize_model(model, mode="train", cuda_graphs=True)      # doctest: +SKIP
         >>> for _ in range(3): model(ids, labels=ids).loss.backward()   # doctest: +SKIP
         >>> print(graph_status(model))                                  # doctest: +SKIP

@@ -156,7 +156,7 @@ def coverage_notes(model: torch.nn.Module) -> list[str]:
     """What the registrations leave out for ``model``: layer kernels no class is bound to, and the
     model's layer classes that no kernel serves (for ``explain`` and reports).
 
-    Example:
+    Examples:
         >>> from twinkle_fx import register_layer_kernel
         >>> _ = register_layer_kernel(kernel_name="linear", layer=nn.Linear, device="cpu")
         >>> coverage_notes(nn.Sequential(nn.Linear(8, 8)))
@@ -184,7 +184,7 @@ def kept_summary(candidates: int, fallbacks: dict[tuple[type, str], list[str]], 
     """The sentence that adds up: N swapped + M kept = candidates, each kept group with its count
     and reason; the same for functions (grouped by reason: the rotary kernel's many copies read as one).
 
-    Example:
+    Examples:
         >>> print(kept_summary(3, {(nn.GELU, "no kernel for device 'cpu'"): ["1", "3"]}, 1, [("m.f", "m.f [cpu, any] from impl g: broken")]))
         swapped 1 of 3 candidate module(s) and kept 2: 2 GELU (no kernel for device 'cpu'); patched 1 of 2 function(s) and kept 1: m.f ([cpu, any] from impl g: broken)
     """
@@ -393,7 +393,7 @@ def kernelize_model(
             or ``cuda_graphs=True`` with a compile mode, with ``verify=True`` or without a model.
         KernelSelectionError: no usable kernel and ``use_fallback=False``.
 
-    Example:
+    Examples:
         >>> from twinkle_fx import register_external_layer, register_layer_kernel
         >>> class TanhGelu(nn.Module):   # a kernel: a layer class whose forward replaces the original's
         ...     def forward(self, input):
@@ -439,7 +439,7 @@ def _remove_kernels(model: torch.nn.Module | None, function: str) -> _Changes:
 def verification_report(model: torch.nn.Module | None = None) -> list[Verification]:
     """Every check made by verify mode: the layers of ``model`` and all patched functions.
 
-    Example:
+    Examples:
         >>> from twinkle_fx import register_external_layer, register_layer_kernel
         >>> class TanhGelu(nn.Module):   # close to nn.GELU, but not within fp32's tolerance
         ...     def forward(self, input):
@@ -467,7 +467,7 @@ class Restored:
     """What :func:`undo_kernelize` put back: each module (its path in the model, its class and the
     kernel it ran) and each function, plus the modules it left to another tool.
 
-    Example:
+    Examples:
         >>> Restored(layers=("1 (Gelu): FastGelu",), functions=("my_pkg.math_ops.add",))
         Restored(layers=['1 (Gelu): FastGelu'], functions=['my_pkg.math_ops.add'])
         >>> print(Restored())
@@ -511,7 +511,7 @@ def undo_kernelize(model: torch.nn.Module | None = None) -> Restored:
     Returns:
         :class:`Restored`: what was put back (also logged at INFO), and what was left to another tool.
 
-    Example:
+    Examples:
         >>> from twinkle_fx import register_external_layer, register_layer_kernel
         >>> class TanhGelu(nn.Module):
         ...     def forward(self, input):
@@ -560,7 +560,7 @@ def kernelized(
     """``kernelize_model`` for the duration of a block; on exit (also on error) exactly what it
     changed is put back: a kernel an outer :func:`kernelize_model` or ``kernelized`` installed stays.
 
-    Example:
+    Examples:
         >>> from twinkle_fx import register_external_layer, register_layer_kernel
         >>> class TanhGelu(nn.Module):
         ...     def forward(self, input):

@@ -131,7 +131,7 @@ def publish_to_hub_cache(
     Returns:
         The snapshot folder.
 
-    Example:
+    Examples:
         >>> # not run by the doctest test: it writes a Hub cache (the test suite's offline Hub is built with it)
         >>> publish_to_hub_cache("kernels/twinkle_triton", "kernels-community/activation",
         ...                      hf_home="/tmp/hf")  # doctest: +SKIP

@@ -37,7 +37,7 @@ __all__ = ["LayerRepository", "kernelize", "register_kernel_mapping", "replace_k
 def use_kernel_forward_from_hub(layer_name: str):
     """Class decorator: mark the class as extensible under ``layer_name``; its behaviour is unchanged.
 
-    Example:
+    Examples:
         >>> @use_kernel_forward_from_hub("SiluAndMul")
         ... class SiluAndMul(torch.nn.Module):
         ...     def forward(self, x):
@@ -121,7 +121,7 @@ def kernelize(
         mode (*optional*): a ``Mode`` or mode string, overriding the two ``needs_*`` flags (the newer
             ``kernels`` form).
 
-    Example:
+    Examples:
         >>> model = nn.Sequential(nn.Linear(4, 4)).eval()
         >>> model = kernelize(model, device="cpu", needs_torch_compile=True, use_fallback=False)
     """

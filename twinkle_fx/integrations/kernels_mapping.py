@@ -109,7 +109,7 @@ def layer_registrations(kernel_name: str, device: str) -> dict[str, dict[Mode, L
     """``device key -> mode -> registration`` from the active ``kernels`` mapping for ``kernel_name``,
     for the keys that serve ``device`` only (reading the CUDA entry queries the GPU's capability).
 
-    Example:
+    Examples:
         >>> import kernels, twinkle_triton
         >>> from pathlib import Path
         >>> repo = kernels.LocalLayerRepository(repo_path=Path(twinkle_triton.__file__).parent, layer_name="RMSNorm")

@@ -100,7 +100,7 @@ def check_kernels(
     Raises:
         ValueError: an unknown dtype, or a negative warmup / iters below 1.
 
-    Example:
+    Examples:
         >>> import twinkle_triton
         >>> from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
         >>> from twinkle_fx import check_kernels, register_external_layer, register_layer_kernel

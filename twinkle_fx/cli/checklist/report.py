@@ -118,8 +118,9 @@ class CheckReport:
             for item in CHECKLIST:
                 if item in check.notes:
                     lines.append(f"  {item}: {check.notes[item]}")
-            for row in check.profile[:5]:
-                lines.append(f"    {row['name'][:60]:60s} {row['calls']:>5d} calls  {row['time_ms']:9.3f} ms {row['clock']}")
+                if item == "profiler":  # its rows under its note, before the next item
+                    lines.extend(f"    {row['name'][:60]:60s} {row['calls']:>5d} calls  {row['time_ms']:9.3f} ms "
+                                 f"{row['clock']}" for row in check.profile[:5])
         if not self.checks:
             lines.append("(nothing registered to check)")
         return "\n".join(lines)

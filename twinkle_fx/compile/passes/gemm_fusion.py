@@ -99,7 +99,7 @@ def should_fuse(setting: bool | str, mode: Mode, compiler: str) -> bool | Fusion
     """Whether to run the pass: ``setting`` True/False wins; "auto" answers the measured limits
     (see the module docstring) or False.
 
-    Example:
+    Examples:
         >>> should_fuse("auto", Mode.INFERENCE, "inductor")
         FusionLimits(min_in_features=0, max_rows=64)
         >>> should_fuse("auto", Mode.TRAINING, "inductor")
@@ -153,7 +153,7 @@ def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0, max_rows: 
     every weight and bias must be defined before the group's first linear. With ``max_rows``, only
     inputs with at most that many rows (a static count) are fused.
 
-    Example:
+    Examples:
         >>> groups = fuse_projections(gm)                                           # doctest: +SKIP
         >>> print(groups[0])                                                         # doctest: +SKIP
         linear (q_proj) + linear_1 (k_proj) + linear_2 (v_proj) on x -> one GEMM of width 1152

@@ -194,7 +194,7 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, logits_processor: An
         decode_graphs (`bool`, defaults to True): record the step in a CUDA graph (on CUDA devices);
             False runs the same step eagerly, for debugging.
 
-    Example:
+    Examples:
         >>> tokens = model.generate(ids, max_new_tokens=64, custom_generate=twinkle_fx.decode)  # doctest: +SKIP
     """
     streamer = streamer if streamer is not None else decode_streamer
@@ -343,7 +343,7 @@ def use_decode_loop(model: torch.nn.Module, **options: Any) -> torch.nn.Module:
     arguments, e.g. ``steps_per_sync``); ``streamer=`` reaches the loop. Returns ``model``; ``del
     model.generate`` goes back to transformers' loop.
 
-    Example:
+    Examples:
         >>> twinkle_fx.use_decode_loop(model)                                  # doctest: +SKIP
         >>> tokens = model.generate(ids, max_new_tokens=64)                    # doctest: +SKIP
     """

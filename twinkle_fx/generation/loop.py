@@ -124,7 +124,7 @@ def _unsupported(model, input_ids, generation_config, synced_gpus, model_kwargs)
     return None
 
 
-def _cache_key(model_kwargs: dict[str, Any]) -> str:
+def _cache_key() -> str:
     """The name transformers gives the cache argument (``cache`` from 5.24, ``past_key_values`` before)."""
     import inspect
 
@@ -216,39 +216,50 @@ def decode(model: torch.nn.Module, input_ids: torch.Tensor, logits_processor: An
                          synced_gpus, streamer, model_kwargs)
     state = _state(model)
     with state.lock:
-        length = -(-stopping.max_length // CACHE_ROUNDING) * CACHE_ROUNDING
-        cache = state.caches.get((batch, length))
-        if cache is None:
-            cache = _static_cache(model, length)
-            if isinstance(cache, str):
-                return _fallback(model, input_ids, cache, logits_processor, stopping_criteria, generation_config,
-                                 synced_gpus, streamer, model_kwargs)
-        cache_key = _cache_key(model_kwargs)
-        forward, forward_name = _forward(model, state, generation_config, model_kwargs)
-        mask = model_kwargs.get("attention_mask")
-        extra = {k: v for k, v in model_kwargs.items() if k in ("use_cache", "logits_to_keep")}
-        record = (bool(generation_config.return_dict_in_generate and generation_config.output_scores),
-                  bool(generation_config.return_dict_in_generate and generation_config.output_logits))
-        pad = generation_config._pad_token_tensor
-        key = (batch, length, mask is not None, "position_ids" in model_kwargs, plan.key,
-               None if stopping.eos is None else tuple(stopping.eos.tolist()), None if pad is None else int(pad),
-               bool(generation_config.do_sample), record, forward_name, tuple(sorted(extra.items())),
-               bool(decode_graphs), _forward_signature(model))
-        step = state.steps.pop(key, None)
-        if step is None:
-            while len(state.steps) >= MAX_STEPS_KEPT:
-                state.steps.pop(next(iter(state.steps)))
-            step = DecodeStep(model, forward, cache, cache_key, batch=batch, length=length, vocab=vocab,
-                              padded=mask is not None, has_positions="position_ids" in model_kwargs, plan=plan,
-                              stopping=stopping, do_sample=bool(generation_config.do_sample),
-                              pad_token=0 if pad is None else int(pad), record=record, extra_inputs=extra,
-                              graphs=decode_graphs)
-        state.steps[key] = step  # most recently used last
-        state.caches[(batch, length)] = cache
-        for stale in [k for k in state.caches if all(s.cache is not state.caches[k] for s in state.steps.values())]:
-            del state.caches[stale]
-        step.start(input_ids, mask, penalty_skip(logits_processor, batch))
+        step = _step_for(model, state, input_ids, plan, stopping, generation_config, model_kwargs, decode_graphs)
+        if isinstance(step, str):
+            return _fallback(model, input_ids, step, logits_processor, stopping_criteria, generation_config,
+                             synced_gpus, streamer, model_kwargs)
+        step.start(input_ids, model_kwargs.get("attention_mask"), penalty_skip(logits_processor, batch))
         return _run(model, step, input_ids, stopping, generation_config, model_kwargs, streamer, steps_per_sync)
+
+
+def _step_for(model, state: _ModelState, input_ids, plan, stopping, generation_config, model_kwargs,
+              graphs: bool) -> DecodeStep | str:
+    """The decode step of this call's signature: the one recorded by an earlier call, or a new one on the
+    model's cache of this batch size and length (a new cache if none); why not, if the model has none."""
+    batch = input_ids.shape[0]
+    length = -(-stopping.max_length // CACHE_ROUNDING) * CACHE_ROUNDING
+    cache = state.caches.get((batch, length))
+    if cache is None:
+        cache = _static_cache(model, length)
+        if isinstance(cache, str):
+            return cache
+    forward, forward_name = _forward(model, state, generation_config, model_kwargs)
+    padded = model_kwargs.get("attention_mask") is not None
+    positions = "position_ids" in model_kwargs
+    extra = {k: v for k, v in model_kwargs.items() if k in ("use_cache", "logits_to_keep")}
+    record = (bool(generation_config.return_dict_in_generate and generation_config.output_scores),
+              bool(generation_config.return_dict_in_generate and generation_config.output_logits))
+    pad = generation_config._pad_token_tensor
+    pad = 0 if pad is None else int(pad)
+    do_sample = bool(generation_config.do_sample)
+    eos = None if stopping.eos is None else tuple(stopping.eos.tolist())
+    key = (batch, length, padded, positions, plan.key, eos, pad, do_sample, record, forward_name,
+           tuple(sorted(extra.items())), graphs, _forward_signature(model))
+    step = state.steps.pop(key, None)
+    if step is None:
+        while len(state.steps) >= MAX_STEPS_KEPT:
+            state.steps.pop(next(iter(state.steps)))
+        step = DecodeStep(model, forward, cache, _cache_key(), batch=batch, length=length,
+                          vocab=model.config.get_text_config(decoder=True).vocab_size, padded=padded,
+                          has_positions=positions, plan=plan, stopping=stopping, do_sample=do_sample, pad_token=pad,
+                          record=record, extra_inputs=extra, graphs=graphs)
+    state.steps[key] = step  # most recently used last
+    state.caches[(batch, length)] = cache
+    for stale in [k for k, c in state.caches.items() if all(s.cache is not c for s in state.steps.values())]:
+        del state.caches[stale]
+    return step
 
 
 def _run(model, step: DecodeStep, input_ids, stopping, generation_config, model_kwargs, streamer,

@@ -12,7 +12,8 @@ as the original's ``can_return_tuple`` does.
 ``MoECausalLMFusedLoss`` does the same for the mixture-of-experts heads (Qwen3-MoE, Mixtral, GPT-OSS,
 ERNIE-4.5-MoE): with ``output_router_logits`` (the argument, else ``config.output_router_logits``) it
 adds the router's load-balancing loss, computed by the modeling module's own
-``load_balancing_loss_func`` and weighted by ``router_aux_loss_coef``, and returns the router logits.
+``load_balancing_loss_func`` and weighted by ``router_aux_loss_coef``, to every loss it computes (from
+``labels`` or ``shift_labels``), and returns the router logits.
 """
 
 import sys
@@ -126,7 +127,7 @@ def _moe_causal_lm_forward(self, input_ids=None, attention_mask=None, position_i
     if output_router_logits:
         balancing = _load_balancing_loss(self)
         aux_loss = balancing(outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask)
-        if labels is not None:
+        if loss is not None:  # labels or shift_labels: the original adds it with labels, and takes no shift_labels
             loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
     output = MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits, hidden_states=outputs.hidden_states,
                                        attentions=outputs.attentions, router_logits=outputs.router_logits,

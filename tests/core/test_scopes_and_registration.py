@@ -1,6 +1,8 @@
 """``scoped_registry`` is per thread, reaches threads started inside it (and no others), and
 registering is pure data."""
 
+import asyncio
+import concurrent.futures
 import sys
 import threading
 
@@ -158,6 +160,61 @@ def test_a_scope_opened_after_a_thread_started_does_not_reach_it():
         go.set()
         join()
     assert seen == [outer] and seen[0] is not later
+
+
+def _kernelize_gelus():
+    """A fresh model kernelized with whatever registry is in effect here; whether it took FastGelu."""
+    model = model_with_gelus()
+    kernelize_model(model, mode="inference", device="cpu", use_fallback=False)
+    return uses_tanh(model[1])
+
+
+def _register_fast_gelu():
+    register_layer_kernel(kernel_name="FastGelu", layer=TanhGeluKernel, device="cpu")
+    register_external_layer(Gelu, "FastGelu")
+
+
+def test_a_pool_started_inside_a_scope_does_not_keep_it_for_later_tasks():
+    outer = get_registry()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        with scoped_registry() as scope:
+            _register_fast_gelu()
+            # the pool starts its worker here, inside the scope
+            assert pool.submit(get_registry).result(timeout=60) is scope
+            assert pool.submit(_kernelize_gelus).result(timeout=60)
+        # submitted after the block ended, from outside any scope: the dead scope's kernels are gone
+        assert pool.submit(get_registry).result(timeout=60) is outer
+        assert not pool.submit(_kernelize_gelus).result(timeout=60)
+        assert list(pool.map(lambda _: get_registry(), range(2))) == [outer, outer]
+
+
+def test_a_task_sees_the_scope_it_was_submitted_in_whenever_the_pool_started():
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        outer = pool.submit(get_registry).result(timeout=60)  # the worker starts outside any scope
+        with scoped_registry() as scope:
+            assert pool.submit(get_registry).result(timeout=60) is scope
+            with scoped_registry(inherit=False) as inner:
+                assert pool.submit(get_registry).result(timeout=60) is inner
+        assert pool.submit(get_registry).result(timeout=60) is outer is get_registry()
+
+
+def test_asyncios_default_executor_sees_the_scope_of_each_call_not_of_its_first():
+    async def main():
+        loop = asyncio.get_running_loop()
+        with scoped_registry() as scope:
+            _register_fast_gelu()
+            # the loop's default executor is created, and starts its threads, here
+            in_scope = await loop.run_in_executor(None, get_registry)
+            took_in_scope = await loop.run_in_executor(None, _kernelize_gelus)
+        after = await loop.run_in_executor(None, get_registry)
+        took_after = await loop.run_in_executor(None, _kernelize_gelus)
+        after_to_thread = await asyncio.to_thread(get_registry)
+        return scope, in_scope, took_in_scope, after, took_after, after_to_thread
+
+    outer = get_registry()
+    scope, in_scope, took_in_scope, after, took_after, after_to_thread = asyncio.run(main())
+    assert in_scope is scope and took_in_scope
+    assert after is outer and after_to_thread is outer and not took_after
 
 
 def test_registering_a_function_kernel_imports_and_runs_nothing(tmp_path, monkeypatch):

@@ -462,4 +462,10 @@ def test_moe_head_adds_the_router_loss_as_the_original_does(family, asked_by, de
     _assert_grads_close(grads, want_grads, torch.float32)
     with torch.no_grad():  # no router loss asked for: none added, none returned
         plain = model(ids, labels=ids, output_router_logits=False)
+        # shift_labels instead of labels (the original takes none): the same loss, router term included,
+        # whether the fused loss (training) or the logits' loss (eval) computes it
+        shift_labels = torch.nn.functional.pad(ids, (0, 1), value=-100)[..., 1:].contiguous()
+        shifted = [model.train(training)(ids, shift_labels=shift_labels, **ask).loss for training in (True, False)]
     assert plain.aux_loss is None
+    for loss in shifted:
+        torch.testing.assert_close(loss, want.loss, **TOLERANCE[torch.float32])

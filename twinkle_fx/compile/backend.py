@@ -30,7 +30,6 @@ the inner compiler rejects, or that Dynamo discards, is in no report.
 from __future__ import annotations
 
 import logging
-import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -274,9 +273,28 @@ def _publish(report: GraphReport, opts: BackendOptions, collectors: tuple[Compil
         report.index = len(collector.graphs)
         collector.graphs.append(report)
     if opts.report:
-        # asked for explicitly: shown whether or not the program configured logging
-        print(f"twinkle_fx report:\n{report}", file=sys.stderr, flush=True)
+        _log_report(report)
     _warn_if_nothing_swapped(report)
+
+
+_REPORT_UNSEEN_WARNED = False
+
+
+def _log_report(report: GraphReport) -> None:
+    """``options={"report": True}``: the graph's summary (what was swapped or kept, and why) at INFO,
+    the diff of its FX code at DEBUG. Where INFO is not emitted (logging left unconfigured), one
+    WARNING per process says how to see it: the caller asked for a report it would otherwise never see."""
+    global _REPORT_UNSEEN_WARNED
+    logger.info("twinkle_fx report: %s", report.summary(pass_times=False))
+    if not (logger.isEnabledFor(logging.INFO) and logger.hasHandlers()) and not _REPORT_UNSEEN_WARNED:
+        _REPORT_UNSEEN_WARNED = True
+        logger.warning("options={'report': True} logs each graph's report at INFO (the FX code diffs at DEBUG) on the "
+                       "logger %r, and logging is not set up to show INFO here: call "
+                       "logging.basicConfig(level=logging.INFO) first to see it", logger.name)
+    if logger.isEnabledFor(logging.DEBUG):
+        diff = report.diff()
+        logger.debug("twinkle_fx report, graph %d's FX code before and after the rewrite:\n%s", report.index,
+                     diff or "(graph unchanged)")
 
 
 def _warn_if_nothing_swapped(report: GraphReport) -> None:

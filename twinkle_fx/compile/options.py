@@ -41,7 +41,9 @@ class BackendOptions:
             example inputs at compile time, and a graph with dynamic shapes also at an odd size of
             each dynamic dimension (or a WARNING says only the example shapes were checked); on a
             mismatch keep the original graph and report it. See :mod:`.verify`.
-        report (`bool`, defaults to `False`): log each graph's report at INFO level.
+        report (`bool`, defaults to `False`): log each graph's report on the logger
+            ``twinkle_fx.compile.backend``: what was swapped or kept, and why, at INFO; the diff of the
+            graph's FX code at DEBUG. Where logging would not show INFO, one WARNING says how to see it.
         inductor (`dict`, *optional*): ``torch._inductor.config`` patches for the inner Inductor
             ("max_autotune", "freezing", ...); see :mod:`.inductor_options`.
         cudagraphs (`bool`, defaults to `False`): CUDA graphs, as torch.compile's

@@ -83,8 +83,10 @@ class GraphReport:
         )
         return "\n".join(lines)
 
-    def summary(self) -> str:
-        passes = ", ".join(f"{name} {ms:.1f} ms" for name, ms in self.pass_ms.items())
+    def summary(self, *, pass_times: bool = True) -> str:
+        """What was swapped or kept, and why; with ``pass_times=False`` the passes' total time instead of each one's."""
+        passes = (", ".join(f"{name} {ms:.1f} ms" for name, ms in self.pass_ms.items()) if pass_times
+                  else f"passes took {self.total_ms:.1f} ms")
         head = f"graph {self.index} ({self.mode} on {self.device}, inner compiler {self.compiler}): {passes}"
         lines = [head]
         if self.graph_break:

@@ -13,14 +13,16 @@ It holds four tables:
 
 The active registry is per context (a ``ContextVar``): :func:`scoped_registry` gives a block its
 own copy, so tests and libraries never leak registrations into each other, nor threads into each
-other. A thread started inside a block uses the block's registry (see :func:`scoped_registry` for
-how); a scope another thread opens later never reaches it. All access is guarded by a lock.
+other. A thread started inside a block uses the block's registry, a thread pool's task the registry
+in effect where it was submitted (see :func:`scoped_registry` for how); a scope another thread opens
+later never reaches it. All access is guarded by a lock.
 
 Registering is pure data: nothing is imported, loaded or traced until a kernel is used.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
@@ -270,6 +272,9 @@ _ACTIVE_REGISTRY: contextvars.ContextVar[KernelRegistry | None] = contextvars.Co
 # Python 3.14 a new thread starts with an empty context, so the ContextVar alone would drop the scope
 _STARTED_IN = "_twinkle_fx_registry"
 _THREAD_HOOK_LOCK = threading.Lock()
+# set while a ThreadPoolExecutor.submit runs: a worker thread it starts serves every later task of the
+# pool, so it takes no scope of its own; each task carries the one in effect where it was submitted
+_SUBMITTING = threading.local()
 
 
 def _scope_in_effect() -> KernelRegistry | None:
@@ -279,23 +284,44 @@ def _scope_in_effect() -> KernelRegistry | None:
     return getattr(threading.current_thread(), _STARTED_IN, None)
 
 
+def _run_in(registry: KernelRegistry, fn: Any, args: tuple, kwargs: dict) -> Any:
+    token = _ACTIVE_REGISTRY.set(registry)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _ACTIVE_REGISTRY.reset(token)
+
+
 def _pass_scopes_to_new_threads() -> None:
-    """Wrap ``threading.Thread.start`` (once per process) so a thread remembers the scope in effect
-    in the thread that started it, at that moment. Installed by the first :func:`scoped_registry`:
-    until a scope exists there is nothing to pass on."""
+    """Wrap ``threading.Thread.start`` and ``ThreadPoolExecutor.submit`` (once per process), so a
+    thread remembers the scope in effect in the thread that started it, at that moment, and a pool's
+    task runs in the registry in effect where it was submitted (the global one outside any scope),
+    whichever task happened to start the pool's threads. Installed by the first
+    :func:`scoped_registry`: until a scope exists there is nothing to pass on."""
     with _THREAD_HOOK_LOCK:
         original = threading.Thread.start
         if getattr(original, "_passes_twinkle_fx_scope", False):
             return
+        original_submit = concurrent.futures.ThreadPoolExecutor.submit
 
         @functools.wraps(original)
         def start(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
-            scope = _scope_in_effect()
+            scope = None if getattr(_SUBMITTING, "active", False) else _scope_in_effect()
             if scope is not None and not hasattr(self, _STARTED_IN):
                 setattr(self, _STARTED_IN, scope)
             return original(self, *args, **kwargs)
 
+        @functools.wraps(original_submit)
+        def submit(self: concurrent.futures.ThreadPoolExecutor, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            registry = get_registry()  # set explicitly even when global: the worker's context may hold a stale one
+            outer, _SUBMITTING.active = getattr(_SUBMITTING, "active", False), True
+            try:
+                return original_submit(self, _run_in, registry, fn, args, kwargs)
+            finally:
+                _SUBMITTING.active = outer
+
         start._passes_twinkle_fx_scope = True  # type: ignore[attr-defined]
+        concurrent.futures.ThreadPoolExecutor.submit = submit  # type: ignore[method-assign]
         threading.Thread.start = start  # type: ignore[method-assign]
 
 
@@ -314,9 +340,13 @@ def scoped_registry(*, inherit: bool = True) -> Iterator[KernelRegistry]:
     created inside it, and by threads started inside it (a ``threading.Thread`` started in the block
     keeps the block's registry for its whole life, even after the block exits, as a copied context
     would; Python before 3.14 does not copy contexts into threads, so the first ``scoped_registry``
-    wraps ``threading.Thread.start`` to hand the scope over). Nothing else sees it: neither other
-    threads (a worker's own scope never takes over the main thread's registry) nor threads started
-    before the block opened. Registrations made in such a thread land in the block's registry.
+    wraps ``threading.Thread.start`` to hand the scope over). A ``ThreadPoolExecutor`` task (asyncio's
+    ``run_in_executor`` included) sees the registry in effect where it was submitted, not the one where
+    the pool happened to start its threads: its worker threads take no scope, and the first
+    ``scoped_registry`` wraps ``ThreadPoolExecutor.submit`` to carry it with each task. Nothing else
+    sees it: neither other threads (a worker's own scope never takes over the main thread's registry)
+    nor threads started before the block opened. Registrations made in such a thread land in the
+    block's registry.
 
     Args:
         inherit (`bool`, defaults to `True`): start from a copy of the registrations in effect;

@@ -4,9 +4,9 @@ Dynamo's module stack names the submodules a node came from, never the module wh
 is the frame being compiled, and that forward's return value is rebuilt outside the graph. So a
 kernel bound to the compiled module's class (the built-in fused-loss head bound to
 ``*ForCausalLM``) cannot be applied by a rewrite. Without this pass it would be silently unused;
-the report says so and how to get it (``kernelize_model`` first). Whether the root is a target is
-the selection's answer, as everywhere: subclasses of bound classes and classes tagged with a
-registered ``kernel_layer_name`` are.
+the report says so and how to get it (``twinkle_fx.compile``, or ``kernelize_model`` first).
+Whether the root is a target is the selection's answer, as everywhere: subclasses of bound
+classes and classes tagged with a registered ``kernel_layer_name`` are.
 """
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ def run(state: PassState) -> list[Outcome]:
             _REPORTED[module] = compilation
         return [Kept(
             "layer", selection.target, "<compiled module>", Reason(ReasonKind.COMPILED_ROOT, (
-                "the module being compiled is no graph region (its forward is the compiled frame): "
-                "kernelize it first, torch.compile(kernelize_model(model, mode=...), backend='twinkle')")),
+                "the module being compiled, which a graph rewrite never swaps (its forward is the compiled "
+                "frame, no graph region): twinkle_fx.compile(model) installs this kernel before compiling, "
+                "as does torch.compile(kernelize_model(model, mode=...), backend='twinkle')")),
             kernel=str(selection.choice),
         )]
     return []

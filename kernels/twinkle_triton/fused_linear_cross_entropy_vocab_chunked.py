@@ -3,11 +3,13 @@
 without ``filter_eps``): exact, low memory; the backward recomputes the logits a vocabulary chunk at a time.
 
 The forward is the tiled strategy's (:func:`~.fused_linear_cross_entropy_tiled.tiled_forward`:
-logsumexp per token, no logits); the backward goes over the vocabulary in chunks: cuBLAS recomputes
-one chunk's logits (all tokens) into one reused buffer, a Triton kernel turns them in place into
-d(loss)/d(logits), cuBLAS writes that chunk's rows of grad_W once (one rounding, no
-read-modify-write, no atomics) and adds its share of grad_x into an fp32 tokens x hidden
-accumulator. Extra memory: the gradients, the accumulator and one chunk of ``VOCAB_CHUNK_BYTES``. It
+logsumexp per token over fp32 logits, no logits kept); the backward goes over the vocabulary in chunks:
+cuBLAS recomputes one chunk's logits (all tokens) in fp32 into one reused buffer, a Triton kernel turns
+them into d(loss)/d(logits) in the input dtype, cuBLAS writes that chunk's rows of grad_W once (one
+rounding, no read-modify-write, no atomics) and adds its share of grad_x into an fp32 tokens x hidden
+accumulator. The logits are fp32 in both passes: a softmax of logits rounded to bf16 against a
+logsumexp of fp32 ones does not sum to 1, and the whole row's gradient is off by the difference.
+Extra memory: the gradients, the accumulator and one chunk of ``VOCAB_CHUNK_BYTES``. It
 computes the logits twice (four matmuls against the chunked strategy's three), so it is slower than
 chunked and faster than exact tiling (measurements in :mod:`.fused_linear_cross_entropy`).
 """
@@ -75,21 +77,20 @@ def _flce_chunk_stats_kernel(
 
 @triton.jit
 def _flce_chunk_grad_kernel(
-    logits_ptr, target_ptr, lse_ptr, dloss_ptr, row_stride, col0, n_cols, V, ignore_index,
-    softcap, smoothing, z_loss,
+    logits_ptr, grad_ptr, target_ptr, lse_ptr, dloss_ptr, row_stride, grad_row_stride, col0, n_cols, V,
+    ignore_index, softcap, smoothing, z_loss,
     HAS_SOFTCAP: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
-    """In place, one row x BLOCK columns of a logits chunk become d(loss)/d(logits):
-    (softmax * (1 + 2 z_loss lse) - (1 - smoothing) onehot - smoothing / V) * dloss[row]
-    (times 1 - tanh^2 of the cap with soft-capping); 0 for an ignored row."""
+    """One row x BLOCK columns of an fp32 logits chunk become d(loss)/d(logits) in grad's dtype
+    (grad may be the logits chunk itself): (softmax * (1 + 2 z_loss lse) - (1 - smoothing) onehot
+    - smoothing / V) * dloss[row] (times 1 - tanh^2 of the cap with soft-capping); 0 for an ignored row."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
-    ptrs = logits_ptr + row * row_stride + cols
     target = tl.load(target_ptr + row).to(tl.int64)
     dloss = tl.where(target != ignore_index, tl.load(dloss_ptr + row).to(COMPUTE_DTYPE), 0.0)
     lse = tl.load(lse_ptr + row).to(COMPUTE_DTYPE)
-    z = tl.load(ptrs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    z = tl.load(logits_ptr + row * row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         cap = stable_tanh(z / softcap)
         z = softcap * cap
@@ -98,22 +99,43 @@ def _flce_chunk_grad_kernel(
     g = g * dloss
     if HAS_SOFTCAP:
         g = g * (1.0 - cap * cap)
-    tl.store(ptrs, g.to(logits_ptr.dtype.element_ty), mask=mask)
+    tl.store(grad_ptr + row * grad_row_stride + cols, g.to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+def _chunk_element_bytes(dtype: torch.dtype) -> int:
+    """Bytes a chunk takes per logit: the logits in fp32 (fp64 for fp64), and for bf16 / fp16 inputs
+    their gradient in the input dtype beside them (the matmuls take it in that dtype)."""
+    acc = accumulation_dtype(dtype)
+    size = torch.empty((), dtype=acc).element_size()
+    return size if dtype == acc else size + torch.empty((), dtype=dtype).element_size()
 
 
 def default_vocab_chunk(n_rows: int, vocab_size: int, dtype: torch.dtype) -> int:
-    """Vocabulary columns per chunk so that ``n_rows x columns`` logits fit ``VOCAB_CHUNK_BYTES``."""
-    cols = VOCAB_CHUNK_BYTES // max(1, n_rows * torch.empty((), dtype=dtype).element_size())
+    """Vocabulary columns per chunk so that ``n_rows x columns`` logits and their gradient fit
+    ``VOCAB_CHUNK_BYTES``."""
+    cols = VOCAB_CHUNK_BYTES // max(1, n_rows * _chunk_element_bytes(dtype))
     return min(vocab_size, max(256, cols // 256 * 256))
 
 
 def _logits_chunk(buffer: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, col0: int, col1: int) -> Tensor:
-    """x @ weight[col0:col1].T (+ bias) into the front of ``buffer``, as a contiguous [N, col1 - col0]."""
+    """x @ weight[col0:col1].T (+ bias) into the front of ``buffer`` (fp32, fp64 for fp64), as a contiguous
+    [N, col1 - col0]. In fp32, not rounded to the input dtype: the forward's logsumexp is taken over fp32
+    logits, and a softmax of rounded logits against it would not sum to 1 (a bf16 logit of 256.5 is 256)."""
     logits = buffer[: x.shape[0] * (col1 - col0)].view(x.shape[0], col1 - col0)
-    if bias is None:
-        torch.mm(x, weight[col0:col1].t(), out=logits)
-    else:
-        torch.addmm(bias[col0:col1], x, weight[col0:col1].t(), out=logits)
+    w = weight[col0:col1].t()
+    b = None if bias is None else bias[col0:col1]
+    if x.dtype != logits.dtype and not x.is_cuda:
+        # the CPU has no mm with out_dtype; products of bf16 / fp16 values are exact in fp32
+        x, w, b = x.to(logits.dtype), w.to(logits.dtype), None if b is None else b.to(logits.dtype)
+    if x.dtype == logits.dtype:
+        if b is None:
+            torch.mm(x, w, out=logits)
+        else:
+            torch.addmm(b, x, w, out=logits)
+    else:  # cuBLAS: bf16 / fp16 products accumulated in fp32 and written as they are
+        torch.mm(x, w, out_dtype=logits.dtype, out=logits)
+        if b is not None:
+            logits.add_(b)
     return logits
 
 
@@ -126,7 +148,7 @@ def _flce_vocab_forward_cublas(x, weight, target, bias, softcap, chunk) -> Tenso
     n, v = x.shape[0], weight.shape[0]
     starts = range(0, v, chunk)
     part = torch.empty((len(starts), 4, n), dtype=accumulation_dtype(x.dtype), device=x.device)
-    buffer = x.new_empty(n * min(chunk, v))
+    buffer = torch.empty(n * min(chunk, v), dtype=accumulation_dtype(x.dtype), device=x.device)
     block, warps = _row_grid_block()
     for i, col0 in enumerate(starts):
         col1 = min(col0 + chunk, v)
@@ -180,9 +202,10 @@ def _flce_vocab_backward_impl(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_x, grad_weight, grad_bias) of sum(grad_loss * loss per row); [0]-sized where not asked.
 
-    Each vocabulary chunk: cuBLAS recomputes its logits into one reused buffer, a Triton kernel turns
-    them into d(loss)/d(logits) in place, cuBLAS writes that chunk's rows of grad_W once (one rounding,
-    no read-modify-write) and adds its share of grad_x into an fp32 N x D accumulator."""
+    Each vocabulary chunk: cuBLAS recomputes its logits in fp32 into one reused buffer, a Triton kernel
+    turns them into d(loss)/d(logits) in the input dtype (in place for fp32 / fp64), cuBLAS writes that
+    chunk's rows of grad_W once (one rounding, no read-modify-write) and adds its share of grad_x into an
+    fp32 N x D accumulator."""
     n, d = x.shape
     v = weight.shape[0]
     acc_dtype = accumulation_dtype(x.dtype)
@@ -194,14 +217,17 @@ def _flce_vocab_backward_impl(
         grad_w.zero_()
         grad_b.zero_()
     else:
-        buffer = x.new_empty(n * min(chunk, v))
+        buffer = torch.empty(n * min(chunk, v), dtype=acc_dtype, device=x.device)
+        # the gradient in the input dtype (the matmuls' operand), or in place of the logits
+        grad_buffer = x.new_empty(n * min(chunk, v)) if x.dtype != acc_dtype else buffer
         block, warps = _row_grid_block()
         for col0 in range(0, v, chunk):
             col1 = min(col0 + chunk, v)
-            g = _logits_chunk(buffer, x, weight, bias, col0, col1)
+            logits = _logits_chunk(buffer, x, weight, bias, col0, col1)
+            g = grad_buffer[: logits.numel()].view(logits.shape)
             _flce_chunk_grad_kernel[(n, triton.cdiv(col1 - col0, block))](
-                g, target, lse, grad_loss, g.stride(0), col0, col1 - col0, v, ignore_index,
-                softcap, label_smoothing, z_loss,
+                logits, g, target, lse, grad_loss, logits.stride(0), g.stride(0), col0, col1 - col0, v,
+                ignore_index, softcap, label_smoothing, z_loss,
                 HAS_SOFTCAP=softcap > 0, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=warps,
             )
             if compute_grad_weight:

@@ -50,7 +50,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
-from ._launch import accumulation_dtype, compute_dtype, interpreting
+from ._launch import accumulation_dtype, compute_dtype, interpreting, loop_block, next_power_of_2
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import gradient_buffers, row_loss_reference, tiled_op
 from .fused_linear_cross_entropy_vocab_chunked import default_vocab_chunk, vocab_chunked_op
@@ -131,10 +131,8 @@ def _fused_linear_cross_entropy_impl(
     scale = (1.0 / n_valid.to(loss_dtype)) if reduction == "mean" else torch.ones((), dtype=loss_dtype, device=x.device)
     grad_bias_acc = torch.zeros(vocab, dtype=loss_dtype, device=x.device) if compute_grad_bias else None
     logits_buffer = x.new_empty((min(chunk_size, n_rows), vocab))
-    if interpreting():
-        block, num_warps = min(triton.next_power_of_2(vocab), 65536), 1
-    else:
-        block, num_warps = min(triton.next_power_of_2(vocab), _VOCAB_BLOCK), _VOCAB_WARPS
+    block = loop_block(vocab, min(next_power_of_2(vocab), _VOCAB_BLOCK))
+    num_warps = 1 if interpreting() else _VOCAB_WARPS
     for start in range(0, n_rows, chunk_size):
         end = min(start + chunk_size, n_rows)
         x_chunk = x2[start:end]

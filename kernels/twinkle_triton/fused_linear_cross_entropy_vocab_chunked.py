@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import accumulation_dtype, compute_dtype, interpreting
+from ._launch import accumulation_dtype, compute_dtype, interpreting, loop_block
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import gradient_buffers, row_loss_reference, stable_tanh, tiled_forward
 
@@ -139,8 +139,9 @@ def _logits_chunk(buffer: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None
     return logits
 
 
-def _row_grid_block() -> tuple[int, int]:
-    return (_CHUNK_BLOCK, 4) if not interpreting() else (256, 1)
+def _row_grid_block(n_cols: int) -> tuple[int, int]:
+    """(BLOCK, num_warps) of the row kernels over a chunk of ``n_cols`` columns."""
+    return loop_block(n_cols, _CHUNK_BLOCK), 1 if interpreting() else 4
 
 
 def _flce_vocab_forward_cublas(x, weight, target, bias, softcap, chunk) -> Tensor:
@@ -149,7 +150,7 @@ def _flce_vocab_forward_cublas(x, weight, target, bias, softcap, chunk) -> Tenso
     starts = range(0, v, chunk)
     part = torch.empty((len(starts), 4, n), dtype=accumulation_dtype(x.dtype), device=x.device)
     buffer = torch.empty(n * min(chunk, v), dtype=accumulation_dtype(x.dtype), device=x.device)
-    block, warps = _row_grid_block()
+    block, warps = _row_grid_block(min(chunk, v))
     for i, col0 in enumerate(starts):
         col1 = min(col0 + chunk, v)
         logits = _logits_chunk(buffer, x, weight, bias, col0, col1)
@@ -220,7 +221,7 @@ def _flce_vocab_backward_impl(
         buffer = torch.empty(n * min(chunk, v), dtype=acc_dtype, device=x.device)
         # the gradient in the input dtype (the matmuls' operand), or in place of the logits
         grad_buffer = x.new_empty(n * min(chunk, v)) if x.dtype != acc_dtype else buffer
-        block, warps = _row_grid_block()
+        block, warps = _row_grid_block(min(chunk, v))
         for col0 in range(0, v, chunk):
             col1 = min(col0 + chunk, v)
             logits = _logits_chunk(buffer, x, weight, bias, col0, col1)

@@ -1,4 +1,4 @@
-"""fused_linear_cross_entropy's gradients in bf16 / fp16 against the fp64 truth.
+"""fused_linear_cross_entropy's gradients in bf16 / fp16 (and fp32) against the fp64 truth.
 
 Every strategy takes the backward's softmax from logits of the precision its forward took the
 logsumexp over: were they rounded differently (fp32 logits in the forward, logits rounded to the input
@@ -14,7 +14,7 @@ from twinkle_triton import fused_linear_cross_entropy_tiled as tiled
 from twinkle_triton import fused_linear_cross_entropy_vocab_chunked as vocab_chunked
 from twinkle_fx.core.tolerances import tolerance
 
-HALF_DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # 16-wide tiles (as in test_triton_fused_linear_cross_entropy.py): several tiles and vocab ranges
 SMALL_TILES = ({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2, "SPLITS_PER_SM": 2},
                {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_D": 16, "num_warps": 4, "num_stages": 2})
@@ -38,7 +38,7 @@ def _grads(x, weight, target, bias, dtype, **options):
 
 @pytest.mark.parametrize(("strategy", "forward"), [("vocab_chunked", "tiled"), ("vocab_chunked", "cublas"),
                                                    ("tiled", None)])
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_softmax_of_one_large_logit_sums_to_one(dtype, strategy, forward, monkeypatch):
     """One row whose logit 256 + ulp/4 is not a number of the dtype: the input-dtype logit is 256, and
     a softmax of it against the fp32 logsumexp sums to exp(-ulp/4) (0.61 in bf16), not 1. The gradient
@@ -61,7 +61,7 @@ def test_softmax_of_one_large_logit_sums_to_one(dtype, strategy, forward, monkey
     assert abs(grad_bias.double().sum().item()) <= tol.atol
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_vocab_chunked_gradients_within_the_documented_tolerance_of_fp64(dtype):
     """Random inputs at LM-like logit scales (std ~3, tails past 10): each gradient within the dtype's
     tolerance (twinkle_fx.core.tolerances) of the fp64 truth, for several seeds. (With the backward's
@@ -85,3 +85,25 @@ def test_vocab_chunked_gradients_within_the_documented_tolerance_of_fp64(dtype):
         for name, g, t in zip(("x", "weight", "bias"), got, truth):
             torch.testing.assert_close(g.double(), t, rtol=tol.rtol, atol=tol.atol,
                                        msg=lambda m: f"{strategy} grad of {name}, seed {seed} ({dtype}): {m}")
+
+
+@pytest.mark.parametrize("strategy", ["chunked", "vocab_chunked", "tiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_with_an_ignored_label_get_exactly_no_gradient(dtype, strategy):
+    """A token whose label is ignore_index adds nothing to the loss, so its row of grad_x is exactly 0
+    (a softmax's worth of gradient there is ~10% of a labelled row's: within bf16's per-element
+    tolerance, so it is checked exactly)."""
+    x = torch.randn(13, 24, dtype=dtype)
+    weight = (torch.randn(123, 24) / 24**0.5).to(dtype)
+    target = torch.randint(0, 123, (13,))
+    target[1::3] = -100
+    options = {"chunked": {"chunk_size": 5}, "vocab_chunked": {"strategy": "vocab_chunked", "chunk_size": 50},
+               "tiled": {"strategy": "tiled"}}[strategy]
+    for reduction in ("mean", "none"):
+        if reduction == "none" and strategy == "chunked":
+            continue
+        leaf = x.clone().requires_grad_()
+        loss = tt.fused_linear_cross_entropy(leaf, weight, target, reduction=reduction, **options)
+        (grad,) = torch.autograd.grad(loss.sum(), leaf)
+        assert not grad[target == -100].any(), f"{strategy} {reduction}: ignored rows got a gradient"
+        assert grad[target != -100].abs().sum(1).gt(0).all()

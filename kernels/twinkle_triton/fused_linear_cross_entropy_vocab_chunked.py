@@ -23,15 +23,18 @@ from ._launch import accumulation_dtype, compute_dtype, interpreting, loop_block
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import gradient_buffers, row_loss_reference, stable_tanh, tiled_forward
 
-# Bytes of the one logits chunk (tokens x vocab columns) the vocab-chunked backward reuses; the columns
-# per chunk follow from the token count (whole 256-column tiles, at least 256). Swept by
-# tools/flce_vocab_sweep.py on an H100 (4096 x 896 -> 151936, bf16, fwd+bwd, ms / extra GiB):
-#     chunk MiB (columns)   8 (1024)      16 (2048)     32 (4096)     64 (8192)     128 (16384)
+# Bytes of the one chunk (tokens x vocab columns) the vocab-chunked backward reuses: its fp32 logits and,
+# for bf16 / fp16 inputs, their gradient in the input dtype (6 bytes a column per token in bf16); the
+# columns per chunk follow from the token count (whole 256-column tiles, at least 256). Swept by
+# tools/flce_vocab_sweep.py on an H100 (4096 x 896 -> 151936, bf16, fwd+bwd, ms / extra GiB), when the
+# chunk was the bf16 logits alone (2 bytes a column per token; the extra GiB now grows by 4 bytes each):
+#     chunk columns         1024          2048          4096          8192          16384
 #     tiled forward         26.6 / 0.289  18.3 / 0.297  9.40 / 0.312  9.18 / 0.344  8.79 / 0.406
 #     cublas forward        33.3 / 0.289  19.0 / 0.297  11.6 / 0.312  9.06 / 0.344  8.53 / 0.406
-# Below 32 MiB the ~100+ chunks are host-bound (launches); above, the extra memory grows faster than the
-# time falls. 32 MiB: the low memory that is this strategy's reason to exist, 0.2 ms from 64 MiB.
-VOCAB_CHUNK_BYTES = 32 * 1024 * 1024
+# Below 4096 columns the ~100+ chunks are host-bound (launches); above, the extra memory grows faster than
+# the time falls. 96 MiB keeps 4096 columns at that shape (0.06 GiB more than the bf16 chunk: the fp32
+# logits); not yet re-measured with them.
+VOCAB_CHUNK_BYTES = 96 * 1024 * 1024
 # Which forward computes the per-row logsumexp: "tiled" (the Triton matmul with an online-LSE epilogue
 # above: no logits, no chunk buffer, one launch) or "cublas" (cuBLAS logits chunks and a row kernel per
 # chunk: launch-bound with many chunks, see the sweep above).

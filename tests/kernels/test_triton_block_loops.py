@@ -63,7 +63,8 @@ def test_vocab_chunked_rows_loop_over_blocks(dtype, forward, small_blocks, monke
 def test_loss_at_a_real_vocabulary(strategy, dtype):
     """A 50,257-word vocabulary (GPT-2's) at the GPU's own block sizes: the chunked kernel's 8192-column
     blocks, the vocab-chunked strategy's 1024-column row blocks and several vocabulary chunks, the
-    tiled strategy's tiles. (Interpreted, one case takes minutes: the small blocks above stand in.)"""
+    tiled strategy's tiles. GPU only: interpreted, the six cases take over a minute on two cores and run
+    the interpreter's whole-row blocks, not these (the small-block cases above stand in on the CPU)."""
     x, weight, bias, target = _flce_inputs(256, 64, 50257, dtype)
     options = {"strategy": strategy}
     if strategy == "vocab_chunked":

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import cdiv, compute_dtype, elementwise_block, interpreting, next_power_of_2, rows
+from ._launch import cdiv, compute_dtype, elementwise_block, loop_block, rows
 from ._library import wrap_triton
 from .add_gelu import gelu_terms
 
@@ -102,9 +102,8 @@ def _gated_act_bwd_kernel(
 
 
 def _row_grid(n_rows: int, n_cols: int) -> tuple[tuple[int, int], int, int]:
-    block, num_warps = elementwise_block()
-    if interpreting():
-        block = next_power_of_2(max(n_cols, 1))
+    gpu_block, num_warps = elementwise_block()
+    block = loop_block(n_cols, gpu_block)  # the interpreter: the whole row in one program
     return (n_rows, cdiv(n_cols, block)), block, num_warps
 
 

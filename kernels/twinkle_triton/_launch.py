@@ -9,7 +9,11 @@ Grid and block choices (untuned heuristics until measured on the device; see REA
 - elementwise kernels use 1D blocks of 1024 elements with 4 warps: 8 elements a thread, one 16-byte
   load for bf16/fp16, two for fp32, which is what reaches copy bandwidth for streaming kernels;
 - under the Triton interpreter (TRITON_INTERPRET=1, CPU) every program is a Python loop iteration
-  over numpy arrays, so the same kernels run with few, large programs there.
+  over numpy arrays, so the same kernels run with few, large programs there;
+- ``BLOCK_LIMIT`` caps every block along a row or a flat range (:func:`loop_block`,
+  :func:`elementwise_block`) on any device. It is off by default; tests lower it so that, at their small
+  shapes, the kernels loop over several blocks (the online-softmax merge of the loss kernels, partial
+  last blocks, a row split across programs) as they do at real sizes on the GPU.
 
 The launch: ``kernel[grid](*args, **meta)`` runs Triton's ``JITFunction.run`` on every call: it binds
 the arguments, computes a specialization of each one, turns the options into a string for the cache
@@ -47,9 +51,9 @@ from typing import Any
 import torch
 import triton.language as tl
 
-__all__ = ["CachedLauncher", "accumulation_dtype", "cached_launcher", "cdiv", "compute_dtype", "dot_options",
-           "elementwise_block", "interpreting", "multiprocessor_count", "next_power_of_2", "persistent_programs", "reset",
-           "row_block", "rows", "specialization_key"]
+__all__ = ["BLOCK_LIMIT", "CachedLauncher", "accumulation_dtype", "cached_launcher", "cdiv", "compute_dtype",
+           "dot_options", "elementwise_block", "interpreting", "loop_block", "multiprocessor_count", "next_power_of_2",
+           "persistent_programs", "reset", "row_block", "rows", "specialization_key"]
 
 # ----------------------------------------------------------------------------- grids, blocks, dtypes
 
@@ -60,6 +64,9 @@ _ELEMENTWISE_BLOCK = 1024
 _ELEMENTWISE_WARPS = 4
 # Under the interpreter, programs are slow Python iterations: a big block keeps them few.
 _INTERPRETER_ELEMENTWISE_BLOCK = 16384
+# Largest block (a power of 2, at least 16) of any kernel that covers a row or a flat range in blocks,
+# read at each launch; None: each kernel's own block. See the module docstring.
+BLOCK_LIMIT: int | None = None
 
 
 def interpreting() -> bool:
@@ -111,11 +118,22 @@ def row_block(n_cols: int, *, op: str) -> tuple[int, int]:
     return block, num_warps
 
 
+def _limited(block: int) -> int:
+    return block if BLOCK_LIMIT is None else min(block, BLOCK_LIMIT)
+
+
+def loop_block(n: int, gpu_block: int) -> int:
+    """BLOCK of a kernel that covers ``n`` elements in blocks (a loop over a row, or programs along it):
+    ``gpu_block`` on the GPU, all of ``n`` (up to ``MAX_ROW_BLOCK``) under the interpreter, at most
+    ``BLOCK_LIMIT`` on either."""
+    return _limited(min(next_power_of_2(n), MAX_ROW_BLOCK) if interpreting() else gpu_block)
+
+
 def elementwise_block() -> tuple[int, int]:
-    """(BLOCK, num_warps) for a 1D elementwise kernel."""
+    """(BLOCK, num_warps) for a 1D elementwise kernel (BLOCK at most ``BLOCK_LIMIT``)."""
     if interpreting():
-        return _INTERPRETER_ELEMENTWISE_BLOCK, 1
-    return _ELEMENTWISE_BLOCK, _ELEMENTWISE_WARPS
+        return _limited(_INTERPRETER_ELEMENTWISE_BLOCK), 1
+    return _limited(_ELEMENTWISE_BLOCK), _ELEMENTWISE_WARPS
 
 
 @functools.lru_cache(maxsize=None)

@@ -26,8 +26,9 @@ Measured by ``twinkle-fx bench --micro`` on an H100 (torch 2.11, triton 3.6; 409
 0.262; Inductor 6.82 / 1.42; chunked (exact, the default) 6.8 / 0.55; eager 15.3 / 6.96.
 The exact strategies on one H100 (tools/flce_vocab_sweep.py, same shape, one run; relative error of
 grad_x against fp32 in brackets, weights at init scale): chunked 7.02 ms / 0.550 GiB (3.0e-3);
-vocab_chunked 9.40 ms / 0.312 GiB with 32 MiB chunks (3.0e-3), 9.18 / 0.344 with 64 MiB, 8.79 / 0.406
-with 128 MiB, 18.3 / 0.297 with 16 MiB (host-bound: ~150 chunks); beside them tiled with
+vocab_chunked 9.40 ms / 0.312 GiB with 4096-column chunks (3.0e-3), 9.18 / 0.344 with 8192, 8.79 / 0.406
+with 16384, 18.3 / 0.297 with 2048 (host-bound), measured when its backward rounded the
+logits to bf16 (it takes them in fp32 now, 4 bytes more per chunk entry); beside them tiled with
 ``filter_eps="auto"`` 4.67 / 0.261 (2.0e-2: it drops the flat softmax's small entries), Cut
 Cross-Entropy 6.61 / 0.262 (2.0e-2, filtering too), Inductor 6.60 / 1.42 (3.0e-3).
 
@@ -50,7 +51,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
-from ._launch import accumulation_dtype, compute_dtype, interpreting
+from ._launch import accumulation_dtype, compute_dtype, interpreting, loop_block, next_power_of_2
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import gradient_buffers, row_loss_reference, tiled_op
 from .fused_linear_cross_entropy_vocab_chunked import default_vocab_chunk, vocab_chunked_op
@@ -131,10 +132,8 @@ def _fused_linear_cross_entropy_impl(
     scale = (1.0 / n_valid.to(loss_dtype)) if reduction == "mean" else torch.ones((), dtype=loss_dtype, device=x.device)
     grad_bias_acc = torch.zeros(vocab, dtype=loss_dtype, device=x.device) if compute_grad_bias else None
     logits_buffer = x.new_empty((min(chunk_size, n_rows), vocab))
-    if interpreting():
-        block, num_warps = min(triton.next_power_of_2(vocab), 65536), 1
-    else:
-        block, num_warps = min(triton.next_power_of_2(vocab), _VOCAB_BLOCK), _VOCAB_WARPS
+    block = loop_block(vocab, min(next_power_of_2(vocab), _VOCAB_BLOCK))
+    num_warps = 1 if interpreting() else _VOCAB_WARPS
     for start in range(0, n_rows, chunk_size):
         end = min(start + chunk_size, n_rows)
         x_chunk = x2[start:end]
@@ -325,8 +324,8 @@ def fused_linear_cross_entropy(
             is asked for (``label_smoothing``, ``z_loss``, ``softcap``, ``reduction="none"``); tiled when
             ``filter_eps`` or ``fp32_accumulation`` is given. See the module docstring.
         chunk_size (`int`, *optional*): chunked strategy: tokens per logits chunk (default: one chunk
-            within 320 MiB); vocab_chunked: vocabulary entries per chunk (default: one chunk within
-            ``VOCAB_CHUNK_BYTES``, 32 MiB).
+            within 320 MiB); vocab_chunked: vocabulary entries per chunk (default: one chunk of fp32
+            logits and their gradient within ``VOCAB_CHUNK_BYTES``, 96 MiB).
         filter_eps (`float` or `"auto"` or `None`, defaults to `None`): tiled strategy: skip the
             gradient products of a tile whose d(loss)/d(logits) entries are all below this (``"auto"``:
             2^-12 in bf16, Cut Cross-Entropy's default); `None` is exact. Filtering is fast (4.7 ms

@@ -3,11 +3,13 @@
 without ``filter_eps``): exact, low memory; the backward recomputes the logits a vocabulary chunk at a time.
 
 The forward is the tiled strategy's (:func:`~.fused_linear_cross_entropy_tiled.tiled_forward`:
-logsumexp per token, no logits); the backward goes over the vocabulary in chunks: cuBLAS recomputes
-one chunk's logits (all tokens) into one reused buffer, a Triton kernel turns them in place into
-d(loss)/d(logits), cuBLAS writes that chunk's rows of grad_W once (one rounding, no
-read-modify-write, no atomics) and adds its share of grad_x into an fp32 tokens x hidden
-accumulator. Extra memory: the gradients, the accumulator and one chunk of ``VOCAB_CHUNK_BYTES``. It
+logsumexp per token over fp32 logits, no logits kept); the backward goes over the vocabulary in chunks:
+cuBLAS recomputes one chunk's logits (all tokens) in fp32 into one reused buffer, a Triton kernel turns
+them into d(loss)/d(logits) in the input dtype, cuBLAS writes that chunk's rows of grad_W once (one
+rounding, no read-modify-write, no atomics) and adds its share of grad_x into an fp32 tokens x hidden
+accumulator. The logits are fp32 in both passes: a softmax of logits rounded to bf16 against a
+logsumexp of fp32 ones does not sum to 1, and the whole row's gradient is off by the difference.
+Extra memory: the gradients, the accumulator and one chunk of ``VOCAB_CHUNK_BYTES``. It
 computes the logits twice (four matmuls against the chunked strategy's three), so it is slower than
 chunked and faster than exact tiling (measurements in :mod:`.fused_linear_cross_entropy`).
 """
@@ -17,19 +19,22 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._launch import accumulation_dtype, compute_dtype, interpreting
+from ._launch import accumulation_dtype, compute_dtype, interpreting, loop_block
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import gradient_buffers, row_loss_reference, stable_tanh, tiled_forward
 
-# Bytes of the one logits chunk (tokens x vocab columns) the vocab-chunked backward reuses; the columns
-# per chunk follow from the token count (whole 256-column tiles, at least 256). Swept by
-# tools/flce_vocab_sweep.py on an H100 (4096 x 896 -> 151936, bf16, fwd+bwd, ms / extra GiB):
-#     chunk MiB (columns)   8 (1024)      16 (2048)     32 (4096)     64 (8192)     128 (16384)
+# Bytes of the one chunk (tokens x vocab columns) the vocab-chunked backward reuses: its fp32 logits and,
+# for bf16 / fp16 inputs, their gradient in the input dtype (6 bytes a column per token in bf16); the
+# columns per chunk follow from the token count (whole 256-column tiles, at least 256). Swept by
+# tools/flce_vocab_sweep.py on an H100 (4096 x 896 -> 151936, bf16, fwd+bwd, ms / extra GiB), when the
+# chunk was the bf16 logits alone (2 bytes a column per token; the extra GiB now grows by 4 bytes each):
+#     chunk columns         1024          2048          4096          8192          16384
 #     tiled forward         26.6 / 0.289  18.3 / 0.297  9.40 / 0.312  9.18 / 0.344  8.79 / 0.406
 #     cublas forward        33.3 / 0.289  19.0 / 0.297  11.6 / 0.312  9.06 / 0.344  8.53 / 0.406
-# Below 32 MiB the ~100+ chunks are host-bound (launches); above, the extra memory grows faster than the
-# time falls. 32 MiB: the low memory that is this strategy's reason to exist, 0.2 ms from 64 MiB.
-VOCAB_CHUNK_BYTES = 32 * 1024 * 1024
+# Below 4096 columns the ~100+ chunks are host-bound (launches); above, the extra memory grows faster than
+# the time falls. 96 MiB keeps 4096 columns at that shape (0.06 GiB more than the bf16 chunk: the fp32
+# logits); not yet re-measured with them.
+VOCAB_CHUNK_BYTES = 96 * 1024 * 1024
 # Which forward computes the per-row logsumexp: "tiled" (the Triton matmul with an online-LSE epilogue
 # above: no logits, no chunk buffer, one launch) or "cublas" (cuBLAS logits chunks and a row kernel per
 # chunk: launch-bound with many chunks, see the sweep above).
@@ -75,21 +80,20 @@ def _flce_chunk_stats_kernel(
 
 @triton.jit
 def _flce_chunk_grad_kernel(
-    logits_ptr, target_ptr, lse_ptr, dloss_ptr, row_stride, col0, n_cols, V, ignore_index,
-    softcap, smoothing, z_loss,
+    logits_ptr, grad_ptr, target_ptr, lse_ptr, dloss_ptr, row_stride, grad_row_stride, col0, n_cols, V,
+    ignore_index, softcap, smoothing, z_loss,
     HAS_SOFTCAP: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
-    """In place, one row x BLOCK columns of a logits chunk become d(loss)/d(logits):
-    (softmax * (1 + 2 z_loss lse) - (1 - smoothing) onehot - smoothing / V) * dloss[row]
-    (times 1 - tanh^2 of the cap with soft-capping); 0 for an ignored row."""
+    """One row x BLOCK columns of an fp32 logits chunk become d(loss)/d(logits) in grad's dtype
+    (grad may be the logits chunk itself): (softmax * (1 + 2 z_loss lse) - (1 - smoothing) onehot
+    - smoothing / V) * dloss[row] (times 1 - tanh^2 of the cap with soft-capping); 0 for an ignored row."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
-    ptrs = logits_ptr + row * row_stride + cols
     target = tl.load(target_ptr + row).to(tl.int64)
     dloss = tl.where(target != ignore_index, tl.load(dloss_ptr + row).to(COMPUTE_DTYPE), 0.0)
     lse = tl.load(lse_ptr + row).to(COMPUTE_DTYPE)
-    z = tl.load(ptrs, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    z = tl.load(logits_ptr + row * row_stride + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     if HAS_SOFTCAP:
         cap = stable_tanh(z / softcap)
         z = softcap * cap
@@ -98,27 +102,49 @@ def _flce_chunk_grad_kernel(
     g = g * dloss
     if HAS_SOFTCAP:
         g = g * (1.0 - cap * cap)
-    tl.store(ptrs, g.to(logits_ptr.dtype.element_ty), mask=mask)
+    tl.store(grad_ptr + row * grad_row_stride + cols, g.to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+def _chunk_element_bytes(dtype: torch.dtype) -> int:
+    """Bytes a chunk takes per logit: the logits in fp32 (fp64 for fp64), and for bf16 / fp16 inputs
+    their gradient in the input dtype beside them (the matmuls take it in that dtype)."""
+    acc = accumulation_dtype(dtype)
+    size = torch.empty((), dtype=acc).element_size()
+    return size if dtype == acc else size + torch.empty((), dtype=dtype).element_size()
 
 
 def default_vocab_chunk(n_rows: int, vocab_size: int, dtype: torch.dtype) -> int:
-    """Vocabulary columns per chunk so that ``n_rows x columns`` logits fit ``VOCAB_CHUNK_BYTES``."""
-    cols = VOCAB_CHUNK_BYTES // max(1, n_rows * torch.empty((), dtype=dtype).element_size())
+    """Vocabulary columns per chunk so that ``n_rows x columns`` logits and their gradient fit
+    ``VOCAB_CHUNK_BYTES``."""
+    cols = VOCAB_CHUNK_BYTES // max(1, n_rows * _chunk_element_bytes(dtype))
     return min(vocab_size, max(256, cols // 256 * 256))
 
 
 def _logits_chunk(buffer: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, col0: int, col1: int) -> Tensor:
-    """x @ weight[col0:col1].T (+ bias) into the front of ``buffer``, as a contiguous [N, col1 - col0]."""
+    """x @ weight[col0:col1].T (+ bias) into the front of ``buffer`` (fp32, fp64 for fp64), as a contiguous
+    [N, col1 - col0]. In fp32, not rounded to the input dtype: the forward's logsumexp is taken over fp32
+    logits, and a softmax of rounded logits against it would not sum to 1 (a bf16 logit of 256.5 is 256)."""
     logits = buffer[: x.shape[0] * (col1 - col0)].view(x.shape[0], col1 - col0)
-    if bias is None:
-        torch.mm(x, weight[col0:col1].t(), out=logits)
-    else:
-        torch.addmm(bias[col0:col1], x, weight[col0:col1].t(), out=logits)
+    w = weight[col0:col1].t()
+    b = None if bias is None else bias[col0:col1]
+    if x.dtype != logits.dtype and not x.is_cuda:
+        # the CPU has no mm with out_dtype; products of bf16 / fp16 values are exact in fp32
+        x, w, b = x.to(logits.dtype), w.to(logits.dtype), None if b is None else b.to(logits.dtype)
+    if x.dtype == logits.dtype:
+        if b is None:
+            torch.mm(x, w, out=logits)
+        else:
+            torch.addmm(b, x, w, out=logits)
+    else:  # cuBLAS: bf16 / fp16 products accumulated in fp32 and written as they are
+        torch.mm(x, w, out_dtype=logits.dtype, out=logits)
+        if b is not None:
+            logits.add_(b)
     return logits
 
 
-def _row_grid_block() -> tuple[int, int]:
-    return (_CHUNK_BLOCK, 4) if not interpreting() else (256, 1)
+def _row_grid_block(n_cols: int) -> tuple[int, int]:
+    """(BLOCK, num_warps) of the row kernels over a chunk of ``n_cols`` columns."""
+    return loop_block(n_cols, _CHUNK_BLOCK), 1 if interpreting() else 4
 
 
 def _flce_vocab_forward_cublas(x, weight, target, bias, softcap, chunk) -> Tensor:
@@ -126,8 +152,8 @@ def _flce_vocab_forward_cublas(x, weight, target, bias, softcap, chunk) -> Tenso
     n, v = x.shape[0], weight.shape[0]
     starts = range(0, v, chunk)
     part = torch.empty((len(starts), 4, n), dtype=accumulation_dtype(x.dtype), device=x.device)
-    buffer = x.new_empty(n * min(chunk, v))
-    block, warps = _row_grid_block()
+    buffer = torch.empty(n * min(chunk, v), dtype=accumulation_dtype(x.dtype), device=x.device)
+    block, warps = _row_grid_block(min(chunk, v))
     for i, col0 in enumerate(starts):
         col1 = min(col0 + chunk, v)
         logits = _logits_chunk(buffer, x, weight, bias, col0, col1)
@@ -180,9 +206,10 @@ def _flce_vocab_backward_impl(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(grad_x, grad_weight, grad_bias) of sum(grad_loss * loss per row); [0]-sized where not asked.
 
-    Each vocabulary chunk: cuBLAS recomputes its logits into one reused buffer, a Triton kernel turns
-    them into d(loss)/d(logits) in place, cuBLAS writes that chunk's rows of grad_W once (one rounding,
-    no read-modify-write) and adds its share of grad_x into an fp32 N x D accumulator."""
+    Each vocabulary chunk: cuBLAS recomputes its logits in fp32 into one reused buffer, a Triton kernel
+    turns them into d(loss)/d(logits) in the input dtype (in place for fp32 / fp64), cuBLAS writes that
+    chunk's rows of grad_W once (one rounding, no read-modify-write) and adds its share of grad_x into an
+    fp32 N x D accumulator."""
     n, d = x.shape
     v = weight.shape[0]
     acc_dtype = accumulation_dtype(x.dtype)
@@ -194,14 +221,17 @@ def _flce_vocab_backward_impl(
         grad_w.zero_()
         grad_b.zero_()
     else:
-        buffer = x.new_empty(n * min(chunk, v))
-        block, warps = _row_grid_block()
+        buffer = torch.empty(n * min(chunk, v), dtype=acc_dtype, device=x.device)
+        # the gradient in the input dtype (the matmuls' operand), or in place of the logits
+        grad_buffer = x.new_empty(n * min(chunk, v)) if x.dtype != acc_dtype else buffer
+        block, warps = _row_grid_block(min(chunk, v))
         for col0 in range(0, v, chunk):
             col1 = min(col0 + chunk, v)
-            g = _logits_chunk(buffer, x, weight, bias, col0, col1)
+            logits = _logits_chunk(buffer, x, weight, bias, col0, col1)
+            g = grad_buffer[: logits.numel()].view(logits.shape)
             _flce_chunk_grad_kernel[(n, triton.cdiv(col1 - col0, block))](
-                g, target, lse, grad_loss, g.stride(0), col0, col1 - col0, v, ignore_index,
-                softcap, label_smoothing, z_loss,
+                logits, g, target, lse, grad_loss, logits.stride(0), g.stride(0), col0, col1 - col0, v,
+                ignore_index, softcap, label_smoothing, z_loss,
                 HAS_SOFTCAP=softcap > 0, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=warps,
             )
             if compute_grad_weight:

@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
-from ._launch import accumulation_dtype, cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows
+from ._launch import accumulation_dtype, cdiv, compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
 # Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8
@@ -31,7 +31,8 @@ from ._library import define_differentiable_op, wrap_triton
 #   add_rms_norm: 4 rows x 16 warps 144 us (3.74 TB/s) | 2 rows x 8 warps 187 us | 1 x 16 159 us
 # Programs per SM (1, 2, 4, 8) changed little; 2 keeps the partial weight gradients small.
 # So a loop step holds 8K elements (rms_norm) or 16K with twice the warps (add_rms_norm, which
-# also reads the sum's gradient), at most 8 rows.
+# also reads the sum's gradient), at most 8 rows. The interpreter takes the same tiles: its CPU tests
+# then run the multi-row path (and are faster for it: fewer, wider numpy steps).
 BWD_TILE_ELEMENTS = 8192
 BWD_GRAD_SUM_TILE_ELEMENTS = 16384
 BWD_MAX_ROWS = 8
@@ -128,7 +129,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
     grad_sum2 = rows(grad_sum) if grad_sum is not None else grad2
     block, num_warps = row_block(n_cols, op=op)
     tile = BWD_TILE_ELEMENTS if grad_sum is None else BWD_GRAD_SUM_TILE_ELEMENTS
-    rows_per_tile = 1 if interpreting() else max(1, min(BWD_MAX_ROWS, tile // block))
+    rows_per_tile = max(1, min(BWD_MAX_ROWS, tile // block))
     if grad_sum is not None and rows_per_tile > 1:
         num_warps = min(32, 2 * num_warps)
     programs = persistent_programs(cdiv(n_rows, rows_per_tile), x.device, per_sm=BWD_PROGRAMS_PER_SM)

@@ -34,13 +34,17 @@ def _register(layer=TanhGeluKernel, mode=None, device="cpu"):
 def test_swaps_every_instance_and_keeps_parameters_and_state_dict():
     _register()
     model = model_with_gelus()
+    unswapped = copy.deepcopy(model)
     keys = list(model.state_dict())
     x = torch.randn(3, 8)
     kernelize_model(model, mode="inference")
     assert uses_tanh(model[1]) and uses_tanh(model[3])
     assert list(model.state_dict()) == keys
     assert type(model[1]) is Gelu
-    torch.testing.assert_close(model(x), model[3](model[2](model[1](model[0](x)))))
+    # the unswapped copy's own layers with the kernel's math (tanh GELU) in place of its Gelus
+    tanh_gelu = lambda t: torch.nn.functional.gelu(t, approximate="tanh")  # noqa: E731
+    torch.testing.assert_close(model(x), tanh_gelu(unswapped[2](tanh_gelu(unswapped[0](x)))), rtol=0, atol=0)
+    assert not torch.allclose(model(x), unswapped(x))  # and the swap shows in the output
 
 
 def test_undo_restores_original_forward_exactly():

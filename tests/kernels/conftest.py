@@ -19,3 +19,13 @@ def _fresh_dynamo_and_seed():
     with torch.device(DEVICE):
         yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Every kernel that covers a row or a flat range in blocks takes blocks of 16 elements
+    (``twinkle_triton._launch.BLOCK_LIMIT``): at the tests' small shapes they then loop over several
+    blocks, merge partial results and split rows across programs, on the CPU and the GPU alike."""
+    from twinkle_triton import _launch
+
+    monkeypatch.setattr(_launch, "BLOCK_LIMIT", 16)

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+from device_under_test import INTERPRETED
 from kernel_test_utils import DTYPES, assert_close, check_forward_backward
 
 import twinkle_triton as tt
@@ -39,6 +40,11 @@ def _check(x, weight, target, bias, dtype, reduction="mean", chunk_size=4, what=
     """chunk_size=None: the tiled strategy (with ``options``), unless ``options`` names another."""
     if chunk_size is None:
         options.setdefault("strategy", "tiled")
+    roundings = 1
+    if options.get("strategy") == "tiled" and not options.get("fp32_accumulation"):
+        # the tiled strategy adds each vocabulary tile's share of grad_x (and each token tile's of grad_W)
+        # in the input dtype: a rounding per tile, 16 columns or rows each (SMALL_TILES)
+        roundings = -(-max(weight.shape[0], x.numel() // x.shape[-1]) // SMALL_TILES[1]["BLOCK_N"])
 
     def ours(x, weight, bias):
         return tt.fused_linear_cross_entropy(x, weight, target, bias, reduction=reduction, chunk_size=chunk_size,
@@ -48,7 +54,7 @@ def _check(x, weight, target, bias, dtype, reduction="mean", chunk_size=4, what=
         return tt.fused_linear_cross_entropy_reference(x, weight, target, bias, reduction=reduction, **options)
 
     check_forward_backward(ours, lambda x, w, b: reference(x, w, b).to(ours(x, w, b).dtype), (x, weight, bias),
-                           dtype, what)
+                           dtype, what, roundings=roundings)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -112,8 +118,10 @@ def test_tiled_all_targets_ignored_behaves_like_torch(reduction, small_tiles):
     assert not any(g.any() for g in grads)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cut_cross_entropy") is None or not torch.cuda.is_available(),
-                    reason="needs cut-cross-entropy and a GPU (its kernels do not run under the interpreter)")
+@pytest.mark.skipif(INTERPRETED, reason="cut-cross-entropy (pip install -e '.[bench]') installs on the CPU, but "
+                    "its Triton kernels fail under the Triton interpreter: this cross-check runs on a GPU")
+@pytest.mark.skipif(importlib.util.find_spec("cut_cross_entropy") is None,
+                    reason="cut-cross-entropy is not installed: pip install -e '.[bench]' (the bench extra has it)")
 def test_tiled_agrees_with_cut_cross_entropy():
     """Same loss and gradients as Apple's Cut Cross-Entropy (``linear_cross_entropy``, its default
     filtering) at an LLM-like shape in bf16, within bf16 tolerance of each other and of fp32."""
@@ -374,9 +382,10 @@ def test_opcheck_vocab_chunked(small_tiles):
 
 
 def test_default_vocab_chunk_fits_its_budget():
-    # the reference workload: 4096 tokens, bf16 -> whole 256-column tiles within VOCAB_CHUNK_BYTES
+    # the reference workload: 4096 tokens, bf16 -> whole 256-column tiles within VOCAB_CHUNK_BYTES, which
+    # hold the fp32 logits (4 bytes each) and their bf16 gradient (2)
     cols = vocab_chunked.default_vocab_chunk(4096, 151936, torch.bfloat16)
-    assert cols % 256 == 0 and 4096 * cols * 2 <= vocab_chunked.VOCAB_CHUNK_BYTES < 4096 * (cols + 256) * 2
+    assert cols % 256 == 0 and 4096 * cols * 6 <= vocab_chunked.VOCAB_CHUNK_BYTES < 4096 * (cols + 256) * 6
     assert vocab_chunked.default_vocab_chunk(4096, 300, torch.bfloat16) == 300  # never more than the vocabulary
     assert vocab_chunked.default_vocab_chunk(10**7, 151936, torch.float32) == 256  # at least one tile
 

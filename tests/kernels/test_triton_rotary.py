@@ -7,15 +7,17 @@ from kernel_test_utils import DTYPES, assert_close, check_forward_backward
 import twinkle_triton as tt
 
 
-def _qkv(batch, seq, n_q, n_k, dim, dtype, unsqueeze_dim):
+def _qkv(batch, seq, n_q, n_k, dim, dtype, unsqueeze_dim, *, repeated_halves=True):
     """q/k as transformers builds them: a projection's output viewed per head (and transposed to
-    [B, H, S, D] for unsqueeze_dim=1), so they are not contiguous."""
+    [B, H, S, D] for unsqueeze_dim=1), so they are not contiguous. cos/sin as transformers builds them,
+    cat(freqs, freqs) (``repeated_halves``), or with every column at its own angle: the kernel must read
+    each column's own entry, and with repeated halves reading the other half's gives the same numbers."""
     q = torch.randn(batch, seq, n_q * dim, dtype=dtype).view(batch, seq, n_q, dim)
     k = torch.randn(batch, seq, n_k * dim, dtype=dtype).view(batch, seq, n_k, dim)
     if unsqueeze_dim == 1:
         q, k = q.transpose(1, 2), k.transpose(1, 2)
     angles = torch.randn(batch, seq, dim // 2, dtype=torch.float32)
-    emb = torch.cat((angles, angles), dim=-1)
+    emb = torch.cat((angles, angles if repeated_halves else torch.randn_like(angles)), dim=-1)
     return q, k, emb.cos().to(dtype), emb.sin().to(dtype)
 
 
@@ -23,12 +25,22 @@ def _qkv(batch, seq, n_q, n_k, dim, dtype, unsqueeze_dim):
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
 @pytest.mark.parametrize("sizes", [(2, 5, 6, 2, 16), (1, 1, 3, 3, 8), (2, 3, 7, 1, 10), (0, 4, 2, 2, 8)])
 def test_matches_reference(sizes, unsqueeze_dim, dtype):
-    q, k, cos, sin = _qkv(*sizes, dtype, unsqueeze_dim)
+    """Outputs and the gradients w.r.t. q and k (the transposed rotation), each column at its own angle."""
+    q, k, cos, sin = _qkv(*sizes, dtype, unsqueeze_dim, repeated_halves=False)
     check_forward_backward(
         lambda q, k: tt.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim),
         lambda q, k: tt.apply_rotary_pos_emb_reference(q, k, cos, sin, unsqueeze_dim),
         (q, k), dtype, f"rotary unsqueeze_dim={unsqueeze_dim}",
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference_with_transformers_cos_sin(dtype):
+    """The tables a model passes (Qwen2RotaryEmbedding's cat(freqs, freqs)), gradients included."""
+    q, k, cos, sin = _qkv(2, 5, 6, 2, 16, dtype, 1)
+    check_forward_backward(lambda q, k: tt.apply_rotary_pos_emb(q, k, cos, sin),
+                           lambda q, k: tt.apply_rotary_pos_emb_reference(q, k, cos, sin), (q, k), dtype,
+                           "rotary, repeated halves")
 
 
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])

@@ -417,6 +417,11 @@ def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOpt
             impls.append(_Impl(name, fn, inputs.liger_args or inputs.args, inputs.liger_grads,
                                error=None if fn else f"liger-kernel has no {case.liger}"))
         elif name == "cce" and case.op == "fused_linear_cross_entropy":  # the only op Cut Cross-Entropy has
+            if options.device.type != "cuda":
+                # cut-cross-entropy 25.1 installs on a CPU machine, but its Triton kernels raise under the
+                # interpreter (an InterpreterError in its forward); its torch.compile path is not its kernels
+                impls.append(_Impl(name, None, (), error="Cut Cross-Entropy's Triton kernels need a CUDA device"))
+                continue
             cce, cce_error = _import("cut_cross_entropy",
                                      not_installed="cut-cross-entropy not installed (pip install cut-cross-entropy)")
             # linear_cross_entropy(e, c, targets): ignore_index -100 and mean reduction by default, as ours

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from device_under_test import DEVICE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -67,8 +68,11 @@ def test_demo(offline_hub):
     output = _run("demo.py", offline_hub)
     # its own family only: 5 norms, 2 MLPs and the fused-loss head; one function, the rotary
     assert "kernelize_model swapped 8 layers and patched 1 function\n" in output
-    # twinkle_fx.compile installed the head: nothing is reported kept about the demo's own setup
-    assert "9 region(s) swapped, 0 kept" in output and "<compiled module>" not in output
+    # twinkle_fx.compile installed the head: nothing is reported kept about the demo's own setup (on CUDA the
+    # measured policy keeps the norms and MLPs where Inductor's code was measured faster, and says so)
+    assert "<compiled module>" not in output and "the module being compiled" not in output
+    if DEVICE == "cpu":
+        assert "9 region(s) swapped, 0 kept" in output
     assert "losses match" in output
     losses = _losses(output)
     assert len(losses) == 3, output

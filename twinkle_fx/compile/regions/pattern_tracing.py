@@ -25,7 +25,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -223,10 +223,7 @@ def pattern_for(registry: KernelRegistry, target: str) -> TracedPattern | str:
 @dataclass
 class RegisteredPatterns:
     """The registered function targets' patterns, largest first (targets with the same pattern
-    share one entry), and why the other targets have none (targets that could match nothing in the
-    graph are in neither); ``traced_through``: function name -> the files of the functions of that name
-    the graph's calls were inlined from."""
+    share one entry), and why the other targets have none."""
 
     patterns: list[tuple[list[str], TracedPattern]]
     missing: dict[str, str]
-    traced_through: dict[str, set[str]] = field(default_factory=dict)

@@ -31,6 +31,7 @@ MODULES = (
     "twinkle_fx.core.swaps",
     "twinkle_fx.core.plugins",
     "twinkle_fx.core.selection",
+    "twinkle_fx.core.reasons",
     "twinkle_fx.core.modes",
     "twinkle_fx.core.devices",
     "twinkle_fx.core.numerics",

@@ -15,7 +15,7 @@ import torch
 
 from .compile.regions.region import known_modules
 from .compile.report import CompileReport, collect_reports
-from .eager.kernelize import coverage_notes
+from .eager.plan import coverage_notes
 
 logger = logging.getLogger(__name__)
 

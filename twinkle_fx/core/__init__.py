@@ -3,7 +3,8 @@
 - :mod:`.registry` holds the registrations (scoped per context), written by :mod:`.registration` and
   :mod:`.config` from the user's keywords; :mod:`.sources` says where a kernel comes from;
 - :mod:`.selection` answers, for both paths alike, which kernel serves a layer class or a function on
-  a device (:mod:`.devices`) in a mode (:mod:`.modes`), or why none does;
+  a device (:mod:`.devices`) in a mode (:mod:`.modes`), or why none does; :mod:`.admission` whether
+  one module gets its class's kernel, or the :mod:`.reasons` it keeps its forward;
 - :mod:`.swaps` knows what is swapped right now (the forwards installed, the functions patched), for
   both paths to ask;
 - :mod:`.plugins` is where the Hugging Face integrations (``twinkle_fx.integrations``) plug in;

@@ -17,7 +17,6 @@ from ..core.devices import check_device_available, check_model_device, infer_dev
 from ..core.errors import KernelSelectionError, check_flag
 from ..core.modes import Mode, format_mode, parse_mode
 from ..core.registry import KernelRegistry, get_registry
-from ..core.selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
 from ..core.settings import DISABLE_ENV, kernels_disabled
 from ..core.swaps import (FunctionChange, LayerChange, LayerSwap, forget, install_forward, overwritten_forwards,
                           restore_function_targets, revert_changes, revert_patches, swapped_forward, uninstall_forward,
@@ -26,11 +25,12 @@ from .function_patches import _apply, function_verifications
 from .graphs import GraphSet, block_modules
 from .model_graphs import ModelGraphs
 from .layers import checked, install_graphs
+from .plan import LayerPlan, plan_layers
 from .verify import Verification, Verifier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["kernelize_model", "undo_kernelize", "Restored", "kernelized", "verification_report", "coverage_notes"]
+__all__ = ["kernelize_model", "undo_kernelize", "Restored", "kernelized", "verification_report"]
 
 
 def _check_model(model: Any, function: str) -> None:
@@ -61,9 +61,7 @@ def _resolve_device(model: torch.nn.Module | None, device: Any) -> str:
     return device_type
 
 
-# Class names that mark a transformers layer a kernel usually replaces: listed when a model has
-# no kernel for them, so a user of an uncovered family learns it from the log.
-_LAYER_SUFFIXES = ("Norm", "MLP", "Attention", "ForCausalLM", "Experts", "SparseMoeBlock")
+# (model class, its layer classes without a kernel) already logged: said once
 _REPORTED_UNCOVERED: set[tuple[str, tuple[str, ...]]] = set()
 # registry -> layer kernel names already warned about (weak: a scope that ends takes its names along)
 _WARNED_UNBOUND: "weakref.WeakKeyDictionary[KernelRegistry, set[str]]" = weakref.WeakKeyDictionary()
@@ -75,108 +73,6 @@ def _reset() -> None:
 
 
 owns_cache(__name__, _reset)
-
-
-def _looks_like_layer(cls: type) -> bool:
-    if isinstance(getattr(cls, "kernel_layer_name", None), str):
-        return True
-    return cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(_LAYER_SUFFIXES)
-
-
-@dataclass
-class _Plan:
-    """What one ``kernelize_model`` call will do, decided before anything changes."""
-
-    swaps: list[LayerSwap] = field(default_factory=list)
-    stale: list[tuple[str, torch.nn.Module, str]] = field(default_factory=list)  # (path, module, why)
-    fallbacks: dict[tuple[type, str], list[str]] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-    candidates: int = 0
-    uncovered: list[str] = field(default_factory=list)
-    unbound: list[str] = field(default_factory=list)
-
-
-def _selection_for(registry: KernelRegistry, cls: type, device: str, mode: Mode,
-                   parent: type | None = None) -> tuple[Selection | None, str | None]:
-    selection = select_layer_kernel(registry, cls, device, mode, parent=parent)
-    if selection is None:
-        return None, None
-    reason = selection.reason
-    if selection.choice is not None:
-        mismatch = signature_mismatch(cls.forward, selection.choice.call)
-        if mismatch is not None:
-            reason = f"{selection.choice}: {mismatch}"
-    return selection, reason
-
-
-def _plan_layers(model: torch.nn.Module, device: str, mode: Mode) -> _Plan:
-    registry = get_registry()
-    plan = _Plan()
-    by_class: dict[type, tuple[Selection | None, str | None]] = {}  # one selection per class, not per module
-    # bindings limited to parent classes (register_external_layer(within=...)): one per (class, parent)
-    by_parent: dict[tuple[type, type], tuple[Selection | None, str | None]] = {}
-    bound_names = set(registry.bindings().values())
-    modules = dict(model.named_modules())
-    for path, module in modules.items():
-        cls = type(module)
-        if cls not in by_class:
-            by_class[cls] = _selection_for(registry, cls, device, mode)
-            name = getattr(cls, "kernel_layer_name", None)
-            if isinstance(name, str):
-                bound_names.add(name)
-        selection, reason = by_class[cls]
-        if selection is None and path and registry.binding_scope(cls) is not None:
-            parent = type(modules[path.rpartition(".")[0]])
-            if (cls, parent) not in by_parent:
-                by_parent[cls, parent] = _selection_for(registry, cls, device, mode, parent)
-            selection, reason = by_parent[cls, parent]
-        current = swapped_forward(module)
-        where = path or "<model>"
-        if selection is None:
-            if current is not None:
-                plan.stale.append((where, module, f"{cls.__qualname__} is no longer bound to a registered kernel"))
-            continue
-        plan.candidates += 1
-        if reason is None:
-            reason = does_not_apply(selection.choice, module)  # per module: it reads the module's attributes
-        if reason is None:
-            plan.swaps.append(LayerSwap(path, module, selection.choice))
-            continue
-        plan.fallbacks.setdefault((cls, reason), []).append(where)
-        plan.errors.append(f"{where} ({cls.__qualname__}) on {device} ({format_mode(mode)}): {reason}")
-        if current is not None:
-            plan.stale.append((where, module, f"{current.kernel_name} does not serve it now: {reason}"))
-    plan.uncovered = sorted({cls.__name__ for cls, (selection, _) in by_class.items()
-                             if selection is None and _looks_like_layer(cls)})
-    plan.unbound = sorted(set(registry.layer_kernel_names()) - bound_names)
-    return plan
-
-
-def coverage_notes(model: torch.nn.Module) -> list[str]:
-    """What the registrations leave out for ``model``: layer kernels no class is bound to, and the
-    model's layer classes that no kernel serves (for ``explain`` and reports).
-
-    Examples:
-        >>> from twinkle_fx import register_layer_kernel
-        >>> _ = register_layer_kernel(kernel_name="linear", layer=nn.Linear, device="cpu")
-        >>> coverage_notes(nn.Sequential(nn.Linear(8, 8)))
-        ["layer kernel 'linear' is registered but no class is bound to it: bind the class it replaces, e.g. register_external_layer(nn.Linear, 'linear')"]
-    """
-    registry = get_registry()
-    # the kernels package's mapping serves a device: without the model's, its layers would be
-    # listed as having no kernel although the mapping swaps them
-    device = next((t.device.type for t in (*model.parameters(), *model.buffers())), None)
-    classes = {type(m) for m in model.modules()}
-    bound = set(registry.bindings().values()) | {
-        name for cls in classes if isinstance(name := getattr(cls, "kernel_layer_name", None), str)}
-    notes = [f"layer kernel {name!r} is registered but no class is bound to it: bind the class it replaces, e.g. "
-             f"register_external_layer(nn.Linear, {name!r})"
-             for name in sorted(set(registry.layer_kernel_names()) - bound)]
-    uncovered = sorted(cls.__name__ for cls in classes
-                       if _looks_like_layer(cls) and not is_layer_target(registry, cls, device=device))
-    if uncovered:
-        notes.append(f"layer classes of {type(model).__name__} without a kernel: {', '.join(uncovered)}")
-    return notes
 
 
 def kept_summary(candidates: int, fallbacks: dict[tuple[type, str], list[str]], functions_patched: int = 0,
@@ -207,7 +103,7 @@ def _functions_kept(patched: int, kept: list[tuple[str, str]]) -> str:
             + "; ".join(f"{_listed(tuple(targets), 3)} ({reason})" for reason, targets in groups.items()))
 
 
-def _report(model: torch.nn.Module, plan: _Plan, installed: list[LayerSwap], device: str, mode: Mode,
+def _report(model: torch.nn.Module, plan: LayerPlan, installed: list[LayerSwap], device: str, mode: Mode,
             registry: KernelRegistry, functions_kept: list[tuple[str, str]], functions_patched: int) -> None:
     """INFO per class, DEBUG per module (in install_forward), and one WARNING when nothing of N
     candidates was swapped or some fell back."""
@@ -294,7 +190,7 @@ def _kernelize(model: torch.nn.Module | None, mode: Mode, device: str, use_fallb
     """Plan and apply; returns what changed, so a scoped undo restores exactly that."""
     registry = get_registry()
     changes = _Changes()
-    plan = _plan_layers(model, device, mode) if model is not None else None
+    plan = plan_layers(model, device, mode) if model is not None else None
     if plan is not None and plan.errors and not use_fallback:
         # nothing new is installed; a kernel an earlier call installed that does not serve this
         # call must not keep running either

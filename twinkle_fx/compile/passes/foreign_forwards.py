@@ -10,10 +10,9 @@ costs nothing for other models. Functions that ``kernels`` wraps as modules (cla
 
 from __future__ import annotations
 
-from ...core.swaps import foreign_forward
+from ...core.admission import foreign_forward_reason
 from ..dynamo_internals import module_stack
 from ..pipeline import Kept, Outcome, PassState
-from ..reasons import Reason, ReasonKind
 
 __all__ = ["run"]
 
@@ -34,12 +33,7 @@ def run(state: PassState) -> list[Outcome]:
                 continue
             seen.add(frame.location)
             module = state.modules.find(frame)
-            who = None if module is None else foreign_forward(module)
-            if who is None:
-                continue
-            outcomes.append(Kept(
-                "layer", f"{cls.__qualname__} -> {cls.kernel_layer_name}", frame.location,
-                Reason(ReasonKind.FOREIGN_FORWARD,
-                       f"forward replaced by {who}: the graph runs that kernel as it is (twinkle_fx leaves it)"),
-            ))
+            reason = None if module is None else foreign_forward_reason(module)
+            if reason is not None:
+                outcomes.append(Kept("layer", f"{cls.__qualname__} -> {cls.kernel_layer_name}", frame.location, reason))
     return outcomes

@@ -3,10 +3,10 @@
 Dynamo tags each node with the modules it came from (:func:`~..dynamo_internals.module_stack`,
 outer to inner). The outermost module whose class is bound to a kernel name
 (``register_external_layer`` or a ``kernel_layer_name`` attribute) names the region, so a
-registered MLP swallows its Linear and activation nodes. A region is swapped when a kernel is
-selected (same rules as the eager path), its inputs bind to ``forward``'s arguments (checked by
-tracing the original ``forward`` on the same fake inputs, see :func:`..regions.region.bind`) and the kernel
-passes the shape guard.
+registered MLP swallows its Linear and activation nodes. A region is swapped when its module is
+admitted (:mod:`twinkle_fx.core.admission`, the eager path's rule), its inputs bind to ``forward``'s
+arguments (checked by tracing the original ``forward`` on the same fake inputs, see
+:func:`..regions.region.bind`) and the kernel passes the shape guard.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ...core.selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
-from ...core.swaps import foreign_forward, swapped_forward
+from ...core.admission import Admission, LayerTarget
 from ...core.torch_internals import fake_tensor_type
 from ..dynamo_internals import (ModuleFrame, example_value, input_source, is_ddp_piece, module_stack, parent_class,
                                 parse_source)
@@ -30,41 +29,51 @@ from ..regions.equivalence import module_attributes, reparametrized
 from ..regions.kernel_call import LayerKernelCall
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
 from ..regions.splice import place_kernel
-from ..reasons import KeepRegion, ReasonKind
+from ..reasons import KeepRegion, Reason, ReasonKind
 from ..regions.region import Region, bind, external_inputs, outputs_read_outside
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LayerCandidate", "find_layer_regions", "run"]
+__all__ = ["LayerCandidate", "admission", "find_layer_regions", "run"]
 
 
 @dataclass
 class LayerCandidate:
-    """One call of a target layer class: its nodes, the module it came from, the kernel selection."""
+    """One call of a target layer class: its nodes, the module it came from, the class as a target."""
 
     region: Region
     frame: ModuleFrame
-    selection: Selection
+    target: LayerTarget
 
     @property
     def cls(self) -> type:
         return self.frame.cls
 
 
-def find_layer_regions(state: PassState) -> list[LayerCandidate]:
+def admission(state: PassState) -> Admission:
+    """The admission rule for ``state``'s graph: a forward already installed on a module stays (the
+    graph runs it), and kernels that cannot be compiled are let through (they are wrapped opaquely)."""
+    return Admission(state.registry, state.device, state.mode, allow_uncompilable=True, keep_installed=True)
+
+
+def find_layer_regions(state: PassState, rule: Admission) -> list[LayerCandidate]:
     """Every call of a target layer class in the graph.
 
-    A class is a target when :func:`select_layer_kernel` says so (bound explicitly, or carrying a
-    ``kernel_layer_name`` that has registrations), the same rule as the eager path; a binding limited
-    to parent classes (``register_external_layer(..., within=...)``) is asked with the module's parent
-    (:func:`~..dynamo_internals.parent_class`), so both paths swap the same instances.
+    A class is a target when ``rule`` says so (:meth:`~twinkle_fx.core.admission.Admission.target`,
+    the eager path's rule); a binding limited to parent classes (``register_external_layer(...,
+    within=...)``) is asked with the module's parent read from the module stack
+    (:func:`~..dynamo_internals.parent_class`) as ``kernelize_model`` reads it from the module tree,
+    so both paths swap the same instances.
     """
-    selections: dict[type, Selection | None] = {}
-    # bindings limited to parent classes (register_external_layer(within=...)): one per (class, parent),
-    # the parent read from the module stack as kernelize_model reads it from the module tree
-    scoped: dict[tuple[type, type | None], Selection | None] = {}
     parents: dict[str, type | None] = {}
-    groups: dict[str, tuple[ModuleFrame, Selection, list[fx.Node]]] = {}
+
+    def parent_of(stack: list[ModuleFrame], index: int) -> type | None:
+        key = stack[index].key
+        if key not in parents:
+            parents[key] = parent_class(stack, index, state.modules)
+        return parents[key]
+
+    groups: dict[str, tuple[ModuleFrame, LayerTarget, list[fx.Node]]] = {}
     for node in state.gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "get_attr"):
             continue
@@ -72,62 +81,42 @@ def find_layer_regions(state: PassState) -> list[LayerCandidate]:
         for i, frame in enumerate(stack):
             if not isinstance(frame.cls, type):
                 continue
-            if frame.cls not in selections:
-                selections[frame.cls] = select_layer_kernel(state.registry, frame.cls, state.device, state.mode,
-                                                            allow_uncompilable=True)
-            selection = selections[frame.cls]
-            if selection is None and state.registry.binding_scope(frame.cls) is not None:
-                if frame.key not in parents:
-                    parents[frame.key] = parent_class(stack, i, state.modules)
-                key = (frame.cls, parents[frame.key])
-                if key not in scoped:
-                    scoped[key] = select_layer_kernel(state.registry, frame.cls, state.device, state.mode,
-                                                      allow_uncompilable=True, parent=key[1])
-                selection = scoped[key]
-            if selection is not None:
-                groups.setdefault(frame.key, (frame, selection, []))[2].append(node)
+            target = rule.target(frame.cls, functools.partial(parent_of, stack, i))
+            if target is not None:
+                groups.setdefault(frame.key, (frame, target, []))[2].append(node)
                 break
     return [
-        LayerCandidate(Region("layer", selection.target, frame.location, nodes, source=frame.source), frame, selection)
-        for frame, selection, nodes in groups.values()
+        LayerCandidate(Region("layer", target.selection.target, frame.location, nodes, source=frame.source), frame,
+                       target)
+        for frame, target, nodes in groups.values()
     ]
 
 
 def run(state: PassState) -> list[Outcome]:
     """Swap every layer region that can be; one outcome per candidate."""
+    rule = admission(state)
     outcomes = []
-    for candidate in find_layer_regions(state):
-        region, choice = candidate.region, candidate.selection.choice
+    for candidate in find_layer_regions(state, rule):
+        region, choice = candidate.region, candidate.target.selection.choice
         outcomes.append(region_outcome(
-            lambda: _swap(state, candidate),
+            lambda: _swap(state, rule, candidate),
             lambda reason: Kept("layer", region.target, region.location, reason,
                                 kernel=None if choice is None else str(choice)),
         ))
     return outcomes
 
 
-def _swap(state: PassState, candidate: LayerCandidate) -> Swapped:
-    region, cls, selection = candidate.region, candidate.cls, candidate.selection
-    if selection.choice is None:
-        raise KeepRegion(ReasonKind.NO_KERNEL, selection.reason or "no kernel")
-    choice = selection.choice
-    mismatch = signature_mismatch(cls.forward, choice.call)
-    if mismatch is not None:
-        raise KeepRegion(ReasonKind.SIGNATURE, mismatch)
+def _swap(state: PassState, rule: Admission, candidate: LayerCandidate) -> Swapped:
+    region, cls, target = candidate.region, candidate.cls, candidate.target
+    if target.refusal is not None:
+        raise KeepRegion(target.refusal.kind, target.refusal.detail)
     module = state.modules.find(candidate.frame)
     if module is None:
         raise KeepRegion(ReasonKind.INSTANCE_NOT_FOUND, f"the {cls.__qualname__} instance behind this region could not be found")
-    not_applicable = does_not_apply(choice, module)
-    if not_applicable is not None:
-        raise KeepRegion(ReasonKind.DOES_NOT_APPLY, not_applicable)
-    eager = swapped_forward(module)
-    if eager is not None:
-        raise KeepRegion(ReasonKind.EAGER_SWAP, f"already kernelized eagerly (kernelize_model installed "
-                         f"{eager.kernel_name}); the graph holds that kernel")
-    foreign = foreign_forward(module)
-    if foreign is not None:
-        raise KeepRegion(ReasonKind.FOREIGN_FORWARD, f"forward replaced by {foreign}: the graph runs that kernel as it "
-                         "is (twinkle_fx leaves it)")
+    admitted = rule.admit(region.location, module, target)
+    if isinstance(admitted, Reason):
+        raise KeepRegion(admitted.kind, admitted.detail)
+    choice = admitted.choice
     split = _cut_by_bucket_boundary(state, region, module)
     if split is not None:
         raise KeepRegion(ReasonKind.BUCKET_SPLIT, split)

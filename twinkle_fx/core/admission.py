@@ -1,0 +1,143 @@
+"""Admission: whether one module gets its class's layer kernel, the one rule of both paths.
+
+``kernelize_model`` walks the model's module tree, the compile backend the modules Dynamo's graph
+came from; both ask an :class:`Admission` the same questions in the same order, so one registry
+swaps the same modules on both paths, or keeps them for the same :class:`~.reasons.Reason`:
+
+1. is the module's class a target (:func:`~.selection.select_layer_kernel`: bound, or tagged with
+   a registered ``kernel_layer_name``; a binding limited to some parents asks the module's
+   parent)? A module whose class is no target is no candidate, and nothing is said about it;
+2. was a kernel selected (``NO_KERNEL``, with the selection's reason)?
+3. does the kernel's ``forward`` take what the layer's ``forward`` takes (``SIGNATURE``)?
+4. does the kernel apply to this instance (its ``applies_to``: ``DOES_NOT_APPLY``)?
+5. for a path that keeps a forward already installed on the module (the compile backend: the
+   graph already runs it), is there one: twinkle_fx's eager kernel (``EAGER_SWAP``) or another
+   tool's (``FOREIGN_FORWARD``)? ``kernelize_model`` replaces such a forward instead (its undo puts
+   it back), so it does not ask.
+
+Questions 1 to 3 depend on the class alone: an :class:`Admission` answers them once per class (once
+per class and parent, for a binding limited to parents) and keeps the answer for its own life, one
+``kernelize_model`` call or one graph pass. Not longer: a registration, a scope or a kernel mapping
+that changes between calls changes the answer. Questions 4 and 5 read the instance, so they are
+asked per module.
+
+Examples:
+    >>> from twinkle_fx import register_external_layer, register_layer_kernel
+    >>> from twinkle_fx.core.registry import get_registry
+    >>> class TanhGelu(nn.Module):
+    ...     def forward(self, input):
+    ...         return nn.functional.gelu(input, approximate="tanh")
+    >>> _ = register_layer_kernel(kernel_name="FastGelu", layer=TanhGelu, device="cpu")
+    >>> register_external_layer(nn.GELU, "FastGelu")
+    >>> admission = Admission(get_registry(), "cpu", Mode.INFERENCE)
+    >>> admission.target(nn.Linear) is None   # no target: no candidate
+    True
+    >>> admission.admit("1", nn.GELU(), admission.target(nn.GELU))
+    LayerSwap(path='1', module=GELU(approximate='none'), choice=...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .modes import Mode
+from .reasons import Reason, ReasonKind
+from .registry import KernelRegistry
+from .selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
+from .swaps import LayerSwap, foreign_forward, swapped_forward
+
+__all__ = ["Admission", "LayerTarget", "foreign_forward_reason"]
+
+
+@dataclass(frozen=True)
+class LayerTarget:
+    """A class whose instances are swap candidates, as one :class:`Admission` sees it: the kernel
+    selection, and ``refusal`` when the class itself keeps every instance from the kernel (no kernel
+    was selected, or its signature differs from the layer's)."""
+
+    cls: type
+    selection: Selection
+    refusal: Reason | None = None
+
+
+class Admission:
+    """The rule, for one call: a registry, a device and a mode, and what the calling path can run.
+
+    Args:
+        allow_uncompilable: let a kernel with ``can_torch_compile=False`` through in a compile mode
+            (the backend wraps such kernels opaquely; ``kernelize_model`` hands the model to
+            ``torch.compile`` as it is, so it refuses them).
+        keep_installed: keep a forward already installed on a module (question 5 of the module
+            docstring): the compile backend's graph already runs it.
+    """
+
+    def __init__(self, registry: KernelRegistry, device: str, mode: Mode, *, allow_uncompilable: bool = False,
+                 keep_installed: bool = False) -> None:
+        self.registry = registry
+        self.device = device
+        self.mode = mode
+        self.allow_uncompilable = allow_uncompilable
+        self.keep_installed = keep_installed
+        self._by_class: dict[type, LayerTarget | None] = {}
+        # bindings limited to parent classes (register_external_layer(within=...)): one per (class, parent)
+        self._by_parent: dict[tuple[type, type | None], LayerTarget | None] = {}
+
+    def target(self, cls: type, parent: Callable[[], type | None] | None = None) -> LayerTarget | None:
+        """``cls`` as a swap target (questions 1 to 3), or None when its instances are no candidates.
+
+        ``parent`` returns the class of the instance's parent module; it is called only for a class
+        whose binding is limited to some parents, and without it such a class is no target.
+        """
+        if cls not in self._by_class:
+            self._by_class[cls] = self._target(cls, None)
+        found = self._by_class[cls]
+        if found is None and parent is not None and self.registry.binding_scope(cls) is not None:
+            key = (cls, parent())
+            if key not in self._by_parent:
+                self._by_parent[key] = self._target(cls, key[1])
+            found = self._by_parent[key]
+        return found
+
+    def _target(self, cls: type, parent: type | None) -> LayerTarget | None:
+        selection = select_layer_kernel(self.registry, cls, self.device, self.mode,
+                                        allow_uncompilable=self.allow_uncompilable, parent=parent)
+        if selection is None:
+            return None
+        if selection.choice is None:
+            return LayerTarget(cls, selection, Reason(ReasonKind.NO_KERNEL, selection.reason or "no kernel"))
+        mismatch = signature_mismatch(cls.forward, selection.choice.call)
+        return LayerTarget(cls, selection, None if mismatch is None else Reason(ReasonKind.SIGNATURE, mismatch))
+
+    def admit(self, path: str, module: torch.nn.Module, target: LayerTarget) -> LayerSwap | Reason:
+        """The swap of ``module`` (at ``path`` in its model) to ``target``'s kernel, or why it keeps
+        its forward (questions 2 to 5)."""
+        if target.refusal is not None:
+            return target.refusal
+        choice = target.selection.choice
+        not_applicable = does_not_apply(choice, module)
+        if not_applicable is not None:
+            return Reason(ReasonKind.DOES_NOT_APPLY, not_applicable)
+        if self.keep_installed:
+            eager = swapped_forward(module)
+            if eager is not None:
+                return Reason(ReasonKind.EAGER_SWAP, f"already kernelized eagerly (kernelize_model installed "
+                              f"{eager.kernel_name}); the graph holds that kernel")
+            foreign = foreign_forward(module)
+            if foreign is not None:
+                return _replaced_by(foreign)
+        return LayerSwap(path, module, choice)
+
+
+def _replaced_by(who: str) -> Reason:
+    return Reason(ReasonKind.FOREIGN_FORWARD,
+                  f"forward replaced by {who}: the graph runs that kernel as it is (twinkle_fx leaves it)")
+
+
+def foreign_forward_reason(module: torch.nn.Module) -> Reason | None:
+    """Why ``module`` keeps a forward another tool installed (``kernels.kernelize``), or None when
+    none did."""
+    who = foreign_forward(module)
+    return None if who is None else _replaced_by(who)

@@ -11,7 +11,7 @@ import transformers
 from twinkle_fx import kernelize_model, kernelized, undo_kernelize
 from twinkle_fx.builtin import use_builtin_kernels
 from twinkle_fx.core.swaps import swapped_forward
-from twinkle_fx.eager.graphs import graph_status
+from twinkle_fx.eager.cuda_graphs import graph_status
 
 
 def _tiny_qwen2(device: str, layers: int = 3) -> torch.nn.Module:
@@ -384,7 +384,7 @@ class _StandInGraph:
         self.step, self.caches = step, {key: weakref.ref(c) for key, c in caches.items()}
 
     def replay(self):
-        from twinkle_fx.eager.graph_capture import rebuild_call, spec_of
+        from twinkle_fx.eager.cuda_graphs.capture import rebuild_call, spec_of
 
         caches = {key: ref() for key, ref in self.caches.items()}
         assert all(c is not None for c in caches.values()), "replayed a graph whose cache is gone"
@@ -398,7 +398,7 @@ class _StandInGraph:
 def _stand_in_capture(graphs, seq, step, tensors, caches):
     """What GraphSet._capture_forward leaves behind, without CUDA: static inputs, outputs and a
     'graph'; like a capture, it leaves the cache as it found it (the recording call then replays)."""
-    from twinkle_fx.eager.graph_capture import rebuild_call, spec_of
+    from twinkle_fx.eager.cuda_graphs.capture import rebuild_call, spec_of
 
     step.static_in = [t.clone() for t in tensors]
     step.owned_in = [True] * len(tensors)
@@ -415,13 +415,13 @@ def _stand_in_capture(graphs, seq, step, tensors, caches):
 
 
 def _stand_in_graphs(model, monkeypatch):
-    from twinkle_fx.eager import graphs as graphs_module
+    from twinkle_fx.eager.cuda_graphs import layer_graphs
     from twinkle_fx.eager.layers import install_graphs
 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(graphs_module.GraphSet, "_capture_forward", _stand_in_capture)
+    monkeypatch.setattr(layer_graphs.GraphSet, "_capture_forward", _stand_in_capture)
     blocks = list(model.model.layers)
-    graphs = graphs_module.GraphSet(blocks, torch.device("cpu"))
+    graphs = layer_graphs.GraphSet(blocks, torch.device("cpu"))
     for index, block in enumerate(blocks):
         install_graphs(f"model.layers.{index}", block, graphs)
     return graphs
@@ -481,7 +481,7 @@ def test_generate_with_a_static_cache_replays_with_a_stand_in_capture(monkeypatc
 
 
 def test_static_cache_state_reasons():
-    from twinkle_fx.eager.graph_capture import static_cache_state
+    from twinkle_fx.eager.cuda_graphs.capture import static_cache_state
 
     config = transformers.Qwen2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                                       num_key_value_heads=1, vocab_size=32, layer_types=["full_attention"] * 2)

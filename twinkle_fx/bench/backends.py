@@ -169,7 +169,7 @@ def _kernelize(cuda_graphs: bool = False):
     @contextlib.contextmanager
     def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
         from twinkle_fx import kernelize_model, undo_kernelize
-        from twinkle_fx.eager.graphs import graph_status
+        from twinkle_fx.eager.cuda_graphs import graph_status
 
         # decoder layers too: residual add + post-attention norm in one kernel (eager only, see use_builtin_kernels)
         with _builtin_kernels(family, device, decoder_layers=True) as bound:

@@ -269,7 +269,7 @@ def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: to
                 except Exception as error:  # noqa: BLE001  the timings stand without the profile
                     result.notes.append(f"batch {batch}: the profile failed: {type(error).__name__}: {error}"[:300])
         if row == "kernelize+cudagraphs":
-            from twinkle_fx.eager.graphs import graph_status
+            from twinkle_fx.eager.cuda_graphs import graph_status
 
             status = graph_status(model)  # recorded and replayed graphs, and why passes ran eagerly
             if status is not None:

@@ -114,7 +114,7 @@ def _kernelize(cuda_graphs: bool = False):
     @contextlib.contextmanager
     def prepare(model: torch.nn.Module, family: str, device: torch.device, options) -> Iterator[Prepared]:
         from twinkle_fx import kernelize_model, undo_kernelize
-        from twinkle_fx.eager.graphs import graph_status
+        from twinkle_fx.eager.cuda_graphs import graph_status
 
         # with CUDA graphs the decoder layers are bound too (residual add + norm in one kernel), as in training
         with _builtin_kernels(family, device, decoder_layers=cuda_graphs) as bound:
@@ -160,7 +160,7 @@ class _Timed:
 
 
 def _graph_counts(model: torch.nn.Module) -> tuple[int, Counter] | None:
-    from twinkle_fx.eager.graphs import graph_status
+    from twinkle_fx.eager.cuda_graphs import graph_status
 
     status = graph_status(model)
     return None if status is None else (status.replays["forward"], Counter(status.eager))
@@ -178,7 +178,7 @@ def _timed(fn: Callable[[], torch.Tensor], clock: DeviceClock, warmup: int, step
     after = _graph_counts(model)
     timed = _Timed(first, fn().clone(), first_s, times[len(times) // 2])
     if before is not None:
-        from twinkle_fx.eager.graphs import block_modules
+        from twinkle_fx.eager.cuda_graphs.layer_graphs import block_modules
 
         blocks = len(block_modules(model)[0])
         timed.graph_passes = (after[0] - before[0]) // max(blocks, 1)

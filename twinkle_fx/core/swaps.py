@@ -64,7 +64,7 @@ class KernelForward(functools.partial):
         kernel_name: the registered kernel name.
         previous: the instance-level forward it replaced (None: the class's ``forward``).
         verifier: the :class:`~twinkle_fx.eager.verify.Verifier` in verify mode, else None.
-        graphs: the model's :class:`~twinkle_fx.eager.graphs.GraphSet` when this module's forward runs
+        graphs: the model's :class:`~twinkle_fx.eager.cuda_graphs.layer_graphs.GraphSet` when this module's forward runs
             through CUDA graphs (``kernelize_model(..., cuda_graphs=True)``), else None.
     """
 

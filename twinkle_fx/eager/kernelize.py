@@ -22,8 +22,8 @@ from ..core.swaps import (FunctionChange, LayerChange, LayerSwap, forget, instal
                           restore_function_targets, revert_changes, revert_patches, swapped_forward, uninstall_forward,
                           unpatch_all)
 from .function_patches import _apply, function_verifications
-from .graphs import GraphSet, block_modules
-from .model_graphs import ModelGraphs
+from .cuda_graphs.layer_graphs import GraphSet, block_modules
+from .cuda_graphs.model_graphs import ModelGraphs
 from .layers import checked, install_graphs
 from .plan import LayerPlan, plan_layers
 from .verify import Verification, Verifier
@@ -167,7 +167,7 @@ def _check_graphs_option(model: torch.nn.Module | None, mode: Mode, verify: bool
 
 
 def _install_graphs(model: torch.nn.Module, device: str, changes: _Changes) -> None:
-    """Run the model's decoder layers through CUDA graphs (see :mod:`twinkle_fx.eager.graphs`)."""
+    """Run the model's decoder layers through CUDA graphs (see :mod:`twinkle_fx.eager.cuda_graphs`)."""
     if device != "cuda":
         logger.warning("kernelize_model(cuda_graphs=True): CUDA graphs need a CUDA device; %s is on %s, so its "
                        "layers run without them", type(model).__qualname__, device)
@@ -277,8 +277,8 @@ def kernelize_model(
             hooks inside the layer, autocast, dropout while training, a forward before the
             previous backward) runs the
             layer's ordinary forward, counted with its reason in
-            :func:`~twinkle_fx.eager.graphs.graph_status`. A layer's outputs are overwritten when it
-            runs again. On the CPU it logs why nothing is graphed. See :mod:`twinkle_fx.eager.graphs`.
+            :func:`~twinkle_fx.eager.cuda_graphs.graph_status`. A layer's outputs are overwritten when it
+            runs again. On the CPU it logs why nothing is graphed. See :mod:`twinkle_fx.eager.cuda_graphs`.
 
     Returns:
         The same ``model`` (or None).

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from ..core.swaps import MISSING, KernelForward, LayerChange, set_forward, swapped_forward, uninstall_forward
-from .graphs import GraphedForward, GraphSet
-from .model_graphs import ModelGraphedForward, ModelGraphs
+from .cuda_graphs.layer_graphs import GraphedForward, GraphSet
+from .cuda_graphs.model_graphs import ModelGraphedForward, ModelGraphs
 from .verify import Verifier
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """One CUDA graph per decode step: the model's whole forward, for inference with a StaticCache.
 
 ``kernelize_model(model, mode="inference", cuda_graphs=True)`` graphs each decoder layer
-(:mod:`twinkle_fx.eager.graphs`). A decode step at batch 1 launches about fifteen kernels per
+(:mod:`twinkle_fx.eager.cuda_graphs.layer_graphs`). A decode step at batch 1 launches about fifteen kernels per
 layer that take a few microseconds each on the device; per-layer graphs leave the host one replay
 per layer plus everything between the layers (embedding, rotary tables, final norm, LM head) and
 the Python of the layer calls, so the host, not the device, sets the pace. A decode step with a
@@ -11,7 +11,7 @@ ids, positions, the 4-D mask ``generate`` builds for a static cache) and replays
 
 What is graphed: a call of the model's own forward (the module ``kernelize_model`` was given) under
 ``torch.no_grad`` whose arguments include a StaticCache that a replay can update
-(:func:`~twinkle_fx.eager.graph_capture.static_cache_state`: initialised, full-attention layers).
+(:func:`~twinkle_fx.eager.cuda_graphs.capture.static_cache_state`: initialised, full-attention layers).
 The signature is the argument spec (shapes, strides, dtypes, plain values), and the cache by
 identity and memory: ``generate`` makes a new cache per call, so each call records its own graph
 (the first signature of a shape runs eagerly once first: Triton compiles, cuBLAS initialises) and
@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from ..core.torch_internals import module_hook_dicts
-from .graph_capture import (TENSOR, Decline, KVCacheTag, MappingTag, data_ptr, dropout_reason, fixed_ptrs,
+from ...core.torch_internals import module_hook_dicts
+from .capture import (TENSOR, Decline, KVCacheTag, MappingTag, data_ptr, dropout_reason, fixed_ptrs,
                             flatten_call, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class _Entry:
 
 class ModelGraphs:
     """The whole-forward decode graphs of one model, sharing the memory pool and the status of the
-    model's :class:`~twinkle_fx.eager.graphs.GraphSet` (whose per-layer graphs stand aside while a
+    model's :class:`~twinkle_fx.eager.cuda_graphs.layer_graphs.GraphSet` (whose per-layer graphs stand aside while a
     whole forward is warmed up or captured)."""
 
     def __init__(self, model: torch.nn.Module, graphs: Any) -> None:

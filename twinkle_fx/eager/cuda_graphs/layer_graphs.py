@@ -26,7 +26,7 @@ that the capture order is the order of execution):
 
 Because the graphs share memory, they are replayed only in the order they were captured. Anything
 else runs the block's ordinary forward, which is always correct, with the reason counted in
-:func:`graph_status` and logged once:
+:func:`~.status.graph_status` and logged once:
 
 - a call whose signature or module differs from the recorded sequence (dynamic shapes, a new batch
   size: a new sequence is recorded for up to ``MAX_SEQUENCES`` signatures);
@@ -37,7 +37,7 @@ else runs the block's ordinary forward, which is always correct, with the reason
   checkpointing, hooks on a block's submodules (a graph would not call them), dropout with p > 0
   while training, arguments that are not tensors, plain values or a static KV cache (below);
 - a capture that fails (the error is logged; the signature is not tried again; the ambient stream
-  and the CUDA random generator are left as they were before it, see :func:`~twinkle_fx.eager.graph_capture.capture`).
+  and the CUDA random generator are left as they were before it, see :func:`~twinkle_fx.eager.cuda_graphs.capture.capture`).
 
 Decoding with a KV cache: a transformers ``StaticCache`` (full-attention layers) is accepted as an
 argument, by identity: the cache object is part of the signature, and its ``StaticLayer`` tensors
@@ -51,12 +51,12 @@ keeps the graphs valid, ``reorder_cache`` (beam search), offloading or ``.to()``
 A pass with a cache not initialised yet (its first update allocates the tensors: the prefill) runs
 eagerly, so a decode loop records on its second step with that cache and replays from the third.
 A decode step through the model's own forward (as ``generate`` calls it) is one graph of the whole
-forward instead (:mod:`twinkle_fx.eager.model_graphs`); these per-layer graphs serve it when that
+forward instead (:mod:`twinkle_fx.eager.cuda_graphs.model_graphs`); these per-layer graphs serve it when that
 capture fails, and calls of the decoder stack itself. ``generate`` makes a new StaticCache per call
 (graphs of caches that no longer exist are dropped), and it compiles the decode forward with
 ``torch.compile`` on CUDA by default, which runs the model without these graphs: pass
 ``disable_compile=True``.
-Declined, with the reason in :func:`graph_status`: a ``DynamicCache`` (its update grows the keys
+Declined, with the reason in :func:`~.status.graph_status`: a ``DynamicCache`` (its update grows the keys
 and values with ``torch.cat``: new tensors of a new shape every step, never graphable), quantized
 and offloaded caches, a StaticCache with sliding-window or chunked-attention layers (their update
 branches on a host-side Python counter a replay would not advance), and a cache while training.
@@ -79,50 +79,25 @@ import logging
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..core.torch_internals import has_forward_hooks
-from .graph_capture import (Decline, block_modules, capture, data_ptr, dropout_reason, fixed_ptrs, flatten_call,
+from ...core.torch_internals import has_forward_hooks
+from .capture import (Decline, block_modules, capture, data_ptr, dropout_reason, fixed_ptrs, flatten_call,
                             global_hooks, hooked, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
-from .graph_replay import Pass, Replay, Sequence, Step, Token, copy_inputs
+from .replay import Pass, Replay, Sequence, Step, Token, copy_inputs
+from .status import GraphStatus
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GraphSet", "GraphedForward", "GraphStatus", "graph_status", "block_modules", "static_cache_state",
-           "MAX_SEQUENCES"]
+__all__ = ["GraphSet", "GraphedForward", "block_modules", "static_cache_state", "MAX_SEQUENCES"]
 
 # Distinct call sequences (signatures) recorded per model; all share one memory pool, so the cost of
 # another one is its static inputs and outputs, not another copy of the activations.
 MAX_SEQUENCES = 8
 # Eager passes of a signature before it is recorded (Triton compiles and cuBLAS initialises there).
 WARMUP_PASSES = 1
-
-
-@dataclass
-class GraphStatus:
-    """What the CUDA graphs of one model did: see :func:`graph_status`."""
-
-    sequences: int = 0
-    steps: int = 0
-    replays: Counter = field(default_factory=Counter)  # "forward" / "backward" / "recompute" block calls, "model"
-    eager: Counter = field(default_factory=Counter)    # reason -> passes whose blocks ran eagerly from then on
-    model_graphs: int = 0  # whole-forward decode graphs recorded (:mod:`twinkle_fx.eager.model_graphs`)
-    model_eager: Counter = field(default_factory=Counter)  # reason -> decode calls not served by one
-
-    def __str__(self) -> str:
-        lines = [f"CUDA graphs: {self.sequences} sequence(s), {self.steps} block call(s) recorded; replays "
-                 f"{self.replays['forward']} forward, {self.replays['backward']} backward"
-                 + (f", {self.replays['recompute']} backward recomputed" if self.replays['recompute'] else "")]
-        lines += [f"  {count} pass(es) eager: {reason}" for reason, count in self.eager.most_common()]
-        if self.model_graphs or self.model_eager:
-            lines.append(f"  whole forward (decode): {self.model_graphs} graph(s) recorded, "
-                         f"{self.replays['model']} replay(s)")
-            lines += [f"  {count} decode call(s) not from a whole-forward graph: {reason}"
-                      for reason, count in self.model_eager.most_common()]
-        return "\n".join(lines)
 
 
 class GraphSet:
@@ -495,7 +470,7 @@ class GraphSet:
 
 
 class GraphedForward:
-    """The function of a :class:`~twinkle_fx.eager.layers.KernelForward` with CUDA graphs: ``fn``
+    """The function of a :class:`~twinkle_fx.core.swaps.KernelForward` with CUDA graphs: ``fn``
     (the kernel's or the original forward) run through the model's :class:`GraphSet`."""
 
     def __init__(self, fn: Callable[..., Any], graphs: GraphSet) -> None:
@@ -506,24 +481,3 @@ class GraphedForward:
         if torch.compiler.is_compiling():
             return self.fn(module, *args, **kwargs)
         return self.graphs.call(self.fn, module, args, kwargs)
-
-
-def graph_status(model: torch.nn.Module) -> GraphStatus | None:
-    """What the CUDA graphs of ``model`` (``kernelize_model(model, cuda_graphs=True)``) did so far:
-    recorded sequences, replays, and the block calls that ran eagerly with their reasons; None when
-    the model has no CUDA graphs.
-
-    Examples:
-        >>> kernelize_model(model, mode="train", cuda_graphs=True)      # doctest: +SKIP
-        >>> for _ in range(3): model(ids, labels=ids).loss.backward()   # doctest: +SKIP
-        >>> print(graph_status(model))                                  # doctest: +SKIP
-        CUDA graphs: 1 sequence(s), 24 block call(s) recorded; replays 48 forward, 48 backward
-          1 pass(es) eager: warm-up pass of a new input signature
-    """
-    from ..core.swaps import swapped_forward
-
-    for module in model.modules():
-        forward = swapped_forward(module)
-        if forward is not None and forward.graphs is not None:
-            return forward.graphs.status
-    return None

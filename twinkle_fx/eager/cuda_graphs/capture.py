@@ -1,5 +1,5 @@
 """What a CUDA-graph capture of a forward needs, shared by the per-block graphs
-(:mod:`twinkle_fx.eager.graphs`) and the whole-model decode graphs (:mod:`twinkle_fx.eager.model_graphs`):
+(:mod:`twinkle_fx.eager.cuda_graphs.layer_graphs`) and the whole-model decode graphs (:mod:`twinkle_fx.eager.cuda_graphs.model_graphs`):
 a hashable spec of a call's arguments with the tensors taken out, the check that a transformers KV
 cache can be updated by a replay, the checks of what a graph would not see (hooks, moved
 parameters, dropout), and a capture that leaves the process as it was when it fails.
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..core.torch_internals import dropout_classes, global_module_hooks_set, module_hook_dicts
+from ...core.torch_internals import dropout_classes, global_module_hooks_set, module_hook_dicts
 
 TENSOR = object()  # placeholder of a tensor in an argument spec
 data_ptr = torch.Tensor.data_ptr

@@ -1,10 +1,10 @@
-"""The recorded block calls of :mod:`twinkle_fx.eager.graphs` and their replay.
+"""The recorded block calls of :mod:`twinkle_fx.eager.cuda_graphs.layer_graphs` and their replay.
 
 A :class:`Sequence` is the block calls of one pass signature in capture order, each a :class:`Step`
 with its graphs and static tensors; a :class:`Pass` is one forward through the blocks (and its
 backward); a training step's replay is one autograd node (:class:`Replay`) whose backward replays the
 step's backward graph, or recomputes the forward when the backward runs out of the recorded order.
-The :class:`~twinkle_fx.eager.graphs.GraphSet` that owns them records, checks and counts.
+The :class:`~twinkle_fx.eager.cuda_graphs.layer_graphs.GraphSet` that owns them records, checks and counts.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .graph_capture import data_ptr, fixed_ptrs, rebuild_call, spec_of
+from .capture import data_ptr, fixed_ptrs, rebuild_call, spec_of
 
 __all__ = ["Step", "Sequence", "Token", "Pass", "Replay", "copy_inputs", "recompute"]
 

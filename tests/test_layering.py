@@ -1,14 +1,16 @@
 """Imports go one way, and no module or package imports in a circle.
 
-    kernels (twinkle_triton)  <-  core  <-  eager | compile | distributed  <-  integrations
-        <-  the public modules at the package root  <-  the tools: the harness (bench)  <-  the command line
+    kernels (twinkle_triton)  <-  core  <-  eager | compile | distributed | generation  <-  integrations
+        <-  measurement  <-  the public modules  <-  the tools: the harness (bench)  <-  the command line
 
 A module may import its own unit (``twinkle_fx.compile`` and everything under it is one unit) and the
 units of the layers below its own; units side by side (eager and compile, say) never import each
-other. The package root (``twinkle_fx/__init__.py``) is the public face: it re-exports from every layer,
-lazily, and only the tools import it. Every import is read from the source (module level, inside
-functions, under ``TYPE_CHECKING``, and ``importlib.import_module`` of a literal name), so a lazy
-import counts as much as one at the top.
+other. The package root (``twinkle_fx/__init__.py``) is the public face: it re-exports from every layer
+of the library, lazily, never from a tool (a public name a tool defines moves into the library, as
+``check_kernels`` and ``benchmark_kernel`` did), and only the tools import it. Every import is read
+from the source (module level, inside functions, under ``TYPE_CHECKING``, and
+``importlib.import_module`` of a literal name), so a lazy import counts as much as one at the top; the
+root's own table of lazy names (``_PUBLIC``, ``_LIBRARY``) counts too.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ LAYERS = (
     ("core", ("twinkle_fx.core",)),
     ("paths", ("twinkle_fx.eager", "twinkle_fx.compile", "twinkle_fx.distributed", "twinkle_fx.generation")),
     ("integrations", ("twinkle_fx.integrations",)),
-    ("public modules", ("twinkle_fx.builtin", "twinkle_fx.explain", "twinkle_fx.function", "twinkle_fx.testing")),
+    ("measurement", ("twinkle_fx.measure",)),
+    ("public modules", ("twinkle_fx.builtin", "twinkle_fx.checklist", "twinkle_fx.explain", "twinkle_fx.function",
+                        "twinkle_fx.testing")),
     ("harness", ("twinkle_fx.bench",)),
     ("command line", ("twinkle_fx.cli",)),
     ("entry point", ("twinkle_fx.__main__",)),
@@ -106,7 +110,20 @@ def _imports(source: str) -> list[Import]:
     return list(dict.fromkeys(found))  # ``from m import a, b`` is one import of m
 
 
-IMPORTS = [i for source in MODULES for i in _imports(source)]
+def _lazy_imports() -> list[Import]:
+    """The modules the package root imports by name when a public name is first used: the values of
+    its ``_PUBLIC`` table and the entries of ``_LIBRARY``, read from the source."""
+    path = MODULES[FACADE]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("."):
+            target = _resolve(FACADE + node.value)
+            if target is not None:
+                found.append(Import(FACADE, target, f"{path.relative_to(ROOT)}:{node.lineno}"))
+    return found
+
+
+IMPORTS = [i for source in MODULES for i in _imports(source)] + _lazy_imports()
 
 
 def _unit(module: str) -> str | None:
@@ -124,6 +141,9 @@ def test_every_module_belongs_to_a_layer():
 def _problem(i: Import) -> str | None:
     """Why import ``i`` goes against the direction, or None when it does not."""
     source, target = _unit(i.source), _unit(i.target)
+    if source == FACADE and target is not None and target != FACADE and LAYER_OF[target] in TOOLS:
+        return (f"{i}: the package root imports a tool ({LAYER_OF[target]}); move what the public name needs "
+                "into a library module below the tools and import that")
     if source is None or target is None or source == target or source == FACADE:
         return None
     if target == FACADE:

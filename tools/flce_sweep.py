@@ -17,7 +17,8 @@ import time
 
 import torch
 
-from twinkle_fx.bench.timing import GIB, DeviceClock, time_calls
+from twinkle_fx.bench.timing import GIB, time_calls
+from twinkle_fx.measure.clock import DeviceClock
 from twinkle_fx.core.outputs import output_file
 
 import twinkle_triton as tt

@@ -22,7 +22,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .core.version import VERSION as __version__  # noqa: F401  (the package's version, public as this name)
 
 # Each public name and the module that defines it. Importing the package imports none of them (torch,
 # transformers and triton take seconds), so ``twinkle-fx --help`` and a bad argument answer at once;
@@ -38,9 +38,9 @@ _PUBLIC = {
     **dict.fromkeys(("get_registry", "scoped_registry"), ".core.registry"),
     "explain": ".explain",
     **dict.fromkeys(("decode", "release_decode_state", "use_decode_loop"), ".generation"),
-    # the tools: the library itself never imports them
-    "check_kernels": ".cli.checklist",
-    **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".bench.kernel"),
+    # the kernel author's tools, as a library (the command line and the harness run them)
+    "check_kernels": ".checklist",
+    **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".measure.kernel_timing"),
 }
 # what the package imported up front before it was lazy, imported at the first public name used: the
 # library's packages (core, eager, compile) stay attributes of the package once the library is in use,
@@ -59,8 +59,7 @@ from . import compile as _compile  # noqa: E402,F401
 from . import integrations as _integrations  # noqa: E402,F401
 
 if TYPE_CHECKING:
-    from .bench.kernel import KernelTiming, benchmark_kernel
-    from .cli.checklist import check_kernels
+    from .checklist import check_kernels
     from .core.config import register_kernels
     from .core.errors import KernelLoadError, KernelSelectionError, KernelVerificationError, TwinkleError
     from .core.modes import Mode
@@ -69,6 +68,7 @@ if TYPE_CHECKING:
     from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
     from .explain import explain
     from .generation import decode, release_decode_state, use_decode_loop
+    from .measure.kernel_timing import KernelTiming, benchmark_kernel
 
 
 def _load_library() -> None:

@@ -214,7 +214,7 @@ def test_device_time_counts_kernels_not_the_ranges_around_them():
     profile counted them and reported 184% of the wall time as kernel time."""
     from types import SimpleNamespace
 
-    from twinkle_fx.bench.profile import device_us
+    from twinkle_fx.measure.profiler_events import device_us
 
     cuda = torch.autograd.DeviceType.CUDA
     kernel = SimpleNamespace(device_type=cuda, is_user_annotation=False, self_device_time_total=250.0)

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from twinkle_fx.bench.environment import describe_environment
+from twinkle_fx.measure.environment import describe_environment
 from twinkle_fx.bench.report import _plot_micro, _plot_model, _pyplot, annotate_micro_rows, annotate_model_rows
 from twinkle_fx.bench.results import BenchResult, MicroRow, ModelRow
 
@@ -124,7 +124,7 @@ def test_saved_results_say_which_code_ran(monkeypatch):
     import subprocess
 
     import twinkle_fx
-    from twinkle_fx.bench import environment
+    from twinkle_fx.measure import environment
 
     monkeypatch.delenv("TWINKLE_FX_COMMIT", raising=False)  # the GPU scripts set it (tools/gpu.sh)
     env = describe_environment(torch.device("cpu"))

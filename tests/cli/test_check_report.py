@@ -3,7 +3,7 @@ profiler's rows stand under the profiler item they belong to, before the next it
 
 from __future__ import annotations
 
-from twinkle_fx.cli.checklist.report import CHECKLIST, CheckReport, KernelCheck
+from twinkle_fx.checklist.report import CHECKLIST, CheckReport, KernelCheck
 
 
 def test_the_profiler_rows_stand_under_the_profiler_item():

@@ -11,7 +11,8 @@ import torch
 import twinkle_fx
 from twinkle_fx.cli import main
 from twinkle_fx.cli.common import StepProgress
-from twinkle_fx.bench.timing import DeviceClock, time_training_steps
+from twinkle_fx.bench.timing import time_training_steps
+from twinkle_fx.measure.clock import DeviceClock
 
 
 def _fails(argv: list[str], capsys) -> str:

@@ -102,7 +102,7 @@ def test_the_names_checked_before_import_are_the_library_tables():
     from twinkle_fx.bench.workloads import WORKLOADS
     from twinkle_fx.builtin import BUILTIN_MODELS
     from twinkle_fx.cli import names
-    from twinkle_fx.cli.checklist.checklist import _DTYPE_NAMES
+    from twinkle_fx.checklist.checklist import _DTYPE_NAMES
 
     assert names.MODEL_BACKENDS == tuple(BACKENDS)
     assert names.INFERENCE_BACKENDS == tuple(INFERENCE_BACKENDS)

@@ -104,4 +104,4 @@ def test_the_package_root_imports_the_library_on_first_use():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["twinkle_fx.cli.checklist.checklist", "kernelize_model"]
+    assert proc.stdout.split() == ["twinkle_fx.checklist.checklist", "kernelize_model"]

@@ -14,7 +14,7 @@ import torch
 
 from twinkle_fx import (KernelTiming, benchmark_kernel, check_kernels, register_external_layer,
                         register_function_kernel, register_layer_kernel)
-from twinkle_fx.cli.checklist import CheckInputs
+from twinkle_fx.checklist import CheckInputs
 
 
 def test_every_source_is_checked_against_its_original(offline_hub, local_repo, device):

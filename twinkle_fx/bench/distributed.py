@@ -317,7 +317,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             if args.profile:
                 # after the timed steps (the profiler's overhead never reaches them), every rank
                 from twinkle_fx.bench.profile import profile_steps
-                from twinkle_fx.bench.timing import DeviceClock
+                from twinkle_fx.measure.clock import DeviceClock
 
                 micro = batches(args.steps)
                 summary = profile_steps(lambda: one_step(micro), DeviceClock(device), Path(args.profile) / f"rank{rank}",
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             tables = [table(result, [*baseline, *results]) for result in results]
             print("\n\n".join(tables), flush=True)
             if args.out:
-                from .environment import describe_environment
+                from ..measure.environment import describe_environment
 
                 with open(args.out, "w") as f:
                     json.dump({"environment": describe_environment(device), "runs": [r.to_json() for r in results],

@@ -42,8 +42,9 @@ from typing import Any
 
 import torch
 
-from .environment import describe_environment
-from .timing import DeviceClock, copy_ms
+from ..measure.environment import describe_environment
+from ..measure.clock import DeviceClock
+from .timing import copy_ms
 from .workloads import WORKLOADS, build_model, get_workload
 
 __all__ = ["GENERATE_ROWS", "GenerateOptions", "GenerateRow", "run_generate_bench", "format_generate_table", "main"]

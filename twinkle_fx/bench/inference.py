@@ -48,10 +48,10 @@ from twinkle_triton.transformers_api import CACHE_ARGUMENT
 
 from ..core.tolerances import tolerance
 from .backends import BackendUnavailable, Prepared, _builtin_kernels, _compile_notes
-from .environment import describe_environment
+from ..measure.environment import describe_environment
 from .model_bench import free_device_memory, warm_compiler
 from .results import BenchResult, InferenceRow
-from .timing import DeviceClock
+from ..measure.clock import DeviceClock
 from .workloads import build_model, get_workload
 
 __all__ = ["INFERENCE_BACKENDS", "InferenceBenchOptions", "run_inference_bench"]

@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from ..core.tolerances import tolerance
-from .environment import describe_environment
+from ..measure.environment import describe_environment
 from .model_bench import ModelBenchOptions, run_model_bench
 from .results import BenchResult, ModelRow
 

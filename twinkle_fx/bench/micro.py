@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from ..core.tolerances import tolerance
-from .environment import describe_environment
+from ..measure.environment import describe_environment
 from .model_bench import free_device_memory
 from .report import annotate_micro_rows
 from .results import BenchResult, MicroRow
-from .timing import GIB, DeviceClock, copy_ms, host_us, time_calls
+from ..measure.clock import DeviceClock
+from .timing import GIB, copy_ms, host_us, time_calls
 
 __all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
 

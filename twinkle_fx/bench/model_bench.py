@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from .backends import BACKENDS, BackendUnavailable
-from .environment import describe_environment
+from ..measure.environment import describe_environment
 from .report import annotate_model_rows
 from .results import BenchResult, ModelRow
-from .timing import GIB, DeviceClock, time_training_steps
+from ..measure.clock import DeviceClock
+from .timing import GIB, time_training_steps
 from .workloads import build_model, get_workload, make_batch
 
 __all__ = ["ModelBenchOptions", "run_model_bench"]

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-from .timing import DeviceClock
+from ..measure.clock import DeviceClock
+from ..measure.profiler_events import device_us
 
-__all__ = ["ProfileSummary", "device_us", "profile_steps"]
+__all__ = ["ProfileSummary", "profile_steps"]
 
 # runtime calls that start work on the GPU (one per kernel; a CUDA graph replay is one launch)
 _LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
@@ -40,19 +41,6 @@ class ProfileSummary:
     top: list[dict[str, Any]] = field(default_factory=list)  # name, calls, ms (device, or self CPU)
     trace: str = ""
     report: str = ""
-
-
-def device_us(event: Any) -> float:
-    """Device time of a kernel (or memcpy/memset) row; 0 for host-side rows (operators, runtime calls)
-    and for user annotations (``record_function`` ranges such as ``step 0``, ``DistributedDataParallel.forward``,
-    ``nccl:all_reduce``, which the profiler also projects onto the GPU timeline), so that summing never
-    counts a kernel twice (once itself, once in the range or operator around it)."""
-    if getattr(event, "device_type", None) not in (None, torch.autograd.DeviceType.CUDA):
-        return 0.0
-    if getattr(event, "is_user_annotation", False):
-        return 0.0
-    value = getattr(event, "self_device_time_total", None)
-    return float(value if value is not None else getattr(event, "self_cuda_time_total", 0.0))
 
 
 def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *, steps: int, title: str) -> ProfileSummary:

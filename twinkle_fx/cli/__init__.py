@@ -1,4 +1,4 @@
-"""The ``twinkle-fx`` command line and the tools behind it: ``check`` (:mod:`.checklist`), ``bench``
+"""The ``twinkle-fx`` command line: ``check`` (the checklist in :mod:`twinkle_fx.checklist`), ``bench``
 (the harness in :mod:`twinkle_fx.bench`) and ``explain``.
 
 Importing this package (and parsing a command line) imports neither torch nor transformers nor

@@ -1,4 +1,4 @@
-"""``twinkle-fx check``: the kernel author's checklist (:func:`twinkle_fx.cli.checklist.check_kernels`)
+"""``twinkle-fx check``: the kernel author's checklist (:func:`twinkle_fx.checklist.check_kernels`)
 for every registered kernel, as a table on stdout and optionally a JSON file."""
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..builtin import BUILTIN_MODELS, use_builtin_kernels
     from ..core.registry import scoped_registry
-    from .checklist import check_kernels
+    from ..checklist import check_kernels
 
     if device.type == "cpu":
         torch.set_num_threads(1)  # tiny ops: intra-op threads only add barriers (see bench --tiny)

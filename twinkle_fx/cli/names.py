@@ -34,5 +34,5 @@ MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger", "cce")
 MICRO_OPS = ("silu_and_mul", "silu_mul", "rms_norm", "add_rms_norm", "apply_rotary_pos_emb", "add_gelu", "mul_add",
              "fused_linear_cross_entropy", "gelu_mul", "rms_norm_fp32", "layer_norm", "apply_rotary_pos_emb_partial",
              "apply_rotary_pos_emb_deinterleave", "clamped_swiglu")
-# twinkle_fx.cli.checklist.checklist._DTYPE_NAMES (bench --dtype takes the same)
+# twinkle_fx.checklist.checklist._DTYPE_NAMES (bench --dtype takes the same)
 DTYPES = ("fp32", "bf16", "fp16")

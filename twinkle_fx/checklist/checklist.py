@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from ...core.modes import Mode
-from ...core.registry import get_registry
-from ...core.selection import signature_mismatch
+from ..core.modes import Mode
+from ..core.registry import get_registry
+from ..core.selection import signature_mismatch
 from .correctness import check_correctness
 from .fallback import check_fallback
 from .inputs import NoInputs, sizes
@@ -110,7 +110,7 @@ def check_kernels(
         >>> report = check_kernels(device="cpu", tiny=True)                                    # doctest: +SKIP
         >>> print(report)                                                                      # doctest: +SKIP
     """
-    from ...core.devices import parse_device
+    from ..core.devices import parse_device
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -145,7 +145,7 @@ def check_kernels(
         check = _check_one(target, device, resolved, tiny, compiled, warmup, iters, progress)
         checks.append(check)
         progress(f"    done in {since(started)}: " + ", ".join(f"{item} {check.verdicts.get(item, '-')}" for item in CHECKLIST))
-    from ...bench.environment import describe_environment
+    from ..measure.environment import describe_environment
 
     return CheckReport(device=str(device), tiny=tiny, dtypes=[str(d).removeprefix("torch.") for d in resolved],
                        checks=checks + unchecked, environment=describe_environment(device))

@@ -1,7 +1,7 @@
 """``benchmark_kernel``: time one callable the way the custom-kernel quick-start guide does.
 
-It reuses the harness's clock (:class:`twinkle_fx.bench.timing.DeviceClock`): CUDA events around
-each call on a GPU, ``time.perf_counter`` on the CPU (under the Triton interpreter such timings say
+It times with the device clock (:class:`~.clock.DeviceClock`, the benchmark harness's too): CUDA
+events around each call on a GPU, ``time.perf_counter`` on the CPU (under the Triton interpreter such timings say
 how slow the interpreter is, not how fast a kernel is).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .timing import DeviceClock
+from .clock import DeviceClock
 
 __all__ = ["KernelTiming", "benchmark_kernel"]
 

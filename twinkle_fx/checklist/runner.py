@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from ...bench.timing import DeviceClock
-from ...core.modes import Mode
-from ...core.selection import KernelChoice
+from ..measure.clock import DeviceClock
+from ..core.modes import Mode
+from ..core.selection import KernelChoice
 from .inputs import NoInputs
 from .report import CheckInputs
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ...core.tolerances import tolerance
+from ..core.tolerances import tolerance
 from .report import FAIL, PASS, CheckInputs, CorrectnessCase, KernelCheck
 from .runner import Runner, shape_of
 

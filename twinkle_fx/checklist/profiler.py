@@ -27,7 +27,7 @@ def check_profiler(check: KernelCheck, runner: Runner, rows: int, width: int, dt
 def _profile(runner: Runner, rows: int, width: int, dtype: torch.dtype) -> list[dict[str, Any]]:
     from torch.profiler import ProfilerActivity, profile
 
-    from ...bench.profile import device_us
+    from ..measure.profiler_events import device_us
 
     inputs = runner.inputs(rows, width, dtype)
     step = runner.step(runner.calls(inputs)[1], runner.wrt(inputs))

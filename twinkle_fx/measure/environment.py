@@ -1,5 +1,5 @@
-"""Where a benchmark ran: device, library versions, date, commit (kept with every result, because a
-ratio means nothing without them)."""
+"""Where a measurement ran: device, library versions, date, commit (kept with every benchmark result
+and checklist report, because a ratio means nothing without them)."""
 
 from __future__ import annotations
 
@@ -14,20 +14,11 @@ from typing import Any
 
 import torch
 
-import twinkle_fx
+from ..core.version import VERSION
 
-__all__ = ["describe_environment", "describe_source", "resolve_device"]
+__all__ = ["describe_environment", "describe_source"]
 
 _PACKAGES = ("torch", "triton", "transformers", "liger-kernel", "kernels", "twinkle_fx")
-
-
-def resolve_device(device: str | None, *, tiny: bool) -> torch.device:
-    """``--device`` or the default: the CPU for ``--tiny``, else CUDA when present, else the CPU."""
-    if device is not None:
-        return torch.device(device)
-    if tiny or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _version(package: str) -> str | None:
@@ -89,7 +80,7 @@ def describe_environment(device: torch.device) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "versions": {name: _version(name) for name in _PACKAGES} | {"python": platform.python_version(),
                                                                    "cuda": torch.version.cuda,
-                                                                   "twinkle_fx": twinkle_fx.__version__},
+                                                                   "twinkle_fx": VERSION},
         **describe_source(),
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
     }

@@ -7,7 +7,7 @@ import importlib
 
 import torch
 
-from ...core.registry import get_registry
+from ..core.registry import get_registry
 from .inputs import sizes
 from .report import FAIL, PASS
 from .runner import Runner, tensors
@@ -17,8 +17,8 @@ __all__ = ["check_fallback"]
 
 def check_fallback(runner: Runner) -> tuple[str, str]:
     """Swap through twinkle_fx, undo, and check the original is back exactly: (verdict, note)."""
-    from ...eager import kernelize_model, undo_kernelize
-    from ...eager.function_patches import apply_function_kernel
+    from ..eager import kernelize_model, undo_kernelize
+    from ..eager.function_patches import apply_function_kernel
 
     rows, width = sizes(runner.tiny)[0]
     inputs = runner.inputs(rows, width, runner.dtypes[0])

@@ -9,9 +9,9 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from ...core.modes import Mode
-from ...core.registry import KernelRegistry
-from ...core.selection import select_function_kernel, select_layer_kernel
+from ..core.modes import Mode
+from ..core.registry import KernelRegistry
+from ..core.selection import select_function_kernel, select_layer_kernel
 from .inputs import function_inputs, layer_inputs
 from .report import CHECKLIST, SKIP, KernelCheck
 from .runner import Target

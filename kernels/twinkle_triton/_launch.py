@@ -51,6 +51,8 @@ from typing import Any
 import torch
 import triton.language as tl
 
+from ._torch_internals import current_cuda_device, current_cuda_raw_stream
+
 __all__ = ["BLOCK_LIMIT", "CachedLauncher", "accumulation_dtype", "cached_launcher", "cdiv", "compute_dtype",
            "dot_options", "elementwise_block", "interpreting", "loop_block", "multiprocessor_count", "next_power_of_2",
            "persistent_programs", "reset", "row_block", "rows", "specialization_key"]
@@ -279,7 +281,7 @@ class CachedLauncher:
         plan = self._plans.get(types)
         if plan is None:
             plan = self._plans[types] = _Plan(types)
-        device = torch._C._cuda_getDevice()
+        device = current_cuda_device()
         key = (types, device, specialization_key(plan, args), tuple(meta.items()))
         entry = self._compiled.get(key)
         if entry is None or self._pre_run_hooks or _hooks_active():
@@ -287,7 +289,7 @@ class CachedLauncher:
             return
         run, function, packed_metadata, tail = entry
         n = len(grid)
-        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, torch._C._cuda_getCurrentRawStream(device),
+        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, current_cuda_raw_stream(device),
             function, packed_metadata, None, None, None, *args, *tail)
 
     def _launch_jit(self, key: tuple, grid: Sequence[int], args: tuple, meta: dict) -> None:

@@ -42,9 +42,9 @@ import typing
 from collections.abc import Callable, Sequence
 
 import torch
-from torch._library.triton import is_wrap_triton_enabled
 
 from ._launch import cached_launcher
+from ._torch_internals import dispatch_modes_active, functorch_transforms_active, is_wrap_triton_enabled
 
 NAMESPACE = "twinkle"
 
@@ -134,8 +134,8 @@ class TwinkleOp:
             return self._without_kernels(first.device.type, args)
         if (
             torch.compiler.is_compiling()
-            or torch._C._len_torch_dispatch_stack()
-            or torch._C._are_functorch_transforms_active()
+            or dispatch_modes_active()
+            or functorch_transforms_active()
         ):
             return self.op(*args)
         for a in args:

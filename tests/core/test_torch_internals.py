@@ -100,10 +100,22 @@ def test_is_inductor_tensor_box():
     assert not ti.is_inductor_tensor_box(torch.empty(2))
 
 
-def test_triton_kernel_wrap_holds_generate_ttir():
+def test_generate_ttir_is_what_the_launch_analysis_runs_and_can_be_replaced():
     pytest.importorskip("triton")
-    module = ti.triton_kernel_wrap()
-    assert module is not None and callable(module.generate_ttir)
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    original = ti.generate_ttir()
+    assert callable(original) and original is triton_kernel_wrap.generate_ttir
+
+    def stand_in(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    try:
+        ti.set_generate_ttir(stand_in)
+        assert ti.generate_ttir() is stand_in and triton_kernel_wrap.generate_ttir is stand_in
+    finally:
+        ti.set_generate_ttir(original)
+    assert triton_kernel_wrap.generate_ttir is original
 
 
 # --- Dynamo -----------------------------------------------------------------------------------------
@@ -209,6 +221,26 @@ def test_optimize_ddp_reads_and_sets_dynamos_setting():
         assert ti.optimize_ddp() == "ddp_optimizer"
     finally:
         ti.set_optimize_ddp(saved)
+
+
+def test_dynamo_config_patch_applies_inside_the_block_only():
+    saved = ti.optimize_ddp()
+    with ti.dynamo_config_patch({"optimize_ddp": not saved}):
+        assert ti.optimize_ddp() is (not saved)
+    assert ti.optimize_ddp() == saved
+
+
+def test_ddp_ignored_names_are_set_read_and_put_back():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    assert ti.ddp_ignored_names(model) is None
+    ti.ddp_ignore(model, ["0.weight"])
+    assert ti.ddp_ignored_names(model) == ["0.weight"]
+    # what DistributedDataParallel reads to leave a parameter out of its buckets
+    assert getattr(model[0].weight, "_ddp_ignored", False) and not getattr(model[1].weight, "_ddp_ignored", False)
+    ti.set_ddp_ignored_names(model, ["1.bias"])
+    assert ti.ddp_ignored_names(model) == ["1.bias"]
+    ti.set_ddp_ignored_names(model, None)
+    assert ti.ddp_ignored_names(model) is None
 
 
 def test_active_ddp_module_is_none_outside_a_ddp_forward():
@@ -326,3 +358,13 @@ def test_pytree_flattens_nested_containers_and_model_outputs():
     assert len(flat) == 4 and spec == ti.tree_flatten({"a": [0, (0, 0)], "out": CausalLMOutput(logits=0)})[1]
     doubled = ti.tree_map_only(torch.Tensor, lambda t: t * 2, tree)
     assert doubled["a"][1][0] == 2 and doubled["out"].logits.sum().item() == 6.0
+
+
+# --- tensors ----------------------------------------------------------------------------------------
+
+
+def test_foreach_zero_zeroes_every_tensor_in_place():
+    tensors = [torch.ones(3), torch.ones(2, 2, dtype=torch.float64)]
+    storages = [t.data_ptr() for t in tensors]
+    ti.foreach_zero(tensors)
+    assert all(not t.any() for t in tensors) and [t.data_ptr() for t in tensors] == storages

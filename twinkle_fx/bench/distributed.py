@@ -245,17 +245,18 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     from twinkle_fx.builtin import use_builtin_kernels
     from twinkle_fx.compile import collect_reports
     from twinkle_fx.compile.inductor_options import cudagraph_tree_summary
+    from twinkle_fx.core.torch_internals import dynamo_config_patch, foreach_zero
 
     default = "fp32" if args.mixed_precision or device.type != "cuda" else "bf16"
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype or default]
     check_world(args, world)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     if device.type == "cuda":
         gc.collect()  # an earlier run's model, optimizer and graphs (reference cycles) go before the peak is reset
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     patches = dict(optimize_ddp=args.optimize_ddp, compiled_autograd=args.compiled_autograd)
-    with torch._dynamo.config.patch(**patches), twinkle_fx.scoped_registry(), collect_reports() as report:
+    with dynamo_config_patch(patches), twinkle_fx.scoped_registry(), collect_reports() as report:
         kernelize = args.backend.startswith("kernelize")
         if args.backend not in ("eager", "inductor"):
             use_builtin_kernels(devices=(device.type,), models=(MODELS[args.model].family,), fused_loss=args.fused_loss)
@@ -288,7 +289,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                 total += loss.detach().float()
             optimizer.step()
             if keep_grads:  # one multi-tensor launch, not one zero_() per parameter
-                torch._foreach_zero_([p.grad for p in params if p.grad is not None])
+                foreach_zero([p.grad for p in params if p.grad is not None])
             else:
                 optimizer.zero_grad(set_to_none=True)
             if world > 1:
@@ -325,7 +326,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                 if rank == 0:
                     print(Path(summary.report).read_text(), flush=True)
             # recorded, never recorded, re-recorded (a parameter at a new address each step would re-record
-            # every step): read before torch._dynamo.reset() drops the trees
+            # every step): read before torch.compiler.reset() drops the trees
             graphs = cudagraph_tree_summary(device.index) if args.cudagraphs and device.type == "cuda" else ""
             mine = kernel_swaps_compiled(rank, report)
             for what, n in kernel_swaps_eager(model).items():  # kernelize, or the head on the root
@@ -337,7 +338,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             twinkle_fx.undo_kernelize(model)  # function patches are process-wide; the head is an eager swap
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     everyone = _gather((asdict(mine), peak, graphs), world)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     return RunResult(vars(args).copy(), world, str(device), losses, tokens_per_s,
                      [RankSwaps(**s) for s, _, _ in everyone], step_ms, [p for _, p, _ in everyone],
                      [g for _, _, g in everyone if g])

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..core.caches import owns_cache
-from ..core.torch_internals import is_inductor_tensor_box, triton_kernel_wrap
+from ..core.torch_internals import generate_ttir, is_inductor_tensor_box, set_generate_ttir
 
 logger = logging.getLogger(__name__)
 
@@ -161,15 +161,14 @@ def memoized_ttir() -> Iterator[None]:
     own function when the outermost block exits). Without Triton, or with a torch that has no
     ``generate_ttir``, the block changes nothing."""
     global _active, _original
-    module = triton_kernel_wrap()
-    if module is None:
+    if generate_ttir() is None:
         yield
         return
     with _lock:
         if _active == 0:
-            _original = module.generate_ttir
+            _original = generate_ttir()
             if not getattr(_original, "__twinkle_memo__", False):
-                module.generate_ttir = _memoizing(_original)
+                set_generate_ttir(_memoizing(_original))
         _active += 1
     try:
         yield
@@ -177,6 +176,6 @@ def memoized_ttir() -> Iterator[None]:
         with _lock:
             _active -= 1
             if _active == 0:
-                module.generate_ttir = _original
+                set_generate_ttir(_original)
                 _original = None
                 logger.debug("TTIR memo so far: %(hits)d answered, %(misses)d run, %(bypassed)d bypassed", _counts)

@@ -4,8 +4,8 @@ None of these is a public torch API, so each may move between torch releases; ke
 means a torch upgrade is checked in one file, and ``tests/core/test_torch_internals.py`` has one
 test per accessor that fails when the name it reaches moves. Imports of ``torch._dynamo`` and
 ``torch._inductor`` happen inside the accessors: importing this module costs nothing, and Dynamo
-(a second of import time) loads only where it is used. The Triton kernels' launch-time accesses
-(``kernels/twinkle_triton/_launch.py``) stay with the kernels, which import nothing from here.
+(a second of import time) loads only where it is used. The Triton kernels, which import nothing
+from twinkle_fx, have a door of their own (``kernels/twinkle_triton/_torch_internals.py``).
 Reading Dynamo's graph metadata (``node.meta``) is compile-only and lives in
 ``twinkle_fx.compile.dynamo_internals``, which reaches private names through this module.
 """
@@ -24,13 +24,15 @@ import torch
 __all__ = [
     "inductor_config_values", "inductor_config_patch", "inductor_cudagraphs_requested", "inductor_mode_options",
     "inductor_compile", "inductor_inner_compiler", "cudagraphs_logger", "cudagraph_tree_manager",
-    "is_inductor_tensor_box", "triton_kernel_wrap", "is_static_input", "clear_static_input", "dynamo_source",
-    "dynamo_graph_break_counts", "checkpoint_operator", "compiling_translator", "current_compile_context",
-    "dynamo_backend_names", "register_dynamo_backend", "shorten_traceback_base", "aot_eager", "boxed_nop",
-    "optimize_ddp", "set_optimize_ddp", "active_ddp_module", "compiled_call", "set_compiled_call",
+    "is_inductor_tensor_box", "generate_ttir", "set_generate_ttir", "is_static_input", "clear_static_input",
+    "dynamo_source", "dynamo_graph_break_counts", "checkpoint_operator", "compiling_translator",
+    "current_compile_context", "dynamo_backend_names", "register_dynamo_backend", "dynamo_config_patch",
+    "shorten_traceback_base", "aot_eager", "boxed_nop", "optimize_ddp", "set_optimize_ddp", "active_ddp_module",
+    "ddp_ignore", "ddp_ignored_names", "set_ddp_ignored_names", "compiled_call", "set_compiled_call",
     "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "nn_sdpa", "nn_linear",
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
+    "foreach_zero",
 ]
 
 
@@ -101,14 +103,31 @@ def is_inductor_tensor_box(value: Any) -> bool:
     return ir is not None and isinstance(value, ir.TensorBox)
 
 
-def triton_kernel_wrap() -> types.ModuleType | None:
-    """The module holding torch's ``generate_ttir`` (the analysis of each user Triton kernel launch),
-    or None without Triton or with a torch that has no ``generate_ttir``."""
+def _triton_kernel_wrap() -> types.ModuleType | None:
     try:
         from torch._higher_order_ops import triton_kernel_wrap as module
     except ImportError:  # no Triton: no user-defined kernels to analyse
         return None
     return module if callable(getattr(module, "generate_ttir", None)) else None
+
+
+def generate_ttir() -> Callable[..., Any] | None:
+    """What torch's analysis of each user Triton kernel launch runs Triton's front end with
+    (``triton_kernel_wrap.generate_ttir``, as patched now), or None without Triton or with a torch
+    that has no ``generate_ttir``."""
+    module = _triton_kernel_wrap()
+    return None if module is None else module.generate_ttir
+
+
+def set_generate_ttir(function: Callable[..., Any]) -> None:
+    """Make ``function`` what torch's launch analysis runs Triton's front end with (process-wide; to
+    undo, set what :func:`generate_ttir` returned before). Without Triton or ``generate_ttir`` there
+    is nothing to replace: a ``RuntimeError`` says so."""
+    module = _triton_kernel_wrap()
+    if module is None:
+        raise RuntimeError("set_generate_ttir: this torch has no triton_kernel_wrap.generate_ttir to replace (no "
+                           "Triton, or another torch release); check generate_ttir() is not None first")
+    module.generate_ttir = function
 
 
 # --- Dynamo -----------------------------------------------------------------------------------------
@@ -178,6 +197,14 @@ def register_dynamo_backend(name: str, compiler_fn: Callable[..., Any]) -> None:
     register_backend(compiler_fn, name=name)
 
 
+def dynamo_config_patch(patches: dict[str, Any]) -> contextlib.AbstractContextManager:
+    """``torch._dynamo.config.patch(patches)``: Dynamo's config with ``patches`` applied inside the block
+    (``optimize_ddp``, ``compiled_autograd``: Dynamo reads them when it compiles a frame)."""
+    import torch._dynamo.config as dynamo_config
+
+    return dynamo_config.patch(patches)
+
+
 def shorten_traceback_base() -> type:
     """Dynamo's ``ShortenTraceback``: an error raised by a backend that subclasses it reaches the caller
     as it is, not wrapped in ``BackendCompilerFailed``."""
@@ -220,6 +247,29 @@ def active_ddp_module() -> torch.nn.Module | None:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel._active_ddp_module
+
+
+def ddp_ignore(module: torch.nn.Module, names: list[str]) -> None:
+    """Have every ``DistributedDataParallel`` built on ``module`` from now on leave the parameters and
+    buffers ``names`` (qualified names) out of its buckets
+    (``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model``: it also marks them)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)
+
+
+def ddp_ignored_names(module: torch.nn.Module) -> list[str] | None:
+    """The names a ``DistributedDataParallel`` built on ``module`` leaves out of its buckets, or None
+    when none were given (``module._ddp_params_and_buffers_to_ignore``)."""
+    return getattr(module, "_ddp_params_and_buffers_to_ignore", None)
+
+
+def set_ddp_ignored_names(module: torch.nn.Module, names: list[str] | None) -> None:
+    """Put back what :func:`ddp_ignored_names` returned (None: no names), for the wrappers built next."""
+    if names is None:
+        module.__dict__.pop("_ddp_params_and_buffers_to_ignore", None)
+    else:
+        module._ddp_params_and_buffers_to_ignore = names
 
 
 # --- nn.Module, fake tensors, the dispatcher ---------------------------------------------------------
@@ -345,3 +395,12 @@ def tree_map_only(kind: type, fn: Callable[[Any], Any], tree: Any) -> Any:
     from torch.utils import _pytree
 
     return _pytree.tree_map_only(kind, fn, tree)
+
+
+# --- tensors ----------------------------------------------------------------------------------------
+
+
+def foreach_zero(tensors: list[torch.Tensor]) -> None:
+    """Zero ``tensors`` in place with one multi-tensor kernel per device and dtype
+    (``torch._foreach_zero_``), where ``zero_()`` on each would launch one kernel per tensor."""
+    torch._foreach_zero_(tensors)

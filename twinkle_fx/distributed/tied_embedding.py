@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..core.torch_internals import queue_backward_callback
+from ..core.torch_internals import ddp_ignore, ddp_ignored_names, queue_backward_callback, set_ddp_ignored_names
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ def tied_embedding_ddp(model: nn.Module, **ddp_kwargs: Any) -> nn.Module:
     embedding, head = pair
     _check_supported(embedding)  # before DDP is told to leave the weight alone: a refusal leaves no trace
     names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is embedding.weight]
-    before = getattr(model, "_ddp_params_and_buffers_to_ignore", None)
-    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sorted(set(before or ()) | set(names)))
+    before = ddp_ignored_names(model)
+    ddp_ignore(model, sorted(set(before or ()) | set(names)))
     ddp = DistributedDataParallel(model, **ddp_kwargs)
     ddp.tied_embedding_reduction = TiedEmbeddingReduction(model, embedding, head, ddp, ignored_before=before)
     return ddp
@@ -146,10 +146,7 @@ class TiedEmbeddingReduction:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if self._ignored_before is None:
-            self.model.__dict__.pop("_ddp_params_and_buffers_to_ignore", None)
-        else:
-            self.model._ddp_params_and_buffers_to_ignore = self._ignored_before
+        set_ddp_ignored_names(self.model, self._ignored_before)
 
     # ---- forward: route the two uses of the weight through the functions below
     def _enter(self, module, args, kwargs):

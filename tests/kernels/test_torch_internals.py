@@ -1,0 +1,47 @@
+"""One test per name of ``twinkle_triton._torch_internals``, the kernels' door to private torch names:
+a torch upgrade that moves one fails here, by name."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from twinkle_triton import _torch_internals as ti
+
+
+def test_current_cuda_device_and_stream_are_torchs():
+    if not torch.backends.cuda.is_built():
+        with pytest.raises(RuntimeError, match="without CUDA"):
+            ti.current_cuda_device()
+        return
+    assert ti.current_cuda_device is torch._C._cuda_getDevice
+    assert ti.current_cuda_raw_stream is torch._C._cuda_getCurrentRawStream
+    if torch.cuda.is_available():
+        device = ti.current_cuda_device()
+        assert device == torch.cuda.current_device()
+        assert ti.current_cuda_raw_stream(device) == torch.cuda.current_stream(device).cuda_stream
+
+
+def test_dispatch_modes_active_counts_the_modes_in_effect():
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert ti.dispatch_modes_active() == 0
+    with Passing():
+        assert ti.dispatch_modes_active() == 1
+
+
+def test_functorch_transforms_active_inside_vmap_only():
+    assert not ti.functorch_transforms_active()
+    seen = []
+
+    def probe(x):
+        seen.append(ti.functorch_transforms_active())
+        return x
+
+    torch.vmap(probe)(torch.ones(2, 3))
+    assert seen == [True]
+
+
+def test_is_wrap_triton_enabled_answers_outside_a_trace():
+    assert isinstance(ti.is_wrap_triton_enabled(), bool)

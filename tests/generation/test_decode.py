@@ -193,13 +193,14 @@ class _Collect(BaseStreamer):
         self.ended = True
 
 
-def test_use_decode_loop_streams_every_token_once(device):
+@pytest.mark.parametrize("steps", [1, 3, 64])
+def test_use_decode_loop_streams_every_token_once(device, steps):
     model = tiny_model("qwen2").eval()
     ids, _ = _inputs(device, batch=1, padded=False)
     free = _reference(model, ids, None, max_new_tokens=12)
     eos = int(free[0, PROMPT + 8])
     want = _reference(model, ids, None, max_new_tokens=12, eos_token_id=eos)
-    twinkle_fx.use_decode_loop(model, steps_per_sync=3)
+    twinkle_fx.use_decode_loop(model, steps_per_sync=steps)
     try:
         streamer = _Collect()
         got = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=eos,

@@ -280,12 +280,12 @@ def _run(model, step: DecodeStep, input_ids, stopping, generation_config, model_
         count = min(steps_per_sync, total - done)
         for _ in range(count):
             step.run()
-        done += count
         if rounds is not None:
-            if rounds.finished():  # the round before this one ended every sequence
+            if rounds.finished(prompt + done, prompt + done + count):  # the round before ended every sequence
                 break
             if stopping.out_of_time(batch, step.token.device):
                 step.unfinished.zero_()
+        done += count
     produced = int(step.produced)
     sequences = step.state.ids[:, :prompt + produced].clone()
     if rounds is not None:
@@ -294,23 +294,31 @@ def _run(model, step: DecodeStep, input_ids, stopping, generation_config, model_
 
 
 class _Rounds:
-    """The finished flags and new tokens of each round, copied to the host while the next round runs."""
+    """The finished flags and new tokens of each round, copied to the host while the next round runs
+    (into pinned memory, behind an event: the host waits for the round before, never for the one it
+    just enqueued)."""
 
     def __init__(self, step: DecodeStep, prompt: int, streamer: Any) -> None:
         self.step, self.prompt, self.streamer = step, prompt, streamer
         pinned = step.token.device.type == "cuda"
         self.flags = [torch.zeros(2, dtype=torch.long, pin_memory=pinned) for _ in range(2)]
+        self.columns: list[tuple[int, torch.Tensor] | None] = [None, None]  # a round's token columns
         self.events = [torch.cuda.Event() if pinned else None for _ in range(2)]
         self.pending: int | None = None
-        self.streamed = 1 if streamer is None else 0  # generated columns handed to the streamer
+        self.streamed = 1  # generated columns handed to the streamer: the first comes from the prefill
         self.slot = 0
-        if streamer is not None:  # the first token, chosen from the prefill's logits
+        if streamer is not None:
             self._stream(step.state.ids[:, prompt:prompt + 1].cpu())
-            self.streamed = 1
 
-    def finished(self) -> bool:
+    def finished(self, first: int, end: int) -> bool:
+        """Record the round that fills columns ``first:end``; True when the round before it ended every
+        sequence (what it generated is streamed first)."""
         step, slot = self.step, self.slot
         self.flags[slot].copy_(torch.stack((step.produced, step.unfinished.amax())), non_blocking=True)
+        if self.streamer is not None:
+            window = step.state.ids[:, first:end]
+            host = torch.empty(window.shape, dtype=window.dtype, pin_memory=self.events[slot] is not None)
+            self.columns[slot] = (first, host.copy_(window, non_blocking=True))
         if self.events[slot] is not None:
             self.events[slot].record()
         previous, self.pending, self.slot = self.pending, slot, 1 - slot
@@ -320,7 +328,9 @@ class _Rounds:
             self.events[previous].synchronize()
         produced, alive = self.flags[previous].tolist()
         if self.streamer is not None and produced > self.streamed:
-            self._stream(step.state.ids[:, self.prompt + self.streamed:self.prompt + produced].cpu())
+            first, columns = self.columns[previous]
+            start = self.prompt + self.streamed - first
+            self._stream(columns[:, start:start + produced - self.streamed])
             self.streamed = produced
         return alive == 0
 

@@ -233,3 +233,13 @@ def test_no_package_imports_in_a_circle(package):
             edges[source].setdefault(target, i)
     circles = _circles(edges)
     assert circles == [], f"parts of {package} that import each other:\n" + "\n".join(circles)
+
+
+def test_test_modules_have_unique_names():
+    """tests/ has no packages: pytest imports each test file (and each helper module) by its bare name, so
+    two files of one name in different folders fail to collect whenever one worker meets both."""
+    seen = defaultdict(list)
+    for path in (ROOT / "tests").rglob("*.py"):
+        if path.name != "conftest.py":
+            seen[path.name].append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

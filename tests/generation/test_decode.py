@@ -133,7 +133,8 @@ class _HostSync(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         devices = {a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)}
-        if str(func) in self.READS or (len(devices) > 1 and str(func) in ("aten._to_copy.default", "aten.copy_.default")):
+        copies = ("aten._to_copy.default", "aten.copy_.default")
+        if str(func) in self.READS or (len(devices) > 1 and str(func) in copies):
             self.seen.append(str(func))
         return func(*args, **kwargs)
 
@@ -282,3 +283,13 @@ def test_the_loop_state_lives_and_dies_with_the_model(device):
     del model, twin
     gc.collect()
     assert gone() is None
+
+
+def test_max_time_stops_between_rounds(device):
+    """A time limit is read on the host between rounds: an expired one ends generation a round or two later."""
+    model = tiny_model("qwen2").eval()
+    ids, mask = _inputs(device)
+    full = _reference(model, ids, mask, max_new_tokens=40)
+    got = _decode(model, ids, mask, max_new_tokens=40, max_time=0.0, steps_per_sync=2)
+    assert PROMPT + 1 <= got.shape[1] <= PROMPT + 1 + 2 * 2
+    assert torch.equal(got, full[:, :got.shape[1]])  # the tokens it did produce are the loop's own

@@ -283,7 +283,7 @@ def _run(model, step: DecodeStep, input_ids, stopping, generation_config, model_
         if rounds is not None:
             if rounds.finished(prompt + done, prompt + done + count):  # the round before ended every sequence
                 break
-            if stopping.out_of_time(batch, step.token.device):
+            if stopping.out_of_time(batch):
                 step.unfinished.zero_()
         done += count
     produced = int(step.produced)

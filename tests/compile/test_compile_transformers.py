@@ -191,6 +191,19 @@ class TestRotaryOfOtherFamilies(expecttest.TestCase):
             own = f"transformers.models.{family}.modeling_{family}.apply_rotary_pos_emb"
             self.assertEqual(rotary, [(own, False, ReasonKind.NOT_MATCHED)], report.summary())
 
+    def test_with_every_family_registered_a_qwen2_graph_traces_only_qwen2s_rotary(self):
+        from twinkle_fx.builtin import use_builtin_kernels
+
+        use_builtin_kernels(devices=(DEVICE,))  # 20 families, each with its own apply_rotary_pos_emb
+        ids = input_ids()
+        report = twinkle_fx.explain(tiny("qwen2", layers=1), ids, labels=ids)
+        qwen2 = "transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
+        self.assertEqual([(r.target, r.swapped, r.match) for r in report.regions if r.kind == "function"],
+                         [(qwen2, True, "call")], report.summary())
+        # the registrations keep what was traced: tracing another family's pattern took ~0.1-0.3 s each
+        traced = {r.target for r in twinkle_fx.get_registry().all_function_registrations() if "pattern" in r.compile_cache}
+        self.assertEqual(traced, {qwen2})
+
     def test_other_families_rotary_functions_trace_into_patterns(self):
         import importlib
 

@@ -97,6 +97,36 @@ class TestUserFunction(expecttest.TestCase):
         self.assertEqual({r.reason.kind for r in report.not_swapped}, {ReasonKind.NO_KERNEL})
 
 
+def traced_targets() -> list[str]:
+    """The registered function targets whose pattern the backend traced (kept on their registrations)."""
+    return sorted({r.target for r in twinkle_fx.get_registry().all_function_registrations() if "pattern" in r.compile_cache})
+
+
+class TestOnlyPatternsThatCouldMatchAreTraced(expecttest.TestCase):
+    def test_functions_called_nowhere_in_the_graph_are_not_traced(self):
+        # rolled is called nowhere; copies.scaled_rms is named like the function called, but that call
+        # is a registered target's own, with a kernel: neither pattern is traced
+        _register(mode="compile")
+        register_function_kernel(func_name="rolled", target_module="user_ops.norms", func_impl=_rolled_kernel,
+                                 device="cpu")
+        register_function_kernel(func_name="scaled_rms", target_module="user_ops.copies", func_impl=fast_scaled_rms,
+                                 device="cpu", mode="compile")
+        with torch.no_grad():
+            report = twinkle_fx.explain(TwoNorms().eval(), torch.randn(2, 3, 8))
+        self.assertEqual([(r.target, r.swapped, r.match) for r in report.regions],
+                         [("user_ops.norms.scaled_rms", True, "call")])
+        self.assertEqual(traced_targets(), ["user_ops.norms.scaled_rms"])
+
+    def test_a_function_of_the_same_name_is_traced_where_it_is_the_only_kernel_for_a_call(self):
+        register_function_kernel(func_name="scaled_rms", target_module="user_ops.copies", func_impl=fast_scaled_rms,
+                                 device="cpu", mode="compile")
+        with torch.no_grad():
+            report = twinkle_fx.explain(TwoNorms().eval(), torch.randn(2, 3, 8))
+        self.assertEqual([(r.target, r.swapped, r.match) for r in report.regions],
+                         [("user_ops.copies.scaled_rms", True, "copy")])
+        self.assertEqual(traced_targets(), ["user_ops.copies.scaled_rms"])
+
+
 def _rolled_kernel(x, shift=1):
     return torch.roll(x, shift, -1).mul(2)
 

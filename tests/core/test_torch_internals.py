@@ -169,6 +169,18 @@ def test_current_compile_context_is_set_while_compiling_only():
     assert capture.results[0] is not None and ti.current_compile_context() is None
 
 
+def test_same_compile_invocation_keeps_the_generation_cuda_graph_trees_read():
+    from torch._inductor.cudagraph_trees import CUDAGraphTreeManager
+
+    before = CUDAGraphTreeManager.get_curr_generation()
+    torch.compile(lambda x: x * 2, backend=Capture())(torch.randn(2))
+    assert CUDAGraphTreeManager.get_curr_generation() != before  # a compiled call starts a generation
+    before = CUDAGraphTreeManager.get_curr_generation()
+    with ti.same_compile_invocation():
+        torch.compile(lambda x: x * 2, backend=Capture())(torch.randn(2))
+    assert CUDAGraphTreeManager.get_curr_generation() == before
+
+
 def test_dynamo_backend_names_and_register_dynamo_backend():
     assert "inductor" in ti.dynamo_backend_names()
     capture = Capture()

@@ -328,7 +328,12 @@ _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S
 
 def stack_frames(node: fx.Node) -> list[Frame]:
     """The frames of ``node.meta["stack_trace"]``, outer to inner (empty for nodes Dynamo made itself)."""
-    return [Frame(file, int(line), name) for file, line, name in _FRAME.findall(node.meta.get("stack_trace") or "")]
+    return stack_frames_of(node.meta.get("stack_trace"))
+
+
+def stack_frames_of(stack_trace: str | None) -> list[Frame]:
+    """The frames of a node's ``stack_trace`` text, outer to inner."""
+    return [Frame(file, int(line), name) for file, line, name in _FRAME.findall(stack_trace or "")]
 
 
 def is_erased(node: fx.Node) -> bool:

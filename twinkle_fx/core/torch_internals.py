@@ -26,7 +26,7 @@ __all__ = [
     "inductor_compile", "inductor_inner_compiler", "cudagraphs_logger", "cudagraph_tree_manager",
     "is_inductor_tensor_box", "generate_ttir", "set_generate_ttir", "is_static_input", "clear_static_input",
     "dynamo_source", "dynamo_graph_break_counts", "checkpoint_operator", "compiling_translator",
-    "current_compile_context", "dynamo_backend_names", "register_dynamo_backend", "dynamo_config_patch",
+    "current_compile_context", "same_compile_invocation", "dynamo_backend_names", "register_dynamo_backend", "dynamo_config_patch",
     "shorten_traceback_base", "aot_eager", "boxed_nop", "optimize_ddp", "set_optimize_ddp", "active_ddp_module",
     "ddp_ignore", "ddp_ignored_names", "set_ddp_ignored_names", "compiled_call", "set_compiled_call",
     "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "nn_sdpa", "nn_linear",
@@ -181,6 +181,25 @@ def compiling_translator() -> Any:
 def current_compile_context() -> Any:
     """The compilation in progress (one object for every graph of one frame's compile), or None."""
     return torch._guards.CompileContext.try_get()
+
+
+@contextlib.contextmanager
+def same_compile_invocation() -> Iterator[None]:
+    """Run a nested ``torch.compile`` call without it counting as a new call of the user's compiled code.
+
+    Entering any compiled function advances Dynamo's generation counter, and CUDA-graph trees take a new
+    generation for the start of a new step: the outputs of graphs replayed earlier in the step (a whole
+    model split at graph breaks hands the rotary's cos and sin from one graph to the next) are then
+    treated as free to overwrite. A backend that traces a helper with Dynamo while compiling a later graph
+    of a step must leave the counter where the user's call put it.
+    """
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    generation = GenerationTracker.generation
+    try:
+        yield
+    finally:
+        GenerationTracker.generation = generation
 
 
 def dynamo_backend_names() -> list[str]:

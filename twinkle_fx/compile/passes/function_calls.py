@@ -82,13 +82,31 @@ def _module_named_by_file(filename: str) -> str | None:
     return None
 
 
+def _own_files(targets: list[str]) -> dict[str, str]:
+    """Each target's module file (targets whose module was never imported have no call in any graph)."""
+    files = {}
+    for target in targets:
+        filename = getattr(sys.modules.get(target.rpartition(".")[0]), "__file__", None)
+        if filename is not None:
+            files[target] = filename
+    return files
+
+
 def run(state: PassState) -> list[Outcome]:
     """One Kept outcome per call of a registered function that the pattern pass did not take."""
-    missing = registered_patterns(state).missing
+    registered = registered_patterns(state)
+    missing, traced = registered.missing, registered.traced_through
     outcomes: list[Outcome] = []
     targets = state.registry.function_targets()
+    own_files = _own_files(targets)
+    # a function's file -> the registered targets defined there (a call in such a file is no copy to report)
+    registered_files: dict[str, set[str]] = {}
+    for target, filename in own_files.items():
+        registered_files.setdefault(target.rpartition(".")[2], set()).add(filename)
     reported: set[tuple] = set()
     for target in targets:
+        if own_files.get(target) not in traced.get(target.rpartition(".")[2], ()):
+            continue  # no call of it in this graph: nothing to look for
         taken = _sites_taken(state, target, copies=False)
         for site, nodes in function_call_regions(state, target).items():
             _, callers, _ = site
@@ -104,8 +122,9 @@ def run(state: PassState) -> list[Outcome]:
             outcomes.append(Kept("function", target, where, reason))
     kernels = _installed_kernel_files()
     for target in targets:
-        if target in missing:
-            continue
+        func_name = target.rpartition(".")[2]
+        if target in missing or not traced.get(func_name, set()) - registered_files.get(func_name, set()) - kernels:
+            continue  # every function of its name called here is registered itself, or a kernel
         taken = _sites_taken(state, target, copies=True)
         for site, nodes in function_call_regions(state, target, copies=True).items():
             filename, callers, _ = site

@@ -18,6 +18,7 @@ Which matches count (``RegionReport.match`` says which each was):
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 from typing import Any
@@ -27,9 +28,10 @@ from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
 
 from ...core.selection import Selection, select_function_kernel
 from ...core.torch_internals import tree_leaves
-from ..dynamo_internals import example_value, is_erased, module_stack, stack_frames
+from ..dynamo_internals import (checkpoint_bodies, example_value, is_erased, module_stack, stack_frames,
+                                stack_frames_of)
 from ..regions.kernel_call import FunctionKernelCall
-from ..regions.pattern_tracing import RegisteredPatterns, TracedPattern, pattern_for
+from ..regions.pattern_tracing import RegisteredPatterns, TracedPattern, pattern_for, resolve_reference
 from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
 from ..regions.splice import place_kernel
 from ..reasons import KeepRegion, ReasonKind
@@ -51,14 +53,79 @@ def _registered_patterns(state: PassState) -> RegisteredPatterns:
     # each transformers modeling file has its own copy of apply_rotary_pos_emb: one graph search for all
     groups: dict[str, tuple[list[str], TracedPattern]] = {}
     missing = {}
-    for target in state.registry.function_targets():
+    traced = _traced_through(state.root.gm)
+    for target in _targets_that_could_match(state, traced):
         pattern = pattern_for(state.registry, target)
         if isinstance(pattern, str):
             missing[target] = pattern
         else:
             groups.setdefault(pattern.code, ([], pattern))[0].append(target)
     patterns = sorted(groups.values(), key=lambda tp: -sum(n.op.startswith("call") for n in tp[1].graph.nodes))
-    return RegisteredPatterns(patterns, missing)
+    return RegisteredPatterns(patterns, missing, traced)
+
+
+def _traced_through(gm: fx.GraphModule) -> dict[str, set[str]]:
+    """Function name -> the files of the functions of that name that the calls of ``gm``'s graph (and
+    of its checkpoint bodies) were inlined from, read from their stack traces."""
+    found: dict[str, set[str]] = {}
+    graphs = [gm]
+    while graphs:
+        graph = graphs.pop()
+        traces = {n.meta.get("stack_trace") for n in graph.graph.nodes if n.op in ("call_function", "call_method")}
+        for trace in traces - {None}:
+            for frame in stack_frames_of(trace):
+                found.setdefault(frame.name, set()).add(frame.filename)
+        graphs.extend(body.body for body in checkpoint_bodies(graph))
+    return found
+
+
+def _names_and_file(target: str) -> tuple[set[str], str | None] | None:
+    """The function names a call of ``target`` leaves in stack traces and the file it is defined in;
+    None when they cannot be told (not a plain function: its pattern is traced whatever the graph)."""
+    module_name, _, func_name = target.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is None:  # never imported, so never called here: only a copy elsewhere, named alike, can match
+        return {func_name}, None
+    try:
+        code = getattr(inspect.unwrap(resolve_reference(target)), "__code__", None)
+    except Exception:  # noqa: BLE001 - pattern_for reports why it cannot be imported
+        return None
+    if code is None:
+        return None
+    return {func_name, code.co_name}, getattr(module, "__file__", None)
+
+
+def _targets_that_could_match(state: PassState, traced: dict[str, set[str]]) -> list[str]:
+    """The registered targets whose pattern could match in this graph, the only ones traced.
+
+    A pattern is matched only where a call of the function itself, or of a function of the same name
+    (a copy), was inlined ("call" and "copy" in the module docstring), unless a registration matches
+    the computation anywhere. A copy whose own module's function is registered too, with a kernel
+    here, is that target's to match: so a Qwen2 graph traces Qwen2's ``apply_rotary_pos_emb`` and none
+    of the other families' that ``use_builtin_kernels()`` registered (seconds of Dynamo tracing each
+    compile otherwise).
+    """
+    registry = state.registry
+    targets = registry.function_targets()
+    known = {target: _names_and_file(target) for target in targets}
+    # (name, file) of each function that is itself a registered target with a kernel here
+    served: set[tuple[str, str]] = set()
+    for target, names_file in known.items():
+        if names_file is not None and names_file[1] is not None and \
+                select_function_kernel(registry, target, state.device, state.mode, allow_uncompilable=True).ok:
+            served.update((name, names_file[1]) for name in names_file[0])
+    needed = []
+    for target, names_file in known.items():
+        anywhere = any(r.match_anywhere for modes in registry.function_registrations(target).values()
+                       for r in modes.values())
+        if anywhere or names_file is None:
+            needed.append(target)
+            continue
+        names, own_file = names_file
+        calls = {(name, filename) for name in names for filename in traced.get(name, ())}
+        if any(filename == own_file for _, filename in calls) or not calls <= served:
+            needed.append(target)
+    return needed
 
 
 def match_kind(target: str, nodes: list[fx.Node]) -> str:

@@ -25,7 +25,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ import torch.fx as fx
 
 from ...core.registry import KernelRegistry
 from ...core.swaps import original_function
-from ...core.torch_internals import fake_tensor_logger, tree_leaves
+from ...core.torch_internals import fake_tensor_logger, same_compile_invocation, tree_leaves
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,8 @@ def _dynamo_graph(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[fx.Gr
         root.__code__.replace(co_name=f"_twinkle_pattern_{getattr(fn, '__name__', 'fn')}"),
         {"fn": fn, "__builtins__": __builtins__}, None, None, root.__closure__,
     )
-    torch.compile(fresh, backend=capture, fullgraph=True, dynamic=False)(**kwargs)
+    with same_compile_invocation():  # traced while a later graph of the user's step compiles
+        torch.compile(fresh, backend=capture, fullgraph=True, dynamic=False)(**kwargs)
     if len(captured) != 1:
         raise RuntimeError(f"expected one graph, Dynamo produced {len(captured)}")
     return captured[0]
@@ -223,7 +224,10 @@ def pattern_for(registry: KernelRegistry, target: str) -> TracedPattern | str:
 @dataclass
 class RegisteredPatterns:
     """The registered function targets' patterns, largest first (targets with the same pattern
-    share one entry), and why the other targets have none."""
+    share one entry), and why the other targets have none (targets that could match nothing in the
+    graph are in neither); ``traced_through``: function name -> the files of the functions of that name
+    the graph's calls were inlined from."""
 
     patterns: list[tuple[list[str], TracedPattern]]
     missing: dict[str, str]
+    traced_through: dict[str, set[str]] = field(default_factory=dict)

@@ -20,6 +20,7 @@
 #                twinkle regional and twinkle regional + CUDA graphs (FSDP_BATCH sequences of 1024 per GPU, default
 #                4; FSDP_EXTRA: more flags for the FSDP2 runs, e.g. "--prefetch 2" or "--reshard-after-forward false")
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
+#   gemv         tools/gemv_sweep.py: the decode GEMV kernels against cuBLAS at three model shapes, 1-8 rows
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference
@@ -28,7 +29,7 @@
 # Results (harness JSON stamped with device, versions and $COMMIT, logs) go under $OUT (default ./gpu-out); a JSON
 # that replaces one in docs/performance/ keeps that file's name. Wheels in .whl/ (git-ignored) are installed
 # first, for packages the GPU image lacks (kernels, expecttest, pytest-xdist, liger-kernel, cut-cross-entropy).
-# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S;
+# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S, GEMV_S;
 # each run of the distributed and fsdp jobs by RUN_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +46,7 @@ export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"
 tiny=0
 jobs=()
 for arg in "$@"; do if [ "$arg" = "--tiny" ]; then tiny=1; else jobs+=("$arg"); fi; done
-[ ${#jobs[@]} -gt 0 ] || { sed -n '2,31p' "$0"; exit 2; }
+[ ${#jobs[@]} -gt 0 ] || { sed -n '2,33p' "$0"; exit 2; }
 if [ "$tiny" = 1 ]; then export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1; else unset TRITON_INTERPRET; fi
 status=0
 
@@ -186,6 +187,11 @@ job_fsdp() {
     --baseline "$out/fsdp-single-twinkle-cudagraphs.json" "${losses[@]}"
 }
 
+job_gemv() {
+  timeout "${GEMV_S:-300}" python3 tools/gemv_sweep.py --out "$out/gemv.json" > "$out/gemv.txt" 2>&1 || status=1
+  cat "$out/gemv.txt"
+}
+
 job_check() {
   timeout "${CHECK_S:-400}" python3 -m twinkle_fx check --out "$out/check.json" > "$out/check.txt" 2>&1 || status=1
   tail -40 "$out/check.txt"
@@ -193,7 +199,7 @@ job_check() {
 
 SECONDS=0
 for job in "${jobs[@]}"; do
-  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check"; exit 2; fi
+  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv"; exit 2; fi
   echo "=== $job (${SECONDS} s)"
   "job_$job"
 done

@@ -11,6 +11,7 @@ from .add_gelu import add_gelu, add_gelu_reference
 from .clamped_swiglu import clamped_swiglu, clamped_swiglu_reference
 from .fp32_norm import layer_norm, layer_norm_reference, rms_norm_fp32, rms_norm_fp32_reference
 from .fused_linear_cross_entropy import fused_linear_cross_entropy, fused_linear_cross_entropy_reference
+from .gemv import gemv, gemv_reference, gemv_swiglu, gemv_swiglu_reference
 from .gelu_mul import gelu_and_mul, gelu_and_mul_reference, gelu_mul, gelu_mul_reference
 from .gqa_attention import gqa_attention, gqa_attention_reference
 from .mul_add import mul_add, mul_add_reference
@@ -61,6 +62,10 @@ __all__ = [
     "gelu_and_mul_reference",
     "gelu_mul",
     "gelu_mul_reference",
+    "gemv",
+    "gemv_reference",
+    "gemv_swiglu",
+    "gemv_swiglu_reference",
     "gqa_attention",
     "gqa_attention_reference",
     "layer_norm",

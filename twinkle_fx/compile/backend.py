@@ -3,7 +3,7 @@
 >>> compiled = torch.compile(model, backend="twinkle",
 ...                          options={"compiler": "aot_eager", "mode": "train"})   # doctest: +SKIP
 
-The eight passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``, see
+The nine passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``, see
 :mod:`.pipeline`; one file each in :mod:`.passes`, the region machinery they share in :mod:`.regions`):
 
 1. ``graph_breaks`` (analysis): a graph break inside a registered layer or function is reported;
@@ -15,7 +15,9 @@ The eight passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``
 7. ``attention`` (rewrite): SDPA with a constant causal mask becomes ``is_causal=True`` (flash
    attention, grouped heads), and SDPA on repeated K/V (``repeat_kv``) with a short query (decode)
    one grouped-query attention kernel call;
-8. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
+8. ``decode_gemv`` (rewrite): linears on a few rows (decode) become GEMV kernel calls, with the SwiGLU
+   product and the residual add fused;
+9. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
 
 All but ``graph_breaks`` and ``compiled_root`` also run inside the bodies of activation-checkpoint
 calls (gradient checkpointing in transformers puts each decoder layer there); the calls stay, so
@@ -54,7 +56,7 @@ from .reasons import Reason, ReasonKind
 from .recording import RecordedGraphs, active_recorders, readable
 from .regions.region import module_roots
 from .report import CompileReport, GraphReport, RegionReport, active_reports
-from .passes import attention, function_patterns, gemm_fusion, layer_regions
+from .passes import attention, decode_gemv, function_patterns, gemm_fusion, layer_regions
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("compiled_root", compiled_root.run, rewrites=False, outer_only=True),
     Pass("foreign_forwards", foreign_forwards.run, rewrites=False),
     Pass("attention", attention.run, rewrites=True),
+    Pass("decode_gemv", decode_gemv.run, rewrites=True),
     Pass("gemm_fusion", gemm_fusion.run, rewrites=True),  # last: sees the linears no kernel took
 )
 

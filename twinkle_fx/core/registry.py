@@ -96,6 +96,8 @@ GRAPH_REWRITES: dict[str, str] = {
     "gqa_attention": "scaled_dot_product_attention on key/value repeated to the query's heads (repeat_kv) -> "
                      "twinkle_triton.gqa_attention",
     "fused_projections": "linears that read the same input (q/k/v, gate/up) -> one GEMM on concatenated weights",
+    "decode_gemv": "linears on a few rows (decode) -> twinkle_triton.gemv / gemv_swiglu, with the SwiGLU product "
+                   "and the residual add fused",
 }
 
 

@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 FUSED_PROJECTIONS = "fused_projections"  # its name in the registry
 
 __all__ = ["fuse_projections", "FusedGroup", "FusionLimits", "should_fuse", "AUTO_MIN_IN_FEATURES",
-           "AUTO_INFERENCE_MAX_ROWS", "run"]
+           "AUTO_INFERENCE_MAX_ROWS", "run", "linear_args", "rows_at_most"]
 
 LINEAR_TARGETS = (nn_linear(), torch.nn.functional.linear)
 
@@ -132,7 +132,8 @@ def run(state: PassState) -> list[Outcome]:
     return []
 
 
-def _linear_args(node: fx.Node) -> tuple[fx.Node, object, object] | None:
+def linear_args(node: fx.Node) -> tuple[fx.Node, object, object] | None:
+    """``(input, weight, bias)`` of a linear call (bias None when it has none); None for any other node."""
     if node.op != "call_function" or node.target not in LINEAR_TARGETS:
         return None
     args = list(node.args) + [None] * (3 - len(node.args))
@@ -162,23 +163,23 @@ def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0, max_rows: 
     order = {n: i for i, n in enumerate(graph.nodes)}
     by_input: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.nodes:
-        parsed = _linear_args(node)
+        parsed = linear_args(node)
         if parsed is not None and isinstance(parsed[0], fx.Node) and isinstance(parsed[1], fx.Node):
             by_input.setdefault(parsed[0], []).append(node)
     groups = []
     for x, linears in by_input.items():
-        if max_rows is not None and not _rows_at_most(x, max_rows):
+        if max_rows is not None and not rows_at_most(x, max_rows):
             continue
         # one GEMM per kind: same dtype, device and input width, all with or all without a bias
         kinds: dict[tuple, list[fx.Node]] = {}
         for node in linears:
             if _eligible(node, min_in_features):
-                _, weight, bias = _linear_args(node)
+                _, weight, bias = linear_args(node)
                 value = _value(weight)
                 kinds.setdefault((value.dtype, value.device, value.shape[1], bias is None), []).append(node)
         for same in kinds.values():
-            weights = [_linear_args(n)[1] for n in same]
-            biases = [_linear_args(n)[2] for n in same]
+            weights = [linear_args(n)[1] for n in same]
+            biases = [linear_args(n)[2] for n in same]
             first = min(same, key=order.__getitem__)
             defined = weights + [b for b in biases if b is not None]
             if len(same) >= 2 and all(order[d] < order[first] for d in defined):
@@ -189,7 +190,8 @@ def fuse_projections(gm: fx.GraphModule, *, min_in_features: int = 0, max_rows: 
     return groups
 
 
-def _rows_at_most(x: fx.Node, max_rows: int) -> bool:
+def rows_at_most(x: fx.Node, max_rows: int) -> bool:
+    """Whether ``x`` has at most ``max_rows`` rows (its numel over its last dimension), all its sizes static."""
     value = _value(x)
     if value is None or value.dim() == 0 or not all(isinstance(d, int) for d in value.shape):
         return False  # a symbolic size: reading it would add a guard
@@ -197,7 +199,7 @@ def _rows_at_most(x: fx.Node, max_rows: int) -> bool:
 
 
 def _eligible(node: fx.Node, min_in_features: int) -> bool:
-    _, weight, bias = _linear_args(node)
+    _, weight, bias = linear_args(node)
     value = _value(weight)
     if value is None or value.dim() != 2 or value.shape[1] < min_in_features:
         return False

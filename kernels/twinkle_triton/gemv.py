@@ -1,0 +1,340 @@
+"""Linears on a few rows (decode): ``gemv(x, weights)`` and ``gemv_swiglu(x, gate_weight, up_weight)``.
+
+At a decode step a linear multiplies one token (or a few) by its whole weight: the kernel is a
+stream over the weight, bound by memory bandwidth and, for the small projections, by latency.
+cuBLAS reads these weights at 0.4-1.7 TB/s at the Qwen2-0.5B shape on an H200 (its GEMV for one
+row of 896 against 1152 or 4864 columns), and a transformer layer issues several of them plus the
+kernels around them (a bias, the SwiGLU product, the concatenation of q/k/v weights that a fused
+projection reads). These kernels take those jobs in one launch each:
+
+- ``gemv(x, [wq, wk, wv], [bq, bk, bv])`` is ``x @ cat(weights).T + cat(biases)`` without
+  concatenating anything: each program reads a few rows of one weight (the program index says which),
+  so q, k and v come out of one launch into one ``[..., Nq + Nk + Nv]`` output. ``residual=r`` adds
+  ``r`` in the same pass (a projection followed by the residual add: o_proj, down_proj);
+- ``gemv_swiglu(x, wg, wu)`` is ``silu(x @ wg.T) * (x @ wu.T)``: both weights streamed by the
+  same program, the SwiGLU product computed before anything is written.
+
+Each program computes ``BLOCK_N`` output columns for every row of ``x``: it reads its weight rows
+once in tiles of ``BLOCK_K`` and multiplies each tile with the rows of ``x`` in registers (an fp32
+multiply-add and a reduction along K, no tensor cores: at one row a GEMV has no reuse for them to
+exploit). Results are rounded once, after the bias, the residual or the SwiGLU product; PyTorch
+rounds the GEMV's output first. Every weight and ``x`` are read through their strides (a transposed
+weight is read in place, at a cost in coalescing).
+
+Rows: at most :data:`MAX_ROWS`. The register tile grows with the rows, and past a few rows the
+GEMM of cuBLAS, which reuses each weight tile across rows on tensor cores, wins (the measured
+crossover is in the graph pass that uses these, ``twinkle_fx.compile.passes.decode_gemv``).
+
+Backward: plain PyTorch GEMMs (``grad @ W`` and ``grad.T @ x`` per weight, the SwiGLU derivative on
+the recomputed projections). A decode kernel is rarely differentiated, but a call that is gets the
+exact gradients of its forward.
+"""
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._checks import check_tensors
+from ._launch import cdiv, compute_dtype, interpreting, loop_block, next_power_of_2
+from ._library import define_op, wrap_triton
+
+__all__ = ["MAX_ROWS", "gemv", "gemv_reference", "gemv_swiglu", "gemv_swiglu_reference"]
+
+MAX_ROWS = 16
+MAX_WEIGHTS = 3  # q, k and v
+_TILE = 4096  # BLOCK_M * BLOCK_N * BLOCK_K fp32 products held in registers by one program (32 a thread)
+
+
+@triton.jit
+def _columns(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, block, M, N, K, col0,
+             sxm, sxk, swn, swk, sym, srm, srn,
+             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACC: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Columns ``col0 + block * BLOCK_N ...`` of ``y``: one weight's rows times every row of ``x``."""
+    n = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + m[:, None] * sxm + k[None, :] * sxk, mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + n[:, None].to(tl.int64) * swn + k[None, :] * swk,
+                    mask=(n[:, None] < N) & (k[None, :] < K), other=0.0)
+        acc += tl.sum(x.to(ACC)[:, None, :] * w.to(ACC)[None, :, :], axis=2)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(ACC)[None, :]
+    out = (m[:, None] < M) & (n[None, :] < N)
+    if HAS_RESIDUAL:
+        acc += tl.load(r_ptr + m[:, None] * srm + (col0 + n[None, :]) * srn, mask=out, other=0.0).to(ACC)
+    tl.store(y_ptr + m[:, None] * sym + col0 + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, b0_ptr, b1_ptr, b2_ptr, r_ptr, y_ptr,
+                 M, K, N0, N1, N2, P0, P1,
+                 sxm, sxk, sw0n, sw0k, sw1n, sw1k, sw2n, sw2k, sym, srm, srn,
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACC: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # programs [0, P0) compute weight 0's columns, [P0, P0 + P1) weight 1's, the rest weight 2's
+    pid = tl.program_id(0)
+    if pid < P0:
+        _columns(x_ptr, w0_ptr, b0_ptr, r_ptr, y_ptr, pid, M, N0, K, 0, sxm, sxk, sw0n, sw0k, sym, srm, srn,
+                 HAS_BIAS, HAS_RESIDUAL, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+    elif pid < P0 + P1:
+        _columns(x_ptr, w1_ptr, b1_ptr, r_ptr, y_ptr, pid - P0, M, N1, K, N0, sxm, sxk, sw1n, sw1k, sym, srm, srn,
+                 HAS_BIAS, HAS_RESIDUAL, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        _columns(x_ptr, w2_ptr, b2_ptr, r_ptr, y_ptr, pid - P0 - P1, M, N2, K, N0 + N1, sxm, sxk, sw2n, sw2k,
+                 sym, srm, srn, HAS_BIAS, HAS_RESIDUAL, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, sxm, sxk, sgn, sgk, sun, suk, sym,
+                        ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    gate = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+    up = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + m[:, None] * sxm + k[None, :] * sxk, mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
+        x = x.to(ACC)[:, None, :]
+        wmask = (n[:, None] < N) & (k[None, :] < K)
+        g = tl.load(g_ptr + n[:, None].to(tl.int64) * sgn + k[None, :] * sgk, mask=wmask, other=0.0)
+        u = tl.load(u_ptr + n[:, None].to(tl.int64) * sun + k[None, :] * suk, mask=wmask, other=0.0)
+        gate += tl.sum(x * g.to(ACC)[None, :, :], axis=2)
+        up += tl.sum(x * u.to(ACC)[None, :, :], axis=2)
+    y = gate * tl.sigmoid(gate) * up
+    tl.store(y_ptr + m[:, None] * sym + n[None, :], y.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
+
+
+def _blocks(rows: int, n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K): every row in one tile; 4 weight rows a program (measured best or
+    within a few percent of the best for one row at 0.5B-3B shapes on an H200); K in tiles that keep
+    the register tile at :data:`_TILE` products (``_launch.BLOCK_LIMIT`` caps both blocks, so tests
+    loop over several K tiles and weight-row blocks)."""
+    block_m = next_power_of_2(rows)
+    if interpreting():  # few, large programs: each is a Python loop iteration on the CPU
+        return block_m, loop_block(n, 0), loop_block(k, 0)
+    block_n = 4
+    return block_m, block_n, loop_block(k, max(16, min(1024, next_power_of_2(k), _TILE // (block_m * block_n))))
+
+
+def _flat(x: Tensor) -> Tensor:
+    """``x`` as ``[rows, K]`` (a view where its strides allow one)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def _gemv_impl(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: Tensor | None,
+               b1: Tensor | None, b2: Tensor | None, residual: Tensor | None) -> Tensor:
+    weights = [w for w in (w0, w1, w2) if w is not None]
+    biases = [b.contiguous() if b is not None else None for b in (b0, b1, b2)][:len(weights)]  # read at stride 1
+    widths = [int(w.shape[0]) for w in weights]
+    xf = _flat(x)
+    rows, k = xf.shape
+    y = x.new_empty((*x.shape[:-1], sum(widths)))
+    if y.numel() == 0:
+        return y
+    rf = _flat(residual) if residual is not None else None
+    block_m, block_n, block_k = _blocks(rows, max(widths), k)
+    programs = [cdiv(n, block_n) for n in widths] + [0, 0]
+    ws = weights + [w0] * (MAX_WEIGHTS - len(weights))
+    bs = [b if b is not None else w0 for b in biases] + [w0] * (MAX_WEIGHTS - len(weights))
+    strides = [s for w in ws for s in w.stride()]
+    wrap_triton(_gemv_kernel)[(sum(programs),)](
+        xf, *ws, *bs, rf if rf is not None else xf, y, rows, k, *(widths + [0, 0])[:MAX_WEIGHTS], programs[0],
+        programs[1], xf.stride(0), xf.stride(1), *strides, y.shape[-1],
+        rf.stride(0) if rf is not None else 0, rf.stride(1) if rf is not None else 0,
+        HAS_BIAS=b0 is not None, HAS_RESIDUAL=residual is not None, ACC=compute_dtype(x.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+    )
+    return y
+
+
+def _gemv_fake(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: Tensor | None,
+               b1: Tensor | None, b2: Tensor | None, residual: Tensor | None) -> Tensor:
+    width = sum(int(w.shape[0]) for w in (w0, w1, w2) if w is not None)
+    return x.new_empty((*x.shape[:-1], width))
+
+
+def _gemv_setup_context(ctx, inputs, output):
+    x, w0, w1, w2, b0, b1, b2, residual = inputs
+    ctx.save_for_backward(x, w0, w1, w2)
+    ctx.has_bias = [b is not None for b in (b0, b1, b2)]
+    ctx.has_residual = residual is not None
+
+
+def _gemv_backward(ctx, grad):
+    x, *weights = ctx.saved_tensors
+    present = [w for w in weights if w is not None]
+    parts = grad.split([int(w.shape[0]) for w in present], dim=-1)
+    grad_x = sum(part @ w for part, w in zip(parts, present))
+    grad_w = [_flat(part).T @ _flat(x) for part in parts]
+    grad_b = [_flat(part).sum(0) for part in parts]
+    pad = [None] * (MAX_WEIGHTS - len(present))
+    return (grad_x, *(grad_w + pad), *[g if has else None for g, has in zip(grad_b + pad, ctx.has_bias)],
+            grad if ctx.has_residual else None)
+
+
+# Autograd wired by hand (define_op): the backward is a few PyTorch GEMMs over the weights present.
+_gemv_op = define_op(
+    "gemv", _gemv_impl, fake=_gemv_fake, backward=_gemv_backward, setup_context=_gemv_setup_context,
+    reference=lambda *args: _gemv_op_reference(*args),  # defined below
+)
+
+
+def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tensor:
+    xf = _flat(x)
+    rows, k = xf.shape
+    n = int(gate_weight.shape[0])
+    y = x.new_empty((*x.shape[:-1], n))
+    if y.numel() == 0:
+        return y
+    block_m, block_n, block_k = _blocks(rows, n, k)
+    wrap_triton(_gemv_swiglu_kernel)[(cdiv(n, block_n),)](
+        xf, gate_weight, up_weight, y, rows, n, k, xf.stride(0), xf.stride(1), *gate_weight.stride(),
+        *up_weight.stride(), n, ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4,
+    )
+    return y
+
+
+def _gemv_swiglu_fake(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tensor:
+    return x.new_empty((*x.shape[:-1], int(gate_weight.shape[0])))
+
+
+def _gemv_swiglu_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _gemv_swiglu_backward(ctx, grad):
+    x, gate_weight, up_weight = ctx.saved_tensors
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    gate, up = (x @ gate_weight.T).to(acc), (x @ up_weight.T).to(acc)
+    s = torch.sigmoid(gate)
+    grad_gate = (grad.to(acc) * up * s * (1 + gate * (1 - s))).to(x.dtype)
+    grad_up = (grad.to(acc) * gate * s).to(x.dtype)
+    grad_x = grad_gate @ gate_weight + grad_up @ up_weight
+    return grad_x, _flat(grad_gate).T @ _flat(x), _flat(grad_up).T @ _flat(x)
+
+
+# Autograd wired by hand (define_op): the backward recomputes both projections with PyTorch GEMMs.
+_gemv_swiglu_op = define_op(
+    "gemv_swiglu", _gemv_swiglu_impl, fake=_gemv_swiglu_fake, backward=_gemv_swiglu_backward,
+    setup_context=_gemv_swiglu_setup_context,
+    reference=lambda *args: gemv_swiglu_reference(*args),  # defined below
+)
+
+
+def _check_rows(op: str, x: Tensor) -> None:
+    rows = x.numel() // max(x.shape[-1], 1)
+    if rows > MAX_ROWS:
+        raise ValueError(f"{op}: x has {rows} rows (shape {tuple(x.shape)}); the kernel takes at most {MAX_ROWS}. "
+                         "Use torch.nn.functional.linear for more rows (a GEMM reuses the weight across rows).")
+
+
+def _check_weight(op: str, x: Tensor, name: str, w: Tensor, b: Tensor | None = None) -> None:
+    if w.dim() != 2 or w.shape[1] != x.shape[-1] or w.dtype != x.dtype:
+        raise ValueError(f"{op}: {name} is {tuple(w.shape)} {w.dtype}; x is {tuple(x.shape)} {x.dtype}: pass a "
+                         f"2-D weight [out_features, {x.shape[-1]}] of x's dtype.")
+    if b is not None and (b.shape != (w.shape[0],) or b.dtype != x.dtype):
+        raise ValueError(f"{op}: the bias of {name} is {tuple(b.shape)} {b.dtype}; pass [{w.shape[0]}] of x's dtype.")
+
+
+def gemv(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None = None,
+         residual: Tensor | None = None) -> Tensor:
+    """``x @ cat(weights).T + cat(biases) (+ residual)`` in one launch, for ``x`` of a few rows.
+
+    Args:
+        x (`torch.Tensor`): ``[..., K]`` with at most :data:`MAX_ROWS` rows (the product of the
+            leading dimensions); any strides.
+        weights (sequence of `torch.Tensor`): one to three ``[N_i, K]`` weights (a linear's layout),
+            x's dtype and device.
+        biases (sequence of `torch.Tensor` or None, optional): a ``[N_i]`` bias for every weight, or
+            None for none (all or none, like one linear on concatenated weights).
+        residual (`torch.Tensor`, optional): ``[..., sum N_i]``, added before the one rounding.
+
+    Returns:
+        `torch.Tensor`: ``[..., sum N_i]`` in x's dtype; columns in the order of ``weights``.
+
+    Raises:
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: too many rows, no weight or more than three, or a weight, bias or residual
+            whose shape or dtype does not fit x (the error names it).
+
+    Example:
+        ```python
+        qkv = gemv(hidden, [q_proj.weight, k_proj.weight, v_proj.weight],
+                   [q_proj.bias, k_proj.bias, v_proj.bias])          # hidden [1, 1, 896]
+        q, k, v = qkv.split([896, 128, 128], dim=-1)
+        ```
+    """
+    weights = list(weights)
+    biases = [None] * len(weights) if biases is None else list(biases)
+    if not 1 <= len(weights) <= MAX_WEIGHTS or len(biases) != len(weights):
+        raise ValueError(f"gemv: {len(weights)} weight(s) and {len(biases)} bias(es); pass 1 to {MAX_WEIGHTS} "
+                         "weights and one bias (or None) for each.")
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        raise ValueError("gemv: some weights have a bias and some do not; pass a bias for every weight or for none "
+                         "(torch.zeros for a weight without one).")
+    check_tensors("gemv", min_dim=1, x=x, **{f"weights[{i}]": w for i, w in enumerate(weights)},
+                  **{f"biases[{i}]": b for i, b in enumerate(biases)}, residual=residual)
+    _check_rows("gemv", x)
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        _check_weight("gemv", x, f"weights[{i}]", w, b)
+    width = sum(int(w.shape[0]) for w in weights)
+    if residual is not None and (residual.shape != (*x.shape[:-1], width) or residual.dtype != x.dtype):
+        raise ValueError(f"gemv: residual is {tuple(residual.shape)} {residual.dtype}; pass "
+                         f"{(*x.shape[:-1], width)} in x's dtype.")
+    padded = weights + [None] * (MAX_WEIGHTS - len(weights))
+    return _gemv_op(x, *padded, *(biases + [None] * (MAX_WEIGHTS - len(biases))), residual)
+
+
+def gemv_swiglu(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tensor:
+    """``silu(x @ gate_weight.T) * (x @ up_weight.T)`` in one launch, for ``x`` of a few rows.
+
+    Args:
+        x (`torch.Tensor`): ``[..., K]`` with at most :data:`MAX_ROWS` rows; any strides.
+        gate_weight (`torch.Tensor`): ``[N, K]``, x's dtype and device (gate_proj's weight).
+        up_weight (`torch.Tensor`): ``[N, K]``, likewise (up_proj's weight).
+
+    Returns:
+        `torch.Tensor`: ``[..., N]`` in x's dtype.
+
+    Raises:
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: too many rows, or a weight whose shape or dtype does not fit x (the error names it).
+
+    Example:
+        ```python
+        out = down_proj(gemv_swiglu(hidden, gate_proj.weight, up_proj.weight))   # hidden [1, 1, 896]
+        ```
+    """
+    check_tensors("gemv_swiglu", min_dim=1, x=x, gate_weight=gate_weight, up_weight=up_weight)
+    _check_rows("gemv_swiglu", x)
+    _check_weight("gemv_swiglu", x, "gate_weight", gate_weight)
+    _check_weight("gemv_swiglu", x, "up_weight", up_weight)
+    if up_weight.shape != gate_weight.shape:
+        raise ValueError(f"gemv_swiglu: gate_weight is {tuple(gate_weight.shape)}, up_weight {tuple(up_weight.shape)}; "
+                         "pass two weights of one shape.")
+    return _gemv_swiglu_op(x, gate_weight, up_weight)
+
+
+def gemv_reference(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None = None,
+                   residual: Tensor | None = None) -> Tensor:
+    """Plain PyTorch ``gemv``."""
+    biases = [None] * len(weights) if biases is None else biases
+    y = torch.cat([torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases)], dim=-1)
+    return y if residual is None else y + residual
+
+
+def _gemv_op_reference(x, w0, w1, w2, b0, b1, b2, residual):
+    present = [(w, b) for w, b in zip((w0, w1, w2), (b0, b1, b2)) if w is not None]
+    return gemv_reference(x, [w for w, _ in present], [b for _, b in present], residual)
+
+
+def gemv_swiglu_reference(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tensor:
+    """Plain PyTorch ``gemv_swiglu``."""
+    return torch.nn.functional.silu(x @ gate_weight.T) * (x @ up_weight.T)

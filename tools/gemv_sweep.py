@@ -1,0 +1,72 @@
+"""The decode GEMV kernels against cuBLAS at the projections of three model shapes, one and a few rows.
+
+Each row times ``twinkle_triton.gemv`` (q/k/v in one launch, o and down with the residual add,
+the LM head) or ``gemv_swiglu`` (gate and up with the SwiGLU product) against what the graph runs
+without them: ``F.linear`` per weight (cuBLAS) on pre-concatenated q/k/v weights, or on the gate and
+up weights with ``silu(g) * u`` after. Times are CUDA-graph replays (``triton.testing.do_bench_cudagraph``:
+no launch gaps, as inside the decode loop's graph); GB/s is the weights' bytes over that time. The
+rows where the kernels win are what ``twinkle_fx.compile.passes.decode_gemv.AUTO_MAX_ROWS`` admits.
+
+    python tools/gemv_sweep.py --out gemv.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench_cudagraph
+
+import twinkle_triton as tt
+from twinkle_fx.core.outputs import output_file
+from twinkle_fx.measure.environment import describe_environment
+
+# shape name -> (hidden, intermediate, q width, kv width, vocab)
+SHAPES = {"qwen2-0.5b": (896, 4864, 896, 128, 151936), "llama-3.2-1b": (2048, 8192, 2048, 512, 128256),
+          "llama-3.2-3b": (3072, 8192, 3072, 1024, 128256)}
+
+
+def _cases(hidden, inter, q, kv, vocab, rows, dtype):
+    def w(n, k):
+        return torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+
+    x, xi = torch.randn(rows, hidden, device="cuda", dtype=dtype), torch.randn(rows, inter, device="cuda", dtype=dtype)
+    wq, wk, wv, wo, wg, wu, wd, wl = w(q, hidden), w(kv, hidden), w(kv, hidden), w(hidden, q), w(inter, hidden), \
+        w(inter, hidden), w(hidden, inter), w(vocab, hidden)
+    qkv = torch.cat([wq, wk, wv])
+    res = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+    return {
+        "qkv": (lambda: tt.gemv(x, [wq, wk, wv]), lambda: F.linear(x, qkv), qkv.numel()),
+        "o + residual": (lambda: tt.gemv(x, [wo], residual=res), lambda: res + F.linear(x, wo), wo.numel()),
+        "gate/up swiglu": (lambda: tt.gemv_swiglu(x, wg, wu), lambda: F.silu(F.linear(x, wg)) * F.linear(x, wu),
+                           2 * wg.numel()),
+        "down + residual": (lambda: tt.gemv(xi, [wd], residual=res), lambda: res + F.linear(xi, wd), wd.numel()),
+        "lm_head": (lambda: tt.gemv(x, [wl]), lambda: F.linear(x, wl), wl.numel()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, type=output_file)
+    parser.add_argument("--rows", default="1,2,4,8", help="comma-separated row counts (at most 16)")
+    args = parser.parse_args()
+    dtype, results = torch.bfloat16, []
+    print(f"{'shape':14s} {'projection':16s} rows  cuBLAS us  GB/s | gemv us  GB/s | speedup")
+    for name, dims in SHAPES.items():
+        for rows in (int(r) for r in args.rows.split(",")):
+            for what, (ours, theirs, numel) in _cases(*dims, rows, dtype).items():
+                torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
+                t_ours, t_theirs = do_bench_cudagraph(ours) * 1e3, do_bench_cudagraph(theirs) * 1e3
+                nbytes = numel * torch.finfo(dtype).bits // 8
+                results.append({"shape": name, "projection": what, "rows": rows, "cublas_us": t_theirs,
+                                "gemv_us": t_ours, "speedup": t_theirs / t_ours})
+                print(f"{name:14s} {what:16s} {rows:4d} {t_theirs:10.1f} {nbytes / t_theirs / 1e3:5.0f} | "
+                      f"{t_ours:7.1f} {nbytes / t_ours / 1e3:5.0f} | {t_theirs / t_ours:5.2f}x", flush=True)
+    with open(args.out, "w") as f:
+        json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16", "rows": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,8 +10,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["COMPILED", "RankSwaps", "RunResult", "describe", "describe_args", "kernel_swaps_compiled", "load_baseline",
-           "table"]
+__all__ = ["COMPILED", "RankSwaps", "RunResult", "communication_row", "describe", "describe_args",
+           "kernel_swaps_compiled", "load_baseline", "table"]
 # the --backend values that compile
 COMPILED = ("inductor", "twinkle", "kernelize+twinkle")
 
@@ -58,6 +58,9 @@ class RunResult:
     step_ms: list[float] = field(default_factory=list)
     peak_gib: list[float | None] = field(default_factory=list)  # per rank: torch.cuda.max_memory_allocated
     cudagraphs: list[str] = field(default_factory=list)  # per rank, --cudagraphs: cudagraph_tree_summary()
+    sharding: str = ""  # FSDP2: a decoder layer parameter's placements and mesh, as fully_shard made them
+    # per rank, --profile on GPUs: twinkle_fx.measure.overlap.CommunicationOverlap.to_json() of the profiled steps
+    communication: list[dict[str, Any] | None] = field(default_factory=list)
 
     @property
     def _steady(self) -> list[float]:
@@ -106,6 +109,8 @@ def describe_args(args: argparse.Namespace, world: int, device: Any) -> str:
 
 def _describe(a: dict[str, Any], world: int, device: str) -> str:
     where = "1 device, no wrapper" if a["parallel"] == "none" else f"{a['parallel']} x {world}"
+    replicas = a.get("replicate", 1)
+    where += f" (HSDP: {replicas} replicas x {world // replicas} shards)" if replicas > 1 else ""
     where = f"{a.get('model', 'qwen2')} {a['size']} · {where}"
     backend = a["backend"] + (f" ({a['compiler']})" if a["backend"].endswith("twinkle") else "")
     backend += ", regional" if a["regional"] else ""
@@ -117,8 +122,12 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
     parts += ["activation checkpointing"] if a["checkpoint"] else []
     reshard = a.get("reshard_after_forward", True)
     parts += ["no reshard after forward"] if reshard is False else []
-    parts += [f"reshard after forward to {reshard} ranks"] if not isinstance(reshard, bool) else []
-    parts += [f"prefetch {a['prefetch']} layer(s)"] if a.get("prefetch") else []
+    parts += ["reshard after forward but the last unit"] if reshard == "inner" else []
+    parts += [f"reshard after forward to {reshard} ranks"] if isinstance(reshard, int) and not isinstance(reshard, bool) else []
+    parts += [f"{a['layers_per_unit']} layers per FSDP unit"] if a.get("layers_per_unit", 1) > 1 else []
+    parts += [f"reduce in {a['reduce_dtype']}"] if a.get("reduce_dtype") else []
+    unit = "layer(s)" if a.get("layers_per_unit", 1) == 1 else "unit(s)"
+    parts += [f"prefetch {a['prefetch']} {unit}"] if a.get("prefetch") else []
     parts += ["fused AdamW"] if a.get("fused_adamw") else []
     parts += ["tied embedding reduced early"] if a.get("tied_embedding_ddp") else []
     parts += ["all-reduce comm hook"] if a.get("ddp_comm_hook", "none") != "none" else []
@@ -130,6 +139,16 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
         parts.append(f"optimize_ddp {a['optimize_ddp']}")
     parts += ["compiled autograd"] if a["compiled_autograd"] else []
     return " · ".join(parts)
+
+
+def communication_row(comm: dict[str, Any]) -> str:
+    """``41.2 with a collective, 12.3 exposed (AllGather 5.1, ReduceScatter 7.2); compute under it 1.18x``."""
+    kinds = ", ".join(f"{name} {row['exposed_ms']:.1f}" for name, row in comm["collectives"].items())
+    text = f"{comm['communication_ms']:.1f} with a collective, {comm['exposed_ms']:.1f} exposed ({kinds})"
+    text += f"; GPU idle {comm['idle_ms']:.1f}" if comm.get("idle_ms") else ""
+    if comm.get("slowdown") is not None:
+        text += f"; compute under it {comm['slowdown']:.2f}x (+{comm['slowdown_extra_ms']:.1f})"
+    return text
 
 
 def _short(what: str) -> str:
@@ -152,6 +171,11 @@ def table(result: RunResult, baseline: list[RunResult] = ()) -> str:
     ]
     if result.cudagraphs:
         rows.append(("CUDA graphs (rank 0)", result.cudagraphs[0]))
+    if result.sharding:
+        rows.append(("FSDP2 sharding (a layer's parameter)", result.sharding))
+    for rank, comm in enumerate(result.communication):
+        if comm:
+            rows.append((f"communication ms/step, rank {rank} (profiled)", communication_row(comm)))
     first = result.swaps[0]
     if first.swapped:
         rows.append(("swapped (rank 0)", ", ".join(f"{n} x {_short(w)}" for w, n in sorted(first.swapped.items()))))

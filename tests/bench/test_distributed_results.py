@@ -76,3 +76,24 @@ def test_profiled_communication_has_a_row_per_rank():
     result.communication = [overlap, overlap]
     text = table(result)
     assert "| communication ms/step, rank 1 (profiled) | 10.0 with a collective, 4.0 exposed (AllGather 4.0)" in text
+
+
+def test_a_gpu_profile_adds_its_exposed_communication_to_the_report(tmp_path):
+    """On a GPU the profiled steps' trace is read for its kernels (the CPU has none: no summary there)."""
+    import torch
+
+    from twinkle_fx.bench.distributed import _communication
+    from twinkle_fx.bench.profile import ProfileSummary
+
+    trace, report = tmp_path / "profile_trace.json", tmp_path / "profile_report.txt"
+    events = [{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "ts": 0, "dur": 9000,
+               "args": {"device": 1, "stream": 24}},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 3000, "args": {"device": 1, "stream": 7}}]
+    trace.write_text(json.dumps({"traceEvents": events}))
+    report.write_text("top kernels\n")
+    summary = ProfileSummary(steps=3, host_ms_per_step=1.0, device_ms_per_step=1.0, launches_per_step=1.0,
+                             trace=str(trace), report=str(report))
+    assert _communication(summary, torch.device("cpu")) is None
+    comm = _communication(summary, torch.device("cuda", 1))
+    assert comm["exposed_ms"] == pytest.approx(2.0) and comm["collectives"]["ReduceScatter"]["calls"] == pytest.approx(1 / 3)
+    assert report.read_text().startswith("top kernels\n\ncommunication per step (NCCL kernels, 3 step(s)):")

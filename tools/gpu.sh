@@ -164,7 +164,8 @@ job_fsdp() {
   # the per-GPU batch on one GPU: 62 GiB of activations at 8 x 1024 per GPU) checkpoints its activations: it is
   # timed by no ratio, and checkpointing recomputes the same values.
   # Time: a run is ~40-70 s (start, model, one layer's compile, 12 steps); the four 1-GPU runs go two at a time, one
-  # per GPU (each GPU runs one process; they share only the host), then the three FSDP2 runs: ~6 min on 2 H100s.
+  # per GPU (each GPU runs one process; they share only the host, half its cores each), then the three FSDP2 runs:
+  # ~6 min on 2 H100s.
   # The job stops starting runs FSDP_S seconds (default 520) after it began, so it ends inside a 10-minute call.
   local ex=(-m twinkle_fx.bench.distributed) shape two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
   local cg=() batch=${FSDP_BATCH:-4} seq=1024 budget=${FSDP_S:-520} gpu=cpu
@@ -192,13 +193,22 @@ job_fsdp() {
   local twinkle=(--backend twinkle --regional --fused-adamw "${shape[@]}")
   [ "$tiny" = 1 ] && twinkle+=(--compiler aot_eager)
   local single=(python3 "${ex[@]}" --parallel none)
-  # the two lanes of 1-GPU runs, one per GPU (on CPU processes one after the other: two shared cores)
+  # the two lanes of 1-GPU runs, one per GPU (on CPU processes one after the other: two shared cores). Each lane
+  # has half the host's cores, its Inductor compile workers included, so one lane compiling never takes the CPU
+  # from the other's timed steps
+  local half=$(( $(nproc) / 2 ))
+  pin() {  # pin FIRST: this lane (a subshell) and what it starts on cores FIRST..FIRST+half-1
+    command -v taskset >/dev/null && taskset -pc "$1-$(( $1 + half - 1 ))" "$BASHPID" >/dev/null
+    export TORCHINDUCTOR_COMPILE_THREADS=$(( half > 2 ? half - 1 : 1 ))
+  }
   lane0() {
+    [ "$tiny" = 1 ] || pin 0
     fsdp_run fsdp-single-inductor "${single[@]}" "${inductor[@]}"
     fsdp_run fsdp-single-twinkle-cudagraphs "${single[@]}" "${twinkle[@]}" "${cg[@]}"
     return $status
   }
   lane1() {
+    [ "$tiny" = 1 ] || pin "$half"
     fsdp_run fsdp-single-twinkle "${single[@]}" "${twinkle[@]}"
     # the 2-GPU global batch on one GPU: the losses every FSDP2 run is compared with
     fsdp_run fsdp-global "${single[@]}" "${twinkle[@]}" --batch $(( 2 * batch )) --checkpoint

@@ -33,11 +33,14 @@ overwritten by the next replay, pytorch/pytorch#169545; a single-device step wit
 the graph's gradients as they are; under FSDP2 the twinkle backend copies the gathered parameters into the
 graphs at each replay, since FSDP2 gathers them into new memory every step, ``--backend inductor`` is refused
 (it would record the graphs again every step) and so is ``--accum``). FSDP2's own choices:
-``--reshard-after-forward true|false|N``, ``--prefetch N`` (explicit all-gather prefetching), ``--fused-adamw``
+``--reshard-after-forward true|false|inner|N``, ``--prefetch N`` (explicit all-gather prefetching),
+``--layers-per-unit N`` (decoder layers per ``fully_shard`` unit), ``--reduce-dtype fp32|bf16`` (the gradients'
+collectives), ``--replicate N`` (HSDP: a (replicate, shard) mesh of N replicas, one per host), ``--fused-adamw``
 (the fused optimizer on the shards). DDP's own costs: ``--ddp-comm-hook allreduce`` (one division per bucket
 instead of one per gradient), ``--no-broadcast-buffers``, ``--ddp-static-graph``, ``--grad-as-bucket-view``.
 ``--profile DIR`` runs three more steps under torch.profiler on every rank and writes a Chrome trace and a
-report (device vs wall time, top kernels, NCCL included) per rank.
+report (device vs wall time, top kernels, NCCL included) per rank; on GPUs the report and the table add the
+rank's exposed communication (:mod:`twinkle_fx.measure.overlap`).
 
 Run on GPUs (NCCL), the reference sizes:
 
@@ -53,6 +56,12 @@ for the losses), then the 2-GPU run compared with them:
         --out single.json
     torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --size reference --parallel ddp --backend twinkle \
         --baseline single.json --out ddp.json
+
+HSDP on 2 hosts of 8 GPUs (the same command on each; HEAD: the first host's address):
+
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 --rdzv-id run1 \
+        -m twinkle_fx.bench.distributed --model llama3b --size reference --parallel fsdp2 --replicate 2 \
+        --backend twinkle --regional --fused-adamw
 
 Without a GPU (gloo on CPU, the Triton kernels through the interpreter), the tiny size (the default):
 

@@ -83,8 +83,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                              "gathered parameters held at once")
     parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default=None,
                         help="FSDP2 MixedPrecisionPolicy(reduce_dtype=...): the dtype gradients are reduce-scattered "
-                             "(and, with --replicate, all-reduced) in; fp32 reduces bf16 gradients without rounding "
-                             "the sum at twice the bytes. Default: the gradients' own dtype (fp32 with "
+                             "(and, with --replicate, all-reduced) in; fp32 sums bf16 gradients in fp32 (rounded to "
+                             "bf16 once, not at every hop of the ring) at twice the bytes. Default: the gradients' own dtype (fp32 with "
                              "--mixed-precision)")
     parser.add_argument("--replicate", type=_positive, default=1, metavar="N",
                         help="FSDP2 on a 2-D device mesh (HSDP): N replicas, each sharding the model over world/N "

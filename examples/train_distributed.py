@@ -2,10 +2,16 @@
 
     torchrun --nproc_per_node 2 examples/train_distributed.py --model Qwen/Qwen2.5-3B --parallel fsdp2
     torchrun --nproc_per_node 2 examples/train_distributed.py --tiny      # CPU processes (gloo), a tiny Llama
+    # HSDP on 2 hosts of 8 GPUs: run on each host (HEAD: the first host's address)
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 --rdzv-id run1 \
+        examples/train_distributed.py --model Qwen/Qwen2.5-3B --parallel fsdp2 --replicate 2
 
 The built-in kernels of the model's family (norms, MLP, rotary embedding, fused LM-head loss) are bound, then
 every decoder layer is compiled with ``backend="twinkle"`` (``compile_layers``: one graph the layers share)
-before DDP or ``fully_shard`` wraps the model. The steps train on random tokens; put your data loader there.
+before DDP or ``fully_shard`` wraps the model. ``--replicate N`` runs FSDP2 on a 2-D device mesh (HSDP): N replicas of
+world/N ranks each, the parameters sharded within a replica and replicated across replicas; with N the number of
+hosts, the all-gathers and reduce-scatters stay on each host's fast links and only one all-reduce of the gradient
+shards crosses hosts. The steps train on random tokens; put your data loader there.
 The benchmark behind the measured numbers is ``python -m twinkle_fx.bench.distributed`` (docs/distributed.md).
 """
 
@@ -35,6 +41,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=None, help="sequences per GPU (default 4; 2 with --tiny)")
     parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 1024; 16 with --tiny)")
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--replicate", type=int, default=1, metavar="N",
+                        help="FSDP2 only: HSDP with N replicas (the number of hosts), each sharding over world/N ranks")
     return parser.parse_args()
 
 
@@ -57,6 +65,9 @@ def main() -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if args.replicate != 1 and (args.parallel != "fsdp2" or args.replicate < 1 or world % args.replicate):
+        raise SystemExit(f"--replicate {args.replicate}: HSDP needs --parallel fsdp2 and a divisor of the {world} "
+                         "processes (the number of hosts, each running the same --nproc-per-node)")
 
     model = load_model(args, device).train()
     # the built-in kernels of the model's family (a family is found by its config's model_type: gemma3 -> gemma3_text)
@@ -69,11 +80,19 @@ def main() -> None:
     # Inductor on a GPU; on the CPU aot_eager (Inductor's C++ build takes minutes on a few cores)
     compile_layers(model, layers=layers, options={"compiler": "inductor" if cuda else "aot_eager"})
     if args.parallel == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # (replicate, shard): ranks fill the mesh row by row and torchrun numbers them host by host, so each
+        # shard group is one host's processes; without replicas, a 1-D mesh (no all-reduce across replicas)
+        if args.replicate > 1:
+            mesh = init_device_mesh(device.type, (args.replicate, world // args.replicate),
+                                    mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
         for layer in layers:  # one all-gather / reduce-scatter group per decoder layer, the rest on the root
-            fully_shard(layer)
-        wrapped = fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)
     else:
         from torch.nn.parallel import DistributedDataParallel
 

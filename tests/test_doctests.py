@@ -47,6 +47,7 @@ MODULES = (
     "twinkle_fx.testing",
     "twinkle_fx.compile.recording",
     "twinkle_fx.measure.kernel_timing",
+    "twinkle_fx.measure.overlap",
     "twinkle_fx.eager.function_patches",
     "twinkle_fx.eager.kernelize",
     "twinkle_fx.eager.plan",

@@ -17,8 +17,12 @@
 #   distributed  2 GPUs (NCCL): single-GPU baselines, DDP with per-layer CUDA graphs (plain and with DDP's recipe,
 #                then with the tied embedding reduced early), FSDP2 with and without graphs and the fused-loss head
 #   fsdp         2 GPUs (NCCL), the Llama-3.2-3B shape: 1 GPU then FSDP2 on 2, each as torch.compile regional,
-#                twinkle regional and twinkle regional + CUDA graphs (FSDP_BATCH sequences of 1024 per GPU, default
-#                4; FSDP_EXTRA: more flags for the FSDP2 runs, e.g. "--prefetch 2" or "--reshard-after-forward false")
+#                twinkle regional and twinkle regional + CUDA graphs, the FSDP2 runs with the recipe's knobs
+#                (--reshard-after-forward inner --prefetch 1 --reduce-dtype fp32) and one of them profiled
+#                (exposed communication per rank); one JSON of all runs, fsdp-llama3b-<B>x1024-<gpu>.json, for
+#                docs/performance/ (FSDP_BATCH sequences of 1024 per GPU, default 4; FSDP_EXTRA: more flags for the
+#                FSDP2 runs, overriding the knobs, e.g. "--prefetch 2" or "--layers-per-unit 2"; FSDP_PROFILE: the
+#                run profiled, default fsdp2-twinkle, "none" for none; FSDP_S: the job's time, default 520 s)
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
 #   gemv         tools/gemv_sweep.py: the decode GEMV kernels against cuBLAS at three model shapes, 1-8 rows
 #
@@ -46,7 +50,7 @@ export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"
 tiny=0
 jobs=()
 for arg in "$@"; do if [ "$arg" = "--tiny" ]; then tiny=1; else jobs+=("$arg"); fi; done
-[ ${#jobs[@]} -gt 0 ] || { sed -n '2,33p' "$0"; exit 2; }
+[ ${#jobs[@]} -gt 0 ] || { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; }  # the header above
 if [ "$tiny" = 1 ]; then export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS=1; else unset TRITON_INTERPRET; fi
 status=0
 
@@ -150,41 +154,99 @@ job_fsdp() {
   # Memory per GPU, Llama-3.2-3B shape: 3.213 B parameters (28 layers of 100.7 M, 192 MiB each in bf16; the tied
   # embedding 394 M). Pure bf16 with AdamW keeps 8 bytes a parameter (weight, gradient, exp_avg, exp_avg_sq):
   # 23.9 GiB on one GPU, 12.0 GiB per GPU sharded over 2 (fp32 master weights, --mixed-precision, would double
-  # both and leave one GPU nothing to compare with, so both run in bf16). Activations kept for the backward, about
-  # 90 KB a token and layer in bf16 (3 x 8192 MLP + 6 x 3072 + 2048 k/v elements), 2.4 MiB a token over 28 layers:
-  # 9.6 GiB for 4 x 1024 tokens; torch.compile's loss adds up to 4 GiB of logits (4096 x 128256, bf16, fp32 in
-  # the loss and its gradient), the fused-loss head about none. One GPU, 4 x 1024: 24 + 9.6 + 4 = 38 GiB; the
-  # global-batch run (8 x 1024, the loss reference): 24 + 19 + 8 = 51 GiB; FSDP2, 4 x 1024 per GPU: 12 + 9.6 + 4
-  # + the gathered layers and root (~1.5 GiB) = 27 GiB; with CUDA graphs each layer's forward and backward graph
-  # keeps its own copy of the gathered parameters (56 x 192 MiB = 10.5 GiB; at the Qwen2-0.5B shape the same
-  # copies, 48 x 30 MB, measured +1.3 GiB): 38 GiB at most. All fit 80 GB without activation checkpointing, so
-  # no run uses --checkpoint.
-  # Time: ~1 min a run (start, model, one layer's compile, 12 steps), 7 runs: ~7-8 min on 2 H100.
+  # both and leave one GPU nothing to compare with, so both run in bf16; the FSDP2 runs reduce-scatter the bf16
+  # gradients in fp32, --reduce-dtype fp32: the sums are rounded to bf16 once, not at every hop of the ring,
+  # as torchtitan does). Activations kept for the
+  # backward, about 90 KB a token and layer in bf16 (3 x 8192 MLP + 6 x 3072 + 2048 k/v elements), 2.4 MiB a token
+  # over 28 layers: 9.6 GiB for 4 x 1024 tokens; torch.compile's loss adds up to 4 GiB of logits (4096 x 128256,
+  # bf16, fp32 in the loss and its gradient), the fused-loss head about none. One GPU, 4 x 1024: 24 + 9.6 + 4 =
+  # 38 GiB (8 x 1024: 52); FSDP2, 4 x 1024 per GPU: 12 + 9.6 + 4 + the gathered layers and root (~1.5 GiB) = 27 GiB;
+  # with CUDA graphs each layer's forward and backward graph keeps its own copy of the gathered parameters
+  # (56 x 192 MiB = 10.5 GiB): 38 GiB at most (8 x 1024: 52). The global-batch run (the losses' reference, twice
+  # the per-GPU batch on one GPU: 62 GiB of activations at 8 x 1024 per GPU) checkpoints its activations: it is
+  # timed by no ratio, and checkpointing recomputes the same values.
+  # Time: a run is ~40-70 s (start, model, one layer's compile, 12 steps); the four 1-GPU runs go two at a time, one
+  # per GPU (each GPU runs one process; they share only the host, half its cores each), then the three FSDP2 runs:
+  # ~6 min on 2 H100s.
+  # The job stops starting runs FSDP_S seconds (default 520) after it began, so it ends inside a 10-minute call.
   local ex=(-m twinkle_fx.bench.distributed) shape two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
-  local cg=() RUN_S=${RUN_S:-120}
+  local cg=() batch=${FSDP_BATCH:-4} seq=1024 budget=${FSDP_S:-520} gpu=cpu
+  local start=$SECONDS
+  rm -rf "$out"/fsdp-*.json "$out"/fsdp2-*.json "$out/fsdp-profile"  # an earlier job's runs are no baseline of these
   if [ "$tiny" = 1 ]; then
     # the same sequence on CPU processes (gloo); no CUDA graphs there, so the "-cudagraphs" rows run without them.
     # Inductor's CPU compile of the torch.compile rows takes minutes on 2 shared cores
     shape=(--model llama3b --size tiny --batch 1 --seq 8 --steps 3)
-    RUN_S=$(( RUN_S > 400 ? RUN_S : 400 ))
+    batch=1 seq=8 budget=${FSDP_S:-3000}
   else
-    shape=(--model llama3b --size reference --batch "${FSDP_BATCH:-4}" --seq 1024 --steps 12)
+    shape=(--model llama3b --size reference --batch "$batch" --seq "$seq" --steps 12)
     cg=(--cudagraphs)
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[a-z][0-9]{2,3}' | head -1 \
+      | tr 'A-Z' 'a-z')
     nvidia-smi topo -m 2>/dev/null | head -4
   fi
+  fsdp_run() {  # fsdp_run NAME COMMAND...: distributed_run within what is left of the job's time
+    local left=$(( budget - (SECONDS - start) ))
+    if [ "$left" -lt 45 ]; then echo "### $1: not run, ${left} s left of FSDP_S=$budget"; status=1; return; fi
+    RUN_S=$(( left < ${RUN_S:-150} ? left : ${RUN_S:-150} )) distributed_run "$@"
+  }
   local inductor=(--backend inductor --regional --fused-adamw "${shape[@]}")
   # twinkle's inner compiler: Inductor on the GPU, aot_eager on CPU processes (Inductor's C++ build takes minutes)
   local twinkle=(--backend twinkle --regional --fused-adamw "${shape[@]}")
   [ "$tiny" = 1 ] && twinkle+=(--compiler aot_eager)
-  distributed_run fsdp-single-inductor python3 "${ex[@]}" --parallel none "${inductor[@]}"
-  # --compare-single 2 adds the 2-GPU global batch on one GPU: the losses every FSDP2 run is compared with
-  distributed_run fsdp-single-twinkle python3 "${ex[@]}" --parallel none "${twinkle[@]}" --compare-single 2
-  distributed_run fsdp-single-twinkle-cudagraphs python3 "${ex[@]}" --parallel none "${twinkle[@]}" "${cg[@]}"
-  local fsdp=("${two[@]}" "${ex[@]}" --parallel fsdp2 ${FSDP_EXTRA:-}) losses=(--baseline "$out/fsdp-single-twinkle.json")
-  distributed_run fsdp2-inductor "${fsdp[@]}" "${inductor[@]}" --baseline "$out/fsdp-single-inductor.json" "${losses[@]}"
-  distributed_run fsdp2-twinkle "${fsdp[@]}" "${twinkle[@]}" "${losses[@]}"
-  distributed_run fsdp2-twinkle-cudagraphs "${fsdp[@]}" "${twinkle[@]}" "${cg[@]}" \
-    --baseline "$out/fsdp-single-twinkle-cudagraphs.json" "${losses[@]}"
+  local single=(python3 "${ex[@]}" --parallel none)
+  # the two lanes of 1-GPU runs, one per GPU (on CPU processes one after the other: two shared cores). Each lane
+  # has half the host's cores, its Inductor compile workers included, so one lane compiling never takes the CPU
+  # from the other's timed steps
+  local half=$(( $(nproc) / 2 ))
+  pin() {  # pin FIRST: this lane (a subshell) and what it starts on cores FIRST..FIRST+half-1
+    command -v taskset >/dev/null && taskset -pc "$1-$(( $1 + half - 1 ))" "$BASHPID" >/dev/null
+    export TORCHINDUCTOR_COMPILE_THREADS=$(( half > 2 ? half - 1 : 1 ))
+  }
+  lane0() {
+    [ "$tiny" = 1 ] || pin 0
+    fsdp_run fsdp-single-inductor "${single[@]}" "${inductor[@]}"
+    fsdp_run fsdp-single-twinkle-cudagraphs "${single[@]}" "${twinkle[@]}" "${cg[@]}"
+    return $status
+  }
+  lane1() {
+    [ "$tiny" = 1 ] || pin "$half"
+    fsdp_run fsdp-single-twinkle "${single[@]}" "${twinkle[@]}"
+    # the 2-GPU global batch on one GPU: the losses every FSDP2 run is compared with
+    fsdp_run fsdp-global "${single[@]}" "${twinkle[@]}" --batch $(( 2 * batch )) --checkpoint
+    return $status
+  }
+  if [ "$tiny" = 1 ]; then
+    lane0; lane1
+  else
+    CUDA_VISIBLE_DEVICES=0 lane0 > "$out/fsdp-lane0.txt" 2>&1 & local pid0=$!
+    CUDA_VISIBLE_DEVICES=1 lane1 > "$out/fsdp-lane1.txt" 2>&1 & local pid1=$!
+    wait $pid0 || status=1
+    wait $pid1 || status=1
+    cat "$out/fsdp-lane0.txt" "$out/fsdp-lane1.txt"
+  fi
+  # the recipe's knobs (FSDP_EXTRA comes after them, so it overrides any): the last layer kept gathered into its
+  # backward, the next layer's all-gather issued one layer ahead, fp32 gradient reduction
+  local knobs=(--reshard-after-forward inner --prefetch 1 --reduce-dtype fp32)
+  local fsdp=("${two[@]}" "${ex[@]}" --parallel fsdp2 "${knobs[@]}" ${FSDP_EXTRA:-})
+  distributed_one() {  # distributed_one NAME TWIN COMMAND...: an FSDP2 run against its twin and the global batch (the
+    # files that exist: a baseline that failed leaves its comparison out, not the run), profiled if FSDP_PROFILE's
+    local name=$1 twin=$2 f extra=(); shift 2
+    for f in "$out/$twin.json" "$out/fsdp-global.json"; do [ -f "$f" ] && extra+=(--baseline "$f"); done
+    # 3 more steps under torch.profiler after the timed ones: a trace and report per rank
+    [ "$name" = "${FSDP_PROFILE:-fsdp2-twinkle}" ] && extra+=(--profile "$out/fsdp-profile")
+    fsdp_run "$name" "$@" "${extra[@]}"
+  }
+  distributed_one fsdp2-inductor fsdp-single-inductor "${fsdp[@]}" "${inductor[@]}"
+  distributed_one fsdp2-twinkle fsdp-single-twinkle "${fsdp[@]}" "${twinkle[@]}"
+  distributed_one fsdp2-twinkle-cudagraphs fsdp-single-twinkle-cudagraphs "${fsdp[@]}" "${twinkle[@]}" "${cg[@]}"
+  # one record of every run, named for docs/performance/
+  local record="$out/fsdp-llama3b-${batch}x${seq}-${gpu:-gpu}.json" names=() name
+  for name in fsdp-single-inductor fsdp-single-twinkle fsdp-single-twinkle-cudagraphs fsdp-global fsdp2-inductor \
+      fsdp2-twinkle fsdp2-twinkle-cudagraphs; do names+=("$name=$out/$name.json"); done
+  echo "### $record (for docs/performance/)"
+  python3 -m twinkle_fx.bench.distributed_results --out "$record" "${names[@]}" || status=1
+  grep -h -A12 "^communication per step" "$out"/fsdp-profile/rank*/profile_report.txt 2>/dev/null
 }
 
 job_gemv() {

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,6 +42,61 @@ def launch(target: list[str], *, timeout: int, env: dict[str, str] | None = None
                 from None
     assert process.returncode == 0, stdout[-3000:] + stderr[-6000:]
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def launch_nodes(target: list[str], *, nodes: int, nproc_per_node: int, timeout: int,
+                 env: dict[str, str] | None = None) -> list[str]:
+    """``torchrun --nnodes NODES ... TARGET...`` started NODES times on this machine, each launch a "node" of
+    ``nproc_per_node`` CPU processes (gloo), joined by a c10d rendezvous on a free localhost port. Returns each
+    launch's stdout. Fails the test with every launch's output when one exits non-zero (the others are
+    stopped at once instead of waiting on the rendezvous) or when they outlive ``timeout`` seconds."""
+    import tempfile
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    endpoint = f"127.0.0.1:{free_port()}"
+    logs = Path(tempfile.mkdtemp(prefix="nodes-"))
+    processes = []
+    try:
+        for node in range(nodes):
+            # c10d numbers the nodes in the order they join (it ignores --node-rank and says so); the agent's
+            # own address is given, so its workers never depend on what this host's name resolves to
+            command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node",
+                       str(nproc_per_node), "--node-rank", str(node), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                       endpoint, "--rdzv-id", "nodes-test", "--local-addr", "127.0.0.1", *target]
+            # output to files (a full pipe would stall a launch nobody reads yet); a session of its own each,
+            # so a launch stopped here takes its workers with it
+            out, err = open(logs / f"{node}.out", "w"), open(logs / f"{node}.err", "w")
+            processes.append(subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                              text=True, start_new_session=True))
+            out.close(), err.close()
+        deadline = time.monotonic() + timeout
+        failure = ""
+        while any(p.poll() is None for p in processes):
+            failed = [n for n, p in enumerate(processes) if p.returncode not in (None, 0)]
+            if failed:
+                failure = f"node {failed[0]} exited with {processes[failed[0]].returncode}"
+                break
+            if time.monotonic() > deadline:
+                failure = f"the {nodes} launches ran past {timeout} s"
+                break
+            time.sleep(0.2)
+        failed = [n for n, p in enumerate(processes) if p.returncode not in (None, 0)]
+        if failed and not failure:
+            failure = f"node {failed[0]} exited with {processes[failed[0]].returncode}"
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    outputs = [(logs / f"{n}.out").read_text() for n in range(len(processes))]
+    errors = [(logs / f"{n}.err").read_text() for n in range(len(processes))]
+    shutil.rmtree(logs, ignore_errors=True)
+    if failure:
+        tails = "\n".join(f"--- node {n} stdout\n{outputs[n][-2000:]}\n--- node {n} stderr\n{errors[n][-4000:]}"
+                          for n in range(len(processes)))
+        raise AssertionError(f"{' '.join(target)}: {failure}\n{tails}")
+    return outputs
 
 
 def torchrun(script: Path, out: Path, *args: str, timeout: int, env: dict[str, str] | None = None) -> dict:

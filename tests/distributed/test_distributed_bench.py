@@ -271,7 +271,7 @@ def test_cudagraphs_refuses_what_it_cannot_replay(extra, capsys):
 def test_fsdp2_options_need_fsdp2(flag, capsys):
     with pytest.raises(SystemExit):
         distributed_bench.parse_args(f"--size tiny --parallel ddp {flag}".split())
-    assert "--no-reshard-after-forward and --prefetch are FSDP2 options" in capsys.readouterr().err
+    assert "--prefetch, --layers-per-unit, --reduce-dtype and --replicate are FSDP2 options" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("value", "expected"), [("true", True), ("False", False), ("4", 4)])
@@ -285,7 +285,7 @@ def test_reshard_after_forward_takes_a_bool_or_a_group_size(value, expected):
 def test_reshard_after_forward_refuses_what_fully_shard_cannot_take(value, capsys):
     with pytest.raises(SystemExit):
         distributed_bench.parse_args(f"--parallel fsdp2 --reshard-after-forward {value}".split())
-    assert f"takes true, false or a group size of 2 or more ranks, not '{value}'" in capsys.readouterr().err
+    assert f"takes true, false, inner or a group size of 2 or more ranks, not '{value}'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("group", "world"), [(2, 2), (3, 4), (4, 4)])

@@ -33,11 +33,14 @@ overwritten by the next replay, pytorch/pytorch#169545; a single-device step wit
 the graph's gradients as they are; under FSDP2 the twinkle backend copies the gathered parameters into the
 graphs at each replay, since FSDP2 gathers them into new memory every step, ``--backend inductor`` is refused
 (it would record the graphs again every step) and so is ``--accum``). FSDP2's own choices:
-``--reshard-after-forward true|false|N``, ``--prefetch N`` (explicit all-gather prefetching), ``--fused-adamw``
+``--reshard-after-forward true|false|inner|N``, ``--prefetch N`` (explicit all-gather prefetching),
+``--layers-per-unit N`` (decoder layers per ``fully_shard`` unit), ``--reduce-dtype fp32|bf16`` (the gradients'
+collectives), ``--replicate N`` (HSDP: a (replicate, shard) mesh of N replicas, one per host), ``--fused-adamw``
 (the fused optimizer on the shards). DDP's own costs: ``--ddp-comm-hook allreduce`` (one division per bucket
 instead of one per gradient), ``--no-broadcast-buffers``, ``--ddp-static-graph``, ``--grad-as-bucket-view``.
 ``--profile DIR`` runs three more steps under torch.profiler on every rank and writes a Chrome trace and a
-report (device vs wall time, top kernels, NCCL included) per rank.
+report (device vs wall time, top kernels, NCCL included) per rank; on GPUs the report and the table add the
+rank's exposed communication (:mod:`twinkle_fx.measure.overlap`).
 
 Run on GPUs (NCCL), the reference sizes:
 
@@ -53,6 +56,12 @@ for the losses), then the 2-GPU run compared with them:
         --out single.json
     torchrun --nproc_per_node 2 -m twinkle_fx.bench.distributed --size reference --parallel ddp --backend twinkle \
         --baseline single.json --out ddp.json
+
+HSDP on 2 hosts of 8 GPUs (the same command on each; HEAD: the first host's address):
+
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HEAD:29500 --rdzv-id run1 \
+        -m twinkle_fx.bench.distributed --model llama3b --size reference --parallel fsdp2 --replicate 2 \
+        --backend twinkle --regional --fused-adamw
 
 Without a GPU (gloo on CPU, the Triton kernels through the interpreter), the tiny size (the default):
 
@@ -134,21 +143,68 @@ def wrap(model: torch.nn.Module, args: argparse.Namespace, device: torch.device)
         if args.ddp_comm_hook == "allreduce":  # before the first backward, as DDP requires
             ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
         return ddp
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    return shard_model(model, args, device)
+
+
+def fsdp_units(model: torch.nn.Module, layers_per_unit: int) -> list[list[torch.nn.Module]]:
+    """The decoder layers in ``fully_shard`` units of ``layers_per_unit`` consecutive layers (the last unit may be
+    shorter)."""
+    layers = list(model.model.layers)
+    return [layers[i:i + layers_per_unit] for i in range(0, len(layers), layers_per_unit)]
+
+
+def device_mesh(args: argparse.Namespace, device: torch.device):
+    """FSDP2's mesh: None (``fully_shard``'s own 1-D mesh over the world) or, with ``--replicate N``, the 2-D
+    (replicate, shard) mesh of HSDP. Ranks fill it row by row, so a shard group is world/N consecutive ranks:
+    one host's processes under torchrun, whose ranks are numbered host by host."""
+    if args.replicate == 1:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = dist.get_world_size()
+    return init_device_mesh(device.type, (args.replicate, world // args.replicate),
+                            mesh_dim_names=("replicate", "shard"))
+
+
+def mixed_precision(args: argparse.Namespace):
+    """``--mixed-precision`` and ``--reduce-dtype`` as FSDP2's MixedPrecisionPolicy (None: FSDP2's default, compute
+    and reduce in the parameters' dtype)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    reduce = {"fp32": torch.float32, "bf16": torch.bfloat16, None: None}[args.reduce_dtype]
+    if args.mixed_precision:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce or torch.float32)
+    if reduce is not None:
+        # the parameters stay in --dtype for compute; only the gradients are cast for their collectives
+        return MixedPrecisionPolicy(reduce_dtype=reduce)
+    return None
+
+
+def shard_model(model: torch.nn.Module, args: argparse.Namespace, device: torch.device) -> torch.nn.Module:
+    """FSDP2: a ``fully_shard`` unit per ``--layers-per-unit`` decoder layers, then the root (the tied embedding /
+    LM head and the final norm), on ``--replicate``'s mesh, with ``--prefetch``'s explicit all-gather order."""
+    from torch.distributed.fsdp import fully_shard
 
     kwargs = {}
-    if args.mixed_precision:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    # one FSDP group per decoder layer, the root holds the (tied) embedding / LM head and final norm
-    layers = list(model.model.layers)
-    for layer in layers:
-        fully_shard(layer, reshard_after_forward=args.reshard_after_forward, **kwargs)
-    fully_shard(model, **kwargs)
+    if (policy := mixed_precision(args)) is not None:
+        kwargs["mp_policy"] = policy
+    if (mesh := device_mesh(args, device)) is not None:
+        kwargs["mesh"] = mesh
+    units = fsdp_units(model, args.layers_per_unit)
+    for index, unit in enumerate(units):
+        reshard = args.reshard_after_forward
+        if reshard == "inner":
+            # the last unit's backward follows its forward at once: resharding it would only gather it again
+            reshard = index < len(units) - 1
+        fully_shard(unit if len(unit) > 1 else unit[0], reshard_after_forward=reshard, **kwargs)
+    fully_shard(model, **kwargs)  # the root: FSDP2 keeps it gathered from forward to backward on its own
     if args.prefetch:
-        # explicit prefetching: more all-gathers in flight (more gathered layers held) for more overlap
-        for i, layer in enumerate(layers):
-            layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + args.prefetch])
-            layer.set_modules_to_backward_prefetch(layers[max(0, i - args.prefetch):i][::-1])
+        # explicit prefetching: more all-gathers in flight (more gathered units held) for more overlap; a unit is
+        # addressed through its first layer (every layer of a unit shares its FSDP state)
+        heads = [unit[0] for unit in units]
+        for i, head in enumerate(heads):
+            head.set_modules_to_forward_prefetch(heads[i + 1:i + 1 + args.prefetch])
+            head.set_modules_to_backward_prefetch(heads[max(0, i - args.prefetch):i][::-1])
     return model
 
 
@@ -156,13 +212,20 @@ def check_world(args: argparse.Namespace, world: int) -> None:
     """What only the world size decides.
 
     Raises:
-        ValueError: ``--reshard-after-forward N`` where N does not split ``world`` into groups of N ranks.
+        ValueError: ``--replicate N`` where N does not split ``world`` into equal shard groups, or
+            ``--reshard-after-forward N`` where N does not split a shard group into groups of N ranks.
     """
+    replicas = getattr(args, "replicate", 1)
+    if world % replicas:
+        raise ValueError(f"--replicate {replicas}: HSDP needs the {world} processes in {replicas} equal shard groups; "
+                         f"give a divisor of {world} (the number of hosts, each running the same --nproc-per-node)")
+    shard = world // replicas
     n = args.reshard_after_forward
-    if not isinstance(n, bool) and (world % n or not 1 < n < world):
+    if isinstance(n, int) and not isinstance(n, bool) and (shard % n or not 1 < n < shard):
+        group = f"the world size {world}" if replicas == 1 else f"the shard group of {shard} (world {world} / --replicate {replicas})"
         raise ValueError(f"--reshard-after-forward {n}: FSDP2 reshards each layer to groups of {n} ranks after its "
-                         f"forward, so {n} must divide the world size {world} and lie between 2 and {world - 1}"
-                         + ("; on 2 ranks use true or false" if world == 2 else ""))
+                         f"forward, so {n} must divide {group} and lie between 2 and {shard - 1}"
+                         + ("; on 2 ranks use true or false" if shard == 2 else ""))
 
 
 def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
@@ -279,6 +342,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
             for p in params:
                 p.grad = torch.zeros_like(p)
         losses, tokens_per_s, step_ms = [], [], []
+        communication = None
+        sharding = _sharding(model) if args.parallel == "fsdp2" else ""
 
         def one_step(micro: list[torch.Tensor]) -> torch.Tensor:
             total = torch.zeros((), device=device)
@@ -323,6 +388,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
                 micro = batches(args.steps)
                 summary = profile_steps(lambda: one_step(micro), DeviceClock(device), Path(args.profile) / f"rank{rank}",
                                         steps=3, title=describe_args(args, world, device))
+                communication = _communication(summary, device)
                 if rank == 0:
                     print(Path(summary.report).read_text(), flush=True)
             # recorded, never recorded, re-recorded (a parameter at a new address each step would re-record
@@ -337,11 +403,35 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
         finally:
             twinkle_fx.undo_kernelize(model)  # function patches are process-wide; the head is an eager swap
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    everyone = _gather((asdict(mine), peak, graphs), world)
+    everyone = _gather((asdict(mine), peak, graphs, communication), world)
     torch.compiler.reset()
     return RunResult(vars(args).copy(), world, str(device), losses, tokens_per_s,
-                     [RankSwaps(**s) for s, _, _ in everyone], step_ms, [p for _, p, _ in everyone],
-                     [g for _, _, g in everyone if g])
+                     [RankSwaps(**s) for s, _, _, _ in everyone], step_ms, [p for _, p, _, _ in everyone],
+                     [g for _, _, g, _ in everyone if g], sharding,
+                     [c for _, _, _, c in everyone] if any(c for *_, c in everyone) else [])
+
+
+def _sharding(model: torch.nn.Module) -> str:
+    """How fully_shard placed a decoder layer's parameters: ``(Replicate(), Shard(dim=0)) on mesh (replicate 2,
+    shard 2)`` under HSDP, ``(Shard(dim=0),) on mesh (4)`` on a 1-D mesh."""
+    param = next(model.model.layers[0].parameters())
+    mesh = param.device_mesh
+    names = mesh.mesh_dim_names or ("",) * mesh.ndim
+    dims = ", ".join(f"{name} {size}".strip() for name, size in zip(names, mesh.shape))
+    return f"{tuple(param.placements)} on mesh ({dims})"
+
+
+def _communication(summary, device: torch.device) -> dict[str, Any] | None:
+    """The profiled steps' exposed communication (GPU kernels only; gloo on the CPU has none), appended to the
+    rank's profile report."""
+    if device.type != "cuda":
+        return None
+    from twinkle_fx.measure.overlap import communication_overlap, format_overlap, kernel_intervals
+
+    overlap = communication_overlap(kernel_intervals(summary.trace), steps=summary.steps)
+    with open(summary.report, "a") as f:
+        f.write("\n" + format_overlap(overlap))
+    return overlap.to_json()
 
 
 def _sync(device: torch.device) -> None:

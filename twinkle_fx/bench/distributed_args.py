@@ -15,17 +15,29 @@ __all__ = ["BACKENDS", "parse_args"]
 BACKENDS = ("eager", "inductor", "twinkle", "kernelize", "kernelize+twinkle")
 
 
-def _reshard_after_forward(value: str) -> bool | int:
-    """``--reshard-after-forward``: ``true``, ``false`` or a group size (an int of 2 or more)."""
+def _reshard_after_forward(value: str) -> bool | int | str:
+    """``--reshard-after-forward``: ``true``, ``false``, ``inner`` or a group size (an int of 2 or more)."""
     if value.lower() in ("true", "false"):
         return value.lower() == "true"
+    if value.lower() == "inner":
+        return "inner"
     try:
         size = int(value)
     except ValueError:
         size = 0
     if size < 2:
-        raise argparse.ArgumentTypeError(f"takes true, false or a group size of 2 or more ranks, not {value!r}")
+        raise argparse.ArgumentTypeError(f"takes true, false, inner or a group size of 2 or more ranks, not {value!r}")
     return size
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"takes a whole number of 1 or more, not {value!r}")
+    return number
 
 
 def parse_args(argv: list[str] | None = None, description: str | None = None) -> argparse.Namespace:
@@ -54,20 +66,38 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                         help="parameter dtype (default: bf16 on GPU, fp32 on CPU; fp32 with --mixed-precision)")
     parser.add_argument("--mixed-precision", action="store_true",
                         help="FSDP2 MixedPrecisionPolicy: fp32 master weights, bf16 compute, fp32 gradient reduction")
-    parser.add_argument("--reshard-after-forward", type=_reshard_after_forward, default=True, metavar="true|false|N",
-                        help="FSDP2 fully_shard(reshard_after_forward=...) of every decoder layer: true (the default) "
-                             "frees each layer's gathered parameters after its forward and gathers them again for "
-                             "its backward; false keeps them from forward to backward (no second all-gather per "
-                             "layer, at the cost of holding them: ZeRO-2's memory, not ZeRO-3's); N keeps them "
-                             "sharded over groups of N ranks in between (N divides the world size, 1 < N < world), "
-                             "so the backward's all-gather stays within the group")
+    parser.add_argument("--reshard-after-forward", type=_reshard_after_forward, default=True,
+                        metavar="true|false|inner|N",
+                        help="FSDP2 fully_shard(reshard_after_forward=...) of every decoder-layer unit: true (the "
+                             "default) frees each unit's gathered parameters after its forward and gathers them "
+                             "again for its backward; false keeps them from forward to backward (no second "
+                             "all-gather per unit, at the cost of holding them: ZeRO-2's memory, not ZeRO-3's); "
+                             "inner: true for every unit but the last, whose backward starts right after its "
+                             "forward (torchtitan's default); N keeps them sharded over groups of N ranks in "
+                             "between (N divides the shard group, 1 < N < shard group), so the backward's "
+                             "all-gather stays within the group")
+    parser.add_argument("--layers-per-unit", type=_positive, default=1, metavar="N",
+                        help="FSDP2: N consecutive decoder layers per fully_shard unit (fully_shard([layers...])), "
+                             "so one all-gather and one reduce-scatter move N layers' parameters; 1 (the default) "
+                             "shards every layer on its own. Larger units mean fewer, larger collectives and more "
+                             "gathered parameters held at once")
+    parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default=None,
+                        help="FSDP2 MixedPrecisionPolicy(reduce_dtype=...): the dtype gradients are reduce-scattered "
+                             "(and, with --replicate, all-reduced) in; fp32 sums bf16 gradients in fp32 (rounded to "
+                             "bf16 once, not at every hop of the ring) at twice the bytes. Default: the gradients' own dtype (fp32 with "
+                             "--mixed-precision)")
+    parser.add_argument("--replicate", type=_positive, default=1, metavar="N",
+                        help="FSDP2 on a 2-D device mesh (HSDP): N replicas, each sharding the model over world/N "
+                             "ranks; gradients are reduce-scattered within a replica and all-reduced across "
+                             "replicas. On several hosts N is the number of hosts, so the shards of a replica "
+                             "stay on one host's fast links. 1 (the default): one 1-D mesh over all ranks")
     parser.add_argument("--no-reshard-after-forward", dest="reshard_after_forward", action="store_const", const=False,
                         help="the same as --reshard-after-forward false")
     parser.add_argument("--prefetch", type=int, default=0, metavar="N",
-                        help="FSDP2: each decoder layer starts the all-gathers of the next N layers in its forward "
-                             "(set_modules_to_forward_prefetch) and of the N before it in its backward "
+                        help="FSDP2: each decoder-layer unit starts the all-gathers of the next N units in its "
+                             "forward (set_modules_to_forward_prefetch) and of the N before it in its backward "
                              "(set_modules_to_backward_prefetch); 0 (the default) leaves FSDP2's own order: "
-                             "forward all-gathers issued as each layer starts, one layer ahead in backward")
+                             "forward all-gathers issued as each unit starts, one unit ahead in backward")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--fused-adamw", action="store_true",
@@ -128,9 +158,15 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     if args.mixed_precision and args.parallel != "fsdp2":
         parser.error("--mixed-precision is FSDP2's MixedPrecisionPolicy: use it with --parallel fsdp2 "
                      "(DDP and none train in --dtype)")
-    if (args.reshard_after_forward is not True or args.prefetch) and args.parallel != "fsdp2":
-        parser.error("--reshard-after-forward, --no-reshard-after-forward and --prefetch are FSDP2 options: use "
-                     "them with --parallel fsdp2")
+    fsdp_only = (args.reshard_after_forward is not True or args.prefetch or args.layers_per_unit != 1
+                 or args.reduce_dtype or args.replicate != 1)
+    if fsdp_only and args.parallel != "fsdp2":
+        parser.error("--reshard-after-forward, --no-reshard-after-forward, --prefetch, --layers-per-unit, "
+                     "--reduce-dtype and --replicate are FSDP2 options: use them with --parallel fsdp2")
+    layers = MODELS[args.model].sizes[args.size]["num_hidden_layers"]
+    if args.layers_per_unit > layers:
+        parser.error(f"--layers-per-unit {args.layers_per_unit}: --model {args.model} --size {args.size} has "
+                     f"{layers} decoder layers; give 1 to {layers}")
     if args.prefetch < 0:
         parser.error(f"--prefetch must be 0 or more layers, got {args.prefetch}")
     if args.mixed_precision and args.dtype == "bf16":

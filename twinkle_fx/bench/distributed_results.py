@@ -10,8 +10,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["COMPILED", "RankSwaps", "RunResult", "describe", "describe_args", "kernel_swaps_compiled", "load_baseline",
-           "table"]
+__all__ = ["COMPILED", "RankSwaps", "RunResult", "communication_row", "describe", "describe_args", "from_json",
+           "kernel_swaps_compiled", "load_baseline", "merge", "scaling_table", "table"]
 # the --backend values that compile
 COMPILED = ("inductor", "twinkle", "kernelize+twinkle")
 
@@ -58,6 +58,9 @@ class RunResult:
     step_ms: list[float] = field(default_factory=list)
     peak_gib: list[float | None] = field(default_factory=list)  # per rank: torch.cuda.max_memory_allocated
     cudagraphs: list[str] = field(default_factory=list)  # per rank, --cudagraphs: cudagraph_tree_summary()
+    sharding: str = ""  # FSDP2: a decoder layer parameter's placements and mesh, as fully_shard made them
+    # per rank, --profile on GPUs: twinkle_fx.measure.overlap.CommunicationOverlap.to_json() of the profiled steps
+    communication: list[dict[str, Any] | None] = field(default_factory=list)
 
     @property
     def _steady(self) -> list[float]:
@@ -106,6 +109,8 @@ def describe_args(args: argparse.Namespace, world: int, device: Any) -> str:
 
 def _describe(a: dict[str, Any], world: int, device: str) -> str:
     where = "1 device, no wrapper" if a["parallel"] == "none" else f"{a['parallel']} x {world}"
+    replicas = a.get("replicate", 1)
+    where += f" (HSDP: {replicas} replicas x {world // replicas} shards)" if replicas > 1 else ""
     where = f"{a.get('model', 'qwen2')} {a['size']} · {where}"
     backend = a["backend"] + (f" ({a['compiler']})" if a["backend"].endswith("twinkle") else "")
     backend += ", regional" if a["regional"] else ""
@@ -117,8 +122,12 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
     parts += ["activation checkpointing"] if a["checkpoint"] else []
     reshard = a.get("reshard_after_forward", True)
     parts += ["no reshard after forward"] if reshard is False else []
-    parts += [f"reshard after forward to {reshard} ranks"] if not isinstance(reshard, bool) else []
-    parts += [f"prefetch {a['prefetch']} layer(s)"] if a.get("prefetch") else []
+    parts += ["reshard after forward but the last unit"] if reshard == "inner" else []
+    parts += [f"reshard after forward to {reshard} ranks"] if isinstance(reshard, int) and not isinstance(reshard, bool) else []
+    parts += [f"{a['layers_per_unit']} layers per FSDP unit"] if a.get("layers_per_unit", 1) > 1 else []
+    parts += [f"reduce in {a['reduce_dtype']}"] if a.get("reduce_dtype") else []
+    unit = "layer(s)" if a.get("layers_per_unit", 1) == 1 else "unit(s)"
+    parts += [f"prefetch {a['prefetch']} {unit}"] if a.get("prefetch") else []
     parts += ["fused AdamW"] if a.get("fused_adamw") else []
     parts += ["tied embedding reduced early"] if a.get("tied_embedding_ddp") else []
     parts += ["all-reduce comm hook"] if a.get("ddp_comm_hook", "none") != "none" else []
@@ -130,6 +139,16 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
         parts.append(f"optimize_ddp {a['optimize_ddp']}")
     parts += ["compiled autograd"] if a["compiled_autograd"] else []
     return " · ".join(parts)
+
+
+def communication_row(comm: dict[str, Any]) -> str:
+    """``41.2 with a collective, 12.3 exposed (AllGather 5.1, ReduceScatter 7.2); compute under it 1.18x``."""
+    kinds = ", ".join(f"{name} {row['exposed_ms']:.1f}" for name, row in comm["collectives"].items())
+    text = f"{comm['communication_ms']:.1f} with a collective, {comm['exposed_ms']:.1f} exposed ({kinds})"
+    text += f"; GPU idle {comm['idle_ms']:.1f}" if comm.get("idle_ms") else ""
+    if comm.get("slowdown") is not None:
+        text += f"; compute under it {comm['slowdown']:.2f}x (+{comm['slowdown_extra_ms']:.1f})"
+    return text
 
 
 def _short(what: str) -> str:
@@ -152,6 +171,11 @@ def table(result: RunResult, baseline: list[RunResult] = ()) -> str:
     ]
     if result.cudagraphs:
         rows.append(("CUDA graphs (rank 0)", result.cudagraphs[0]))
+    if result.sharding:
+        rows.append(("FSDP2 sharding (a layer's parameter)", result.sharding))
+    for rank, comm in enumerate(result.communication):
+        if comm:
+            rows.append((f"communication ms/step, rank {rank} (profiled)", communication_row(comm)))
     first = result.swaps[0]
     if first.swapped:
         rows.append(("swapped (rank 0)", ", ".join(f"{n} x {_short(w)}" for w, n in sorted(first.swapped.items()))))
@@ -183,7 +207,104 @@ def table(result: RunResult, baseline: list[RunResult] = ()) -> str:
 
 def load_baseline(path: str) -> list[RunResult]:
     with open(path) as f:
-        runs = json.load(f)["runs"]
+        return [from_json(run) for run in json.load(f)["runs"]]
+
+
+def from_json(run: dict[str, Any]) -> RunResult:
+    """A run as :meth:`RunResult.to_json` wrote it (fields a newer version added take their defaults)."""
     keep = {f.name for f in fields(RunResult)}
-    return [RunResult(**{**{k: v for k, v in run.items() if k in keep},
-                         "swaps": [RankSwaps(**s) for s in run["swaps"]]}) for run in runs]
+    return RunResult(**{**{k: v for k, v in run.items() if k in keep}, "swaps": [RankSwaps(**s) for s in run["swaps"]]})
+
+
+def _how(a: dict[str, Any]) -> str:
+    """``twinkle regional + CUDA graphs``: the backend as the scaling table names it."""
+    name = "torch.compile" if a["backend"] == "inductor" else a["backend"]
+    return name + (" regional" if a["regional"] else "") + (" + CUDA graphs" if a.get("cudagraphs") else "")
+
+
+def scaling_table(runs: list[RunResult]) -> str:
+    """Each multi-device run against its 1-device twin (same backend and per-device batch): tokens/s, scaling, peak
+    memory and the losses against the 1-device run of its global batch; then each backend against torch.compile
+    under the same parallelism."""
+    same = ("model", "size", "seq", "steps", "seed", "lr", "accum")
+    singles = [r for r in runs if r.world_size == 1]
+    lines = ["| backend | 1 device tokens/s | parallel tokens/s | scaling | ms/step (1 device; parallel) "
+             "| peak GiB per device (1 device; parallel) | losses vs 1 device, global batch |", "|---|---|---|---|---|---|---|"]
+    parallel = [r for r in runs if r.world_size > 1]
+    for run in parallel:
+        a = run.args
+
+        def matches(ref: RunResult, batch: int) -> bool:
+            return ref.args["batch"] == batch and all(ref.args.get(k) == a.get(k) for k in same)
+
+        twin = next((s for s in singles if matches(s, a["batch"]) and _how(s.args) == _how(a)), None)
+        whole = [s for s in singles if matches(s, a["batch"] * run.world_size) and len(s.losses) == len(run.losses)]
+        peak = ", ".join("-" if p is None else f"{p:.2f}" for p in run.peak_gib)
+        losses = "-"
+        if whole:
+            ref = next((s for s in whole if _how(s.args) == _how(a)), whole[0])
+            rel = max(abs(x - y) / abs(y) for x, y in zip(run.losses, ref.losses))
+            losses = f"max relative {rel:.1e} ({_how(ref.args)})"
+        if twin is None:
+            lines.append(f"| {_how(a)} | - | {run.steady_tokens_per_s:,.0f} | - | -; {run.steady_ms:.1f} | -; {peak} "
+                         f"| {losses} |")
+            continue
+        twin_peak = "-" if not twin.peak_gib or twin.peak_gib[0] is None else f"{twin.peak_gib[0]:.2f}"
+        lines.append(f"| {_how(a)} | {twin.steady_tokens_per_s:,.0f} | {run.steady_tokens_per_s:,.0f} "
+                     f"| {run.steady_tokens_per_s / twin.steady_tokens_per_s:.2f}x | {twin.steady_ms:.1f}; "
+                     f"{run.steady_ms:.1f} | {twin_peak}; {peak} | {losses} |")
+    base = next((r for r in parallel if r.args["backend"] == "inductor"), None)
+    for run in parallel:
+        if base is not None and run is not base and run.args["parallel"] == base.args["parallel"]:
+            lines.append(f"\n{_how(run.args)} / {_how(base.args)} under {run.args['parallel']} x {run.world_size}: "
+                         f"{run.steady_tokens_per_s / base.steady_tokens_per_s:.2f}x")
+    return "\n".join(lines)
+
+
+def merge(named: dict[str, str]) -> dict[str, Any]:
+    """The ``--out`` files of several runs as one record: the environment of the first multi-device run (else the
+    first), every run under its name, every table, and :func:`scaling_table` over them all."""
+    documents = {name: json.loads(open(path).read()) for name, path in named.items()}
+    runs: dict[str, Any] = {}
+    for name, document in documents.items():
+        for index, run in enumerate(document["runs"]):
+            runs[name if len(document["runs"]) == 1 else f"{name}#{index}"] = run
+    results = [from_json(run) for run in runs.values()]
+    first = next((d for d in documents.values() if any(r["world_size"] > 1 for r in d["runs"])),
+                 next(iter(documents.values())))
+    return {"environment": first.get("environment", {}), "runs": runs,
+            "tables": [t for d in documents.values() for t in d.get("tables", [])], "scaling": scaling_table(results)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m twinkle_fx.bench.distributed_results --out ALL.json NAME=RUN.json ...``: one record of several
+    runs; prints the scaling table. A run file that is missing (its run failed or ran out of time) is named and
+    left out."""
+    parser = argparse.ArgumentParser(prog="python -m twinkle_fx.bench.distributed_results", description=main.__doc__)
+    parser.add_argument("--out", required=True, help="the merged JSON")
+    parser.add_argument("runs", nargs="+", metavar="NAME=FILE", help="a run's --out file under a name")
+    args = parser.parse_args(argv)
+    named = {}
+    for item in args.runs:
+        name, sep, path = item.partition("=")
+        if not sep:
+            parser.error(f"{item}: give NAME=FILE (the name the run goes under in the merged JSON)")
+        try:
+            open(path).close()
+        except OSError:
+            print(f"{name}: no {path} (the run failed or ran out of time): left out")
+            continue
+        named[name] = path
+    if not named:
+        parser.error("none of the run files exists")
+    merged = merge(named)
+    with open(args.out, "w") as f:
+        json.dump(merged, f, indent=1)
+    print(merged["scaling"])
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

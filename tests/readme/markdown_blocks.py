@@ -78,13 +78,15 @@ def run_python(code: str, timeout: float = 900) -> subprocess.CompletedProcess:
         path.unlink()
 
 
-# What torch itself prints on a CUDA machine, whoever compiles: Inductor's advice to enable TF32 for fp32
-# matmuls (the blocks build fp32 models), and Dynamo's event logger closing an event it never opened
-# (torch 2.11). Neither comes from twinkle_fx, and neither appears on the CPU.
-TORCH_CUDA_NOISE = re.compile(
+# What torch itself prints, whoever calls it: on a CUDA machine Inductor's advice to enable TF32 for fp32
+# matmuls (the blocks build fp32 models) and Dynamo's event logger closing an event it never opened
+# (torch 2.11); on some CPU builds Kineto's probe lines around a profiler session. None comes from twinkle_fx.
+TORCH_NOISE = re.compile(
     r"(?m)^\S*torch/_inductor/compile_fx\.py:\d+: UserWarning: TensorFloat32 tensor cores .*\n(?:\s+warnings\.warn\(.*\n)?"
     r"|^W\d{4} [\d:.]+ \d+ \S*torch/_dynamo/utils\.py:\d+\] \[[\d/]+\] ChromiumEventLogger: Start event not in stack, "
-    r"ignoring\n")
+    r"ignoring\n"
+    # Kineto's tracing probes (some torch CPU builds) mark each torch.profiler session on stderr
+    r"|^USDT:[\d-]+ [\d:.]+ \d+:\d+ SyncActivityProfilerHandler\.cpp:\d+\] profiler_(?:start|stop)\n")
 
 
 def run_bash(line: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -137,7 +139,7 @@ def check(block: Block, *, has_cuda: bool) -> str | None:
             # the tests serve the Hub from an offline cache, where `kernels` cannot check a publisher and says so;
             # a user online never sees that line
             stderr = re.sub(r"(?m)^Skipping publisher trust check for .* offline mode\.\n?", "", done.stderr)
-            stderr = TORCH_CUDA_NOISE.sub("", stderr)
+            stderr = TORCH_NOISE.sub("", stderr)
             assert not stderr.strip(), f"a Python block prints nothing on stderr on the happy path\n{output}"
         else:  # the command-line tools report progress on stderr, but no warning
             assert not re.search(r"(?i)warn", done.stderr), f"a command warns on the happy path\n{output}"

@@ -247,7 +247,7 @@ def _warn_if_nothing_registered(registry: KernelRegistry) -> None:
         return
     _WARNED_EMPTY[registry] = registry.generation
     logger.warning("backend='twinkle' found no registered kernels, so it swaps no layer or function (only "
-                   "the graph rewrites of its options run: causal_mask, gqa_attention, fuse_projections); register kernels first (twinkle_fx.builtin.use_builtin_kernels() for transformers models).")
+                   "the graph rewrites of its options run: causal_mask, gqa_attention, fuse_projections);\nregister kernels first (twinkle_fx.builtin.use_builtin_kernels() for transformers models).")
 
 
 # registry -> generation already warned about (weak: a scoped registry that is gone takes its entry)
@@ -288,7 +288,7 @@ def _log_report(report: GraphReport) -> None:
     if not (logger.isEnabledFor(logging.INFO) and logger.hasHandlers()) and not _REPORT_UNSEEN_WARNED:
         _REPORT_UNSEEN_WARNED = True
         logger.warning("options={'report': True} logs each graph's report at INFO (the FX code diffs at DEBUG) on the "
-                       "logger %r, and logging is not set up to show INFO here: call "
+                       "logger %r, and logging is not set up to show INFO here:\ncall "
                        "logging.basicConfig(level=logging.INFO) first to see it", logger.name)
     if logger.isEnabledFor(logging.DEBUG):
         diff = report.diff()

@@ -151,7 +151,7 @@ def _inductor_patches(value: Any) -> dict[str, Any]:
     for key in _WORKER_DECIDED:
         if key in value and value[key] != known[key]:
             raise ValueError(
-                f"twinkle backend option inductor={{{key!r}: {value[key]!r}}} cannot take effect: Inductor decides it "
+                f"twinkle backend option inductor={{{key!r}: {value[key]!r}}} cannot take effect: Inductor decides it\n"
                 f"where it compiles each kernel, in its compile workers, which read it only from the environment "
                 f"when they start (a config patch reaches the calling process only). Set "
                 f"{_WORKER_DECIDED[key]}={int(bool(value[key]))} before the first torch.compile of the process instead."

@@ -181,7 +181,7 @@ class TiedEmbeddingReduction:
             raise RuntimeError(
                 f"tied_embedding_ddp: the tied weight ({type(self.embedding).__name__} / {type(self.head).__name__}) "
                 f"received a gradient from a use outside {type(self.model).__name__}.forward (the embedding or "
-                "the head called directly); DDP does not reduce this weight, so that gradient would differ "
+                "the head called directly);\nDDP does not reduce this weight, so that gradient would differ "
                 "between ranks. Call the model (through DDP) instead, or wrap it in DistributedDataParallel")
 
     def _queue_finalize(self) -> None:

@@ -40,7 +40,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "LayerRegistration",
-    "LayerBinding",
     "FunctionRegistration",
     "GRAPH_REWRITES",
     "KernelRegistry",
@@ -64,17 +63,6 @@ class LayerRegistration:
 
     def __str__(self) -> str:
         return f"{self.kernel_name} [{self.device}, {format_mode(self.mode)}] from {self.source.describe()}"
-
-
-@dataclass(frozen=True)
-class LayerBinding:
-    """What names a layer kernel for a class: ``kernel_name``, whether the class (or a base) was bound
-    with :func:`register_external_layer` (``explicit``; else it carries the name as transformers'
-    ``kernel_layer_name`` tag), and the parent classes an explicit binding is limited to (``within``)."""
-
-    kernel_name: str
-    explicit: bool
-    within: tuple[type, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -199,31 +187,29 @@ class KernelRegistry:
         with self._lock:
             return [name for name in GRAPH_REWRITES if name in self._graph_rewrites]
 
-    def layer_binding(self, cls: type) -> LayerBinding | None:
-        """What names a kernel for ``cls``: an explicit binding (searched along the MRO), else the
-        ``kernel_layer_name`` class attribute set by Hugging Face ``kernels`` decorators; None for neither."""
+    def kernel_name_for(self, cls: type) -> str | None:
+        """The kernel name bound to ``cls``: an explicit binding (searched along the MRO), else the
+        ``kernel_layer_name`` class attribute set by Hugging Face ``kernels`` decorators."""
         with self._lock:
             for klass in cls.__mro__:
                 if klass in self._bindings:
-                    return LayerBinding(self._bindings[klass], True, self._within.get(klass))
+                    return self._bindings[klass]
         name = getattr(cls, "kernel_layer_name", None)
-        return LayerBinding(name, False) if isinstance(name, str) else None
-
-    def kernel_name_for(self, cls: type) -> str | None:
-        """The kernel name bound to ``cls`` (:meth:`layer_binding`'s), or None."""
-        binding = self.layer_binding(cls)
-        return None if binding is None else binding.kernel_name
+        return name if isinstance(name, str) else None
 
     def binding_scope(self, cls: type) -> tuple[type, ...] | None:
         """The parent classes the explicit binding of ``cls`` (or of the base it is bound through) is
         limited to; None when it is not limited (or not bound)."""
-        binding = self.layer_binding(cls)
-        return None if binding is None else binding.within
+        with self._lock:
+            for klass in cls.__mro__:
+                if klass in self._bindings:
+                    return self._within.get(klass)
+        return None
 
     def is_bound(self, cls: type) -> bool:
         """Whether ``cls`` (or a base) was bound explicitly with :func:`register_external_layer`."""
-        binding = self.layer_binding(cls)
-        return binding is not None and binding.explicit
+        with self._lock:
+            return any(klass in self._bindings for klass in cls.__mro__)
 
     def layer_registrations(self, kernel_name: str) -> dict[str, dict[Mode, LayerRegistration]]:
         """device -> mode -> registration for ``kernel_name`` (a copy)."""

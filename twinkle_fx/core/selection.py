@@ -21,7 +21,7 @@ from .devices import registration_keys, triton_interpreter_problem
 from .errors import KernelLoadError
 from .modes import Mode, format_mode, mode_fallback_order
 from .plugins import layer_mappings
-from .registry import FunctionRegistration, KernelRegistry, LayerBinding, LayerRegistration
+from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
 
 __all__ = ["KernelChoice", "Selection", "is_layer_target", "layer_target", "select_layer_kernel", "select_function_kernel", "signature_mismatch",
            "does_not_apply", "KERNEL_DECLARATIONS"]
@@ -218,26 +218,26 @@ def select_layer_kernel(
             (``register_external_layer(..., within=...)``) serves only instances under them, so
             without a parent it is no target.
     """
-    target = _layer_target(registry, cls, device)
+    target = layer_target(registry, cls, device=device)
     if target is None:
         return None
-    binding, registrations = target
-    scope = binding.within
+    scope = registry.binding_scope(cls)
     if scope is not None and (parent is None or not issubclass(parent, scope)):
         return None  # a binding limited to some parents (register_external_layer(..., within=...))
-    selection = _select(f"{cls.__qualname__} -> {binding.kernel_name}", registrations, device, mode, _layer_call,
+    kernel_name, registrations = target
+    selection = _select(f"{cls.__qualname__} -> {kernel_name}", registrations, device, mode, _layer_call,
                         allow_uncompilable)
-    if selection.choice is not None and not _serves(binding, selection.choice.registration):
+    if selection.choice is not None and not _serves(registry, cls, selection.choice.registration):
         return None
     return selection
 
 
-def _serves(binding: LayerBinding, registration: LayerRegistration) -> bool:
+def _serves(registry: KernelRegistry, cls: type, registration: LayerRegistration) -> bool:
     # A class bound explicitly is served by every registration of its kernel name; a class that only
     # carries the name as transformers' kernel_layer_name tag only by registrations with
     # binds_by_tag=True (transformers puts kernel_layer_name="RMSNorm" on ~130 classes of differing
     # semantics, so the built-in kernels register with binds_by_tag=False).
-    return registration.binds_by_tag or binding.explicit
+    return registration.binds_by_tag or registry.is_bound(cls)
 
 
 def layer_target(registry: KernelRegistry, cls: type, *,
@@ -253,22 +253,16 @@ def layer_target(registry: KernelRegistry, cls: type, *,
             ``kernels`` mapping in effect, ``use_kernel_mapping``) for this device; they fill the
             device keys twinkle_fx has nothing for.
     """
-    target = _layer_target(registry, cls, device)
-    return None if target is None else (target[0].kernel_name, target[1])
-
-
-def _layer_target(registry: KernelRegistry, cls: type,
-                  device: str | None) -> tuple[LayerBinding, dict[str, dict[Mode, LayerRegistration]]] | None:
-    # one read of the class's binding serves the target rule, the parent scope and which registrations serve it
-    binding = registry.layer_binding(cls)
-    if binding is None:
+    kernel_name = registry.kernel_name_for(cls)
+    if kernel_name is None:
         return None
-    registrations = registry.layer_registrations(binding.kernel_name)
+    registrations = registry.layer_registrations(kernel_name)
     if device is not None:
-        registrations = _with_layer_mappings(binding.kernel_name, device, registrations)
-    if not any(_serves(binding, r) for modes in registrations.values() for r in modes.values()):
+        registrations = _with_layer_mappings(kernel_name, device, registrations)
+    if not any(_serves(registry, cls, r) for modes in registrations.values() for r in modes.values()) \
+            and not registry.is_bound(cls):
         return None
-    return binding, registrations
+    return kernel_name, registrations
 
 
 def _with_layer_mappings(kernel_name: str, device: str,

@@ -15,7 +15,7 @@ from _common import DEVICE, tiny_qwen2
 import twinkle_fx
 from twinkle_fx import kernelize_model, undo_kernelize
 from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.compile import collect_reports
+from twinkle_fx.compiler import collect_reports
 from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.function import patched_functions
 

@@ -29,7 +29,7 @@ if not torch.cuda.is_available():
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from twinkle_fx.builtin import BUILTIN_MODELS, use_builtin_kernels  # noqa: E402
-from twinkle_fx.compile.regional import compile_layers, repeated_layers  # noqa: E402
+from twinkle_fx.compiler import compile_layers, repeated_layers  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

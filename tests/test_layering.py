@@ -30,10 +30,10 @@ FACADE = "twinkle_fx"
 LAYERS = (
     ("kernels", ("twinkle_triton",)),
     ("core", ("twinkle_fx.core",)),
-    ("paths", ("twinkle_fx.eager", "twinkle_fx.compile", "twinkle_fx.distributed", "twinkle_fx.generation")),
+    ("paths", ("twinkle_fx.eager", "twinkle_fx.compiler", "twinkle_fx.distributed", "twinkle_fx.generation")),
     ("integrations", ("twinkle_fx.integrations",)),
     ("measurement", ("twinkle_fx.measure",)),
-    ("public modules", ("twinkle_fx.builtin", "twinkle_fx.checklist", "twinkle_fx.explain", "twinkle_fx.function",
+    ("public modules", ("twinkle_fx.builtin", "twinkle_fx.checklist", "twinkle_fx.function",
                         "twinkle_fx.testing")),
     ("harness", ("twinkle_fx.bench",)),
     ("command line", ("twinkle_fx.cli",)),

@@ -28,7 +28,7 @@ SCANNED = ("twinkle_fx", "kernels")
 DOORS = {
     "twinkle_fx/core/torch_internals.py": "the library's door: every torch, Dynamo and Inductor internal the "
                                           "eager path, the compile backend and the tools use",
-    "twinkle_fx/compile/dynamo_internals.py": "the compile backend's door to Dynamo's graph metadata (node.meta, "
+    "twinkle_fx/compiler/graph/dynamo.py": "the compile backend's door to Dynamo's graph metadata (node.meta, "
                                               "sources, module stacks), which only the backend reads",
     "kernels/twinkle_triton/_torch_internals.py": "the kernel repo's own door: twinkle_triton loads without "
                                                   "twinkle_fx (a local or Hub kernel repo), so it cannot use the "

@@ -9,7 +9,7 @@ forward + backward with labels after ``torch._dynamo.reset()``, and the script p
   backend's compile);
 - twinkle's pass times (``GraphReport.pass_ms``, summed over graphs);
 - how often torch's per-launch Triton front-end run (``generate_ttir``) was answered from twinkle's
-  memo (``twinkle_fx.compile.ttir_memo``); a backend name ending in ``/no-ttir-memo`` runs
+  memo (``twinkle_fx.compiler.inner.ttir_memo``); a backend name ending in ``/no-ttir-memo`` runs
   without the memo, for comparison;
 
 Usage::
@@ -53,7 +53,7 @@ def _time_generate_ttir() -> dict:
         finally:
             timer["count"] += 1
             timer["s"] += time.perf_counter() - start
-            from twinkle_fx.compile.ttir_memo import ttir_key
+            from twinkle_fx.compiler.inner.ttir_memo import ttir_key
 
             timer["keys"].append(ttir_key(*args, **kwargs))
 
@@ -80,7 +80,7 @@ def _print_key_diversity(keys: list) -> None:
 
 @contextlib.contextmanager
 def _without_ttir_memo():
-    from twinkle_fx.compile import ttir_memo
+    from twinkle_fx.compiler.inner import ttir_memo
 
     saved = ttir_memo.memoized_ttir
     ttir_memo.memoized_ttir = contextlib.nullcontext
@@ -153,7 +153,7 @@ def main() -> int:
     from torch._dynamo.utils import compile_times
 
     from twinkle_fx.bench.workloads import get_workload
-    from twinkle_fx.compile import collect_reports
+    from twinkle_fx.compiler import collect_reports
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -161,7 +161,7 @@ def main() -> int:
     if args.layers is not None:
         workload = dataclasses.replace(workload, config={**workload.config, "num_hidden_layers": args.layers})
     from twinkle_fx.bench.model_bench import warm_compiler
-    from twinkle_fx.compile import ttir_memo
+    from twinkle_fx.compiler.inner import ttir_memo
 
     ttir_timer = _time_generate_ttir()
     rows = []

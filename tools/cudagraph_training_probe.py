@@ -37,7 +37,7 @@ from tiny_models import DEVICE, tiny  # noqa: E402
 import twinkle_fx  # noqa: E402
 from twinkle_fx import scoped_registry  # noqa: E402
 from twinkle_fx.builtin import use_builtin_kernels  # noqa: E402
-from twinkle_fx.compile.inductor_options import collect_cudagraph_status, cudagraph_tree_summary  # noqa: E402
+from twinkle_fx.compiler.inner.inductor_options import collect_cudagraph_status, cudagraph_tree_summary  # noqa: E402
 
 STEPS = 4
 

@@ -290,7 +290,7 @@ def run_family(family: str, args: argparse.Namespace, device) -> list[dict]:
     from twinkle_fx import kernelize_model, scoped_registry, undo_kernelize
     from twinkle_fx.bench.workloads import build_model, make_batch
     from twinkle_fx.builtin import use_builtin_kernels
-    from twinkle_fx.compile import collect_reports
+    from twinkle_fx.compiler import collect_reports
     from twinkle_fx.core.tolerances import tolerance
 
     rows = []

@@ -18,8 +18,6 @@ then, with a model and the repo on a GPU machine (not run here)::
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from .core.version import VERSION as __version__  # noqa: F401  (the package's version, public as this name)
@@ -36,23 +34,27 @@ _PUBLIC = {
     **dict.fromkeys(("register_external_layer", "register_function_kernel", "register_layer_kernel"),
                     ".core.registration"),
     **dict.fromkeys(("get_registry", "scoped_registry"), ".core.registry"),
-    "explain": ".explain",
+    **dict.fromkeys(("compile", "explain"), ".compiler.entry"),
     **dict.fromkeys(("decode", "release_decode_state", "use_decode_loop"), ".generation"),
     # the kernel author's tools, as a library (the command line and the harness run them)
     "check_kernels": ".checklist",
     **dict.fromkeys(("KernelTiming", "benchmark_kernel"), ".measure.kernel_timing"),
 }
+# a public name its module defines under another name: ``twinkle_fx.compile`` is ``compile_model``, a name
+# that does not shadow the builtin where it is defined
+_DEFINED_AS = {"compile": "compile_model"}
 # what the package imported up front before it was lazy, imported at the first public name used: the
-# library's packages (core, eager, compile) stay attributes of the package once the library is in use,
-# and "compile" makes the backend name known to torch.compile
-_LIBRARY = (".core.config", ".core.errors", ".core.modes", ".core.registration", ".core.registry", ".eager", ".compile",
-            ".explain")
+# library's packages (core, eager, compiler) stay attributes of the package once the library is in use,
+# and "compiler" makes the backend name known to torch.compile
+_LIBRARY = (".core.config", ".core.errors", ".core.modes", ".core.registration", ".core.registry", ".eager",
+            ".compiler")
 
-__all__ = sorted(_PUBLIC, key=str.lower)
+# ``from twinkle_fx import *`` leaves the builtin compile() alone
+__all__ = sorted(set(_PUBLIC) - {"compile"}, key=str.lower)
 
 # The backend name, known to torch.compile as soon as the package is imported. Cheap where the package
 # is installed (its entry point names the backend); from a bare checkout it imports torch._dynamo.
-from . import compile as _compile  # noqa: E402,F401
+from . import compiler as _compiler  # noqa: E402,F401
 
 # The Hub loader and the kernels package's layer mapping, plugged into core (by name: nothing is
 # imported until a kernel needs them), so every use of the library has them.
@@ -65,8 +67,9 @@ if TYPE_CHECKING:
     from .core.modes import Mode
     from .core.registration import register_external_layer, register_function_kernel, register_layer_kernel
     from .core.registry import get_registry, scoped_registry
+    from .compiler.entry import compile_model as compile
+    from .compiler.entry import explain
     from .eager import kernelize_model, kernelized, undo_kernelize, verification_report
-    from .explain import explain
     from .generation import decode, release_decode_state, use_decode_loop
     from .measure.kernel_timing import KernelTiming, benchmark_kernel
 
@@ -79,9 +82,8 @@ def _load_library() -> None:
 def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
         _load_library()
-        value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
-        if name != "explain":  # the property below answers for it
-            globals()[name] = value
+        value = getattr(importlib.import_module(_PUBLIC[name], __name__), _DEFINED_AS.get(name, name))
+        globals()[name] = value
         return value
     if not name.startswith("__"):
         _load_library()
@@ -93,20 +95,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_PUBLIC})
 
-
-class _Package(types.ModuleType):
-    """``twinkle_fx.explain`` is the function, although a submodule has that name too: importing
-    the submodule (which the import system follows by setting the package attribute) leaves it so."""
-
-    @property
-    def explain(self):
-        from .explain import explain
-
-        return explain
-
-    @explain.setter
-    def explain(self, module: types.ModuleType) -> None:
-        pass
-
-
-sys.modules[__name__].__class__ = _Package

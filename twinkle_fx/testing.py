@@ -21,7 +21,7 @@ import contextlib
 import difflib
 from collections.abc import Iterator
 
-from .compile.recording import RECORDERS, RecordedGraphs, normalize_gm, root_as_self
+from .compiler.graph.recording import RECORDERS, RecordedGraphs, normalize_gm, root_as_self
 
 __all__ = ["record_graphs", "normalize_gm", "root_as_self", "graph_diff", "RecordedGraphs"]
 

@@ -160,7 +160,7 @@ class TwinkleOp:
         if self.reference is None:
             raise RuntimeError(
                 f"{NAMESPACE}::{self.name}: Triton has no backend for {device} tensors here and this op has no "
-                "PyTorch reference to run instead; pass CUDA tensors, or set TRITON_INTERPRET=1 before importing "
+                "PyTorch reference to run instead;\npass CUDA tensors, or set TRITON_INTERPRET=1 before importing "
                 "twinkle_triton to run the kernels on the CPU through Triton's interpreter."
             )
         # Not from inside a graph being traced: the log call would break it, and the eager run logs.
@@ -168,7 +168,7 @@ class TwinkleOp:
             _FALLBACK_LOGGED.add(device)
             logger.warning(
                 "twinkle_triton: Triton has no backend for %s tensors here (%s was called on them); the ops run "
-                "their PyTorch references (<op>_reference) on %s: same results, none of the kernels' speed. "
+                "their PyTorch references (<op>_reference) on %s: same results, none of the kernels' speed.\n"
                 "Pass CUDA tensors, or set TRITON_INTERPRET=1 before importing twinkle_triton to run the "
                 "kernels on the CPU through Triton's interpreter (slow; for tests).",
                 device, self.name, device,

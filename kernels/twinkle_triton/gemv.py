@@ -23,7 +23,7 @@ weight is read in place, at a cost in coalescing).
 
 Rows: at most :data:`MAX_ROWS`. The register tile grows with the rows, and past a few rows the
 GEMM of cuBLAS, which reuses each weight tile across rows on tensor cores, wins (the measured
-crossover is in the graph pass that uses these, ``twinkle_fx.compile.passes.decode_gemv``).
+crossover is in the graph pass that uses these, ``twinkle_fx.compiler.passes.decode_gemv``).
 
 Backward: plain PyTorch GEMMs (``grad @ W`` and ``grad.T @ x`` per weight, the SwiGLU derivative on
 the recomputed projections). A decode kernel is rarely differentiated, but a call that is gets the

@@ -249,7 +249,7 @@ def check_arguments(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_di
             if t.requires_grad:
                 raise ValueError(
                     f"apply_rotary_pos_emb: {name} requires grad, but the kernel gives no gradient to "
-                    f"cos/sin (transformers computes them under no_grad). Pass {name}.detach(), or use "
+                    f"cos/sin (transformers computes them under no_grad).\nPass {name}.detach(), or use "
                     "apply_rotary_pos_emb_reference to differentiate through them."
                 )
 

@@ -96,7 +96,7 @@ def test_the_package_root_imports_the_library_on_first_use():
     probe = ("import sys, twinkle_fx\n"
              "assert not {'torch', 'transformers', 'triton'} & set(sys.modules), sorted(sys.modules)\n"
              "from twinkle_fx import check_kernels, kernelize_model\n"
-             "import twinkle_fx.explain\n"
+             "import twinkle_fx.compiler.entry\n"
              "import torch\n"
              "assert callable(twinkle_fx.explain) and twinkle_fx.explain.__name__ == 'explain'\n"
              "assert 'twinkle' in torch._dynamo.list_backends(exclude_tags=())\n"

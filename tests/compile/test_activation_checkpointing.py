@@ -13,8 +13,8 @@ import torch
 from tiny_models import KERNELS_INLINED, input_ids, register_qwen2_kernels, tiny
 
 from twinkle_fx import scoped_registry
-from twinkle_fx.compile import collect_reports
-from twinkle_fx.compile.regional import compile_layers
+from twinkle_fx.compiler import collect_reports
+from twinkle_fx.compiler import compile_layers
 from twinkle_fx.testing import record_graphs
 
 RMSNORM = "layer Qwen2RMSNorm -> RMSNorm"

@@ -12,8 +12,8 @@ from compile_kernels import GatedMLP, SiluAndMul, SiluAndMulKernel, silu_and_mul
 
 import twinkle_fx
 from twinkle_fx import register_external_layer, register_layer_kernel
-from twinkle_fx.compile import collect_reports
-from twinkle_fx.compile.reasons import ReasonKind
+from twinkle_fx.compiler import collect_reports
+from twinkle_fx.core.reasons import ReasonKind
 from twinkle_fx.testing import record_graphs
 
 
@@ -23,7 +23,7 @@ def _register(kernel=SiluAndMulKernel, **kwargs):
 
 
 def test_backend_name_resolves_to_the_twinkle_backend():
-    from twinkle_fx.compile.backend import twinkle_backend
+    from twinkle_fx.compiler.backend import twinkle_backend
 
     assert torch._dynamo.lookup_backend("twinkle") is twinkle_backend
 
@@ -305,7 +305,7 @@ def test_undo_kernelize_after_compiling_recompiles():
 
 
 def test_report_is_published_only_when_the_inner_compiler_succeeds(monkeypatch):
-    from twinkle_fx.compile import backend
+    from twinkle_fx.compiler import backend
 
     def failing(*args, **kwargs):
         raise RuntimeError("inner compiler broke")
@@ -381,7 +381,7 @@ def test_a_float_attribute_lifted_to_a_graph_input_is_read_from_the_graph():
 
 
 def test_compile_time_verify_notices_a_different_number_of_outputs():
-    from twinkle_fx.compile import verify
+    from twinkle_fx.compiler.inner import verify
 
     class Two(torch.nn.Module):
         def forward(self, x):
@@ -419,7 +419,7 @@ def test_compiled_root_reports_subclasses_of_bound_classes():
 
 
 def test_opaque_ops_are_registered_once_per_region_across_recompiles():
-    from twinkle_fx.compile.regions.opaque import registered_opaque_ops
+    from twinkle_fx.compiler.regions.splice import registered_opaque_ops
 
     _register(UntraceableKernel)
     model, x = GatedMLP(), torch.randn(3, 8)
@@ -459,7 +459,7 @@ def test_graph_break_on_the_first_line_of_a_layer_inside_sequential_is_reported(
 
 
 def test_the_report_holds_only_graphs_that_run():
-    from twinkle_fx.compile.backend import twinkle_backend
+    from twinkle_fx.compiler.backend import twinkle_backend
 
     _register()
     model, x = GatedMLP(), torch.randn(2, 8)
@@ -473,7 +473,7 @@ def test_the_report_holds_only_graphs_that_run():
 
 
 def test_dump_graphs_writes_each_graph_before_and_after_each_pass(tmp_path, monkeypatch):
-    from twinkle_fx.compile.backend import PASSES
+    from twinkle_fx.compiler.backend import PASSES
 
     _register()
     monkeypatch.setenv("TWINKLE_FX_DUMP_GRAPHS", str(tmp_path / "env"))
@@ -544,7 +544,7 @@ def test_compiled_root_reports_kernel_layer_name_tagged_classes():
 
 
 def test_a_pass_failing_on_one_region_keeps_it_with_the_reason_and_goes_on(monkeypatch):
-    from twinkle_fx.compile.passes import layer_regions
+    from twinkle_fx.compiler.passes import layer_regions
 
     class TwoActs(torch.nn.Module):
         def __init__(self):

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tiny_models import DEVICE, register_qwen2_kernels, tiny
-from twinkle_fx.compile.passes.gemm_fusion import fuse_projections
-from twinkle_fx.compile.inductor_options import collect_cudagraph_status, inductor_config_patches
-from twinkle_fx.compile.options import parse_options
-from twinkle_fx.compile.swap_policy import Decision, keep_inductor_reason
+from twinkle_fx.compiler.passes.gemm_fusion import fuse_projections
+from twinkle_fx.compiler.inner.inductor_options import collect_cudagraph_status, inductor_config_patches
+from twinkle_fx.compiler.options import parse_options
+from twinkle_fx.compiler.regions.splice import Decision, keep_inductor_reason
 from twinkle_fx.core.modes import Mode
 from twinkle_fx.core.registry import scoped_registry
 from twinkle_fx.testing import record_graphs
@@ -245,7 +245,7 @@ def test_gemm_fusion_is_a_graph_rewrite_of_the_registry(removed):
 def test_gemm_fusion_auto_fuses_decode_sized_inputs_in_inference_only():
     """"auto": in inference under Inductor, inputs of at most AUTO_INFERENCE_MAX_ROWS rows (decode,
     measured 1.06x) are fused, a prefill-sized one is not (1.01x); in training nothing is (0.79x)."""
-    from twinkle_fx.compile.passes.gemm_fusion import AUTO_INFERENCE_MAX_ROWS, FusionLimits, should_fuse
+    from twinkle_fx.compiler.passes.gemm_fusion import AUTO_INFERENCE_MAX_ROWS, FusionLimits, should_fuse
 
     limits = should_fuse("auto", Mode.INFERENCE | Mode.TORCH_COMPILE, "inductor")
     assert limits == FusionLimits(max_rows=AUTO_INFERENCE_MAX_ROWS)

@@ -129,7 +129,7 @@ class TestBuiltinPatterns(expecttest.TestCase):
 
         silu_mul.can_torch_compile = True
         # the computation in a model that never calls the function: opt-in, match_anywhere=True
-        register_function_kernel(func_name="silu_mul", target_module="twinkle_fx.compile.builtin_patterns",
+        register_function_kernel(func_name="silu_mul", target_module="twinkle_fx.compiler.builtin_patterns",
                                  func_impl=silu_mul, device=DEVICE, match_anywhere=True)
         model = tiny("llama", layers=1)  # LlamaMLP is bound to nothing
         ids = input_ids()
@@ -167,7 +167,7 @@ class TestRotaryOfOtherFamilies(expecttest.TestCase):
     the family's own function where it computes something else (GLM4 interleaved, GPT-OSS chunked)."""
 
     def test_phi3_rotary_swapped_full_and_partial(self):
-        from twinkle_fx.compile.reasons import ReasonKind
+        from twinkle_fx.core.reasons import ReasonKind
 
         register_qwen2_kernels()
         for factor in (1.0, 0.5):
@@ -180,7 +180,7 @@ class TestRotaryOfOtherFamilies(expecttest.TestCase):
         _assert_matches_eager(self, model, "aot_eager")
 
     def test_glm4_and_gpt_oss_rotary_reported_under_their_own_name(self):
-        from twinkle_fx.compile.reasons import ReasonKind
+        from twinkle_fx.core.reasons import ReasonKind
 
         register_qwen2_kernels()
         for family in ("glm4", "gpt_oss"):
@@ -207,7 +207,7 @@ class TestRotaryOfOtherFamilies(expecttest.TestCase):
     def test_other_families_rotary_functions_trace_into_patterns(self):
         import importlib
 
-        from twinkle_fx.compile.regions.pattern_tracing import trace_function
+        from twinkle_fx.compiler.regions.pattern_tracing import trace_function
 
         # q, k [B, H, S, D] with cos, sin [B, S, D] (phi3 and glm4 concatenate q with its pass-through
         # part, which fails on same-rank examples); gpt_oss's cos and sin are half width

@@ -11,7 +11,7 @@ from compile_kernels import EPS_SEEN, fast_scaled_rms
 from user_ops.blocks import BiasAdd, CopyThenCall, TwoNorms
 
 import twinkle_fx
-from twinkle_fx.compile.reasons import ReasonKind
+from twinkle_fx.core.reasons import ReasonKind
 from twinkle_fx.function import register_function_kernel
 from twinkle_fx.testing import record_graphs
 

@@ -5,7 +5,7 @@ import torch
 
 from twinkle_fx import explain, kernelize_model
 from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.compile.reasons import ReasonKind
+from twinkle_fx.core.reasons import ReasonKind
 
 from tiny_models import DEVICE, tiny
 

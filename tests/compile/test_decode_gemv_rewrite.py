@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tiny_models import DEVICE, tiny
-from twinkle_fx.compile import collect_reports
+from twinkle_fx.compiler import collect_reports
 from twinkle_fx.core.registry import scoped_registry
 from twinkle_fx.testing import record_graphs
 

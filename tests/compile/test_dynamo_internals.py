@@ -1,12 +1,13 @@
-"""One test per accessor of :mod:`twinkle_fx.compile.dynamo_internals`: the backend reads Dynamo's
-internals only through these, so a torch upgrade that changes one fails here, by name."""
+"""One test per accessor of :mod:`twinkle_fx.compiler.graph` (``dynamo`` and ``structure``): the backend reads
+Dynamo's internals only through these, so a torch upgrade that changes one fails here, by name."""
 
 import copy
 
 import torch
 import torch.nn.functional as F
 
-from twinkle_fx.compile import dynamo_internals as di
+from twinkle_fx.compiler.graph import dynamo as di
+from twinkle_fx.compiler.graph import structure
 
 
 class Norm(torch.nn.Module):
@@ -180,7 +181,7 @@ def test_graph_break_reason_and_user_stack():
         return y.cos()
 
     capture = _compiled(fn, None, torch.randn(3))
-    first, second = (di.graph_break(gm) for gm, _ in capture.graphs)
+    first, second = (structure.graph_break(gm) for gm, _ in capture.graphs)
     assert second is None  # the resumed graph ends normally
     assert first.user_stack[-1].name == "fn" and first.user_stack[-1].filename == __file__
     assert "graph_break" in first.reason.lower() or "graph break" in first.reason.lower()
@@ -189,10 +190,10 @@ def test_graph_break_reason_and_user_stack():
 def test_graph_breaks_counted_and_step_unsupported_named_by_them():
     from torch._dynamo.utils import counters
 
-    di.graph_breaks_counted()  # settle what was counted before
+    structure.graph_breaks_counted()  # settle what was counted before
     counters["graph_break"]["Dynamic shape operator\n  Explanation: nonzero"] += 1
-    counted = di.graph_breaks_counted()
-    assert counted == ["Dynamic shape operator"] and di.graph_breaks_counted() == []
+    counted = structure.graph_breaks_counted()
+    assert counted == ["Dynamic shape operator"] and structure.graph_breaks_counted() == []
 
     class Reason:
         reason = "step_unsupported"
@@ -201,13 +202,13 @@ def test_graph_breaks_counted_and_step_unsupported_named_by_them():
 
     gm = torch.fx.symbolic_trace(torch.nn.Identity())
     gm.compile_subgraph_reason = Reason()
-    assert di.graph_break(gm, counted).reason == "Dynamic shape operator"
-    assert di.graph_break(gm, []).reason == "step_unsupported"
+    assert structure.graph_break(gm, counted).reason == "Dynamic shape operator"
+    assert structure.graph_break(gm, []).reason == "step_unsupported"
 
 
 def test_compiled_code_is_the_frame_being_compiled():
     model = Block()
-    (code,), outside = _compiled(model, lambda gm, _: di.compiled_code()).results, di.compiled_code()
+    (code,), outside = _compiled(model, lambda gm, _: structure.compiled_code()).results, structure.compiled_code()
     assert code is Block.forward.__code__ and outside is None
 
 
@@ -275,7 +276,7 @@ class Checkpointed(torch.nn.Module):
 
 def test_checkpoint_bodies_and_their_operands():
     def check(gm, example_inputs):
-        found, = di.checkpoint_bodies(gm)
+        found, = structure.checkpoint_bodies(gm)
         passed = {n.op: n for n in found.inputs.values()}  # body placeholder -> what the outer graph passes
         return found, passed, di.input_source(passed.get("placeholder"))
 
@@ -290,11 +291,11 @@ def test_checkpoint_bodies_and_their_operands():
 
 def test_detach_checkpoint_bodies_gives_the_graph_its_own_copy():
     (gm, _), = _compiled(Checkpointed()).graphs
-    original, = di.checkpoint_bodies(gm)
+    original, = structure.checkpoint_bodies(gm)
     original.body.meta["policy"] = "kept"
     reference = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # as verify's snapshot shares submodules
-    di.detach_checkpoint_bodies(gm)
-    detached, = di.checkpoint_bodies(gm)
+    structure.detach_checkpoint_bodies(gm)
+    detached, = structure.checkpoint_bodies(gm)
     assert detached.body is not original.body and detached.body.meta == {"policy": "kept"}
     sin, = [n for n in detached.body.graph.nodes if n.target in (torch.sin, "sin")]
     sin.target = torch.cos if sin.op == "call_function" else "cos"  # a rewrite of the detached body

@@ -14,8 +14,8 @@ import transformers
 from transformers.integrations.sdpa_attention import repeat_kv
 
 from tiny_models import DEVICE, TINY, kernels_inlined
-from twinkle_fx.compile import collect_reports
-from twinkle_fx.compile.options import parse_options
+from twinkle_fx.compiler import collect_reports
+from twinkle_fx.compiler.options import parse_options
 from twinkle_fx.core.registry import scoped_registry
 from twinkle_fx.testing import record_graphs
 

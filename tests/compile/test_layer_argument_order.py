@@ -4,7 +4,7 @@ the graph first reads them: a layer whose body reads its second argument first s
 import torch
 
 from twinkle_fx import kernelize_model, register_external_layer, register_layer_kernel
-from twinkle_fx.compile import collect_reports
+from twinkle_fx.compiler import collect_reports
 
 
 class ReadsYFirst(torch.nn.Module):

@@ -23,7 +23,7 @@ def test_one_call_installs_the_head_and_compiles_with_twinkle():
     model.zero_grad()
 
     torch._dynamo.reset()
-    with twinkle_fx.compile.collect_reports() as report:
+    with twinkle_fx.compiler.collect_reports() as report:
         compiled = twinkle_fx.compile(model, options={"compiler": "aot_eager"})
         out = compiled(input_ids, labels=input_ids)
     out.loss.backward()

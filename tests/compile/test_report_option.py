@@ -8,9 +8,9 @@ import torch
 from compile_kernels import GatedMLP, SiluAndMul, SiluAndMulKernel
 
 from twinkle_fx import register_external_layer, register_layer_kernel
-from twinkle_fx.compile import backend
+from twinkle_fx.compiler import backend
 
-LOGGER = "twinkle_fx.compile.backend"
+LOGGER = "twinkle_fx.compiler.backend"
 
 
 def _compile_with_report():

@@ -1,4 +1,4 @@
-"""The TTIR memo (twinkle_fx.compile.ttir_memo): torch's per-launch Triton front-end run answered
+"""The TTIR memo (twinkle_fx.compiler.inner.ttir_memo): torch's per-launch Triton front-end run answered
 once per kernel signature while Inductor compiles a twinkle graph, and torch's own function back
 when the block exits."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import DEVICE, tiny
 
-from twinkle_fx.compile import ttir_memo
+from twinkle_fx.compiler.inner import ttir_memo
 
 triton_kernel_wrap = pytest.importorskip("torch._higher_order_ops.triton_kernel_wrap")
 

@@ -20,7 +20,7 @@ import transformers
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.compile import collect_reports
+from twinkle_fx.compiler import collect_reports
 from twinkle_fx.core.swaps import swapped_forward
 from twinkle_fx.core.tolerances import tolerance
 from twinkle_fx.testing import record_graphs

@@ -8,8 +8,8 @@ import weakref
 import torch
 
 import twinkle_fx.builtin  # noqa: F401  imports the modules most caches live in
-import twinkle_fx.compile.backend  # noqa: F401
-import twinkle_fx.explain  # noqa: F401
+import twinkle_fx.compiler.backend  # noqa: F401
+import twinkle_fx.compiler.entry  # noqa: F401
 import twinkle_fx.integrations.kernels_mapping  # noqa: F401
 from twinkle_fx import kernelize_model, register_external_layer, register_layer_kernel
 from twinkle_fx.core.caches import cache_owners, reset_caches
@@ -39,8 +39,8 @@ def test_every_module_level_cache_has_an_owner_that_empties_it():
     unowned = [f"{name}.{attr}" for name, attr, value in _containers()
                if len(value) == 0 and name not in cache_owners() and f"{name}.{attr}" not in STATE]
     assert unowned == [], f"caches without an owner (register a reset with twinkle_fx.core.caches.owns_cache): {unowned}"
-    for name in ("twinkle_fx.eager.kernelize", "twinkle_fx.compile.regions.opaque", "twinkle_fx.compile.ttir_memo",
-                 "twinkle_fx.compile.dynamo_internals", "twinkle_fx.core.devices",
+    for name in ("twinkle_fx.eager.kernelize", "twinkle_fx.compiler.regions.splice", "twinkle_fx.compiler.inner.ttir_memo",
+                 "twinkle_fx.compiler.graph.structure", "twinkle_fx.core.devices",
                  "twinkle_fx.integrations.kernels_mapping"):
         assert name in cache_owners()
 

@@ -36,7 +36,7 @@ def test_integers_are_compared_exactly_and_structure_dtype_device_shape_must_mat
 
 
 def test_compile_verify_uses_the_same_comparison():
-    from twinkle_fx.compile import verify
+    from twinkle_fx.compiler.inner import verify
 
     class Shifted(torch.nn.Module):
         def __init__(self, shift):

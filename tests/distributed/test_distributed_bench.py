@@ -136,8 +136,8 @@ def test_compiled_root_reported_once_per_compilation(world_of_one):
     import twinkle_fx
     from torch.nn.parallel import DistributedDataParallel as DDP
     from twinkle_fx.builtin import use_builtin_kernels
-    from twinkle_fx.compile import collect_reports
-    from twinkle_fx.compile.reasons import ReasonKind
+    from twinkle_fx.compiler import collect_reports
+    from twinkle_fx.core.reasons import ReasonKind
 
     torch._dynamo.reset()
     with twinkle_fx.scoped_registry(), collect_reports() as report, torch.no_grad():

@@ -51,7 +51,7 @@ def test_only_fsdp_managed_parameters_are_unpinned(sharded, world_of_one, device
     outside FSDP2 keeps all of its marks."""
     from torch.distributed.fsdp import fully_shard
 
-    from twinkle_fx.compile.inductor_options import unpin_fsdp_parameters
+    from twinkle_fx.compiler.inner.inductor_options import unpin_fsdp_parameters
 
     torch._dynamo.reset()
     model = distributed_bench.build_model("qwen2", "tiny", torch.float32, torch.device(device), 0)

@@ -18,7 +18,7 @@ def _step_under_ddp(device: str, compile_layers_of) -> tuple:
     the gradients."""
     import twinkle_fx
     from twinkle_fx.builtin import use_builtin_kernels
-    from twinkle_fx.compile import collect_reports
+    from twinkle_fx.compiler import collect_reports
 
     torch._dynamo.reset()
     with twinkle_fx.scoped_registry(), collect_reports() as report:
@@ -36,7 +36,7 @@ def _step_under_ddp(device: str, compile_layers_of) -> tuple:
 def test_compile_layers_keeps_each_layer_one_graph_under_ddp(world_of_one, device):
     """DDPOptimizer splits each layer compiled by nn.Module.compile at its 1 MB first bucket (the control);
     compile_layers keeps every layer one graph with the same gradients, and leaves the setting as it was."""
-    from twinkle_fx.compile.regional import compile_layers
+    from twinkle_fx.compiler import compile_layers
 
     options = {"compiler": "eager"}
 

@@ -117,7 +117,7 @@ def test_uncovered_layer_classes_are_logged_once_at_info(caplog):
         kernelize_model(model, mode="inference", device="cpu")
     lines = [r.getMessage() for r in caplog.records if "without a kernel" in r.getMessage()]
     assert lines == ["layer classes of Sequential without a kernel: OtherRMSNorm"]
-    from twinkle_fx.eager.plan import coverage_notes
+    from twinkle_fx.core.admission import coverage_notes
 
     assert coverage_notes(model) == ["layer classes of Sequential without a kernel: OtherRMSNorm"]
     assert _warnings(caplog) == []  # something was swapped, nothing fell back: no warning
@@ -150,7 +150,7 @@ def test_swaps_and_coverage_notes_share_one_target_rule():
     from twinkle_fx import get_registry
     from twinkle_fx.core.modes import Mode
     from twinkle_fx.core.selection import is_layer_target, select_layer_kernel
-    from twinkle_fx.eager.plan import coverage_notes
+    from twinkle_fx.core.admission import coverage_notes
 
     register_layer_kernel(kernel_name="TagOnly", layer=DoubleKernel, device="cpu", binds_by_tag=False)
     registry, model = get_registry(), torch.nn.Sequential(TaggedDouble())

@@ -129,7 +129,7 @@ def test_compiled_swaps_match_the_model(family, device):
         assert f"twinkle_func_{name}" in after, f"{name} not swapped under compile"
     if f.rotary and family not in _ROTARY_NOT_CALLED:
         # phi3, glm4, gpt_oss too: their apply_rotary_pos_emb is traced with q, k at rank 4 and cos, sin
-        # at rank 3 (half width for gpt_oss), see twinkle_fx/compile/regions/pattern_tracing.py
+        # at rank 3 (half width for gpt_oss), see twinkle_fx/compiler/regions/pattern_tracing.py
         assert "twinkle_func_apply_rotary_pos_emb" in after, "rotary not swapped under compile"
 
 
@@ -352,7 +352,7 @@ def test_starcoder2_layer_norm_swapped_under_compile_as_eagerly(device):
     """The backend reads each LayerNorm's parent from Dynamo's module stack, as kernelize_model reads it
     from the module tree: the same five norms are swapped, forward and backward within fp32 tolerance;
     a LayerNorm of another model compiled under the same registrations keeps its forward."""
-    from twinkle_fx.compile import collect_reports
+    from twinkle_fx.compiler import collect_reports
 
     use_builtin_kernels(devices=(device,), models=("starcoder2",), fused_loss=False)
     model = tiny_model("starcoder2").train()

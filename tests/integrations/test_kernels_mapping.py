@@ -16,7 +16,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 import twinkle_fx
 from twinkle_fx import kernelize_model, register_layer_kernel, undo_kernelize
-from twinkle_fx.compile.reasons import ReasonKind
+from twinkle_fx.core.reasons import ReasonKind
 from twinkle_fx.core.swaps import foreign_forward, swapped_forward
 from twinkle_fx.integrations.kernels_mapping import layer_registrations
 

@@ -15,7 +15,7 @@ import torch
 
 from twinkle_fx import kernelize_model
 from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.compile import collect_reports
+from twinkle_fx.compiler import collect_reports
 from twinkle_fx.core.swaps import swapped_forward
 
 # the test extra installs them (CI); a machine without them (the GPU machine) skips these recipes

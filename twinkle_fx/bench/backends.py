@@ -119,7 +119,7 @@ def _cudagraph_notes(prepared: Callable[[], Prepared], device: torch.device) -> 
     recorded. The harness's step sets every ``.grad`` to None first (``zero_grad(set_to_none=True)``):
     a ``.grad`` left from the previous step is a buffer of that step's backward graph, which the
     next step's replay overwrites (see tools/cudagraph_training_probe.py)."""
-    from twinkle_fx.compile.inductor_options import collect_cudagraph_status, cudagraph_tree_summary
+    from twinkle_fx.compiler.inner.inductor_options import collect_cudagraph_status, cudagraph_tree_summary
 
     with collect_cudagraph_status() as cudagraphs:
         row = prepared()
@@ -142,7 +142,7 @@ def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
     def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
         import twinkle_fx
         from twinkle_fx import kernelize_model, undo_kernelize
-        from twinkle_fx.compile import collect_reports
+        from twinkle_fx.compiler import collect_reports
 
         # the registry scope stays open for the whole run: Dynamo compiles at the first call
         with _builtin_kernels(family, device) as bound, collect_reports() as report:

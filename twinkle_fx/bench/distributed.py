@@ -18,7 +18,7 @@ kernels, eager, the head included); ``kernelize+twinkle`` (both: the eager swaps
 then ``backend="twinkle"`` compiles the rest). ``--no-fused-loss`` leaves the head unbound for all.
 Whole-model compilation compiles the DDP- or FSDP2-wrapped model, so DDP's graph splitting at
 bucket boundaries (Dynamo's DDPOptimizer, ``--optimize-ddp``) is part of what runs; ``--regional``
-compiles each decoder layer instead (``twinkle_fx.compile.regional.compile_layers``: one small
+compiles each decoder layer instead (``twinkle_fx.compiler.compile_layers``: one small
 graph all layers share, the head installed eagerly on the uncompiled root; ``--backend inductor
 --regional``: ``torch.compile`` of each layer).
 
@@ -231,7 +231,7 @@ def check_world(args: argparse.Namespace, world: int) -> None:
 def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
     """``--backend`` / ``--regional``: what the training loop calls (``wrapped`` itself when regional or eager)."""
     import twinkle_fx
-    from twinkle_fx.compile.regional import compile_layers
+    from twinkle_fx.compiler import compile_layers
 
     options = {"compiler": args.compiler, **({"cudagraphs": True} if args.cudagraphs else {})}
     inductor_mode = {"mode": "reduce-overhead"} if args.cudagraphs else {}
@@ -306,8 +306,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
     """
     import twinkle_fx
     from twinkle_fx.builtin import use_builtin_kernels
-    from twinkle_fx.compile import collect_reports
-    from twinkle_fx.compile.inductor_options import cudagraph_tree_summary
+    from twinkle_fx.compiler import collect_reports
+    from twinkle_fx.compiler.inner.inductor_options import cudagraph_tree_summary
     from twinkle_fx.core.torch_internals import dynamo_config_patch, foreach_zero
 
     default = "fp32" if args.mixed_precision or device.type != "cuda" else "bf16"

@@ -78,7 +78,7 @@ def _compiled(backend: str | None, cudagraphs: bool):
     @contextlib.contextmanager
     def prepare(model: torch.nn.Module, family: str, device: torch.device,
                 options: dict[str, Any] | None) -> Iterator[Prepared]:
-        from twinkle_fx.compile.inductor_options import collect_cudagraph_status
+        from twinkle_fx.compiler.inner.inductor_options import collect_cudagraph_status
 
         mode = "reduce-overhead" if cudagraphs else None
         if backend is None:
@@ -87,7 +87,7 @@ def _compiled(backend: str | None, cudagraphs: bool):
                 yield prepared
             prepared.notes["cudagraphs"] = cudagraphs_report.summary() if cudagraphs else None
             return
-        from twinkle_fx.compile import collect_reports
+        from twinkle_fx.compiler import collect_reports
 
         kwargs: dict[str, Any] = {"options": {**(options or {}), "cudagraphs": True} if cudagraphs else options}
         if kwargs["options"] is None:

@@ -2,7 +2,7 @@
 reference, at the sizes of decode, prefill and a training step, replayed from CUDA graphs.
 
 ``python -m twinkle_fx.bench.swap_table --out DIR`` (CUDA only) prints one line per op, phase and size
-and writes ``swap-table.json``; :data:`twinkle_fx.compile.swap_policy.DECISIONS` is written from it.
+and writes ``swap-table.json``; :data:`twinkle_fx.compiler.regions.splice.DECISIONS` is written from it.
 Both implementations run ``REPS`` times inside one captured CUDA graph, so launch overhead (which
 CUDA graphs remove in a compiled model too) is out and the GPU time of the kernels is what counts.
 The shapes are the reference workload's (Qwen2-0.5B: hidden 896, intermediate 4864, 14 query and

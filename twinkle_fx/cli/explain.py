@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         use_builtin_kernels(devices=(device.type,), models=[args.config], fused_loss=args.train)
     import transformers
 
-    from ..explain import explain
+    from ..compiler.entry import explain
 
     step = "a training step" if args.train else "an inference forward"
     note(f"twinkle-fx explain: tiny random {args.config} (2 layers, hidden 64) on {device}, {step} of 2 x {args.seq} "

@@ -45,11 +45,11 @@ import torch
 
 from .modes import Mode
 from .reasons import Reason, ReasonKind
-from .registry import KernelRegistry
-from .selection import Selection, does_not_apply, select_layer_kernel, signature_mismatch
+from .registry import KernelRegistry, get_registry
+from .selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
 from .swaps import LayerSwap, foreign_forward, swapped_forward
 
-__all__ = ["Admission", "LayerTarget", "foreign_forward_reason"]
+__all__ = ["Admission", "LayerTarget", "foreign_forward_reason", "looks_like_layer", "coverage_notes"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +141,42 @@ def foreign_forward_reason(module: torch.nn.Module) -> Reason | None:
     none did."""
     who = foreign_forward(module)
     return None if who is None else _replaced_by(who)
+
+
+# Class names that mark a transformers layer a kernel usually replaces: listed when a model has
+# no kernel for them, so a user of an uncovered family learns it from the log.
+_LAYER_SUFFIXES = ("Norm", "MLP", "Attention", "ForCausalLM", "Experts", "SparseMoeBlock")
+
+
+def looks_like_layer(cls: type) -> bool:
+    """Whether ``cls`` is a layer a kernel usually replaces (tagged, or a transformers norm, MLP, ...)."""
+    if isinstance(getattr(cls, "kernel_layer_name", None), str):
+        return True
+    return cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(_LAYER_SUFFIXES)
+
+
+def coverage_notes(model: torch.nn.Module) -> list[str]:
+    """What the registrations leave out for ``model``: layer kernels no class is bound to, and the
+    model's layer classes that no kernel serves (for ``explain`` and reports).
+
+    Examples:
+        >>> from twinkle_fx import register_layer_kernel
+        >>> _ = register_layer_kernel(kernel_name="linear", layer=nn.Linear, device="cpu")
+        >>> coverage_notes(nn.Sequential(nn.Linear(8, 8)))
+        ["layer kernel 'linear' is registered but no class is bound to it: bind the class it replaces, e.g. register_external_layer(nn.Linear, 'linear')"]
+    """
+    registry = get_registry()
+    # the kernels package's mapping serves a device: without the model's, its layers would be
+    # listed as having no kernel although the mapping swaps them
+    device = next((t.device.type for t in (*model.parameters(), *model.buffers())), None)
+    classes = {type(m) for m in model.modules()}
+    bound = set(registry.bindings().values()) | {
+        name for cls in classes if isinstance(name := getattr(cls, "kernel_layer_name", None), str)}
+    notes = [f"layer kernel {name!r} is registered but no class is bound to it: bind the class it replaces, e.g. "
+             f"register_external_layer(nn.Linear, {name!r})"
+             for name in sorted(set(registry.layer_kernel_names()) - bound)]
+    uncovered = sorted(cls.__name__ for cls in classes
+                       if looks_like_layer(cls) and not is_layer_target(registry, cls, device=device))
+    if uncovered:
+        notes.append(f"layer classes of {type(model).__name__} without a kernel: {', '.join(uncovered)}")
+    return notes

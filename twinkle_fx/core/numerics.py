@@ -1,5 +1,5 @@
 """The one comparison of a kernel's result with its reference's, shared by eager verify mode
-(:mod:`twinkle_fx.eager.verify`) and compile-time verify (:mod:`twinkle_fx.compile.verify`).
+(:mod:`twinkle_fx.eager.verify`) and compile-time verify (:mod:`twinkle_fx.compiler.inner.verify`).
 
 Structure, non-tensor values, dtype, device and shape must agree exactly; integer and bool tensors
 exactly; floating values within :func:`twinkle_fx.core.tolerances.tolerance` of their dtype, with the same

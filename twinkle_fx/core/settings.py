@@ -30,7 +30,7 @@ def use_triton_interpreter(*, command: str) -> None:
     # imported (torch._dynamo imports it on a machine with a GPU) they are bound to the compiler
     if "twinkle_triton" in sys.modules or "triton" in sys.modules:
         raise RuntimeError(f"triton was imported before TRITON_INTERPRET=1 was set, so {command} cannot run the "
-                           "twinkle_triton kernels on the CPU in this process; set TRITON_INTERPRET=1 before importing "
+                           "twinkle_triton kernels on the CPU; set TRITON_INTERPRET=1 before importing "
                            "torch and twinkle_fx (or in the shell).")
     os.environ["TRITON_INTERPRET"] = "1"
     _check_interpreter()

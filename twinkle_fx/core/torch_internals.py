@@ -7,7 +7,7 @@ test per accessor that fails when the name it reaches moves. Imports of ``torch.
 (a second of import time) loads only where it is used. The Triton kernels, which import nothing
 from twinkle_fx, have a door of their own (``kernels/twinkle_triton/_torch_internals.py``).
 Reading Dynamo's graph metadata (``node.meta``) is compile-only and lives in
-``twinkle_fx.compile.dynamo_internals``, which reaches private names through this module.
+``twinkle_fx.compiler.graph.dynamo``, which reaches private names through this module.
 """
 
 from __future__ import annotations

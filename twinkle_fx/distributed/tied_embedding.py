@@ -18,7 +18,7 @@ Gradient accumulation works as with DDP: in ``ddp.no_sync()`` both parts stay on
 in a buffer, the embedding's as rows) and the step that synchronises reduces everything.
 
 It composes with the ways twinkle_fx runs a model: kernelized, decoder layers compiled
-(``twinkle_fx.compile.regional.compile_layers``, the recommended recipe under DDP), or compiled
+(``twinkle_fx.compiler.compile_layers``, the recommended recipe under DDP), or compiled
 whole, where the hooks below run eagerly between graphs (the embedding and the root's entry and exit
 break the graph: three graphs instead of one).
 """
@@ -51,7 +51,7 @@ def tied_embedding_ddp(model: nn.Module, **ddp_kwargs: Any) -> nn.Module:
 
     Example (2 processes under ``torchrun``; the decoder layers compiled, the root eager)::
 
-        model = compile_layers(Qwen2ForCausalLM.from_pretrained(name).cuda())   # twinkle_fx.compile.regional
+        model = compile_layers(Qwen2ForCausalLM.from_pretrained(name).cuda())   # twinkle_fx.compiler
         ddp = tied_embedding_ddp(model, device_ids=[rank], bucket_cap_mb=100)
         loss = ddp(input_ids=ids, labels=ids).loss
         loss.backward()          # the head's gradient is on the wire while the layers run backward
@@ -181,7 +181,7 @@ class TiedEmbeddingReduction:
             raise RuntimeError(
                 f"tied_embedding_ddp: the tied weight ({type(self.embedding).__name__} / {type(self.head).__name__}) "
                 f"received a gradient from a use outside {type(self.model).__name__}.forward (the embedding or "
-                "the head called directly); DDP does not reduce this weight, so that gradient would differ "
+                "the head called directly);\nDDP does not reduce this weight, so that gradient would differ "
                 "between ranks. Call the model (through DDP) instead, or wrap it in DistributedDataParallel")
 
     def _queue_finalize(self) -> None:

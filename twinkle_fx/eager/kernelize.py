@@ -125,7 +125,7 @@ def _report(model: torch.nn.Module, plan: LayerPlan, installed: list[LayerSwap],
         if name not in warned:
             warned.add(name)
             logger.warning("layer kernel %r is registered, but no class is bound to it and no class of %s carries "
-                           "kernel_layer_name=%r, so it swaps nothing; bind the layer class it replaces, e.g. "
+                           "kernel_layer_name=%r, so it swaps nothing;\nbind the layer class it replaces, e.g. "
                            "register_external_layer(nn.Linear, %r)", name, model_name, name, name)
     if plan.uncovered:
         key = (type(model).__qualname__, tuple(plan.uncovered))
@@ -431,7 +431,7 @@ def undo_kernelize(model: torch.nn.Module | None = None) -> Restored:
         if foreign:
             left = [f"{named[id(m)]} ({type(m).__qualname__})" for m, _ in foreign]
             logger.warning(
-                "undo_kernelize(%s): %d module(s) run a forward twinkle_fx did not install (%s%s: %r); something "
+                "undo_kernelize(%s): %d module(s) run a forward twinkle_fx did not install (%s%s: %r); \nsomething "
                 "replaced its kernel after kernelize_model (kernels.kernelize?). Left as it is: undo it with that "
                 "tool, or reload the model; restored the %d twinkle_fx forward(s) still in place",
                 type(model).__qualname__, len(foreign), ", ".join(left[:3]), ", ..." if len(foreign) > 3 else "",

@@ -5,7 +5,8 @@ whose class is a target is a candidate, and it is swapped or keeps its forward f
 :class:`~twinkle_fx.core.reasons.Reason`. A forward installed earlier stays only where this call
 admits the same module again (a kernel that does not serve this call is removed, as
 ``kernels.kernelize`` does). What the registrations leave out (classes that look like layers
-without a kernel, layer kernels no class is bound to) is noted for the log and for ``explain``.
+without a kernel, layer kernels no class is bound to) is noted for the log, as ``explain`` notes it
+(:func:`~twinkle_fx.core.admission.coverage_notes`).
 """
 
 from __future__ import annotations
@@ -14,25 +15,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.admission import Admission
+from ..core.admission import Admission, looks_like_layer
 from ..core.modes import Mode, format_mode
 from ..core.reasons import Reason, ReasonKind
 from ..core.registry import get_registry
-from ..core.selection import is_layer_target
 from ..core.swaps import LayerSwap, swapped_forward
 
-__all__ = ["LayerPlan", "plan_layers", "coverage_notes"]
-
-# Class names that mark a transformers layer a kernel usually replaces: listed when a model has
-# no kernel for them, so a user of an uncovered family learns it from the log.
-_LAYER_SUFFIXES = ("Norm", "MLP", "Attention", "ForCausalLM", "Experts", "SparseMoeBlock")
-
-
-def _looks_like_layer(cls: type) -> bool:
-    if isinstance(getattr(cls, "kernel_layer_name", None), str):
-        return True
-    return cls.__module__.startswith("transformers.models.") and cls.__name__.endswith(_LAYER_SUFFIXES)
-
+__all__ = ["LayerPlan", "plan_layers"]
 
 @dataclass
 class LayerPlan:
@@ -110,33 +99,6 @@ def plan_layers(model: torch.nn.Module, device: str, mode: Mode) -> LayerPlan:
             plan.stale.append((where, module, f"{current.kernel_name} does not serve it now: {reason}"))
     # the class alone, without a parent: a class bound only under some parents is covered nowhere
     plan.uncovered = sorted({type(m).__name__ for m in modules.values()
-                             if _looks_like_layer(type(m)) and rule.target(type(m)) is None})
+                             if looks_like_layer(type(m)) and rule.target(type(m)) is None})
     plan.unbound = sorted(set(registry.layer_kernel_names()) - bound_names)
     return plan
-
-
-def coverage_notes(model: torch.nn.Module) -> list[str]:
-    """What the registrations leave out for ``model``: layer kernels no class is bound to, and the
-    model's layer classes that no kernel serves (for ``explain`` and reports).
-
-    Examples:
-        >>> from twinkle_fx import register_layer_kernel
-        >>> _ = register_layer_kernel(kernel_name="linear", layer=nn.Linear, device="cpu")
-        >>> coverage_notes(nn.Sequential(nn.Linear(8, 8)))
-        ["layer kernel 'linear' is registered but no class is bound to it: bind the class it replaces, e.g. register_external_layer(nn.Linear, 'linear')"]
-    """
-    registry = get_registry()
-    # the kernels package's mapping serves a device: without the model's, its layers would be
-    # listed as having no kernel although the mapping swaps them
-    device = next((t.device.type for t in (*model.parameters(), *model.buffers())), None)
-    classes = {type(m) for m in model.modules()}
-    bound = set(registry.bindings().values()) | {
-        name for cls in classes if isinstance(name := getattr(cls, "kernel_layer_name", None), str)}
-    notes = [f"layer kernel {name!r} is registered but no class is bound to it: bind the class it replaces, e.g. "
-             f"register_external_layer(nn.Linear, {name!r})"
-             for name in sorted(set(registry.layer_kernel_names()) - bound)]
-    uncovered = sorted(cls.__name__ for cls in classes
-                       if _looks_like_layer(cls) and not is_layer_target(registry, cls, device=device))
-    if uncovered:
-        notes.append(f"layer classes of {type(model).__name__} without a kernel: {', '.join(uncovered)}")
-    return notes

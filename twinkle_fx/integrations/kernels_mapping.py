@@ -56,7 +56,7 @@ def active_kernels_mapping() -> dict[str, Any]:
         version = getattr(sys.modules["kernels"], "__version__", "?")
         raise RuntimeError(
             f"twinkle_fx cannot read the layer mapping of kernels {version} (kernels.layer.globals._KERNEL_MAPPING "
-            "is gone; twinkle_fx reads kernels 0.17); register the kernels with twinkle_fx instead "
+            "is gone; twinkle_fx reads kernels 0.17);\nregister the kernels with twinkle_fx instead "
             "(twinkle_fx.register_layer_kernel(..., repo=<your LayerRepository>)) or set DISABLE_KERNEL_MAPPING=1."
         )
     return mapping_var.get()

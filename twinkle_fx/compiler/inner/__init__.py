@@ -1,0 +1,3 @@
+"""What the backend changes about the inner compiler it hands the rewritten graph to: Inductor's config
+patches and CUDA-graph status (:mod:`.inductor_options`), the memo of Triton's front end (:mod:`.ttir_memo`),
+and the compile-time check that the rewrite kept the graph's results (:mod:`.verify`)."""

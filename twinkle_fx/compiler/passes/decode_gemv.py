@@ -1,0 +1,271 @@
+"""Linears on a few rows (decode steps) become Triton GEMV calls, with what follows them fused.
+
+At a decode step each linear multiplies one token by its whole weight. cuBLAS's kernels for that
+read the weights of a 0.5B-3B model at 0.4-1.7 TB/s on an H200 for the small projections (one
+launch each, plus a bias, the SwiGLU product, and the weight concatenation :mod:`.gemm_fusion`
+makes to fuse q/k/v), where ``twinkle_triton.gemv`` reaches 0.7-2.9 TB/s at one row (the measured
+table is in ``kernels/twinkle_triton/README.md``). Three rewrites, in graph order of the linears
+that read one input:
+
+- ``silu(linear(x, wg)) * linear(x, wu)`` (a SwiGLU MLP's gate and up) ->
+  ``twinkle.gemv_swiglu(x, wg, wu)``: both weights streamed by one kernel, the product computed in
+  registers;
+- two or three other linears of that input (q, k, v) -> one ``twinkle.gemv(x, [wq, wk, wv],
+  [bq, bk, bv])`` and a split: no weight is concatenated;
+- a linear left alone whose only use is ``residual + linear(...)`` (o_proj, down_proj) ->
+  ``twinkle.gemv(h, [w], residual=residual)``; any other -> ``twinkle.gemv(x, [w], [b])``.
+
+Which calls: ``options={"decode_gemv": ...}``: ``"auto"`` (the default) rewrites inference graphs
+on CUDA where the input has at most :data:`AUTO_MAX_ROWS` rows; ``True`` any graph with at most
+``twinkle_triton.gemv.MAX_ROWS`` rows, on any device (on the CPU the kernels run under the Triton
+interpreter, or their PyTorch reference); ``False`` none. Removing the registry's graph rewrite
+``decode_gemv`` turns it off wherever that registry is in effect. The pass runs before
+:mod:`.gemm_fusion`, which then fuses only what it left. Each rewrite is reported as a swapped
+function region.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+
+import torch
+import torch.fx as fx
+
+from ...core.modes import Mode
+from ..graph.dynamo import common_provenance, example_value, set_example_value
+from ..pipeline import Outcome, PassState, Swapped
+from .function_patterns import region_location
+from .gemm_fusion import linear_args, rows_at_most
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["run", "should_rewrite", "AUTO_MAX_ROWS", "DECODE_GEMV"]
+
+DECODE_GEMV = "decode_gemv"  # its name in the registry
+
+# "auto": the most rows a rewritten linear's input has. Measured on one H200 (torch 2.11, triton 3.6),
+# CUDA-graph timed, bf16, against cuBLAS through F.linear: at one row the kernels take 0.55-0.92 of
+# cuBLAS's time at the Qwen2-0.5B shape (1.0-1.1 of it for three Llama-3.2 shapes) and the SwiGLU
+# form 0.54 of two GEMVs plus the product; at eight rows cuBLAS's GEMM is 1.2-4.7x faster.
+AUTO_MAX_ROWS = 1
+
+_SILU = (torch.nn.functional.silu,)
+_MUL = (operator.mul, torch.mul)
+_ADD = (operator.add, torch.add)
+_KERNEL, _SWIGLU_KERNEL = "twinkle_triton.gemv", "twinkle_triton.gemv_swiglu"
+
+
+def _kernels():
+    import twinkle_triton
+
+    return twinkle_triton
+
+
+class GemvCall:
+    """The graph's call of the kernel: prints as ``twinkle.gemv(x, weights, biases, residual)``."""
+
+    __name__ = __qualname__ = "gemv"
+    __module__ = "twinkle"
+
+    def __call__(self, x, weights, biases, residual):
+        return _kernels().gemv(x, weights, biases, residual=residual)
+
+    def __repr__(self) -> str:
+        return "<twinkle kernel call gemv>"
+
+
+class GemvSwigluCall:
+    """The graph's call of the kernel: prints as ``twinkle.gemv_swiglu(x, gate_weight, up_weight)``."""
+
+    __name__ = __qualname__ = "gemv_swiglu"
+    __module__ = "twinkle"
+
+    def __call__(self, x, gate_weight, up_weight):
+        return _kernels().gemv_swiglu(x, gate_weight, up_weight)
+
+    def __repr__(self) -> str:
+        return "<twinkle kernel call gemv_swiglu>"
+
+
+gemv_call, gemv_swiglu_call = GemvCall(), GemvSwigluCall()
+
+
+def should_rewrite(setting: bool | str, mode: Mode) -> int | None:
+    """The most rows a rewritten input may have under ``setting`` in ``mode``; None: rewrite nothing.
+
+    Examples:
+        >>> should_rewrite("auto", Mode.INFERENCE), should_rewrite("auto", Mode.TRAINING)
+        (1, None)
+    """
+    if setting is False or (setting == "auto" and Mode.TRAINING in mode):
+        return None
+    if setting == "auto":
+        return AUTO_MAX_ROWS
+    from twinkle_triton.gemv import MAX_ROWS
+
+    return MAX_ROWS
+
+
+def run(state: PassState) -> list[Outcome]:
+    """The pass: see the module docstring."""
+    setting = state.options.decode_gemv if state.registry.has_graph_rewrite(DECODE_GEMV) else False
+    max_rows = should_rewrite(setting, state.mode)
+    if max_rows is None:
+        return []
+    graph = state.gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    by_input: dict[fx.Node, list[fx.Node]] = {}
+    for node in graph.nodes:
+        parsed = linear_args(node)
+        if parsed is not None and _eligible(node, cuda_only=setting == "auto"):
+            by_input.setdefault(parsed[0], []).append(node)
+    outcomes: list[Outcome] = []
+    for x, linears in by_input.items():
+        if not rows_at_most(x, max_rows):
+            continue
+        rows = _value(x).numel() // _value(x).shape[-1]
+        # each rewrite reads its input from the linears: an input that an earlier rewrite replaced
+        # (h = residual + o_proj(...) read by gate and up) is the new node there
+        for pair in _swiglu_pairs(linears):
+            outcomes.append(_rewrite_swiglu(*pair, rows))
+            linears = [n for n in linears if n not in pair[:2]]
+        for group in _groups(linears, order):
+            outcomes.append(_rewrite_group(group, rows, order))
+    if outcomes:
+        graph.lint()
+        state.gm.recompile()
+        logger.info("decode_gemv: %d group(s) of linears now call the GEMV kernels", len(outcomes))
+    return outcomes
+
+
+def _value(node: object) -> torch.Tensor | None:
+    value = example_value(node) if isinstance(node, fx.Node) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _eligible(node: fx.Node, *, cuda_only: bool) -> bool:
+    """A linear whose input, weight and bias are tensors of one floating dtype and device, with a 2-D
+    weight and a 1-D bias or none."""
+    x, weight, bias = linear_args(node)
+    xv, wv = _value(x), _value(weight)
+    if xv is None or wv is None or not isinstance(weight, fx.Node) or wv.dim() != 2 or xv.dim() == 0:
+        return False
+    if not xv.is_floating_point() or wv.dtype != xv.dtype or wv.device != xv.device:
+        return False
+    if cuda_only and xv.device.type != "cuda":
+        return False
+    if bias is None:
+        return True
+    bv = _value(bias)
+    return isinstance(bias, fx.Node) and bv is not None and bv.dim() == 1 and bv.dtype == xv.dtype
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _is_call(node: fx.Node | None, targets: tuple) -> bool:
+    return node is not None and node.op == "call_function" and node.target in targets and not node.kwargs
+
+
+def _swiglu_pairs(linears: list[fx.Node]) -> list[tuple[fx.Node, fx.Node, fx.Node]]:
+    """(gate linear, up linear, the product) for each ``silu(gate) * up`` on two bias-free linears of
+    one input, each read by nothing else."""
+    pairs = []
+    for gate in linears:
+        silu = _only_user(gate)
+        product = _only_user(silu) if _is_call(silu, _SILU) and len(silu.args) == 1 else None
+        if not _is_call(product, _MUL) or linear_args(gate)[2] is not None:
+            continue
+        other = product.args[1] if product.args[0] is silu else product.args[0]
+        if other in linears and other is not gate and _only_user(other) is product and linear_args(other)[2] is None:
+            if _value(linear_args(other)[1]).shape == _value(linear_args(gate)[1]).shape:
+                pairs.append((gate, other, product))
+    return pairs
+
+
+def _groups(linears: list[fx.Node], order: dict[fx.Node, int]) -> list[list[fx.Node]]:
+    """The linears of one input in launches: up to three at once where their weights share dtype and
+    input width, all or none have a bias and every weight is defined before the first; else alone."""
+    groups: list[list[fx.Node]] = []
+    kinds: dict[tuple, list[fx.Node]] = {}
+    for node in linears:
+        _, weight, bias = linear_args(node)
+        kinds.setdefault((_value(weight).shape[1], bias is None), []).append(node)
+    for same in kinds.values():
+        for start in range(0, len(same), 3):
+            chunk = same[start:start + 3]
+            first = min(chunk, key=order.__getitem__)
+            defined = [a for n in chunk for a in linear_args(n)[1:] if isinstance(a, fx.Node)]
+            if all(order[d] < order[first] for d in defined):
+                groups.append(chunk)
+            else:
+                groups.extend([n] for n in chunk)
+    return groups
+
+
+def _residual(linear: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(the add, the residual) when the linear's only use is ``residual + linear`` of one shape and dtype."""
+    add = _only_user(linear)
+    if not _is_call(add, _ADD) or len(add.args) != 2:
+        return None
+    residual = add.args[1] if add.args[0] is linear else add.args[0]
+    rv, lv = _value(residual), _value(linear)
+    if residual is linear or rv is None or lv is None or rv.shape != lv.shape or rv.dtype != lv.dtype:
+        return None
+    return add, residual
+
+
+def _rewrite_swiglu(gate: fx.Node, up: fx.Node, product: fx.Node, rows: int) -> Swapped:
+    graph, x = gate.graph, linear_args(gate)[0]
+    with graph.inserting_before(product):
+        call = graph.call_function(gemv_swiglu_call, (x, linear_args(gate)[1], linear_args(up)[1]))
+    call.meta.update(common_provenance([gate, up, product]))
+    set_example_value(call, example_value(product))
+    location = region_location([gate, up, product])
+    product.replace_all_uses_with(call)
+    silu = product.args[0] if product.args[0] is not up else product.args[1]
+    for node in (product, silu, gate, up):
+        graph.erase_node(node)
+    return Swapped("function", f"silu(linear) * linear on {rows} row(s)", location, _SWIGLU_KERNEL,
+                   f"{rows} row(s): gate and up in one GEMV")
+
+
+def _rewrite_group(group: list[fx.Node], rows: int, order: dict[fx.Node, int]) -> Swapped:
+    graph, x = group[0].graph, linear_args(group[0])[0]
+    weights = [linear_args(n)[1] for n in group]
+    biases = [linear_args(n)[2] for n in group]
+    biases = None if biases[0] is None else biases
+    location = region_location(group)
+    residual = _residual(group[0]) if len(group) == 1 else None
+    if residual is not None:
+        add, r = residual
+        with graph.inserting_before(add):
+            call = graph.call_function(gemv_call, (x, weights, biases, r))
+        call.meta.update(common_provenance([group[0], add]))
+        set_example_value(call, example_value(add))
+        add.replace_all_uses_with(call)
+        graph.erase_node(add)
+        graph.erase_node(group[0])
+        return Swapped("function", f"linear + residual on {rows} row(s)", location, _KERNEL,
+                       f"{rows} row(s): the residual added in the GEMV")
+    first = min(group, key=order.__getitem__)
+    widths = [int(_value(w).shape[0]) for w in weights]
+    with graph.inserting_before(first):
+        call = graph.call_function(gemv_call, (x, weights, biases, None))
+        call.meta.update(common_provenance(group))
+        out = _value(x).new_empty((*_value(x).shape[:-1], sum(widths)))
+        set_example_value(call, out)
+        pieces = [call] if len(group) == 1 else [
+            graph.call_function(torch.narrow, (call, -1, sum(widths[:i]), widths[i])) for i in range(len(group))]
+    for i, (piece, linear) in enumerate(zip(pieces, group)):
+        if piece is not call:
+            piece.meta.update(linear.meta)
+            set_example_value(piece, out.narrow(-1, sum(widths[:i]), widths[i]))
+        linear.replace_all_uses_with(piece)
+        graph.erase_node(linear)
+    what = f"{len(group)} linear(s) on {rows} row(s)" if len(group) > 1 else f"linear on {rows} row(s)"
+    return Swapped("function", what, location, _KERNEL, f"{rows} row(s): " + (
+        "one launch, no weight concatenated" if len(group) > 1 else "one GEMV"))

@@ -7,12 +7,18 @@ up weights with ``silu(g) * u`` after. Times are CUDA-graph replays (``triton.te
 no launch gaps, as inside the decode loop's graph); GB/s is the weights' bytes over that time. The
 rows where the kernels win are what ``twinkle_fx.compiler.passes.decode_gemv.AUTO_MAX_ROWS`` admits.
 
+``--block-n`` and ``--tiles`` sweep the kernels' launch heuristic (weight rows a program, register
+tile; ``twinkle_triton.gemv._BLOCK_N`` / ``_TILE``) for the ``--tune-rows`` rows, and print the best per
+projection.
+
     python tools/gemv_sweep.py --out gemv.json
+    python tools/gemv_sweep.py --out gemv-tune.json --rows 1 --block-n 2,4,8 --tiles 4096,8192,16384
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 
 import torch
@@ -22,6 +28,8 @@ from triton.testing import do_bench_cudagraph
 import twinkle_triton as tt
 from twinkle_fx.core.outputs import output_file
 from twinkle_fx.measure.environment import describe_environment
+
+gemv_module = importlib.import_module("twinkle_triton.gemv")  # the package exports the function of that name
 
 # shape name -> (hidden, intermediate, q width, kv width, vocab)
 SHAPES = {"qwen2-0.5b": (896, 4864, 896, 128, 151936), "llama-3.2-1b": (2048, 8192, 2048, 512, 128256),
@@ -51,19 +59,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, type=output_file)
     parser.add_argument("--rows", default="1,2,4,8", help="comma-separated row counts (at most 16)")
+    parser.add_argument("--block-n", default=str(gemv_module._BLOCK_N), help="comma-separated weight rows a program")
+    parser.add_argument("--tiles", default=str(gemv_module._TILE), help="comma-separated register tiles (products)")
     args = parser.parse_args()
     dtype, results = torch.bfloat16, []
-    print(f"{'shape':14s} {'projection':16s} rows  cuBLAS us  GB/s | gemv us  GB/s | speedup")
+    heuristics = [(int(b), int(t)) for b in args.block_n.split(",") for t in args.tiles.split(",")]
+    print(f"{'shape':14s} {'projection':16s} rows  N  tile  cuBLAS us  GB/s | gemv us  GB/s | speedup")
     for name, dims in SHAPES.items():
         for rows in (int(r) for r in args.rows.split(",")):
             for what, (ours, theirs, numel) in _cases(*dims, rows, dtype).items():
-                torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
-                t_ours, t_theirs = do_bench_cudagraph(ours) * 1e3, do_bench_cudagraph(theirs) * 1e3
+                t_theirs = do_bench_cudagraph(theirs) * 1e3
                 nbytes = numel * torch.finfo(dtype).bits // 8
-                results.append({"shape": name, "projection": what, "rows": rows, "cublas_us": t_theirs,
-                                "gemv_us": t_ours, "speedup": t_theirs / t_ours})
-                print(f"{name:14s} {what:16s} {rows:4d} {t_theirs:10.1f} {nbytes / t_theirs / 1e3:5.0f} | "
-                      f"{t_ours:7.1f} {nbytes / t_ours / 1e3:5.0f} | {t_theirs / t_ours:5.2f}x", flush=True)
+                for block_n, tile in heuristics:
+                    gemv_module._BLOCK_N, gemv_module._TILE = block_n, tile
+                    torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
+                    t_ours = do_bench_cudagraph(ours) * 1e3
+                    results.append({"shape": name, "projection": what, "rows": rows, "block_n": block_n, "tile": tile,
+                                    "cublas_us": t_theirs, "gemv_us": t_ours, "speedup": t_theirs / t_ours})
+                    print(f"{name:14s} {what:16s} {rows:4d} {block_n:2d} {tile:5d} {t_theirs:10.1f} "
+                          f"{nbytes / t_theirs / 1e3:5.0f} | {t_ours:7.1f} {nbytes / t_ours / 1e3:5.0f} | "
+                          f"{t_theirs / t_ours:5.2f}x", flush=True)
     with open(args.out, "w") as f:
         json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16", "rows": results}, f, indent=1)
 

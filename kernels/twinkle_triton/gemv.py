@@ -45,7 +45,10 @@ __all__ = ["MAX_ROWS", "gemv", "gemv_reference", "gemv_swiglu", "gemv_swiglu_ref
 
 MAX_ROWS = 16
 MAX_WEIGHTS = 3  # q, k and v
-_TILE = 4096  # BLOCK_M * BLOCK_N * BLOCK_K fp32 products held in registers by one program (32 a thread)
+# The launch heuristic (tools/gemv_sweep.py --tiles/--block-n sweeps both): weight rows a program, and the
+# BLOCK_M * BLOCK_N * BLOCK_K fp32 products one program holds in registers (32 a thread at 4 warps)
+_BLOCK_N = 4
+_TILE = 4096
 
 
 @triton.jit
@@ -111,15 +114,13 @@ def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, sxm, sxk, sgn, sgk,
 
 
 def _blocks(rows: int, n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): every row in one tile; 4 weight rows a program (measured best or
-    within a few percent of the best for one row at 0.5B-3B shapes on an H200); K in tiles that keep
-    the register tile at :data:`_TILE` products (``_launch.BLOCK_LIMIT`` caps both blocks, so tests
-    loop over several K tiles and weight-row blocks)."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K): every row in one tile, :data:`_BLOCK_N` weight rows a program, K in
+    tiles that keep the register tile at :data:`_TILE` products (``_launch.BLOCK_LIMIT`` caps both blocks,
+    so tests loop over several K tiles and weight-row blocks)."""
     block_m = next_power_of_2(rows)
     if interpreting():  # few, large programs: each is a Python loop iteration on the CPU
         return block_m, loop_block(n, 0), loop_block(k, 0)
-    block_n = 4
-    return block_m, block_n, loop_block(k, max(16, min(1024, next_power_of_2(k), _TILE // (block_m * block_n))))
+    return block_m, _BLOCK_N, loop_block(k, max(16, min(next_power_of_2(k), _TILE // (block_m * _BLOCK_N))))
 
 
 def _flat(x: Tensor) -> Tensor:

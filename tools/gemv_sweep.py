@@ -5,7 +5,7 @@ the LM head) or ``gemv_swiglu`` (gate and up with the SwiGLU product) against wh
 without them: ``F.linear`` per weight (cuBLAS) on pre-concatenated q/k/v weights, or on the gate and
 up weights with ``silu(g) * u`` after. Times are CUDA-graph replays (``triton.testing.do_bench_cudagraph``:
 no launch gaps, as inside the decode loop's graph); GB/s is the weights' bytes over that time. The
-rows where the kernels win are what ``twinkle_fx.compiler.passes.decode_gemv.AUTO_MAX_ROWS`` admits.
+rows where the kernels win are what ``twinkle_triton.gemv.DECODE_ROWS`` admits (the graph rewrite and SwiGLUMLP).
 
 ``--block-n`` and ``--tiles`` sweep the kernels' launch heuristic (weight rows a program, register
 tile; ``twinkle_triton.gemv._BLOCK_N`` / ``_TILE``) for the ``--tune-rows`` rows, and print the best per

@@ -14,7 +14,7 @@ import torch
 from torch._library.triton import is_wrap_triton_enabled
 
 __all__ = ["current_cuda_device", "current_cuda_raw_stream", "dispatch_modes_active", "functorch_transforms_active",
-           "is_wrap_triton_enabled"]
+           "is_wrap_triton_enabled", "plain_linear"]
 
 
 def _without_cuda(*args: Any) -> Any:
@@ -31,3 +31,12 @@ current_cuda_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _withou
 dispatch_modes_active = torch._C._len_torch_dispatch_stack
 # whether a functorch transform (vmap, grad) is active: then too
 functorch_transforms_active = torch._C._are_functorch_transforms_active
+
+
+def plain_linear(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` is exactly ``F.linear(x, module.weight, module.bias)``: a ``torch.nn.Linear``
+    itself (no subclass such as a LoRA layer) with no hook of its own or of every module."""
+    from torch.nn.modules import module as nn_module
+
+    return (type(module) is torch.nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+            and not (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks))

@@ -41,9 +41,13 @@ from ._checks import check_tensors
 from ._launch import cdiv, compute_dtype, interpreting, loop_block, next_power_of_2
 from ._library import define_op, wrap_triton
 
-__all__ = ["MAX_ROWS", "gemv", "gemv_reference", "gemv_swiglu", "gemv_swiglu_reference"]
+__all__ = ["DECODE_ROWS", "MAX_ROWS", "gemv", "gemv_reference", "gemv_swiglu", "gemv_swiglu_reference"]
 
 MAX_ROWS = 16
+# The most rows at which the kernels were measured faster than cuBLAS (tools/gemv_sweep.py, H200, bf16:
+# at one row 0.55-0.92 of cuBLAS's time at the Qwen2-0.5B shape, the SwiGLU form 0.54 of two GEMVs and the
+# product; at eight rows cuBLAS's GEMM is 1.2-4.7x faster). The graph rewrite and SwiGLUMLP use them up to here.
+DECODE_ROWS = 1
 MAX_WEIGHTS = 3  # q, k and v
 # The launch heuristic (tools/gemv_sweep.py --tiles/--block-n sweeps both): weight rows a program, and the
 # BLOCK_M * BLOCK_N * BLOCK_K fp32 products one program holds in registers (32 a thread at 4 warps)

@@ -22,6 +22,9 @@ from .add_gelu import add_gelu
 from .causal_lm import CausalLMFusedLoss, MoECausalLMFusedLoss  # noqa: F401  (layers too: the causal-LM heads with fused loss)
 from .fp32_norm import layer_norm, rms_norm_fp32
 from .gelu_mul import gelu_mul
+from .gemv import DECODE_ROWS, gemv, gemv_swiglu
+from ._launch import interpreting
+from ._torch_internals import plain_linear
 # transformers' MoE *Experts: the SiLU·mul kernel; GPT-OSS's clamped SwiGLU
 from .moe_experts import ClampedSwiGLUExperts, SwiGLUExperts  # noqa: F401
 from .rms_norm import add_rms_norm, rms_norm
@@ -112,11 +115,23 @@ def _swiglu_mlp_applies_to(module: nn.Module) -> str | None:
     return None
 
 
+def _decode_gemvs(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether SwiGLUMLP takes the GEMV kernels for ``x``: a decode step's few rows on a device the kernels
+    run on, through projections that are plain linears of x's dtype (gate and up without a bias)."""
+    if not (x.is_cuda or interpreting()) or x.dim() == 0 or x.numel() > DECODE_ROWS * x.shape[-1]:
+        return False
+    gate, up, down = module.gate_proj, module.up_proj, module.down_proj
+    return (plain_linear(gate) and plain_linear(up) and plain_linear(down) and gate.bias is None and up.bias is None
+            and gate.weight.dtype == up.weight.dtype == down.weight.dtype == x.dtype)
+
+
 class SwiGLUMLP(nn.Module):
     """Qwen2MLP/LlamaMLP-shaped MLP: ``down_proj(silu(gate_proj(x)) * up_proj(x))``.
 
     The projections are called as submodules (so LoRA adapters and hooks on them keep working);
     only the activation is fused (:func:`silu_mul`). Applies only where the module's ``act_fn`` is SiLU.
+    A decode step (at most ``gemv.DECODE_ROWS`` rows) through plain ``nn.Linear`` projections runs two GEMV
+    kernels instead: :func:`gemv_swiglu` (gate, up and the product) and :func:`gemv` (down).
     """
 
     has_backward = True
@@ -124,6 +139,10 @@ class SwiGLUMLP(nn.Module):
 
     @_declares(_swiglu_mlp_applies_to)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _decode_gemvs(self, x):
+            down = self.down_proj
+            return gemv(gemv_swiglu(x, self.gate_proj.weight, self.up_proj.weight), [down.weight],
+                        None if down.bias is None else [down.bias])
         return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 

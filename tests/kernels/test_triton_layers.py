@@ -46,6 +46,29 @@ def test_swiglu_mlp_forward_swapped_onto_qwen2_mlp():
     _compare_swapped(mlp, layers.SwiGLUMLP, torch.randn(2, 3, 16), "SwiGLUMLP")
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_swiglu_mlp_on_one_row_runs_the_gemv_kernels(bias, monkeypatch):
+    """A decode step's row goes through gemv_swiglu and gemv (forward and backward match the MLP)."""
+    config = Qwen2Config(hidden_size=16, intermediate_size=40, hidden_act="silu")
+    mlp = Qwen2MLP(config)
+    if bias:  # a bias on down_proj is taken in the GEMV; one on gate or up keeps the linears
+        mlp.down_proj = torch.nn.Linear(40, 16)
+    calls = []
+    monkeypatch.setattr(layers, "gemv_swiglu", lambda *args: calls.append("gemv_swiglu") or tt.gemv_swiglu(*args))
+    _compare_swapped(mlp, layers.SwiGLUMLP, torch.randn(1, 1, 16), "SwiGLUMLP one row")
+    assert calls == ["gemv_swiglu"]
+
+
+def test_swiglu_mlp_calls_projections_that_are_not_plain_linears():
+    """A hook (or a LoRA layer in a projection's place) keeps the projections called as modules."""
+    mlp = Qwen2MLP(Qwen2Config(hidden_size=16, intermediate_size=40, hidden_act="silu"))
+    seen = []
+    mlp.up_proj.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    _compare_swapped(mlp, layers.SwiGLUMLP, torch.randn(1, 16), "SwiGLUMLP hooked")
+    assert seen == [(1, 40)] * 2
+    assert not layers._decode_gemvs(mlp, torch.randn(1, 16)) and not layers._decode_gemvs(mlp, torch.randn(2, 16))
+
+
 def test_silu_and_mul_layer():
     x = torch.randn(3, 10)
     assert_close(layers.SiluAndMul()(x), tt.silu_and_mul_reference(x), torch.float32, "SiluAndMul")

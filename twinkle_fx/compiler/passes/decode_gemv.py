@@ -16,7 +16,8 @@ that read one input:
   ``twinkle.gemv(h, [w], residual=residual)``; any other -> ``twinkle.gemv(x, [w], [b])``.
 
 Which calls: ``options={"decode_gemv": ...}``: ``"auto"`` (the default) rewrites inference graphs
-on CUDA where the input has at most :data:`AUTO_MAX_ROWS` rows; ``True`` any graph with at most
+on CUDA where the input has at most ``twinkle_triton.gemv.DECODE_ROWS`` rows (where the kernels were
+measured faster than cuBLAS); ``True`` any graph with at most
 ``twinkle_triton.gemv.MAX_ROWS`` rows, on any device (on the CPU the kernels run under the Triton
 interpreter, or their PyTorch reference); ``False`` none. Removing the registry's graph rewrite
 ``decode_gemv`` turns it off wherever that registry is in effect. The pass runs before
@@ -40,15 +41,10 @@ from .gemm_fusion import linear_args, rows_at_most
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run", "should_rewrite", "AUTO_MAX_ROWS", "DECODE_GEMV"]
+__all__ = ["run", "should_rewrite", "DECODE_GEMV"]
 
 DECODE_GEMV = "decode_gemv"  # its name in the registry
 
-# "auto": the most rows a rewritten linear's input has. Measured on one H200 (torch 2.11, triton 3.6),
-# CUDA-graph timed, bf16, against cuBLAS through F.linear: at one row the kernels take 0.55-0.92 of
-# cuBLAS's time at the Qwen2-0.5B shape (1.0-1.1 of it for three Llama-3.2 shapes) and the SwiGLU
-# form 0.54 of two GEMVs plus the product; at eight rows cuBLAS's GEMM is 1.2-4.7x faster.
-AUTO_MAX_ROWS = 1
 
 _SILU = (torch.nn.functional.silu,)
 _MUL = (operator.mul, torch.mul)
@@ -100,11 +96,9 @@ def should_rewrite(setting: bool | str, mode: Mode) -> int | None:
     """
     if setting is False or (setting == "auto" and Mode.TRAINING in mode):
         return None
-    if setting == "auto":
-        return AUTO_MAX_ROWS
-    from twinkle_triton.gemv import MAX_ROWS
+    from twinkle_triton.gemv import DECODE_ROWS, MAX_ROWS  # imported when a graph is rewritten, not with the backend
 
-    return MAX_ROWS
+    return DECODE_ROWS if setting == "auto" else MAX_ROWS
 
 
 def run(state: PassState) -> list[Outcome]:

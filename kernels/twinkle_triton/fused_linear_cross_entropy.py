@@ -51,9 +51,10 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
+from ._flce_autograd import gradient_buffers
 from ._launch import accumulation_dtype, compute_dtype, interpreting, loop_block, next_power_of_2
 from ._library import define_op
-from .fused_linear_cross_entropy_tiled import gradient_buffers, row_loss_reference, tiled_op
+from .fused_linear_cross_entropy_tiled import row_loss_reference, tiled_op
 from .fused_linear_cross_entropy_vocab_chunked import default_vocab_chunk, vocab_chunked_op
 
 LOGITS_CHUNK_BYTES = 320 * 1024 * 1024

@@ -21,8 +21,8 @@ deterministic). Most of the filtered backward's gain comes from the forward's pe
 the backward skips a tile without computing it when no entry can reach ``filter_eps`` (see the kernel).
 
 The vocab-chunked strategy (:mod:`.fused_linear_cross_entropy_vocab_chunked`) computes its forward
-with this one's; every strategy allocates its gradients with :func:`gradient_buffers` and is checked
-against :func:`row_loss_reference`.
+with this one's; every strategy allocates its gradients with :func:`~._flce_autograd.gradient_buffers`
+and is checked against :func:`row_loss_reference`.
 """
 
 import torch
@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._flce_autograd import backward_fake, input_gradients, keep_for_backward
 from ._launch import accumulation_dtype, compute_dtype, dot_options, interpreting, multiprocessor_count
 from ._library import define_op
 
@@ -253,17 +254,6 @@ def _fit(block: int, size: int) -> int:
     return max(16, min(block, triton.next_power_of_2(max(size, 1))))
 
 
-def gradient_buffers(x: Tensor, weight: Tensor, bias: Tensor | None, compute_grad_x: bool,
-                     compute_grad_weight: bool, compute_grad_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(grad_x, grad_weight, grad_bias) buffers of every strategy; [0]-sized where not computed."""
-    none = x.new_empty(0)
-    return (
-        torch.empty_like(x, memory_format=torch.contiguous_format) if compute_grad_x else none,
-        torch.empty_like(weight, memory_format=torch.contiguous_format) if compute_grad_weight else x.new_empty(0),
-        torch.empty_like(bias, memory_format=torch.contiguous_format) if compute_grad_bias else x.new_empty(0),
-    )
-
-
 def _valid_order(target: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
     """(row indices with the non-ignored rows first, number of non-ignored rows as a device tensor)."""
     ignored = target == ignore_index
@@ -370,37 +360,19 @@ def _flce_tiled_backward_impl(
     return grad_x, grad_w, (grad_b.to(x.dtype) if compute_grad_bias else grad_b)
 
 
-def _flce_tiled_backward_fake(x, weight, target, bias, lse, grad_loss, tile_max, fwd_block_m, fwd_block_n,
-                              ignore_index, label_smoothing, z_loss, softcap, filter_eps, fp32_accumulation,
-                              compute_grad_x, compute_grad_weight, compute_grad_bias):
-    return gradient_buffers(x, weight, bias, compute_grad_x, compute_grad_weight, compute_grad_bias)
-
-
 _flce_tiled_backward_op = define_op(
-    "fused_linear_cross_entropy_tiled_backward", _flce_tiled_backward_impl, fake=_flce_tiled_backward_fake,
+    "fused_linear_cross_entropy_tiled_backward", _flce_tiled_backward_impl, fake=backward_fake,
     inline_kernels=False,
 )
 
 
 def _flce_tiled_setup_context(ctx, inputs, output):
-    x, weight, target, bias = inputs[:4]
-    ctx.options = inputs[4:]
-    ctx.forward_tiles = _forward_tiles(weight.shape[0])
-    ctx.mark_non_differentiable(output[1], output[2])
-    ctx.save_for_backward(x, weight, target, bias, output[1], output[2])
+    # the backward op reads tile_max on the forward's tile grid
+    keep_for_backward(ctx, inputs, output, *_forward_tiles(inputs[1].shape[0]))
 
 
 def _flce_tiled_backward(ctx, grad_loss, _grad_lse, _grad_tile_max):
-    if grad_loss is None:
-        return (None,) * 10
-    x, weight, target, bias, lse, tile_max = ctx.saved_tensors
-    need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
-    grad_x, grad_w, grad_b = _flce_tiled_backward_op(
-        x, weight, target, bias, lse, grad_loss.contiguous(), tile_max, *ctx.forward_tiles, *ctx.options,
-        need_x, need_w, need_b and bias is not None,
-    )
-    return (grad_x if need_x else None, grad_w if need_w else None, None,
-            grad_b if need_b and bias is not None else None, None, None, None, None, None, None)
+    return input_gradients(_flce_tiled_backward_op, ctx, grad_loss)
 
 
 # A custom op (opaque to Inductor): the kernels use locks and atomics, and a traced impl would gain

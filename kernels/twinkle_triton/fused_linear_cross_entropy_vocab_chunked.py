@@ -19,9 +19,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._flce_autograd import backward_fake, input_gradients, keep_for_backward
 from ._launch import accumulation_dtype, compute_dtype, interpreting, loop_block
 from ._library import define_op
-from .fused_linear_cross_entropy_tiled import gradient_buffers, row_loss_reference, stable_tanh, tiled_forward
+from .fused_linear_cross_entropy_tiled import row_loss_reference, stable_tanh, tiled_forward
 
 # Bytes of the one chunk (tokens x vocab columns) the vocab-chunked backward reuses: its fp32 logits and,
 # for bf16 / fp16 inputs, their gradient in the input dtype (6 bytes a column per token in bf16); the
@@ -244,35 +245,14 @@ def _flce_vocab_backward_impl(
             grad_b.to(x.dtype) if compute_grad_bias else grad_b)
 
 
-def _flce_vocab_backward_fake(x, weight, target, bias, lse, grad_loss, ignore_index, label_smoothing, z_loss,
-                              softcap, chunk, compute_grad_x, compute_grad_weight, compute_grad_bias):
-    return gradient_buffers(x, weight, bias, compute_grad_x, compute_grad_weight, compute_grad_bias)
-
-
 _flce_vocab_backward_op = define_op(
-    "fused_linear_cross_entropy_vocab_chunked_backward", _flce_vocab_backward_impl, fake=_flce_vocab_backward_fake,
+    "fused_linear_cross_entropy_vocab_chunked_backward", _flce_vocab_backward_impl, fake=backward_fake,
     inline_kernels=False,
 )
 
 
-def _flce_vocab_setup_context(ctx, inputs, output):
-    x, weight, target, bias = inputs[:4]
-    ctx.options = inputs[4:]
-    ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(x, weight, target, bias, output[1])
-
-
 def _flce_vocab_backward(ctx, grad_loss, _grad_lse):
-    if grad_loss is None:
-        return (None,) * 9
-    x, weight, target, bias, lse = ctx.saved_tensors
-    need_x, need_w, _, need_b = ctx.needs_input_grad[:4]
-    grad_x, grad_w, grad_b = _flce_vocab_backward_op(
-        x, weight, target, bias, lse, grad_loss.contiguous(), *ctx.options, need_x, need_w,
-        need_b and bias is not None,
-    )
-    return (grad_x if need_x else None, grad_w if need_w else None, None,
-            grad_b if need_b and bias is not None else None, None, None, None, None, None)
+    return input_gradients(_flce_vocab_backward_op, ctx, grad_loss)
 
 
 # A custom op (opaque to Inductor): the backward reuses one buffer through out= matmuls and an in-place
@@ -280,6 +260,6 @@ def _flce_vocab_backward(ctx, grad_loss, _grad_lse):
 # (define_op), as the tiled strategy's and for its reason: the backward computes only the gradients asked for.
 vocab_chunked_op = define_op(
     "fused_linear_cross_entropy_vocab_chunked", _flce_vocab_impl, fake=_flce_vocab_fake,
-    backward=_flce_vocab_backward, setup_context=_flce_vocab_setup_context, inline_kernels=False,
+    backward=_flce_vocab_backward, setup_context=keep_for_backward, inline_kernels=False,
     reference=lambda *args: (row_loss_reference(*args[:8]), None),
 )

@@ -21,7 +21,7 @@ from .devices import parse_device
 from .errors import check_flag
 from .modes import Mode, parse_mode
 from .registry import FunctionRegistration, LayerRegistration, get_registry
-from .sources import make_source
+from .sources import KernelSource, make_source
 
 __all__ = ["register_layer_kernel", "register_external_layer", "register_function_kernel", "resolve_class",
            "KeywordSpec", "LAYER_KEYWORDS", "FUNCTION_KEYWORDS", "layer_registration", "function_registration"]
@@ -57,6 +57,23 @@ def check_function_target(where: str, target_module: Any, func_name: Any) -> Non
             module, _, name = func_name.rpartition(".")
             hint = f" (for {target_module}.{func_name} pass target_module={target_module + '.' + module!r}, func_name={name!r})"
         raise ValueError(f"{where}: func_name must be the function's name in target_module, got {func_name!r}{hint}.")
+
+
+# The source keywords whose public names differ between layer and function kernels: the
+# implementation, the attribute a repo is read for, and the keyword that attribute defaults to.
+_SOURCE_NAMES = {True: ("layer", "layer_name", "kernel_name"), False: ("func_impl", "kernel_func_name", "func_name")}
+
+
+def _source(arguments: Mapping[str, Any], *, what: str, is_layer: bool) -> KernelSource:
+    """The kernel source named by all of a registration function's keywords: the one place that
+    hands the source keywords of both signatures on to :func:`~twinkle_fx.core.sources.make_source`."""
+    impl, attr, attr_default = _SOURCE_NAMES[is_layer]
+    a = arguments
+    return make_source(
+        what=what, is_layer=is_layer, impl=a[impl], repo=a["repo"], repo_id=a["repo_id"], repo_path=a["repo_path"],
+        package_name=a["package_name"], attr=a[attr] or a[attr_default], revision=a["revision"],
+        version=a["version"], trust_remote_code=a["trust_remote_code"], impl_arg=impl,
+    )
 
 
 def register_layer_kernel(
@@ -123,11 +140,7 @@ def layer_registration(arguments: Mapping[str, Any], *, where: str, what: str | 
         kernel_name=a["kernel_name"],
         device=device,
         mode=mode,
-        source=make_source(
-            what=what or where, is_layer=True, impl=a["layer"], repo=a["repo"], repo_id=a["repo_id"],
-            repo_path=a["repo_path"], package_name=a["package_name"], attr=a["layer_name"] or a["kernel_name"],
-            revision=a["revision"], version=a["version"], trust_remote_code=a["trust_remote_code"], impl_arg="layer",
-        ),
+        source=_source(a, what=what or where, is_layer=True),
         binds_by_tag=check_flag(f"{flag_prefix}binds_by_tag", a["binds_by_tag"]),
     )
 
@@ -234,12 +247,7 @@ def function_registration(arguments: Mapping[str, Any], *, where: str, what: str
         func_name=a["func_name"],
         device=device,
         mode=mode,
-        source=make_source(
-            what=what or where, is_layer=False, impl=a["func_impl"], repo=a["repo"], repo_id=a["repo_id"],
-            repo_path=a["repo_path"], package_name=a["package_name"], attr=a["kernel_func_name"] or a["func_name"],
-            revision=a["revision"], version=a["version"], trust_remote_code=a["trust_remote_code"],
-            impl_arg="func_impl",
-        ),
+        source=_source(a, what=what or where, is_layer=False),
         match_anywhere=match_anywhere,
     )
 

@@ -304,18 +304,24 @@ def kernelize_model(
         >>> model(torch.tensor([1.0]))
         tensor([0.8413])
     """
-    _check_model(model, "kernelize_model")
+    _checked_kernelize("kernelize_model", model, mode, device, use_fallback, verify, cuda_graphs)
+    return model
+
+
+def _checked_kernelize(function: str, model: torch.nn.Module | None, mode: Any, device: str | torch.device | None,
+                       use_fallback: bool, verify: bool, cuda_graphs: bool) -> _Changes:
+    """Check the arguments, settle the mode and device, then kernelize (or, with kernels disabled,
+    remove what earlier calls installed); ``function`` is the public entry named in messages.
+    Returns what changed, which :func:`kernelized` puts back on exit."""
+    _check_model(model, function)
     check_flag("use_fallback", use_fallback)
     check_flag("verify", verify)
     wanted = _resolve_mode(model, mode)
-    _check_graphs_option(model, wanted, verify, cuda_graphs, "kernelize_model")
+    _check_graphs_option(model, wanted, verify, cuda_graphs, function)
     device_type = _resolve_device(model, device)
     if kernels_disabled():
-        _remove_kernels(model, "kernelize_model")
-        return model
-
-    _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
-    return model
+        return _remove_kernels(model, function)
+    return _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
 
 
 def _remove_kernels(model: torch.nn.Module | None, function: str) -> _Changes:
@@ -470,16 +476,7 @@ def kernelized(
         >>> model(torch.tensor([1.0]))
         tensor([0.8413])
     """
-    _check_model(model, "kernelized")
-    check_flag("use_fallback", use_fallback)
-    check_flag("verify", verify)
-    wanted = _resolve_mode(model, mode)
-    _check_graphs_option(model, wanted, verify, cuda_graphs, "kernelized")
-    device_type = _resolve_device(model, device)
-    if kernels_disabled():
-        changes = _remove_kernels(model, "kernelized")
-    else:
-        changes = _kernelize(model, wanted, device_type, use_fallback, verify, cuda_graphs)
+    changes = _checked_kernelize("kernelized", model, mode, device, use_fallback, verify, cuda_graphs)
     try:
         yield model
     finally:

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 
 from ..core.swaps import MISSING, KernelForward, LayerChange, set_forward, swapped_forward, uninstall_forward
-from .cuda_graphs.layer_graphs import GraphedForward, GraphSet
-from .cuda_graphs.model_graphs import ModelGraphedForward, ModelGraphs
+from .cuda_graphs.layer_graphs import GraphSet
+from .cuda_graphs.model_graphs import ModelGraphs
 from .verify import Verifier
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CheckedForward", "checked", "install_graphs", "restore_layers"]
+__all__ = ["CheckedForward", "checked", "GraphedForward", "install_graphs", "restore_layers"]
 
 
 class CheckedForward:
@@ -58,6 +58,24 @@ def checked(fn: Callable[..., Any], verifier: Verifier | None) -> Callable[..., 
     return fn if verifier is None else CheckedForward(fn, verifier)
 
 
+class GraphedForward:
+    """The function of a :class:`KernelForward` with CUDA graphs: ``fn`` (the kernel's or the
+    original forward) run through ``graphs``, a block's :class:`GraphSet` or the model's
+    whole-forward :class:`ModelGraphs` (both take ``call(fn, module, args, kwargs)``).
+
+    While ``torch.compile`` traces the module it runs ``fn`` as it is: a graph replay is no op Dynamo can trace.
+    """
+
+    def __init__(self, fn: Callable[..., Any], graphs: GraphSet | ModelGraphs) -> None:
+        self.fn = fn
+        self.graphs = graphs
+
+    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return self.fn(module, *args, **kwargs)
+        return self.graphs.call(self.fn, module, args, kwargs)
+
+
 def install_graphs(path: str, module: torch.nn.Module, graphs: GraphSet,
                    model_graphs: ModelGraphs | None = None) -> LayerChange:
     """Run ``module``'s forward (its kernel's, or the original when no kernel is installed) through
@@ -72,7 +90,7 @@ def install_graphs(path: str, module: torch.nn.Module, graphs: GraphSet,
         fn = type(module).forward if previous is None else (lambda self, *a, **k: previous(*a, **k))
         name, verifier = "original forward", None
     run = checked(fn, verifier)
-    run = GraphedForward(run, graphs) if model_graphs is None else ModelGraphedForward(run, model_graphs)
+    run = GraphedForward(run, graphs if model_graphs is None else model_graphs)
     forward = KernelForward.make(module, fn, name, previous, verifier, graphs, run=run)
     set_forward(module, forward)
     logger.debug("CUDA graphs for %s (%s)", path or "<model>", type(module).__qualname__)

@@ -91,7 +91,7 @@ from .status import GraphStatus
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GraphSet", "GraphedForward", "block_modules", "static_cache_state", "MAX_SEQUENCES"]
+__all__ = ["GraphSet", "block_modules", "static_cache_state", "MAX_SEQUENCES"]
 
 # Distinct call sequences (signatures) recorded per model; all share one memory pool, so the cost of
 # another one is its static inputs and outputs, not another copy of the activations.
@@ -468,16 +468,3 @@ class GraphSet:
                 seq.statics[data_ptr(g)] = g
         step.capture_in, step.capture_out = [], []  # frees the captured autograd graph (its memory to the pool)
 
-
-class GraphedForward:
-    """The function of a :class:`~twinkle_fx.core.swaps.KernelForward` with CUDA graphs: ``fn``
-    (the kernel's or the original forward) run through the model's :class:`GraphSet`."""
-
-    def __init__(self, fn: Callable[..., Any], graphs: GraphSet) -> None:
-        self.fn = fn
-        self.graphs = graphs
-
-    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return self.fn(module, *args, **kwargs)
-        return self.graphs.call(self.fn, module, args, kwargs)

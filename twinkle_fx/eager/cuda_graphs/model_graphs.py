@@ -44,7 +44,7 @@ from .capture import (TENSOR, Decline, KVCacheTag, MappingTag, data_ptr, dropout
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ModelGraphs", "ModelGraphedForward", "MAX_MODEL_GRAPHS"]
+__all__ = ["ModelGraphs", "MAX_MODEL_GRAPHS"]
 
 # Whole-forward graphs kept per model (one per live StaticCache and step shape); each holds its static
 # inputs and outputs, the activations are the shared pool's
@@ -194,16 +194,3 @@ def _spec_without_caches(spec: Any) -> Any:
         return (kind, (cls, keys, tuple(_spec_without_caches(s) for s in specs)))
     return spec
 
-
-class ModelGraphedForward:
-    """The function of the model's :class:`~twinkle_fx.eager.layers.KernelForward` with whole-forward
-    decode graphs: ``fn`` (the model's forward, or the kernel installed on it) through ``model_graphs``."""
-
-    def __init__(self, fn: Callable[..., Any], model_graphs: ModelGraphs) -> None:
-        self.fn = fn
-        self.model_graphs = model_graphs
-
-    def __call__(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
-            return self.fn(module, *args, **kwargs)
-        return self.model_graphs.call(self.fn, module, args, kwargs)

@@ -44,9 +44,9 @@ from ._library import define_op, wrap_triton
 __all__ = ["DECODE_ROWS", "MAX_ROWS", "gemv", "gemv_reference", "gemv_swiglu", "gemv_swiglu_reference"]
 
 MAX_ROWS = 16
-# The most rows at which the kernels were measured faster than cuBLAS (tools/gemv_sweep.py, H200, bf16:
-# at one row 0.55-0.92 of cuBLAS's time at the Qwen2-0.5B shape, the SwiGLU form 0.54 of two GEMVs and the
-# product; at eight rows cuBLAS's GEMM is 1.2-4.7x faster). The graph rewrite and SwiGLUMLP use them up to here.
+# The most rows at which the kernels were measured faster than cuBLAS (tools/gemv_sweep.py, H200, bf16: at
+# one row 1.1-2.5x at the 0.5B-1B shapes' projections, at eight rows 0.05-0.43x). The graph rewrite and
+# SwiGLUMLP use them up to here.
 DECODE_ROWS = 1
 MAX_WEIGHTS = 3  # q, k and v
 # The launch heuristic (tools/gemv_sweep.py --tiles/--block-n sweeps both): weight rows a program, and the

@@ -129,6 +129,27 @@ def test_a_linear_read_twice_keeps_its_own_output():
     assert [t for t, _ in _swapped(report)] == ["3 linear(s) on 1 row(s)"]
 
 
+def test_auto_leaves_an_lm_head_to_cublas(monkeypatch):
+    """A lone linear with a weight over AUTO_MAX_LONE_WEIGHT elements stays cuBLAS's under "auto"; with a
+    residual to add, or grouped, it is rewritten."""
+    from twinkle_fx.compiler.passes import decode_gemv
+
+    monkeypatch.setattr(decode_gemv, "AUTO_MAX_LONE_WEIGHT", 8 * 8 - 1)  # the Block's o_proj is 8 x 8
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(Block().to(DEVICE), backend=backend)(torch.randn(1, 8, device=DEVICE))
+    linears = [n for n in graphs[0].graph.nodes if decode_gemv.linear_args(n) is not None]
+    lone = [[n] for n in linears]
+    # q, k, v, o, gate, up, down taken one by one: q (64 elements), gate and up (96) are left; k and v are
+    # small; o and down add the residual
+    assert [decode_gemv.left_to_cublas(group) for group in lone] == [True, False, False, False, True, True, False]
+    assert not decode_gemv.left_to_cublas(lone[0] + lone[1])  # q with k: one launch, no concatenation
+
+
 def test_removed_from_the_registry_it_rewrites_nothing():
     model = Block().to(DEVICE)
     with scoped_registry() as registry, torch.no_grad(), collect_reports() as report:

@@ -24,10 +24,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# The launched processes run on the CPU, also on a GPU machine: no GPU visible, so the kernels they run are
+# the Triton interpreter's (the tools refuse a CPU run without it), one thread each on a shared machine.
+CPU_PROCESSES = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
+
+
 def launch(target: list[str], *, timeout: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``torchrun TARGET...`` on 2 processes with no GPU visible (gloo on the CPU). Fails the test with what
     the processes printed when they exit non-zero or outlive ``timeout`` seconds."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    env = {**os.environ, **CPU_PROCESSES, **(env or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), *target]
     # a session of its own: on a time-out the workers go with the launcher instead of living on as orphans
@@ -53,7 +58,7 @@ def launch_nodes(target: list[str], *, nodes: int, nproc_per_node: int, timeout:
     import tempfile
     import time
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    env = {**os.environ, **CPU_PROCESSES, **(env or {})}
     endpoint = f"127.0.0.1:{free_port()}"
     logs = Path(tempfile.mkdtemp(prefix="nodes-"))
     processes = []

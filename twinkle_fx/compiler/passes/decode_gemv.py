@@ -1,11 +1,11 @@
 """Linears on a few rows (decode steps) become Triton GEMV calls, with what follows them fused.
 
 At a decode step each linear multiplies one token by its whole weight. cuBLAS's kernels for that
-read the weights of a 0.5B-3B model at 0.4-1.7 TB/s on an H200 for the small projections (one
-launch each, plus a bias, the SwiGLU product, and the weight concatenation :mod:`.gemm_fusion`
-makes to fuse q/k/v), where ``twinkle_triton.gemv`` reaches 0.7-2.9 TB/s at one row (the measured
-table is in ``kernels/twinkle_triton/README.md``). Three rewrites, in graph order of the linears
-that read one input:
+read the small projections of a 0.5B model at 0.3-1.4 TB/s on an H200 (one launch each, plus a bias,
+the SwiGLU product, a residual add, and the weight concatenation :mod:`.gemm_fusion` makes to fuse
+q/k/v), where ``twinkle_triton.gemv`` reaches 0.7-2.7 TB/s at one row, their epilogues included (the
+table per projection and model shape is in docs/performance.md, decode GEMVs). Three rewrites, in graph
+order of the linears that read one input:
 
 - ``silu(linear(x, wg)) * linear(x, wu)`` (a SwiGLU MLP's gate and up) ->
   ``twinkle.gemv_swiglu(x, wg, wu)``: both weights streamed by one kernel, the product computed in
@@ -13,7 +13,9 @@ that read one input:
 - two or three other linears of that input (q, k, v) -> one ``twinkle.gemv(x, [wq, wk, wv],
   [bq, bk, bv])`` and a split: no weight is concatenated;
 - a linear left alone whose only use is ``residual + linear(...)`` (o_proj, down_proj) ->
-  ``twinkle.gemv(h, [w], residual=residual)``; any other -> ``twinkle.gemv(x, [w], [b])``.
+  ``twinkle.gemv(h, [w], residual=residual)``; any other -> ``twinkle.gemv(x, [w], [b])``, but under
+  ``"auto"`` not an LM head (a weight of over :data:`AUTO_MAX_LONE_WEIGHT` elements), which cuBLAS reads
+  at full bandwidth.
 
 Which calls: ``options={"decode_gemv": ...}``: ``"auto"`` (the default) rewrites inference graphs
 on CUDA where the input has at most ``twinkle_triton.gemv.DECODE_ROWS`` rows (where the kernels were
@@ -41,7 +43,7 @@ from .gemm_fusion import linear_args, rows_at_most
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run", "should_rewrite", "DECODE_GEMV"]
+__all__ = ["run", "should_rewrite", "left_to_cublas", "AUTO_MAX_LONE_WEIGHT", "DECODE_GEMV"]
 
 DECODE_GEMV = "decode_gemv"  # its name in the registry
 
@@ -125,7 +127,8 @@ def run(state: PassState) -> list[Outcome]:
             outcomes.append(_rewrite_swiglu(*pair, rows))
             linears = [n for n in linears if n not in pair[:2]]
         for group in _groups(linears, order):
-            outcomes.append(_rewrite_group(group, rows, order))
+            if setting != "auto" or not left_to_cublas(group):
+                outcomes.append(_rewrite_group(group, rows, order))
     if outcomes:
         graph.lint()
         state.gm.recompile()
@@ -198,6 +201,19 @@ def _groups(linears: list[fx.Node], order: dict[fx.Node, int]) -> list[list[fx.N
             else:
                 groups.extend([n] for n in chunk)
     return groups
+
+
+# "auto" leaves a lone linear with a larger weight than this (elements) to cuBLAS: at one row its GEMV reads an
+# LM head's weight at 4.0-4.2 TB/s, where the kernel took 0.89-0.98 of its speed (tools/gemv_sweep.py, H200,
+# bf16, LM heads of 136M-394M elements); the largest projection measured faster has 25M (Llama-3.2-3B's down).
+AUTO_MAX_LONE_WEIGHT = 2**26
+
+
+def left_to_cublas(group: list[fx.Node]) -> bool:
+    """Whether "auto" keeps ``group`` as cuBLAS's: one linear, no residual to add, a weight of more than
+    :data:`AUTO_MAX_LONE_WEIGHT` elements (an LM head)."""
+    return len(group) == 1 and _residual(group[0]) is None and \
+        _value(linear_args(group[0])[1]).numel() > AUTO_MAX_LONE_WEIGHT
 
 
 def _residual(linear: fx.Node) -> tuple[fx.Node, fx.Node] | None:

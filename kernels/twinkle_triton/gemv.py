@@ -38,7 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
-from ._launch import cdiv, compute_dtype, interpreting, loop_block, next_power_of_2
+from ._launch import cdiv, compute_dtype, loop_block, next_power_of_2
 from ._library import define_op, wrap_triton
 
 __all__ = ["DECODE_ROWS", "MAX_ROWS", "gemv", "gemv_reference", "gemv_swiglu", "gemv_swiglu_reference"]
@@ -121,10 +121,9 @@ def _blocks(rows: int, n: int, k: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K): every row in one tile, :data:`_BLOCK_N` weight rows a program, K in
     tiles that keep the register tile at :data:`_TILE` products (``_launch.BLOCK_LIMIT`` caps both blocks,
     so tests loop over several K tiles and weight-row blocks)."""
-    block_m = next_power_of_2(rows)
-    if interpreting():  # few, large programs: each is a Python loop iteration on the CPU
-        return block_m, loop_block(n, 0), loop_block(k, 0)
-    return block_m, _BLOCK_N, loop_block(k, max(16, min(next_power_of_2(k), _TILE // (block_m * _BLOCK_N))))
+    block_m = next_power_of_2(rows)  # loop_block: under the interpreter few, large programs instead
+    block_k = max(16, min(next_power_of_2(k), _TILE // (block_m * _BLOCK_N)))
+    return block_m, loop_block(n, _BLOCK_N), loop_block(k, block_k)
 
 
 def _flat(x: Tensor) -> Tensor:

@@ -7,12 +7,12 @@ up weights with ``silu(g) * u`` after. Times are CUDA-graph replays (``triton.te
 no launch gaps, as inside the decode loop's graph); GB/s is the weights' bytes over that time. The
 rows where the kernels win are what ``twinkle_triton.gemv.DECODE_ROWS`` admits (the graph rewrite and SwiGLUMLP).
 
-``--block-n`` and ``--tiles`` sweep the kernels' launch heuristic (weight rows a program, register
-tile; ``twinkle_triton.gemv._BLOCK_N`` / ``_TILE``) for the ``--tune-rows`` rows, and print the best per
-projection.
+``--block-n``, ``--tiles`` and ``--warps`` sweep the kernels' launch heuristic (weight rows a program,
+register tile, warps a program; ``twinkle_triton.gemv._BLOCK_N`` / ``_TILE`` / ``_WARPS``); ``--shapes``
+picks the model shapes.
 
     python tools/gemv_sweep.py --out gemv.json
-    python tools/gemv_sweep.py --out gemv-tune.json --rows 1 --block-n 2,4,8 --tiles 4096,8192,16384
+    python tools/gemv_sweep.py --out gemv-tune.json --rows 1 --block-n 2,4,8 --tiles 4096,8192,16384 --warps 4,8
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import json
 
 import torch
 import torch.nn.functional as F
+import twinkle_triton as tt
 from triton.testing import do_bench_cudagraph
 
-import twinkle_triton as tt
 from twinkle_fx.core.outputs import output_file
 from twinkle_fx.measure.environment import describe_environment
 
@@ -61,24 +61,41 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,4,8", help="comma-separated row counts (at most 16)")
     parser.add_argument("--block-n", default=str(gemv_module._BLOCK_N), help="comma-separated weight rows a program")
     parser.add_argument("--tiles", default=str(gemv_module._TILE), help="comma-separated register tiles (products)")
+    parser.add_argument("--warps", default=str(gemv_module._WARPS), help="comma-separated warps a program")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     args = parser.parse_args()
+    unknown = sorted(set(args.shapes.split(",")) - set(SHAPES))
+    if unknown:
+        parser.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(SHAPES)}")
     dtype, results = torch.bfloat16, []
-    heuristics = [(int(b), int(t)) for b in args.block_n.split(",") for t in args.tiles.split(",")]
-    print(f"{'shape':14s} {'projection':16s} rows  N  tile  cuBLAS us  GB/s | gemv us  GB/s | speedup")
-    for name, dims in SHAPES.items():
+    heuristics = [(int(b), int(t), int(w)) for b in args.block_n.split(",") for t in args.tiles.split(",")
+                  for w in args.warps.split(",")]
+    print(f"{'shape':14s} {'projection':16s} rows  N  tile  w  cuBLAS us  GB/s | gemv us  GB/s | speedup")
+    for name in args.shapes.split(","):
+        dims = SHAPES[name]
         for rows in (int(r) for r in args.rows.split(",")):
             for what, (ours, theirs, numel) in _cases(*dims, rows, dtype).items():
                 t_theirs = do_bench_cudagraph(theirs) * 1e3
                 nbytes = numel * torch.finfo(dtype).bits // 8
-                for block_n, tile in heuristics:
-                    gemv_module._BLOCK_N, gemv_module._TILE = block_n, tile
+                for block_n, tile, warps in heuristics:
+                    gemv_module._BLOCK_N, gemv_module._TILE, gemv_module._WARPS = block_n, tile, warps
                     torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
                     t_ours = do_bench_cudagraph(ours) * 1e3
                     results.append({"shape": name, "projection": what, "rows": rows, "block_n": block_n, "tile": tile,
-                                    "cublas_us": t_theirs, "gemv_us": t_ours, "speedup": t_theirs / t_ours})
-                    print(f"{name:14s} {what:16s} {rows:4d} {block_n:2d} {tile:5d} {t_theirs:10.1f} "
+                                    "warps": warps, "cublas_us": t_theirs, "gemv_us": t_ours, "speedup": t_theirs / t_ours})
+                    print(f"{name:14s} {what:16s} {rows:4d} {block_n:2d} {tile:5d} {warps:2d} {t_theirs:10.1f} "
                           f"{nbytes / t_theirs / 1e3:5.0f} | {t_ours:7.1f} {nbytes / t_ours / 1e3:5.0f} | "
                           f"{t_theirs / t_ours:5.2f}x", flush=True)
+    if len(heuristics) > 1:
+        print("\nfastest heuristic per projection (block_n, tile, warps):")
+        best = {}
+        for r in results:
+            key = (r["shape"], r["projection"], r["rows"])
+            if key not in best or r["gemv_us"] < best[key]["gemv_us"]:
+                best[key] = r
+        for (name, what, rows), r in best.items():
+            print(f"{name:14s} {what:16s} {rows:4d}  ({r['block_n']}, {r['tile']}, {r['warps']})  "
+                  f"{r['gemv_us']:.1f} us, {r['speedup']:.2f}x cuBLAS")
     with open(args.out, "w") as f:
         json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16", "rows": results}, f, indent=1)
 

@@ -25,6 +25,7 @@
 #                run profiled, default fsdp2-twinkle, "none" for none; FSDP_S: the job's time, default 520 s)
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
 #   gemv         tools/gemv_sweep.py: the decode GEMV kernels against cuBLAS at three model shapes, 1-8 rows
+#                (GEMV_ARGS: more flags, e.g. "--rows 1 --block-n 1,2,4 --tiles 4096,8192 --warps 4,8")
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference
@@ -250,7 +251,8 @@ job_fsdp() {
 }
 
 job_gemv() {
-  timeout "${GEMV_S:-300}" python3 tools/gemv_sweep.py --out "$out/gemv.json" > "$out/gemv.txt" 2>&1 || status=1
+  timeout "${GEMV_S:-300}" python3 tools/gemv_sweep.py --out "$out/gemv.json" ${GEMV_ARGS:-} > "$out/gemv.txt" 2>&1 \
+    || status=1
   cat "$out/gemv.txt"
 }
 

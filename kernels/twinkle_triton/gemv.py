@@ -50,9 +50,10 @@ MAX_ROWS = 16
 DECODE_ROWS = 1
 MAX_WEIGHTS = 3  # q, k and v
 # The launch heuristic (tools/gemv_sweep.py --tiles/--block-n sweeps both): weight rows a program, and the
-# BLOCK_M * BLOCK_N * BLOCK_K fp32 products one program holds in registers (32 a thread at 4 warps)
+# BLOCK_M * BLOCK_N * BLOCK_K fp32 products one program holds in registers (32 a thread at 4 warps), and its warps
 _BLOCK_N = 4
 _TILE = 4096
+_WARPS = 4
 
 
 @triton.jit
@@ -152,7 +153,7 @@ def _gemv_impl(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: 
         programs[1], xf.stride(0), xf.stride(1), *strides, y.shape[-1],
         rf.stride(0) if rf is not None else 0, rf.stride(1) if rf is not None else 0,
         HAS_BIAS=b0 is not None, HAS_RESIDUAL=residual is not None, ACC=compute_dtype(x.dtype),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS,
     )
     return y
 
@@ -200,7 +201,7 @@ def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tens
     wrap_triton(_gemv_swiglu_kernel)[(cdiv(n, block_n),)](
         xf, gate_weight, up_weight, y, rows, n, k, xf.stride(0), xf.stride(1), *gate_weight.stride(),
         *up_weight.stride(), n, ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4,
+        num_warps=_WARPS,
     )
     return y
 

@@ -64,6 +64,7 @@ class GenerateOptions:
     tiny: bool = False
     seed: int = 0
     check_tokens: bool = True
+    top_kernels: int = 0  # the profile also names this many kernels with the most device time a step
 
 
 @dataclass
@@ -207,30 +208,37 @@ def _kernel_class(name: str) -> str:
     return next((kind for kind, marks in _KERNEL_CLASSES if any(m in lowered for m in marks)), "other")
 
 
-def _profile_step(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int,
-                  kwargs: dict[str, Any]) -> tuple[float, float, str]:
-    """Kernels and device milliseconds per decode step, and their split by kernel class: a profile of
-    ``new_tokens`` against one token."""
+def _profile_step(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, kwargs: dict[str, Any],
+                  top: int = 0) -> tuple[float, float, str, str]:
+    """Kernels and device milliseconds per decode step, their split by kernel class, and the ``top`` kernels
+    with the most device time a step (name, launches and microseconds a step): a profile of ``new_tokens``
+    against one token."""
     from collections import Counter
 
     from torch.profiler import ProfilerActivity, profile
 
-    def kernels(tokens: int) -> tuple[Counter, Counter]:
+    def kernels(tokens: int) -> tuple[Counter, Counter, Counter, Counter]:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             _generate(model, ids, tokens, kwargs)
             torch.cuda.synchronize()
-        count, time = Counter(), Counter()
+        count, time, named_count, named_time = Counter(), Counter(), Counter(), Counter()
         for e in prof.events():
             if e.device_type.name == "CUDA" and not e.name.startswith(("Memset", "Memcpy")):
                 count[_kernel_class(e.name)] += 1
                 time[_kernel_class(e.name)] += e.device_time / 1e3
-        return count, time
+                named_count[e.name] += 1
+                named_time[e.name] += e.device_time
+        return count, time, named_count, named_time
 
-    (n1, ms1), (nn, msn) = kernels(1), kernels(new_tokens)
+    (n1, ms1, c1, us1), (nn, msn, cn, usn) = kernels(1), kernels(new_tokens)
     steps = new_tokens - 1
     split = ", ".join(f"{kind} {(nn[kind] - n1[kind]) / steps:.0f} x {(msn[kind] - ms1[kind]) / steps:.3f} ms"
                       for kind in sorted(nn, key=lambda k: -(msn[k] - ms1[k])))
-    return ((sum(nn.values()) - sum(n1.values())) / steps, (sum(msn.values()) - sum(ms1.values())) / steps, split)
+    named = sorted(usn, key=lambda k: -(usn[k] - us1[k]))[:top]
+    names = "; ".join(f"{name[:90]} {(cn[name] - c1[name]) / steps:.1f} x {(usn[name] - us1[name]) / steps:.1f} us"
+                      for name in named)
+    return ((sum(nn.values()) - sum(n1.values())) / steps, (sum(msn.values()) - sum(ms1.values())) / steps, split,
+            names)
 
 
 def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: torch.Tensor | None) -> list[GenerateRow]:
@@ -264,9 +272,11 @@ def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: to
             result.of_limit = limit_s / step_s if limit_s == limit_s else None  # NaN off CUDA
             if batch == options.batches[0] and options.device.type == "cuda":
                 try:
-                    result.kernels_per_step, result.gpu_ms_per_step, split = _profile_step(
-                        model, ids, options.new_tokens, kwargs)
+                    result.kernels_per_step, result.gpu_ms_per_step, split, names = _profile_step(
+                        model, ids, options.new_tokens, kwargs, options.top_kernels)
                     result.notes.append(f"batch {batch}, one decode step on the device: {split}")
+                    if names:
+                        result.notes.append(f"batch {batch}, the kernels with the most device time a step: {names}")
                 except Exception as error:  # noqa: BLE001  the timings stand without the profile
                     result.notes.append(f"batch {batch}: the profile failed: {type(error).__name__}: {error}"[:300])
         if row == "kernelize+cudagraphs":
@@ -353,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="the tiny config on the CPU (a smoke run, no timing value)")
     parser.add_argument("--no-token-check", action="store_true")
+    parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
+                        help="the profile of a decode step also names the N kernels with the most device time")
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
     rows = tuple(r for r in args.rows.split(",") if r)
@@ -369,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                         *(("--batches", b) for b in batches)):
         if value < 1 or (name == "--new-tokens" and value < 2):
             parser.error(f"{name} must be at least {2 if name == '--new-tokens' else 1}, got {value}")
+    if args.top_kernels < 0:
+        parser.error(f"--top-kernels must be at least 0, got {args.top_kernels}")
     from ..core.outputs import check_output_path
 
     try:
@@ -382,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
     options = GenerateOptions(args.model, rows, batches, args.prompt, args.new_tokens, args.repeats,
                               torch.bfloat16 if device.type == "cuda" else torch.float32, device, args.tiny,
-                              check_tokens=not args.no_token_check)
+                              check_tokens=not args.no_token_check, top_kernels=args.top_kernels)
     result = run_generate_bench(options)
     print(format_generate_table(result))
     if args.out:

@@ -22,6 +22,7 @@ KNOBS = "--layers-per-unit 2 --prefetch 1 --reshard-after-forward inner --reduce
 
 
 @pytest.mark.slow
+@pytest.mark.interpreter  # its CPU processes run twinkle_triton kernels through the interpreter
 def test_hsdp_on_two_nodes_matches_one_process(tmp_path):
     """4 ranks as 2 replicas x 2 shards train to the losses of one process over the 4-row global batch; the
     layers' parameters are replicated across the nodes and sharded within each."""

@@ -12,7 +12,11 @@ projection reads). These kernels take those jobs in one launch each:
   so q, k and v come out of one launch into one ``[..., Nq + Nk + Nv]`` output. ``residual=r`` adds
   ``r`` in the same pass (a projection followed by the residual add: o_proj, down_proj);
 - ``gemv_swiglu(x, wg, wu)`` is ``silu(x @ wg.T) * (x @ wu.T)``: both weights streamed by the
-  same program, the SwiGLU product computed before anything is written.
+  same program, the SwiGLU product computed before anything is written;
+- ``norm_weight=g, eps=e`` (either op) normalizes ``x`` first as transformers' RMSNorm does: each
+  program reads all of ``x`` anyway, so it accumulates the rows' sums of squares in the same loop over K,
+  multiplies ``x`` by ``g`` as it loads it, and scales the dot products by ``1 / rms`` at the end. The
+  decoder layer's norm before q/k/v and before the MLP then costs no launch of its own.
 
 Each program computes ``BLOCK_N`` output columns for every row of ``x``: it reads its weight rows
 once in tiles of ``BLOCK_K`` and multiplies each tile with the rows of ``x`` in registers (an fp32
@@ -57,20 +61,35 @@ _WARPS = 4
 
 
 @triton.jit
-def _columns(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, block, M, N, K, col0,
-             sxm, sxk, swn, swk, sym, srm, srn,
-             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACC: tl.constexpr,
+def _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
+    """A ``[BLOCK_M, BLOCK_K]`` tile of x in ``ACC``, times the norm weight's tile under ``HAS_NORM``, and the
+    rows' sums of squares ``ss`` grown by it (the norm's 1 / rms scales the dot products after the loop)."""
+    x = tl.load(x_ptr + m[:, None] * sxm + k[None, :] * sxk, mask=(m[:, None] < M) & (k[None, :] < K),
+                other=0.0).to(ACC)
+    if HAS_NORM:
+        ss += tl.sum(x * x, axis=1)
+        x = x * tl.load(g_ptr + k * sgk, mask=k < K, other=0.0).to(ACC)[None, :]
+    return x, ss
+
+
+@triton.jit
+def _columns(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, block, M, N, K, col0,
+             sxm, sxk, swn, swk, sym, srm, srn, sgk, eps,
+             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Columns ``col0 + block * BLOCK_N ...`` of ``y``: one weight's rows times every row of ``x``."""
     n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+    ss = tl.zeros((BLOCK_M,), ACC)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + m[:, None] * sxm + k[None, :] * sxk, mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
+        x, ss = _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM, ACC)
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * swn + k[None, :] * swk,
                     mask=(n[:, None] < N) & (k[None, :] < K), other=0.0)
-        acc += tl.sum(x.to(ACC)[:, None, :] * w.to(ACC)[None, :, :], axis=2)
+        acc += tl.sum(x[:, None, :] * w.to(ACC)[None, :, :], axis=2)
+    if HAS_NORM:
+        acc = acc * tl.rsqrt(ss / K + eps)[:, None]
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(ACC)[None, :]
     out = (m[:, None] < M) & (n[None, :] < N)
@@ -80,40 +99,45 @@ def _columns(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, block, M, N, K, col0,
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, b0_ptr, b1_ptr, b2_ptr, r_ptr, y_ptr,
+def _gemv_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, b0_ptr, b1_ptr, b2_ptr, r_ptr, g_ptr, y_ptr,
                  M, K, N0, N1, N2, P0, P1,
-                 sxm, sxk, sw0n, sw0k, sw1n, sw1k, sw2n, sw2k, sym, srm, srn,
-                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ACC: tl.constexpr,
+                 sxm, sxk, sw0n, sw0k, sw1n, sw1k, sw2n, sw2k, sym, srm, srn, sgk, eps,
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # programs [0, P0) compute weight 0's columns, [P0, P0 + P1) weight 1's, the rest weight 2's
     pid = tl.program_id(0)
     if pid < P0:
-        _columns(x_ptr, w0_ptr, b0_ptr, r_ptr, y_ptr, pid, M, N0, K, 0, sxm, sxk, sw0n, sw0k, sym, srm, srn,
-                 HAS_BIAS, HAS_RESIDUAL, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+        _columns(x_ptr, w0_ptr, b0_ptr, r_ptr, g_ptr, y_ptr, pid, M, N0, K, 0, sxm, sxk, sw0n, sw0k, sym, srm, srn,
+                 sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
     elif pid < P0 + P1:
-        _columns(x_ptr, w1_ptr, b1_ptr, r_ptr, y_ptr, pid - P0, M, N1, K, N0, sxm, sxk, sw1n, sw1k, sym, srm, srn,
-                 HAS_BIAS, HAS_RESIDUAL, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+        _columns(x_ptr, w1_ptr, b1_ptr, r_ptr, g_ptr, y_ptr, pid - P0, M, N1, K, N0, sxm, sxk, sw1n, sw1k, sym, srm,
+                 srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
-        _columns(x_ptr, w2_ptr, b2_ptr, r_ptr, y_ptr, pid - P0 - P1, M, N2, K, N0 + N1, sxm, sxk, sw2n, sw2k,
-                 sym, srm, srn, HAS_BIAS, HAS_RESIDUAL, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+        _columns(x_ptr, w2_ptr, b2_ptr, r_ptr, g_ptr, y_ptr, pid - P0 - P1, M, N2, K, N0 + N1, sxm, sxk, sw2n, sw2k,
+                 sym, srm, srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
-def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, y_ptr, M, N, K, sxm, sxk, sgn, sgk, sun, suk, sym,
-                        ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sxm, sxk, sgn, sgk, sun, suk, sym, snk, eps,
+                        HAS_NORM: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     gate = tl.zeros((BLOCK_M, BLOCK_N), ACC)
     up = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+    ss = tl.zeros((BLOCK_M,), ACC)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + m[:, None] * sxm + k[None, :] * sxk, mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
-        x = x.to(ACC)[:, None, :]
+        x, ss = _normed_x(x_ptr, n_ptr, m, k, M, K, sxm, sxk, snk, ss, HAS_NORM, ACC)
+        x = x[:, None, :]
         wmask = (n[:, None] < N) & (k[None, :] < K)
         g = tl.load(g_ptr + n[:, None].to(tl.int64) * sgn + k[None, :] * sgk, mask=wmask, other=0.0)
         u = tl.load(u_ptr + n[:, None].to(tl.int64) * sun + k[None, :] * suk, mask=wmask, other=0.0)
         gate += tl.sum(x * g.to(ACC)[None, :, :], axis=2)
         up += tl.sum(x * u.to(ACC)[None, :, :], axis=2)
+    if HAS_NORM:
+        rstd = tl.rsqrt(ss / K + eps)[:, None]
+        gate, up = gate * rstd, up * rstd
     y = gate * tl.sigmoid(gate) * up
     tl.store(y_ptr + m[:, None] * sym + n[None, :], y.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
 
@@ -133,7 +157,8 @@ def _flat(x: Tensor) -> Tensor:
 
 
 def _gemv_impl(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: Tensor | None,
-               b1: Tensor | None, b2: Tensor | None, residual: Tensor | None) -> Tensor:
+               b1: Tensor | None, b2: Tensor | None, residual: Tensor | None, norm_weight: Tensor | None,
+               eps: float) -> Tensor:
     weights = [w for w in (w0, w1, w2) if w is not None]
     biases = [b.contiguous() if b is not None else None for b in (b0, b1, b2)][:len(weights)]  # read at stride 1
     widths = [int(w.shape[0]) for w in weights]
@@ -149,48 +174,85 @@ def _gemv_impl(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: 
     bs = [b if b is not None else w0 for b in biases] + [w0] * (MAX_WEIGHTS - len(weights))
     strides = [s for w in ws for s in w.stride()]
     wrap_triton(_gemv_kernel)[(sum(programs),)](
-        xf, *ws, *bs, rf if rf is not None else xf, y, rows, k, *(widths + [0, 0])[:MAX_WEIGHTS], programs[0],
-        programs[1], xf.stride(0), xf.stride(1), *strides, y.shape[-1],
+        xf, *ws, *bs, rf if rf is not None else xf, norm_weight if norm_weight is not None else xf, y, rows, k,
+        *(widths + [0, 0])[:MAX_WEIGHTS], programs[0], programs[1], xf.stride(0), xf.stride(1), *strides, y.shape[-1],
         rf.stride(0) if rf is not None else 0, rf.stride(1) if rf is not None else 0,
-        HAS_BIAS=b0 is not None, HAS_RESIDUAL=residual is not None, ACC=compute_dtype(x.dtype),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS,
+        norm_weight.stride(0) if norm_weight is not None else 0, eps,
+        HAS_BIAS=b0 is not None, HAS_RESIDUAL=residual is not None, HAS_NORM=norm_weight is not None,
+        ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS,
     )
     return y
 
 
 def _gemv_fake(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: Tensor | None,
-               b1: Tensor | None, b2: Tensor | None, residual: Tensor | None) -> Tensor:
+               b1: Tensor | None, b2: Tensor | None, residual: Tensor | None, norm_weight: Tensor | None,
+               eps: float) -> Tensor:
     width = sum(int(w.shape[0]) for w in (w0, w1, w2) if w is not None)
     return x.new_empty((*x.shape[:-1], width))
 
 
+def _rms_normed(x: Tensor, norm_weight: Tensor, eps: float) -> Tensor:
+    """The RMSNorm the kernels apply to ``x`` first, unrounded (``x``'s dtype or fp32, whichever is wider)."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    xa = x.to(acc)
+    return xa * torch.rsqrt(xa.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.to(acc)
+
+
+class _NormedInput:
+    """The backward's view of an input the kernel normalized: the normalized rows (what the GEMMs' gradients
+    read), and the gradients of ``x`` and of the norm weight from the gradient of those rows. Without a norm,
+    ``x`` itself."""
+
+    def __init__(self, x: Tensor, norm_weight: Tensor | None, eps: float) -> None:
+        self.x, self.norm_weight, self.eps = x, norm_weight, eps
+        self.rows = x if norm_weight is None else _rms_normed(x, norm_weight, eps).to(x.dtype)
+
+    def grads(self, grad_rows: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(grad of x, grad of the norm weight or None) from the gradient of :attr:`rows`:
+        with ``r = rsqrt(mean(x^2) + eps)`` and ``u = grad * g``, ``dx = r u - x r^3 mean(u x)`` and
+        ``dg = sum over rows of grad * x * r``."""
+        if self.norm_weight is None:
+            return grad_rows, None
+        acc = torch.promote_types(self.x.dtype, torch.float32)
+        x, grad = self.x.to(acc), grad_rows.to(acc)
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        u = grad * self.norm_weight.to(acc)
+        grad_x = r * u - x * r.pow(3) * (u * x).mean(-1, keepdim=True)
+        grad_g = _flat(grad * x * r).sum(0)
+        return grad_x.to(self.x.dtype), grad_g.to(self.norm_weight.dtype)
+
+
 def _gemv_setup_context(ctx, inputs, output):
-    x, w0, w1, w2, b0, b1, b2, residual = inputs
-    ctx.save_for_backward(x, w0, w1, w2)
+    x, w0, w1, w2, b0, b1, b2, residual, norm_weight, eps = inputs
+    ctx.save_for_backward(x, w0, w1, w2, norm_weight)
+    ctx.eps = eps
     ctx.has_bias = [b is not None for b in (b0, b1, b2)]
     ctx.has_residual = residual is not None
 
 
 def _gemv_backward(ctx, grad):
-    x, *weights = ctx.saved_tensors
+    x, *weights, norm_weight = ctx.saved_tensors
+    normed = _NormedInput(x, norm_weight, ctx.eps)
     present = [w for w in weights if w is not None]
     parts = grad.split([int(w.shape[0]) for w in present], dim=-1)
-    grad_x = sum(part @ w for part, w in zip(parts, present))
-    grad_w = [_flat(part).T @ _flat(x) for part in parts]
+    grad_x, grad_norm = normed.grads(sum(part @ w for part, w in zip(parts, present)))
+    grad_w = [_flat(part).T @ _flat(normed.rows) for part in parts]
     grad_b = [_flat(part).sum(0) for part in parts]
     pad = [None] * (MAX_WEIGHTS - len(present))
     return (grad_x, *(grad_w + pad), *[g if has else None for g, has in zip(grad_b + pad, ctx.has_bias)],
-            grad if ctx.has_residual else None)
+            grad if ctx.has_residual else None, grad_norm, None)
 
 
-# Autograd wired by hand (define_op): the backward is a few PyTorch GEMMs over the weights present.
+# Autograd wired by hand (define_op): the backward is a few PyTorch GEMMs over the weights present (and autograd
+# over the norm where the kernel normalized x).
 _gemv_op = define_op(
     "gemv", _gemv_impl, fake=_gemv_fake, backward=_gemv_backward, setup_context=_gemv_setup_context,
     reference=lambda *args: _gemv_op_reference(*args),  # defined below
 )
 
 
-def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tensor:
+def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor, norm_weight: Tensor | None,
+                      eps: float) -> Tensor:
     xf = _flat(x)
     rows, k = xf.shape
     n = int(gate_weight.shape[0])
@@ -199,37 +261,42 @@ def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tens
         return y
     block_m, block_n, block_k = _blocks(rows, n, k)
     wrap_triton(_gemv_swiglu_kernel)[(cdiv(n, block_n),)](
-        xf, gate_weight, up_weight, y, rows, n, k, xf.stride(0), xf.stride(1), *gate_weight.stride(),
-        *up_weight.stride(), n, ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=_WARPS,
+        xf, gate_weight, up_weight, norm_weight if norm_weight is not None else xf, y, rows, n, k, xf.stride(0),
+        xf.stride(1), *gate_weight.stride(), *up_weight.stride(), n,
+        norm_weight.stride(0) if norm_weight is not None else 0, eps, HAS_NORM=norm_weight is not None,
+        ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS,
     )
     return y
 
 
-def _gemv_swiglu_fake(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tensor:
+def _gemv_swiglu_fake(x: Tensor, gate_weight: Tensor, up_weight: Tensor, norm_weight: Tensor | None,
+                      eps: float) -> Tensor:
     return x.new_empty((*x.shape[:-1], int(gate_weight.shape[0])))
 
 
 def _gemv_swiglu_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    ctx.save_for_backward(*inputs[:4])
+    ctx.eps = inputs[4]
 
 
 def _gemv_swiglu_backward(ctx, grad):
-    x, gate_weight, up_weight = ctx.saved_tensors
+    x, gate_weight, up_weight, norm_weight = ctx.saved_tensors
+    normed = _NormedInput(x, norm_weight, ctx.eps)
+    rows = normed.rows
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    gate, up = (x @ gate_weight.T).to(acc), (x @ up_weight.T).to(acc)
+    gate, up = (rows @ gate_weight.T).to(acc), (rows @ up_weight.T).to(acc)
     s = torch.sigmoid(gate)
     grad_gate = (grad.to(acc) * up * s * (1 + gate * (1 - s))).to(x.dtype)
     grad_up = (grad.to(acc) * gate * s).to(x.dtype)
-    grad_x = grad_gate @ gate_weight + grad_up @ up_weight
-    return grad_x, _flat(grad_gate).T @ _flat(x), _flat(grad_up).T @ _flat(x)
+    grad_x, grad_norm = normed.grads(grad_gate @ gate_weight + grad_up @ up_weight)
+    return grad_x, _flat(grad_gate).T @ _flat(rows), _flat(grad_up).T @ _flat(rows), grad_norm, None
 
 
 # Autograd wired by hand (define_op): the backward recomputes both projections with PyTorch GEMMs.
 _gemv_swiglu_op = define_op(
     "gemv_swiglu", _gemv_swiglu_impl, fake=_gemv_swiglu_fake, backward=_gemv_swiglu_backward,
     setup_context=_gemv_swiglu_setup_context,
-    reference=lambda *args: gemv_swiglu_reference(*args),  # defined below
+    reference=lambda *args: _gemv_swiglu_op_reference(*args),  # defined below
 )
 
 
@@ -248,9 +315,19 @@ def _check_weight(op: str, x: Tensor, name: str, w: Tensor, b: Tensor | None = N
         raise ValueError(f"{op}: the bias of {name} is {tuple(b.shape)} {b.dtype}; pass [{w.shape[0]}] of x's dtype.")
 
 
+def _check_norm_weight(op: str, x: Tensor, norm_weight: Tensor | None) -> None:
+    if norm_weight is None:
+        return
+    check_tensors(op, min_dim=1, norm_weight=norm_weight)
+    if norm_weight.shape != (x.shape[-1],) or norm_weight.device != x.device:
+        raise ValueError(f"{op}: norm_weight is {tuple(norm_weight.shape)} on {norm_weight.device}; x is "
+                         f"{tuple(x.shape)} on {x.device}: pass the [{x.shape[-1]}] weight of x's RMSNorm.")
+
+
 def gemv(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None = None,
-         residual: Tensor | None = None) -> Tensor:
-    """``x @ cat(weights).T + cat(biases) (+ residual)`` in one launch, for ``x`` of a few rows.
+         residual: Tensor | None = None, *, norm_weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """``x @ cat(weights).T + cat(biases) (+ residual)`` in one launch, for ``x`` of a few rows; with
+    ``norm_weight``, of ``x`` RMS-normalized first.
 
     Args:
         x (`torch.Tensor`): ``[..., K]`` with at most :data:`MAX_ROWS` rows (the product of the
@@ -260,6 +337,10 @@ def gemv(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None] |
         biases (sequence of `torch.Tensor` or None, optional): a ``[N_i]`` bias for every weight, or
             None for none (all or none, like one linear on concatenated weights).
         residual (`torch.Tensor`, optional): ``[..., sum N_i]``, added before the one rounding.
+        norm_weight (`torch.Tensor`, optional): a ``[K]`` RMSNorm weight: the rows of ``x`` are
+            ``x * rsqrt(mean(x^2) + eps) * norm_weight`` (transformers' RMSNorm) before the product, computed
+            in the kernel's fp32 and not rounded in between (the norm's own kernel rounds its output).
+        eps (`float`, optional): the norm's epsilon.
 
     Returns:
         `torch.Tensor`: ``[..., sum N_i]`` in x's dtype; columns in the order of ``weights``.
@@ -293,17 +374,22 @@ def gemv(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None] |
     if residual is not None and (residual.shape != (*x.shape[:-1], width) or residual.dtype != x.dtype):
         raise ValueError(f"gemv: residual is {tuple(residual.shape)} {residual.dtype}; pass "
                          f"{(*x.shape[:-1], width)} in x's dtype.")
+    _check_norm_weight("gemv", x, norm_weight)
     padded = weights + [None] * (MAX_WEIGHTS - len(weights))
-    return _gemv_op(x, *padded, *(biases + [None] * (MAX_WEIGHTS - len(biases))), residual)
+    return _gemv_op(x, *padded, *(biases + [None] * (MAX_WEIGHTS - len(biases))), residual, norm_weight, float(eps))
 
 
-def gemv_swiglu(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tensor:
-    """``silu(x @ gate_weight.T) * (x @ up_weight.T)`` in one launch, for ``x`` of a few rows.
+def gemv_swiglu(x: Tensor, gate_weight: Tensor, up_weight: Tensor, *, norm_weight: Tensor | None = None,
+                eps: float = 1e-6) -> Tensor:
+    """``silu(x @ gate_weight.T) * (x @ up_weight.T)`` in one launch, for ``x`` of a few rows; with
+    ``norm_weight``, of ``x`` RMS-normalized first.
 
     Args:
         x (`torch.Tensor`): ``[..., K]`` with at most :data:`MAX_ROWS` rows; any strides.
         gate_weight (`torch.Tensor`): ``[N, K]``, x's dtype and device (gate_proj's weight).
         up_weight (`torch.Tensor`): ``[N, K]``, likewise (up_proj's weight).
+        norm_weight (`torch.Tensor`, optional): a ``[K]`` RMSNorm weight applied to ``x`` first, as in :func:`gemv`.
+        eps (`float`, optional): the norm's epsilon.
 
     Returns:
         `torch.Tensor`: ``[..., N]`` in x's dtype.
@@ -324,22 +410,33 @@ def gemv_swiglu(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tensor:
     if up_weight.shape != gate_weight.shape:
         raise ValueError(f"gemv_swiglu: gate_weight is {tuple(gate_weight.shape)}, up_weight {tuple(up_weight.shape)}; "
                          "pass two weights of one shape.")
-    return _gemv_swiglu_op(x, gate_weight, up_weight)
+    _check_norm_weight("gemv_swiglu", x, norm_weight)
+    return _gemv_swiglu_op(x, gate_weight, up_weight, norm_weight, float(eps))
 
 
 def gemv_reference(x: Tensor, weights: Sequence[Tensor], biases: Sequence[Tensor | None] | None = None,
-                   residual: Tensor | None = None) -> Tensor:
+                   residual: Tensor | None = None, *, norm_weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
     """Plain PyTorch ``gemv``."""
+    if norm_weight is not None:
+        x = _rms_normed(x, norm_weight, eps).to(x.dtype)
     biases = [None] * len(weights) if biases is None else biases
     y = torch.cat([torch.nn.functional.linear(x, w, b) for w, b in zip(weights, biases)], dim=-1)
     return y if residual is None else y + residual
 
 
-def _gemv_op_reference(x, w0, w1, w2, b0, b1, b2, residual):
+def _gemv_op_reference(x, w0, w1, w2, b0, b1, b2, residual, norm_weight, eps):
     present = [(w, b) for w, b in zip((w0, w1, w2), (b0, b1, b2)) if w is not None]
-    return gemv_reference(x, [w for w, _ in present], [b for _, b in present], residual)
+    return gemv_reference(x, [w for w, _ in present], [b for _, b in present], residual, norm_weight=norm_weight,
+                          eps=eps)
 
 
-def gemv_swiglu_reference(x: Tensor, gate_weight: Tensor, up_weight: Tensor) -> Tensor:
+def gemv_swiglu_reference(x: Tensor, gate_weight: Tensor, up_weight: Tensor, *, norm_weight: Tensor | None = None,
+                          eps: float = 1e-6) -> Tensor:
     """Plain PyTorch ``gemv_swiglu``."""
+    if norm_weight is not None:
+        x = _rms_normed(x, norm_weight, eps).to(x.dtype)
     return torch.nn.functional.silu(x @ gate_weight.T) * (x @ up_weight.T)
+
+
+def _gemv_swiglu_op_reference(x, gate_weight, up_weight, norm_weight, eps):
+    return gemv_swiglu_reference(x, gate_weight, up_weight, norm_weight=norm_weight, eps=eps)

@@ -48,6 +48,35 @@ def test_gemv_swiglu_matches_reference(rows, dtype, small_blocks):
     check_forward_backward(tt.gemv_swiglu, tt.gemv_swiglu_reference, (x, gate, up), dtype, f"gemv_swiglu {rows}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [(1,), (2, 3)])
+def test_gemv_normalizes_x_first(rows, dtype, small_blocks):
+    """norm_weight: x RMS-normalized in the kernel, then the q/k/v product with biases and a residual; the
+    gradients reach x through the norm, and the norm weight."""
+    k = 53
+    x, r = torch.randn(*rows, k, dtype=dtype) * 3, torch.randn(*rows, 45, dtype=dtype)
+    g = torch.rand(2 * k, dtype=dtype)[::2] + 0.5  # strided
+    weights, biases = _weights((29, 8, 8), k, dtype, True)
+
+    def ours(x, g, r, *wb):
+        return tt.gemv(x, wb[:3], wb[3:], residual=r, norm_weight=g, eps=1e-5)
+
+    def reference(x, g, r, *wb):
+        return tt.gemv_reference(x, wb[:3], wb[3:], residual=r, norm_weight=g, eps=1e-5)
+
+    check_forward_backward(ours, reference, (x, g, r, *weights, *biases), dtype, f"gemv norm {rows}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemv_swiglu_normalizes_x_first(dtype, small_blocks):
+    k = 45
+    x, g = torch.randn(2, 1, k, dtype=dtype) * 3, torch.rand(k, dtype=dtype) + 0.5
+    gate, up = (torch.randn(67, k, dtype=dtype) / k**0.5 for _ in range(2))
+    check_forward_backward(lambda x, g, gate, up: tt.gemv_swiglu(x, gate, up, norm_weight=g, eps=1e-6),
+                           lambda x, g, gate, up: tt.gemv_swiglu_reference(x, gate, up, norm_weight=g, eps=1e-6),
+                           (x, g, gate, up), dtype, "gemv_swiglu norm")
+
+
 def test_strided_inputs_and_transposed_weights():
     x = torch.randn(3, 80)[:, ::2]  # rows of 40 at a column stride of 2
     w = torch.randn(40, 33).t()  # [33, 40] read along its stride
@@ -76,9 +105,13 @@ def test_opcheck():
     x = torch.randn(2, 16, requires_grad=True)
     w0, w1 = torch.randn(8, 16, requires_grad=True), torch.randn(4, 16, requires_grad=True)
     b0, b1 = torch.randn(8, requires_grad=True), torch.randn(4, requires_grad=True)
-    torch.library.opcheck(torch.ops.twinkle.gemv.default, (x, w0, w1, None, b0, b1, None, torch.randn(2, 12)))
-    torch.library.opcheck(torch.ops.twinkle.gemv.default, (x, w0, None, None, None, None, None, None))
-    torch.library.opcheck(torch.ops.twinkle.gemv_swiglu.default, (x, w0, torch.randn(8, 16, requires_grad=True)))
+    g = torch.rand(16, requires_grad=True)
+    torch.library.opcheck(torch.ops.twinkle.gemv.default,
+                          (x, w0, w1, None, b0, b1, None, torch.randn(2, 12), None, 1e-6))
+    torch.library.opcheck(torch.ops.twinkle.gemv.default, (x, w0, None, None, None, None, None, None, g, 1e-5))
+    up = torch.randn(8, 16, requires_grad=True)
+    torch.library.opcheck(torch.ops.twinkle.gemv_swiglu.default, (x, w0, up, None, 1e-6))
+    torch.library.opcheck(torch.ops.twinkle.gemv_swiglu.default, (x, w0, up, g, 1e-6))
 
 
 def test_compiles_with_aot_eager():
@@ -104,3 +137,7 @@ def test_rejects_bad_inputs_with_a_useful_message():
         tt.gemv_swiglu(x, w, torch.randn(9, 16))
     with pytest.raises(TypeError, match="gate_weight"):
         tt.gemv_swiglu(x, w.int(), w)
+    with pytest.raises(ValueError, match=r"norm_weight is \(15,\).*pass the \[16\] weight of x's RMSNorm"):
+        tt.gemv(x, [w], norm_weight=torch.randn(15))
+    with pytest.raises(TypeError, match="norm_weight"):
+        tt.gemv_swiglu(x, w, w, norm_weight=torch.ones(16, dtype=torch.int32))

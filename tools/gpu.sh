@@ -26,6 +26,8 @@
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
 #   gemv         tools/gemv_sweep.py: the decode GEMV kernels against cuBLAS at three model shapes, 1-8 rows
 #                (GEMV_ARGS: more flags, e.g. "--rows 1 --block-n 1,2,4 --tiles 4096,8192 --warps 4,8")
+#   attention    tools/gqa_attention_bench.py: the grouped-query decode attention against SDPA, its split and
+#                key-block choices swept
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference
@@ -34,7 +36,7 @@
 # Results (harness JSON stamped with device, versions and $COMMIT, logs) go under $OUT (default ./gpu-out); a JSON
 # that replaces one in docs/performance/ keeps that file's name. Wheels in .whl/ (git-ignored) are installed
 # first, for packages the GPU image lacks (kernels, expecttest, pytest-xdist, liger-kernel, cut-cross-entropy).
-# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S, GEMV_S;
+# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S, GEMV_S, ATTENTION_S;
 # each run of the distributed and fsdp jobs by RUN_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -256,6 +258,12 @@ job_gemv() {
   cat "$out/gemv.txt"
 }
 
+job_attention() {
+  timeout "${ATTENTION_S:-300}" python3 tools/gqa_attention_bench.py --out "$out/gqa-attention.json" \
+    > "$out/gqa-attention.txt" 2>&1 || status=1
+  cat "$out/gqa-attention.txt"
+}
+
 job_check() {
   timeout "${CHECK_S:-400}" python3 -m twinkle_fx check --out "$out/check.json" > "$out/check.txt" 2>&1 || status=1
   tail -40 "$out/check.txt"
@@ -263,7 +271,7 @@ job_check() {
 
 SECONDS=0
 for job in "${jobs[@]}"; do
-  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv"; exit 2; fi
+  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention"; exit 2; fi
   echo "=== $job (${SECONDS} s)"
   "job_$job"
 done

@@ -8,13 +8,15 @@ compiled decode step replays it, so host launch cost is excluded):
   transformers' ``sdpa_attention_forward`` whenever a mask is given (always, with a static cache);
 * ``gqa nomask`` / ``sdpa enable_gqa nomask``: both without a mask (SDPA's GQA path takes none here);
 * ``gqa splits=N``: the forward with N key splits forced, to check the split heuristic
-  (``PROGRAMS_PER_SM``, ``MIN_SPLIT_KEYS`` in gqa_attention.py); ``heuristic`` names its choice.
+  (``PROGRAMS_PER_SM``, ``MIN_SPLIT_KEYS`` in gqa_attention.py); ``heuristic`` names its choice;
+* ``gqa block_s=S splits=N`` (batch 1): likewise with key blocks of S.
 
 GB/s counts the bytes the op must move at least (q, K, V, mask, out, each once), the same for every
 row, so it compares time; a bandwidth near the device's (~3.3 TB/s on an H100 SXM) means the cache was
 read once. Shapes: Qwen2-0.5B decode (B=32, Hq=14, Hkv=2, D=64, L=1, S=1024) with a full (B,1,1,S)
 bool mask and with a half-filled cache (mask True on the first 512 keys: the kernel skips K/V blocks
-no row attends to), and B=1, L=1, S=8192.
+no row attends to), B=1, L=1, S=8192, and generate()'s batch-1 step with the heads of Qwen2-0.5B and Llama-3.2-1B
+(S=640, 576 keys filled).
 
 Correctness: max |error| of the op against ``gqa_attention_reference`` on the same bf16 inputs and
 against an fp32 reference, and of the backward (dq, dk, dv) at a training-like shape.
@@ -23,6 +25,7 @@ against an fp32 reference, and of the backward (dq, dk, dv) at a training-like s
 """
 
 import argparse
+import functools
 import json
 import sys
 
@@ -41,7 +44,11 @@ SHAPES = [
     ("qwen2-0.5b decode b32 s1024", 32, 14, 2, 1, 1024, 64, None),
     ("qwen2-0.5b decode b32 s1024, 512 keys filled", 32, 14, 2, 1, 1024, 64, 512),
     ("decode b1 s8192", 1, 14, 2, 1, 8192, 64, None),
+    # generate()'s static cache at prompt 512 + 128 new tokens, half way: latency, not bandwidth, at batch 1
+    ("qwen2-0.5b decode b1 s640, 576 keys filled", 1, 14, 2, 1, 640, 64, 576),
+    ("llama-3.2-1b decode b1 s640, 576 keys filled", 1, 32, 8, 1, 640, 64, 576),
 ]
+BATCH1_BLOCK_S = (16, 32)  # key blocks also tried at batch 1: more programs, shorter loops
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -51,6 +58,16 @@ def _time_ms(fn) -> float:
     except Exception as error:  # a baseline that cannot be captured is timed eagerly, and says so
         print(f"    (not capturable: {type(error).__name__}: {error}; timed eagerly)")
         return triton.testing.do_bench(fn, rep=200)
+
+
+def _with_block_s(block_s: int, fn):
+    """``fn()`` with the forward's key block forced to ``block_s`` (``_blocks`` patched for the call)."""
+    blocks = _gqa_module._blocks
+    _gqa_module._blocks = lambda rows, head_dim: (*blocks(rows, head_dim)[:1], block_s, *blocks(rows, head_dim)[2:])
+    try:
+        return fn()
+    finally:
+        _gqa_module._blocks = blocks
 
 
 def bench_shape(name, batch, n_heads, n_kv_heads, seq_q, seq_k, head_dim, filled) -> dict:
@@ -80,6 +97,10 @@ def bench_shape(name, batch, n_heads, n_kv_heads, seq_q, seq_k, head_dim, filled
         for splits in SPLITS:
             rows[f"gqa splits={splits}"] = (
                 lambda splits=splits: _gqa_module._gqa_forward(q, k, v, mask, scale, splits)[0])
+        for block_s in BATCH1_BLOCK_S if batch == 1 else ():
+            for splits in SPLITS:
+                rows[f"gqa block_s={block_s} splits={splits}"] = functools.partial(
+                    _with_block_s, block_s, lambda splits=splits: _gqa_module._gqa_forward(q, k, v, mask, scale, splits)[0])
         block_m, block_s, _, _ = _gqa_module._blocks(group * seq_q, head_dim)
         heuristic = _gqa_module._num_splits(
             batch * n_kv_heads * triton.cdiv(group * seq_q, block_m), seq_k, block_s, q.device)

@@ -115,7 +115,7 @@ def _swiglu_mlp_applies_to(module: nn.Module) -> str | None:
     return None
 
 
-def _decode_gemvs(module: nn.Module, x: torch.Tensor) -> bool:
+def uses_decode_gemvs(module: nn.Module, x: torch.Tensor) -> bool:
     """Whether SwiGLUMLP takes the GEMV kernels for ``x``: a decode step's few rows on a device the kernels
     run on, through projections that are plain linears of x's dtype (gate and up without a bias)."""
     if not (x.is_cuda or interpreting()) or x.dim() == 0 or x.numel() > DECODE_ROWS * x.shape[-1]:
@@ -139,7 +139,7 @@ class SwiGLUMLP(nn.Module):
 
     @_declares(_swiglu_mlp_applies_to)
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _decode_gemvs(self, x):
+        if uses_decode_gemvs(self, x):
             down = self.down_proj
             return gemv(gemv_swiglu(x, self.gate_proj.weight, self.up_proj.weight), [down.weight],
                         None if down.bias is None else [down.bias])

@@ -173,3 +173,29 @@ def test_a_qwen2_decode_step_keeps_its_logits():
     layers = model.config.num_hidden_layers
     assert kernels.count("twinkle_triton.gemv_swiglu") == layers, _swapped(report)
     assert kernels.count("twinkle_triton.gemv") == 3 * layers + 1, _swapped(report)  # qkv, o, down; lm_head
+
+
+@pytest.mark.slow
+def test_swapped_norms_and_mlps_open_into_the_gemvs():
+    """With the built-in layer kernels swapped in, each MLP layer call becomes its two GEMVs (the residual added
+    in down's) and each norm before q/k/v or the MLP moves into the GEMVs' prologue; the final norm, read by the
+    LM head, stays a layer call."""
+    from twinkle_fx.builtin import use_builtin_kernels
+
+    model = tiny("qwen2").eval()
+    ids = torch.randint(0, 128, (1, 9), device=DEVICE)
+    layers = model.config.num_hidden_layers
+    with torch.no_grad():
+        cache = model(ids[:, :-1], use_cache=True).past_key_values
+        want = model(ids[:, -1:], past_key_values=cache).logits
+        cache = model(ids[:, :-1], use_cache=True).past_key_values
+        with scoped_registry(), record_graphs() as graphs, collect_reports() as report:
+            use_builtin_kernels(devices=(torch.device(DEVICE).type,), models=("qwen2",))
+            got = _compile(model)(ids[:, -1:], past_key_values=cache).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    targets = [t for t, _ in _swapped(report)]
+    assert targets.count("SwiGLUMLP layer + residual on 1 row(s)") == layers, targets
+    assert targets.count("RMSNorm layer into 1 GEMV(s) on 1 row(s)") == 2 * layers, targets
+    graph = graphs.after[-1]
+    assert "SwiGLUMLP(" not in graph and graph.count("RMSNorm(") == 1, graph
+    assert graph.count("twinkle_gemv_swiglu(") == layers

@@ -66,7 +66,7 @@ def test_swiglu_mlp_calls_projections_that_are_not_plain_linears():
     mlp.up_proj.register_forward_hook(lambda module, args, out: seen.append(out.shape))
     _compare_swapped(mlp, layers.SwiGLUMLP, torch.randn(1, 16), "SwiGLUMLP hooked")
     assert seen == [(1, 40)] * 2
-    assert not layers._decode_gemvs(mlp, torch.randn(1, 16)) and not layers._decode_gemvs(mlp, torch.randn(2, 16))
+    assert not layers.uses_decode_gemvs(mlp, torch.randn(1, 16)) and not layers.uses_decode_gemvs(mlp, torch.randn(2, 16))
 
 
 def test_silu_and_mul_layer():

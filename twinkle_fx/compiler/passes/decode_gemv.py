@@ -17,6 +17,14 @@ order of the linears that read one input:
   ``"auto"`` not an LM head (a weight of over :data:`AUTO_MAX_LONE_WEIGHT` elements), which cuBLAS reads
   at full bandwidth.
 
+Layers the layer pass swapped before this one are opened where that pays at these rows:
+
+- a ``SwiGLUMLP`` layer call (``twinkle_triton.layers``) that would run the GEMV kernels itself (plain
+  linears, see ``uses_decode_gemvs``) becomes its two GEMVs in the graph, so ``residual + mlp(h)`` adds the
+  residual in the down projection's GEMV;
+- an ``RMSNorm`` layer call read only by GEMV calls (the norm before q/k/v, the one before the MLP) moves
+  into their prologue (``norm_weight=``): no launch of its own.
+
 Which calls: ``options={"decode_gemv": ...}``: ``"auto"`` (the default) rewrites inference graphs
 on CUDA where the input has at most ``twinkle_triton.gemv.DECODE_ROWS`` rows (where the kernels were
 measured faster than cuBLAS); ``True`` any graph with at most
@@ -38,6 +46,7 @@ import torch.fx as fx
 from ...core.modes import Mode
 from ..graph.dynamo import common_provenance, example_value, set_example_value
 from ..pipeline import Outcome, PassState, Swapped
+from ..regions.region import LayerKernelCall
 from .function_patterns import region_location
 from .gemm_fusion import linear_args, rows_at_most
 
@@ -66,8 +75,8 @@ class GemvCall:
     __name__ = __qualname__ = "gemv"
     __module__ = "twinkle"
 
-    def __call__(self, x, weights, biases, residual):
-        return _kernels().gemv(x, weights, biases, residual=residual)
+    def __call__(self, x, weights, biases, residual, norm_weight=None, eps=1e-6):
+        return _kernels().gemv(x, weights, biases, residual=residual, norm_weight=norm_weight, eps=eps)
 
     def __repr__(self) -> str:
         return "<twinkle kernel call gemv>"
@@ -79,8 +88,8 @@ class GemvSwigluCall:
     __name__ = __qualname__ = "gemv_swiglu"
     __module__ = "twinkle"
 
-    def __call__(self, x, gate_weight, up_weight):
-        return _kernels().gemv_swiglu(x, gate_weight, up_weight)
+    def __call__(self, x, gate_weight, up_weight, norm_weight=None, eps=1e-6):
+        return _kernels().gemv_swiglu(x, gate_weight, up_weight, norm_weight=norm_weight, eps=eps)
 
     def __repr__(self) -> str:
         return "<twinkle kernel call gemv_swiglu>"
@@ -129,6 +138,13 @@ def run(state: PassState) -> list[Outcome]:
         for group in _groups(linears, order):
             if setting != "auto" or not left_to_cublas(group):
                 outcomes.append(_rewrite_group(group, rows, order))
+    cuda_only = setting == "auto"
+    for node in list(graph.nodes):
+        if _layer_kernel(node, "SwiGLUMLP") is not None:
+            outcomes.extend(_open_mlp(node, max_rows, cuda_only))
+    for node in list(graph.nodes):
+        if _layer_kernel(node, "RMSNorm") is not None:
+            outcomes.extend(_norm_into_prologues(node))
     if outcomes:
         graph.lint()
         state.gm.recompile()
@@ -279,3 +295,83 @@ def _rewrite_group(group: list[fx.Node], rows: int, order: dict[fx.Node, int]) -
     what = f"{len(group)} linear(s) on {rows} row(s)" if len(group) > 1 else f"linear on {rows} row(s)"
     return Swapped("function", what, location, _KERNEL, f"{rows} row(s): " + (
         "one launch, no weight concatenated" if len(group) > 1 else "one GEMV"))
+
+
+def _layer_kernel(node: fx.Node, name: str) -> LayerKernelCall | None:
+    """The call when ``node`` runs the built-in layer kernel ``twinkle_triton.layers.<name>`` for a live module
+    (one tensor out, the module's input first)."""
+    call = node.target
+    if node.op != "call_function" or not isinstance(call, LayerKernelCall) or not call.single or node.kwargs:
+        return None
+    from twinkle_triton import layers  # imported when a graph is rewritten, not with the backend
+
+    kernel = getattr(layers, name)
+    return call if call.forward is kernel.forward and call.module is not None and call.n_args == 1 else None
+
+
+def _params(node: fx.Node, call: LayerKernelCall) -> dict[str, object]:
+    return dict(zip(call.param_names, node.args[call.n_args:]))
+
+
+def _open_mlp(node: fx.Node, max_rows: int, cuda_only: bool) -> list[Outcome]:
+    """A SwiGLUMLP layer call -> ``gemv(gemv_swiglu(x, wg, wu), [wd], [bd], residual)`` where the layer itself
+    would run those kernels on the input (its projections plain linears, the rows few enough)."""
+    from twinkle_triton.layers import uses_decode_gemvs
+
+    call = _layer_kernel(node, "SwiGLUMLP")
+    x, params = node.args[0], _params(node, call)
+    xv = _value(x)
+    weights = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+    if xv is None or not set(weights) <= set(params) <= {*weights, "down_proj.bias"} or not rows_at_most(x, max_rows):
+        return []
+    if (cuda_only and xv.device.type != "cuda") or not uses_decode_gemvs(call.module, xv):
+        return []
+    graph, rows = node.graph, xv.numel() // xv.shape[-1]
+    wg, wu, wd = (params[w] for w in weights)
+    bias = [params["down_proj.bias"]] if "down_proj.bias" in params else None
+    residual = _residual(node)
+    last = residual[0] if residual is not None else node
+    with graph.inserting_before(last):
+        act = graph.call_function(gemv_swiglu_call, (x, wg, wu))
+        down = graph.call_function(gemv_call, (act, [wd], bias, residual[1] if residual is not None else None))
+    for new in (act, down):
+        new.meta.update(common_provenance([node]))
+    set_example_value(act, xv.new_empty((*xv.shape[:-1], int(_value(wg).shape[0]))))
+    set_example_value(down, example_value(last))
+    location = region_location([node])
+    last.replace_all_uses_with(down)
+    for old in ([last, node] if residual is not None else [node]):
+        graph.erase_node(old)
+    what = "SwiGLUMLP layer" + (" + residual" if residual is not None else "")
+    return [Swapped("function", f"{what} on {rows} row(s)", location, _SWIGLU_KERNEL,
+                    f"{rows} row(s): the layer's GEMVs in the graph" +
+                    (", the residual added in down's" if residual is not None else ""))]
+
+
+def _norm_into_prologues(node: fx.Node) -> list[Outcome]:
+    """An RMSNorm layer call read only as the input of GEMV calls -> ``norm_weight=`` of each of them."""
+    call = _layer_kernel(node, "RMSNorm")
+    users = list(node.users)
+    params = _params(node, call)
+    x, out = node.args[0], _value(node)
+    if not users or set(params) != {"weight"} or _value(x) is None or out is None or out.dtype != _value(x).dtype:
+        return []
+    arity = {gemv_call: 4, gemv_swiglu_call: 3}  # calls without a norm of their own
+    for user in users:
+        if user.op != "call_function" or arity.get(user.target) != len(user.args) or user.args[0] is not node \
+                or _reads(user.args[1:], node):
+            return []
+    eps = float(call.constants.get("variance_epsilon", call.module.variance_epsilon))
+    for user in users:
+        user.args = (x, *user.args[1:], params["weight"], eps)
+    location = region_location([node])
+    node.graph.erase_node(node)
+    rows = _value(x).numel() // _value(x).shape[-1]
+    return [Swapped("function", f"RMSNorm layer into {len(users)} GEMV(s) on {rows} row(s)", location, _KERNEL,
+                    "the norm computed in the GEMVs' prologue")]
+
+
+def _reads(args: tuple, node: fx.Node) -> bool:
+    found = []
+    fx.node.map_arg(args, lambda a: found.append(a is node))
+    return any(found)

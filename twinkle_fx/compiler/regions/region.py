@@ -406,6 +406,11 @@ class LayerKernelCall(KernelCall):
         # float attributes Dynamo lifted to graph inputs, as read from the graph at compile time
         self.constants = dict(constants or {})
 
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The module this call runs the kernel's forward for; None once the module is gone."""
+        return self._module()
+
     def cache_key(self) -> tuple[tuple, Any]:
         module = self._module()
         return (type(self), self.__name__, id(module), self.forward, self.n_args, self.param_names, self.picks,

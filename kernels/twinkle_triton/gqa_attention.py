@@ -54,6 +54,11 @@ MAX_HEAD_DIM = 256
 # split count on the device.
 PROGRAMS_PER_SM = 4
 MIN_SPLIT_KEYS = 128
+# Short caches at batch 1 are a latency problem, not a bandwidth one: when MIN_SPLIT_KEYS-key splits would
+# leave fewer programs than half the SMs, each split takes one key block (BLOCK_S keys) so that every program
+# makes one pass. generate()'s step at S = 640 on an H200 (tools/gqa_attention_bench.py): Qwen2-0.5B's heads
+# 6.06 -> 4.82 us, Llama-3.2-1B's 6.21 -> 4.87 us; batch 32 and S = 8192 keep MIN_SPLIT_KEYS (more, shorter
+# splits measured no faster there).
 
 
 # With a symbolic (dynamic) batch or key length under torch.compile the split count cannot follow
@@ -65,7 +70,8 @@ SYMBOLIC_SPLITS = 8
 
 def _num_splits(programs, seq_k, block_s: int, device: torch.device) -> tuple[int, int]:
     """(splits, keys per split): splits of the keys so that ``programs * splits`` fills the GPU
-    (see PROGRAMS_PER_SM), each at least MIN_SPLIT_KEYS keys and a multiple of ``block_s``.
+    (see PROGRAMS_PER_SM), each at least MIN_SPLIT_KEYS keys (one ``block_s`` block where those would
+    leave most SMs idle) and a multiple of ``block_s``.
     Under the interpreter the "GPU" is one SM: a few splits still happen (S = 300 gives 3), so the
     combine path runs in CPU tests too. ``programs`` and ``seq_k`` may be SymInts (see SYMBOLIC_SPLITS)."""
     if not (isinstance(programs, int) and isinstance(seq_k, int)):
@@ -74,7 +80,8 @@ def _num_splits(programs, seq_k, block_s: int, device: torch.device) -> tuple[in
         sms = multiprocessor_count(device)
     else:
         sms = 1
-    splits = max(1, min(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), cdiv(seq_k, MIN_SPLIT_KEYS)))
+    min_keys = MIN_SPLIT_KEYS if 2 * programs * cdiv(seq_k, MIN_SPLIT_KEYS) >= sms else block_s
+    splits = max(1, min(cdiv(PROGRAMS_PER_SM * sms, max(programs, 1)), cdiv(seq_k, min_keys)))
     return _split_length(seq_k, splits, block_s)
 
 

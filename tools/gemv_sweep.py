@@ -3,13 +3,14 @@
 Each row times ``twinkle_triton.gemv`` (q/k/v in one launch, o and down with the residual add,
 the LM head) or ``gemv_swiglu`` (gate and up with the SwiGLU product) against what the graph runs
 without them: ``F.linear`` per weight (cuBLAS) on pre-concatenated q/k/v weights, or on the gate and
-up weights with ``silu(g) * u`` after. Times are CUDA-graph replays (``triton.testing.do_bench_cudagraph``:
+up weights with ``silu(g) * u`` after; the ``norm + ...`` rows take the RMSNorm in the kernel's prologue
+(``norm_weight=``) against ``twinkle_triton.rms_norm``'s kernel before the same GEMV. Times are CUDA-graph replays (``triton.testing.do_bench_cudagraph``:
 no launch gaps, as inside the decode loop's graph); GB/s is the weights' bytes over that time. The
 rows where the kernels win are what ``twinkle_triton.gemv.DECODE_ROWS`` admits (the graph rewrite and SwiGLUMLP).
 
-``--block-n``, ``--tiles`` and ``--warps`` sweep the kernels' launch heuristic (weight rows a program,
-register tile, warps a program; ``twinkle_triton.gemv._BLOCK_N`` / ``_TILE`` / ``_WARPS``); ``--shapes``
-picks the model shapes.
+``--block-n``, ``--tiles``, ``--warps`` and ``--norm-3d`` sweep the kernels' launch heuristic (weight rows a
+program, register tile, warps a program, the layout the norm's sum of squares is reduced in;
+``twinkle_triton.gemv._BLOCK_N`` / ``_TILE`` / ``_WARPS`` / ``_NORM_3D``); ``--shapes`` picks the model shapes.
 
     python tools/gemv_sweep.py --out gemv.json
     python tools/gemv_sweep.py --out gemv-tune.json --rows 1 --block-n 2,4,8 --tiles 4096,8192,16384 --warps 4,8
@@ -45,7 +46,13 @@ def _cases(hidden, inter, q, kv, vocab, rows, dtype):
         w(inter, hidden), w(hidden, inter), w(vocab, hidden)
     qkv = torch.cat([wq, wk, wv])
     res = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+    g, eps = torch.rand(hidden, device="cuda", dtype=dtype) + 0.5, 1e-6
     return {
+        # the norm in the GEMV's prologue against the norm's own kernel before the GEMV (what the graph ran)
+        "norm + qkv": (lambda: tt.gemv(x, [wq, wk, wv], norm_weight=g, eps=eps),
+                       lambda: tt.gemv(tt.rms_norm(x, g, eps), [wq, wk, wv]), qkv.numel()),
+        "norm + gate/up": (lambda: tt.gemv_swiglu(x, wg, wu, norm_weight=g, eps=eps),
+                           lambda: tt.gemv_swiglu(tt.rms_norm(x, g, eps), wg, wu), 2 * wg.numel()),
         "qkv": (lambda: tt.gemv(x, [wq, wk, wv]), lambda: F.linear(x, qkv), qkv.numel()),
         "o + residual": (lambda: tt.gemv(x, [wo], residual=res), lambda: res + F.linear(x, wo), wo.numel()),
         "gate/up swiglu": (lambda: tt.gemv_swiglu(x, wg, wu), lambda: F.silu(F.linear(x, wg)) * F.linear(x, wu),
@@ -62,40 +69,48 @@ def main() -> None:
     parser.add_argument("--block-n", default=str(gemv_module._BLOCK_N), help="comma-separated weight rows a program")
     parser.add_argument("--tiles", default=str(gemv_module._TILE), help="comma-separated register tiles (products)")
     parser.add_argument("--warps", default=str(gemv_module._WARPS), help="comma-separated warps a program")
+    parser.add_argument("--norm-3d", default=str(int(gemv_module._NORM_3D)),
+                        help="comma-separated 1/0: the norm's sum of squares reduced in the product's layout or not")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     args = parser.parse_args()
     unknown = sorted(set(args.shapes.split(",")) - set(SHAPES))
     if unknown:
         parser.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(SHAPES)}")
     dtype, results = torch.bfloat16, []
-    heuristics = [(int(b), int(t), int(w)) for b in args.block_n.split(",") for t in args.tiles.split(",")
-                  for w in args.warps.split(",")]
-    print(f"{'shape':14s} {'projection':16s} rows  N  tile  w  cuBLAS us  GB/s | gemv us  GB/s | speedup")
+    heuristics = [(int(b), int(t), int(w), bool(int(n))) for b in args.block_n.split(",")
+                  for t in args.tiles.split(",") for w in args.warps.split(",") for n in args.norm_3d.split(",")]
+    default_norm_3d = gemv_module._NORM_3D
+    print(f"{'shape':14s} {'projection':16s} rows  N  tile  w n3 baseline us  GB/s | gemv us  GB/s | speedup")
     for name in args.shapes.split(","):
         dims = SHAPES[name]
         for rows in (int(r) for r in args.rows.split(",")):
             for what, (ours, theirs, numel) in _cases(*dims, rows, dtype).items():
                 t_theirs = do_bench_cudagraph(theirs) * 1e3
                 nbytes = numel * torch.finfo(dtype).bits // 8
-                for block_n, tile, warps in heuristics:
+                for block_n, tile, warps, norm_3d in heuristics:
+                    if norm_3d != default_norm_3d and not what.startswith("norm"):
+                        continue  # the choice changes only the kernels with a norm
                     gemv_module._BLOCK_N, gemv_module._TILE, gemv_module._WARPS = block_n, tile, warps
+                    gemv_module._NORM_3D = norm_3d
                     torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
                     t_ours = do_bench_cudagraph(ours) * 1e3
                     results.append({"shape": name, "projection": what, "rows": rows, "block_n": block_n, "tile": tile,
-                                    "warps": warps, "cublas_us": t_theirs, "gemv_us": t_ours, "speedup": t_theirs / t_ours})
-                    print(f"{name:14s} {what:16s} {rows:4d} {block_n:2d} {tile:5d} {warps:2d} {t_theirs:10.1f} "
+                                    "warps": warps, "norm_3d": norm_3d, "cublas_us": t_theirs, "gemv_us": t_ours,
+                                    "speedup": t_theirs / t_ours})
+                    print(f"{name:14s} {what:16s} {rows:4d} {block_n:2d} {tile:5d} {warps:2d} {int(norm_3d):2d} "
+                          f"{t_theirs:11.1f} "
                           f"{nbytes / t_theirs / 1e3:5.0f} | {t_ours:7.1f} {nbytes / t_ours / 1e3:5.0f} | "
                           f"{t_theirs / t_ours:5.2f}x", flush=True)
     if len(heuristics) > 1:
-        print("\nfastest heuristic per projection (block_n, tile, warps):")
+        print("\nfastest heuristic per projection (block_n, tile, warps, norm_3d):")
         best = {}
         for r in results:
             key = (r["shape"], r["projection"], r["rows"])
             if key not in best or r["gemv_us"] < best[key]["gemv_us"]:
                 best[key] = r
         for (name, what, rows), r in best.items():
-            print(f"{name:14s} {what:16s} {rows:4d}  ({r['block_n']}, {r['tile']}, {r['warps']})  "
-                  f"{r['gemv_us']:.1f} us, {r['speedup']:.2f}x cuBLAS")
+            print(f"{name:14s} {what:16s} {rows:4d}  ({r['block_n']}, {r['tile']}, {r['warps']}, {int(r['norm_3d'])})  "
+                  f"{r['gemv_us']:.1f} us, {r['speedup']:.2f}x the baseline")
     with open(args.out, "w") as f:
         json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16", "rows": results}, f, indent=1)
 

@@ -58,38 +58,46 @@ MAX_WEIGHTS = 3  # q, k and v
 _BLOCK_N = 4
 _TILE = 4096
 _WARPS = 4
+# Where the norm's sum of squares is reduced: in the product's 3-D layout (True) or in the 2-D layout x is
+# loaded in (False), which may cost a layout conversion through shared memory (tools/gemv_sweep.py --norm-3d)
+_NORM_3D = True
 
 
 @triton.jit
-def _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
-    """A ``[BLOCK_M, BLOCK_K]`` tile of x in ``ACC``, times the norm weight's tile under ``HAS_NORM``, and the
-    rows' sums of squares ``ss`` grown by it (the norm's 1 / rms scales the dot products after the loop)."""
+def _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM: tl.constexpr, NORM_3D: tl.constexpr,
+              ACC: tl.constexpr):
+    """A ``[BLOCK_M, 1, BLOCK_K]`` tile of x in ``ACC`` (the product's layout), times the norm weight's tile under
+    ``HAS_NORM``, and the rows' sums of squares ``ss`` (``[BLOCK_M, 1]``) grown by it (the norm's 1 / rms scales
+    the dot products after the loop)."""
     x = tl.load(x_ptr + m[:, None] * sxm + k[None, :] * sxk, mask=(m[:, None] < M) & (k[None, :] < K),
                 other=0.0).to(ACC)
     if HAS_NORM:
-        ss += tl.sum(x * x, axis=1)
+        if NORM_3D:
+            ss += tl.sum(x[:, None, :] * x[:, None, :], axis=2)
+        else:
+            ss += tl.sum(x * x, axis=1)[:, None]
         x = x * tl.load(g_ptr + k * sgk, mask=k < K, other=0.0).to(ACC)[None, :]
-    return x, ss
+    return x[:, None, :], ss
 
 
 @triton.jit
 def _columns(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, block, M, N, K, col0,
              sxm, sxk, swn, swk, sym, srm, srn, sgk, eps,
-             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, NORM_3D: tl.constexpr,
+             ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Columns ``col0 + block * BLOCK_N ...`` of ``y``: one weight's rows times every row of ``x``."""
     n = block * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), ACC)
-    ss = tl.zeros((BLOCK_M,), ACC)
+    ss = tl.zeros((BLOCK_M, 1), ACC)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x, ss = _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM, ACC)
+        x, ss = _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM, NORM_3D, ACC)
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * swn + k[None, :] * swk,
                     mask=(n[:, None] < N) & (k[None, :] < K), other=0.0)
-        acc += tl.sum(x[:, None, :] * w.to(ACC)[None, :, :], axis=2)
+        acc += tl.sum(x * w.to(ACC)[None, :, :], axis=2)
     if HAS_NORM:
-        acc = acc * tl.rsqrt(ss / K + eps)[:, None]
+        acc = acc * tl.rsqrt(ss / K + eps)
     if HAS_BIAS:
         acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(ACC)[None, :]
     out = (m[:, None] < M) & (n[None, :] < N)
@@ -102,41 +110,40 @@ def _columns(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, block, M, N, K, col0,
 def _gemv_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, b0_ptr, b1_ptr, b2_ptr, r_ptr, g_ptr, y_ptr,
                  M, K, N0, N1, N2, P0, P1,
                  sxm, sxk, sw0n, sw0k, sw1n, sw1k, sw2n, sw2k, sym, srm, srn, sgk, eps,
-                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, NORM_3D: tl.constexpr,
+                 ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # programs [0, P0) compute weight 0's columns, [P0, P0 + P1) weight 1's, the rest weight 2's
     pid = tl.program_id(0)
     if pid < P0:
         _columns(x_ptr, w0_ptr, b0_ptr, r_ptr, g_ptr, y_ptr, pid, M, N0, K, 0, sxm, sxk, sw0n, sw0k, sym, srm, srn,
-                 sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+                 sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, NORM_3D, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
     elif pid < P0 + P1:
         _columns(x_ptr, w1_ptr, b1_ptr, r_ptr, g_ptr, y_ptr, pid - P0, M, N1, K, N0, sxm, sxk, sw1n, sw1k, sym, srm,
-                 srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+                 srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, NORM_3D, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         _columns(x_ptr, w2_ptr, b2_ptr, r_ptr, g_ptr, y_ptr, pid - P0 - P1, M, N2, K, N0 + N1, sxm, sxk, sw2n, sw2k,
-                 sym, srm, srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+                 sym, srm, srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, NORM_3D, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sxm, sxk, sgn, sgk, sun, suk, sym, snk, eps,
-                        HAS_NORM: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+                        HAS_NORM: tl.constexpr, NORM_3D: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     gate = tl.zeros((BLOCK_M, BLOCK_N), ACC)
     up = tl.zeros((BLOCK_M, BLOCK_N), ACC)
-    ss = tl.zeros((BLOCK_M,), ACC)
+    ss = tl.zeros((BLOCK_M, 1), ACC)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x, ss = _normed_x(x_ptr, n_ptr, m, k, M, K, sxm, sxk, snk, ss, HAS_NORM, ACC)
-        x = x[:, None, :]
+        x, ss = _normed_x(x_ptr, n_ptr, m, k, M, K, sxm, sxk, snk, ss, HAS_NORM, NORM_3D, ACC)
         wmask = (n[:, None] < N) & (k[None, :] < K)
         g = tl.load(g_ptr + n[:, None].to(tl.int64) * sgn + k[None, :] * sgk, mask=wmask, other=0.0)
         u = tl.load(u_ptr + n[:, None].to(tl.int64) * sun + k[None, :] * suk, mask=wmask, other=0.0)
         gate += tl.sum(x * g.to(ACC)[None, :, :], axis=2)
         up += tl.sum(x * u.to(ACC)[None, :, :], axis=2)
     if HAS_NORM:
-        rstd = tl.rsqrt(ss / K + eps)[:, None]
+        rstd = tl.rsqrt(ss / K + eps)
         gate, up = gate * rstd, up * rstd
     y = gate * tl.sigmoid(gate) * up
     tl.store(y_ptr + m[:, None] * sym + n[None, :], y.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
@@ -179,7 +186,8 @@ def _gemv_impl(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: 
         rf.stride(0) if rf is not None else 0, rf.stride(1) if rf is not None else 0,
         norm_weight.stride(0) if norm_weight is not None else 0, eps,
         HAS_BIAS=b0 is not None, HAS_RESIDUAL=residual is not None, HAS_NORM=norm_weight is not None,
-        ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS,
+        NORM_3D=_NORM_3D, ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=_WARPS,
     )
     return y
 
@@ -264,7 +272,8 @@ def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor, norm_we
         xf, gate_weight, up_weight, norm_weight if norm_weight is not None else xf, y, rows, n, k, xf.stride(0),
         xf.stride(1), *gate_weight.stride(), *up_weight.stride(), n,
         norm_weight.stride(0) if norm_weight is not None else 0, eps, HAS_NORM=norm_weight is not None,
-        ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=_WARPS,
+        NORM_3D=_NORM_3D, ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=_WARPS,
     )
     return y
 

@@ -10,7 +10,8 @@ rows where the kernels win are what ``twinkle_triton.gemv.DECODE_ROWS`` admits (
 
 ``--block-n``, ``--tiles``, ``--warps`` and ``--norm-3d`` sweep the kernels' launch heuristic (weight rows a
 program, register tile, warps a program, the layout the norm's sum of squares is reduced in;
-``twinkle_triton.gemv._BLOCK_N`` / ``_TILE`` / ``_WARPS`` / ``_NORM_3D``); ``--shapes`` picks the model shapes.
+``twinkle_triton.gemv._BLOCK_N`` / ``_TILE`` and ``_TILE_WIDE_K`` / ``_WARPS`` / ``_NORM_3D``; a tile of 0 in
+the output is the kernels' own choice); ``--shapes`` picks the model shapes.
 
     python tools/gemv_sweep.py --out gemv.json
     python tools/gemv_sweep.py --out gemv-tune.json --rows 1 --block-n 2,4,8 --tiles 4096,8192,16384 --warps 4,8
@@ -67,7 +68,9 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=output_file)
     parser.add_argument("--rows", default="1,2,4,8", help="comma-separated row counts (at most 16)")
     parser.add_argument("--block-n", default=str(gemv_module._BLOCK_N), help="comma-separated weight rows a program")
-    parser.add_argument("--tiles", default=str(gemv_module._TILE), help="comma-separated register tiles (products)")
+    parser.add_argument("--tiles", default="heuristic",
+                        help="comma-separated register tiles (products) for every weight; default: the kernels' own "
+                             "choice (_TILE, or _TILE_WIDE_K for a weight at least as wide as the output)")
     parser.add_argument("--warps", default=str(gemv_module._WARPS), help="comma-separated warps a program")
     parser.add_argument("--norm-3d", default=str(int(gemv_module._NORM_3D)),
                         help="comma-separated 1/0: the norm's sum of squares reduced in the product's layout or not")
@@ -77,8 +80,10 @@ def main() -> None:
     if unknown:
         parser.error(f"--shapes: unknown {', '.join(unknown)}; known: {', '.join(SHAPES)}")
     dtype, results = torch.bfloat16, []
-    heuristics = [(int(b), int(t), int(w), bool(int(n))) for b in args.block_n.split(",")
-                  for t in args.tiles.split(",") for w in args.warps.split(",") for n in args.norm_3d.split(",")]
+    default_tiles = gemv_module._TILE, gemv_module._TILE_WIDE_K
+    tiles = [0] if args.tiles == "heuristic" else [int(t) for t in args.tiles.split(",")]  # 0: the heuristic
+    heuristics = [(int(b), t, int(w), bool(int(n))) for b in args.block_n.split(",")
+                  for t in tiles for w in args.warps.split(",") for n in args.norm_3d.split(",")]
     default_norm_3d = gemv_module._NORM_3D
     print(f"{'shape':14s} {'projection':16s} rows  N  tile  w n3 baseline us  GB/s | gemv us  GB/s | speedup")
     for name in args.shapes.split(","):
@@ -90,7 +95,8 @@ def main() -> None:
                 for block_n, tile, warps, norm_3d in heuristics:
                     if norm_3d != default_norm_3d and not what.startswith("norm"):
                         continue  # the choice changes only the kernels with a norm
-                    gemv_module._BLOCK_N, gemv_module._TILE, gemv_module._WARPS = block_n, tile, warps
+                    gemv_module._BLOCK_N, gemv_module._WARPS = block_n, warps
+                    gemv_module._TILE, gemv_module._TILE_WIDE_K = (tile, tile) if tile else default_tiles
                     gemv_module._NORM_3D = norm_3d
                     torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
                     t_ours = do_bench_cudagraph(ours) * 1e3

@@ -53,14 +53,19 @@ MAX_ROWS = 16
 # SwiGLUMLP use them up to here.
 DECODE_ROWS = 1
 MAX_WEIGHTS = 3  # q, k and v
-# The launch heuristic (tools/gemv_sweep.py --tiles/--block-n sweeps both): weight rows a program, and the
-# BLOCK_M * BLOCK_N * BLOCK_K fp32 products one program holds in registers (32 a thread at 4 warps), and its warps
+# The launch heuristic (tools/gemv_sweep.py --tiles/--block-n/--warps sweep it): weight rows a program, the
+# BLOCK_M * BLOCK_N * BLOCK_K fp32 products one program holds in registers (32 a thread at 4 warps), its warps.
+# A weight at least as wide as the output is tall (o_proj, down_proj) takes the wider tile: at one row on an
+# H200, bf16, Llama-3.2-3B's down 17.6 -> 13.7 us, Qwen2-0.5B's 6.2 -> 5.5 us, o_proj equal or faster, where
+# the wide tile made the taller q/k/v and gate/up slower (9.3 -> 10.1, 27.4 -> 32.0 us at Llama-3.2-3B).
 _BLOCK_N = 4
 _TILE = 4096
+_TILE_WIDE_K = 8192
 _WARPS = 4
-# Where the norm's sum of squares is reduced: in the product's 3-D layout (True) or in the 2-D layout x is
-# loaded in (False), which may cost a layout conversion through shared memory (tools/gemv_sweep.py --norm-3d)
-_NORM_3D = True
+# Where the norm prologue's sum of squares is reduced: in the product's 3-D layout (True) or in the 2-D layout
+# x is loaded in (False). Measured (tools/gemv_sweep.py --norm-3d, H200, bf16, one row) the 2-D reduction was
+# as fast or faster: Qwen2-0.5B's norm + q/k/v 3.0 -> 2.9 us, Llama-3.2-3B's 11.9 -> 11.0 us.
+_NORM_3D = False
 
 
 @triton.jit
@@ -149,12 +154,14 @@ def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sxm, sxk, sg
     tl.store(y_ptr + m[:, None] * sym + n[None, :], y.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
 
 
-def _blocks(rows: int, n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): every row in one tile, :data:`_BLOCK_N` weight rows a program, K in
-    tiles that keep the register tile at :data:`_TILE` products (``_launch.BLOCK_LIMIT`` caps both blocks,
+def _blocks(rows: int, n: int, k: int, width: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) for weights of ``n`` rows at most and ``width`` output columns in all: every
+    row in one tile, :data:`_BLOCK_N` weight rows a program, K in tiles that keep the register tile at
+    :data:`_TILE` products (:data:`_TILE_WIDE_K` where ``k >= width``; ``_launch.BLOCK_LIMIT`` caps both blocks,
     so tests loop over several K tiles and weight-row blocks)."""
     block_m = next_power_of_2(rows)  # loop_block: under the interpreter few, large programs instead
-    block_k = max(16, min(next_power_of_2(k), _TILE // (block_m * _BLOCK_N)))
+    tile = _TILE_WIDE_K if k >= width else _TILE
+    block_k = max(16, min(next_power_of_2(k), tile // (block_m * _BLOCK_N)))
     return block_m, loop_block(n, _BLOCK_N), loop_block(k, block_k)
 
 
@@ -175,7 +182,7 @@ def _gemv_impl(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: 
     if y.numel() == 0:
         return y
     rf = _flat(residual) if residual is not None else None
-    block_m, block_n, block_k = _blocks(rows, max(widths), k)
+    block_m, block_n, block_k = _blocks(rows, max(widths), k, sum(widths))
     programs = [cdiv(n, block_n) for n in widths] + [0, 0]
     ws = weights + [w0] * (MAX_WEIGHTS - len(weights))
     bs = [b if b is not None else w0 for b in biases] + [w0] * (MAX_WEIGHTS - len(weights))
@@ -267,7 +274,7 @@ def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor, norm_we
     y = x.new_empty((*x.shape[:-1], n))
     if y.numel() == 0:
         return y
-    block_m, block_n, block_k = _blocks(rows, n, k)
+    block_m, block_n, block_k = _blocks(rows, n, k, n)
     wrap_triton(_gemv_swiglu_kernel)[(cdiv(n, block_n),)](
         xf, gate_weight, up_weight, norm_weight if norm_weight is not None else xf, y, rows, n, k, xf.stride(0),
         xf.stride(1), *gate_weight.stride(), *up_weight.stride(), n,

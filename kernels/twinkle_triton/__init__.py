@@ -17,6 +17,7 @@ from .gqa_attention import gqa_attention, gqa_attention_reference
 from .mul_add import mul_add, mul_add_reference
 from .rms_norm import add_rms_norm, add_rms_norm_reference, rms_norm, rms_norm_reference
 from .rotary import apply_rotary_pos_emb, apply_rotary_pos_emb_reference
+from .rotary_cache import apply_rotary_pos_emb_to_cache, apply_rotary_pos_emb_to_cache_reference
 from .rotary_variants import (
     apply_rotary_pos_emb_deinterleave,
     apply_rotary_pos_emb_deinterleave_reference,
@@ -42,6 +43,8 @@ __all__ = [
     "add_rms_norm_reference",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_reference",
+    "apply_rotary_pos_emb_to_cache",
+    "apply_rotary_pos_emb_to_cache_reference",
     "apply_rotary_pos_emb_deinterleave",
     "apply_rotary_pos_emb_deinterleave_reference",
     "apply_rotary_pos_emb_half_angle",

@@ -41,7 +41,7 @@ _REINTERLEAVE = 3  # DEINTERLEAVE's gradient: read at i and i + rotary_dim / 2, 
 
 @triton.jit
 def _rotate_heads(
-    src_ptr, dst_ptr, cos_a, cos_b, sin_a, sin_b, b, s, n_heads,
+    src_ptr, dst_ptr, cos_a, cos_b, sin_a, sin_b, b, s, dst_s, n_heads,
     src_sb, src_sh, src_ss, dst_sb, dst_sh, dst_ss, half, head_dim, rotary_dim,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
     LAYOUT: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
@@ -58,7 +58,7 @@ def _rotate_heads(
     else:  # _REINTERLEAVE
         src_a, src_b, dst_a, dst_b = pairs, pairs + half, 2 * pairs, 2 * pairs + 1
     src = src_ptr + b * src_sb + s * src_ss + heads * src_sh
-    dst = dst_ptr + b * dst_sb + s * dst_ss + heads * dst_sh
+    dst = dst_ptr + b * dst_sb + dst_s * dst_ss + heads * dst_sh
     xa = tl.load(src + src_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     xb = tl.load(src + src_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     if TRANSPOSE:
@@ -78,14 +78,18 @@ def _rotate_heads(
 
 @triton.jit
 def _apply_rotary_pos_emb_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr,
+    q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, v_ptr, v_out_ptr, pos_ptr,
     seq_len, n_q_heads, n_k_heads, half, head_dim, rotary_dim,
     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
     qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
+    v_sb, v_sh, v_ss, vo_sb, vo_sh, vo_ss,
     cos_sb, cos_ss, sin_sb, sin_ss,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
     LAYOUT: tl.constexpr, SHARED_ANGLE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
+    CACHE: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    # CACHE: k_out and v_out are a KV cache [B, Hkv, S_max, D]; position s of k (rotated) and of v (copied)
+    # goes to the cache's row pos[s], q's to row s of q_out.
     # Pair (a, b) of each head rotates by the angles (cos_a, sin_a), (cos_b, sin_b): each column's own
     # entry of the cos/sin row, or entry i for both columns of pair i (SHARED_ANGLE).
     pid = tl.program_id(0).to(tl.int64)
@@ -111,12 +115,20 @@ def _apply_rotary_pos_emb_kernel(
         cos_b = tl.load(cos_row + angle_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
         sin_a = tl.load(sin_row + angle_a, mask=mask, other=0.0).to(COMPUTE_DTYPE)
         sin_b = tl.load(sin_row + angle_b, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    _rotate_heads(q_ptr, q_out_ptr, cos_a, cos_b, sin_a, sin_b, b, s, n_q_heads,
+    kv_s = tl.load(pos_ptr + s).to(tl.int64) if CACHE else s
+    _rotate_heads(q_ptr, q_out_ptr, cos_a, cos_b, sin_a, sin_b, b, s, s, n_q_heads,
                   q_sb, q_sh, q_ss, qo_sb, qo_sh, qo_ss, half, head_dim, rotary_dim,
                   BLOCK_HQ, BLOCK_HALF, BLOCK_PASS, LAYOUT, COMPUTE_DTYPE, TRANSPOSE)
-    _rotate_heads(k_ptr, k_out_ptr, cos_a, cos_b, sin_a, sin_b, b, s, n_k_heads,
+    _rotate_heads(k_ptr, k_out_ptr, cos_a, cos_b, sin_a, sin_b, b, s, kv_s, n_k_heads,
                   k_sb, k_sh, k_ss, ko_sb, ko_sh, ko_ss, half, head_dim, rotary_dim,
                   BLOCK_HK, BLOCK_HALF, BLOCK_PASS, LAYOUT, COMPUTE_DTYPE, TRANSPOSE)
+    if CACHE:
+        heads = tl.arange(0, BLOCK_HK)[:, None]
+        cols = tl.arange(0, BLOCK_D)[None, :]
+        vmask = (heads < n_k_heads) & (cols < head_dim)
+        v = tl.load(v_ptr + b * v_sb + s * v_ss + heads * v_sh + cols, mask=vmask)
+        tl.store(v_out_ptr + b * vo_sb + kv_s * vo_ss + heads * vo_sh + cols, v.to(v_out_ptr.dtype.element_ty),
+                 mask=vmask)
 
 
 def out_like(t: Tensor) -> Tensor:
@@ -146,14 +158,22 @@ def _cos_sin_rows(t: Tensor, unsqueeze_dim: int, batch: int, seq_len: int, dim: 
 
 
 def launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, transpose: bool, *,
-           rotary_dim: int | None = None, layout: int = ROTATE_HALF, shared_angle: bool = False):
+           rotary_dim: int | None = None, layout: int = ROTATE_HALF, shared_angle: bool = False,
+           cache: tuple[Tensor, Tensor, Tensor, Tensor] | None = None):
     """Rotate q and k (or, transposed, their gradients). ``rotary_dim`` (default: the head dim)
     columns rotate, the rest are copied; ``layout`` (:data:`ROTATE_HALF`, :data:`INTERLEAVED`,
     :data:`DEINTERLEAVE`) places each pair's columns; ``shared_angle`` uses entry i of cos/sin for
-    both columns of pair i."""
+    both columns of pair i. ``cache=(v, key_cache, value_cache, cache_position)`` (``unsqueeze_dim=1``):
+    the rotated k and v itself go to rows ``cache_position`` of the caches, and k's output is the key cache."""
     # Host cost matters here: the GPU work is ~25 us at Llama-8B shapes (B 4, S 1024), so the
     # wrapper reads strides as numbers instead of building views.
-    q_out, k_out = out_like(q), out_like(k)
+    q_out = out_like(q)
+    if cache is None:
+        k_out, v, v_out, positions = out_like(k), q, q_out, q  # v, v_out, positions unread
+    else:
+        v, k_out, v_out, positions = cache
+        if v.stride(-1) != 1:
+            v = v.contiguous()
     if q.numel() == 0 and k.numel() == 0:
         return q_out, k_out
     # Head dim must be unit-stride for the vector loads; a transposed last dim is rare enough to copy.
@@ -177,15 +197,16 @@ def launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, t
     # Per program: (Hq + Hk) x D elements; 4 warps up to 4K elements, 8 beyond.
     num_warps = 4 if (block_hq + block_hk) * block_half * 2 <= 4096 else 8
     wrap_triton(_apply_rotary_pos_emb_kernel)[(batch * seq_len,)](
-        q, k, cos, sin, q_out, k_out,
+        q, k, cos, sin, q_out, k_out, v, v_out, positions,
         seq_len, n_q_heads, n_k_heads, half, head_dim, rotary_dim,
         *_bhsd_strides(q, unsqueeze_dim), *_bhsd_strides(k, unsqueeze_dim),
         *_bhsd_strides(q_out, unsqueeze_dim), *_bhsd_strides(k_out, unsqueeze_dim),
+        *_bhsd_strides(v, unsqueeze_dim), *_bhsd_strides(v_out, unsqueeze_dim),
         cos_sb, cos_ss, sin_sb, sin_ss,
         BLOCK_HQ=block_hq, BLOCK_HK=block_hk, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
         LAYOUT=_REINTERLEAVE if layout == DEINTERLEAVE and transpose else layout, SHARED_ANGLE=shared_angle,
         COMPUTE_DTYPE=compute_dtype(q.dtype),
-        TRANSPOSE=transpose, num_warps=num_warps,
+        TRANSPOSE=transpose, CACHE=cache is not None, BLOCK_D=next_power_of_2(head_dim), num_warps=num_warps,
     )
     return q_out, k_out
 

@@ -17,7 +17,8 @@ The nine passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``,
    one grouped-query attention kernel call;
 8. ``decode_gemv`` (rewrite): linears on a few rows (decode) become GEMV kernel calls, with the SwiGLU
    product and the residual add fused;
-9. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
+9. ``decode_cache`` (rewrite): the rotary kernel and a static KV cache's two writes become one kernel call;
+10. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
 
 All but ``graph_breaks`` and ``compiled_root`` also run inside the bodies of activation-checkpoint
 calls (gradient checkpointing in transformers puts each decoder layer there); the calls stay, so
@@ -55,7 +56,7 @@ from .options import BackendOptions, parse_options
 from .passes import compiled_root, foreign_forwards, function_calls, graph_breaks
 from .pipeline import Pass, PassState, run_passes
 from .report import CompileReport, GraphReport, RegionReport, active_reports
-from .passes import attention, decode_gemv, function_patterns, gemm_fusion, layer_regions
+from .passes import attention, decode_cache, decode_gemv, function_patterns, gemm_fusion, layer_regions
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("foreign_forwards", foreign_forwards.run, rewrites=False),
     Pass("attention", attention.run, rewrites=True),
     Pass("decode_gemv", decode_gemv.run, rewrites=True),
+    Pass("decode_cache", decode_cache.run, rewrites=True),
     Pass("gemm_fusion", gemm_fusion.run, rewrites=True),  # last: sees the linears no kernel took
 )
 

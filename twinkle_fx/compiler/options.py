@@ -22,13 +22,14 @@ SWAP_POLICIES = ("measured", "always")
 FUSE_PROJECTIONS = (True, False, "auto")
 GQA_ATTENTION = (True, False, "auto")
 DECODE_GEMV = (True, False, "auto")
+DECODE_CACHE = (True, False, "auto")
 
 
 @dataclass(frozen=True)
 class BackendOptions:
     """Options of the ``twinkle`` backend.
 
-    ``fuse_projections``, ``gqa_attention``, ``decode_gemv`` and ``causal_mask`` choose among the graph rewrites
+    ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache`` and ``causal_mask`` choose among the graph rewrites
     the registry in effect has: one removed from it (``get_registry().remove_graph_rewrite("gqa_attention")``, names in
     :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever they say.
 
@@ -58,6 +59,9 @@ class BackendOptions:
         decode_gemv (`bool` or `"auto"`, defaults to `"auto"`): linears on a few rows become Triton GEMV
             kernels, q/k/v in one launch, gate/up with the SwiGLU product, o/down with the residual add;
             "auto" in inference on CUDA at one row (decode at batch 1), see :mod:`.passes.decode_gemv`.
+        decode_cache (`bool` or `"auto"`, defaults to `"auto"`): at a step with a static KV cache, the
+            rotary kernel and the two cache writes (``index_copy_``) become one kernel; "auto" in inference on
+            CUDA for queries of at most 16 tokens, ``True`` in any inference graph, see :mod:`.passes.decode_cache`.
         causal_mask (`bool`, defaults to `True`): SDPA given a causal mask that depends on no input
             (transformers materialises one under torch.compile) runs with ``is_causal=True`` instead,
             i.e. flash attention over the lower half, see :mod:`.passes.attention`.
@@ -78,6 +82,7 @@ class BackendOptions:
     fuse_projections: bool | str = "auto"
     gqa_attention: bool | str = "auto"
     decode_gemv: bool | str = "auto"
+    decode_cache: bool | str = "auto"
     causal_mask: bool = True
     swap_policy: str = "always"
     dump_graphs: str | None = None
@@ -119,7 +124,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
         if not isinstance(options.get(key, default), bool):
             raise ValueError(f"twinkle backend option {key} must be True or False, got {options[key]!r}.")
     for key, allowed in (("fuse_projections", FUSE_PROJECTIONS), ("gqa_attention", GQA_ATTENTION),
-                         ("decode_gemv", DECODE_GEMV)):
+                         ("decode_gemv", DECODE_GEMV), ("decode_cache", DECODE_CACHE)):
         value = options.get(key, "auto")
         if not any(value is v if isinstance(v, bool) else value == v for v in allowed):
             raise ValueError(f"twinkle backend option {key} must be True, False or 'auto', got {value!r}.")
@@ -133,7 +138,8 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
         compiler=compiler, mode=mode, verify=options.get("verify", False), report=options.get("report", False),
         inductor=_inductor_patches(options.get("inductor")), cudagraphs=options.get("cudagraphs", False),
         fuse_projections=options.get("fuse_projections", "auto"), gqa_attention=options.get("gqa_attention", "auto"),
-        decode_gemv=options.get("decode_gemv", "auto"), causal_mask=options.get("causal_mask", True), swap_policy=policy,
+        decode_gemv=options.get("decode_gemv", "auto"), decode_cache=options.get("decode_cache", "auto"),
+        causal_mask=options.get("causal_mask", True), swap_policy=policy,
         dump_graphs=None if dump_graphs is None else os.fspath(dump_graphs),
     )
 

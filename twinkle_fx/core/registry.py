@@ -98,6 +98,8 @@ GRAPH_REWRITES: dict[str, str] = {
     "fused_projections": "linears that read the same input (q/k/v, gate/up) -> one GEMM on concatenated weights",
     "decode_gemv": "linears on a few rows (decode) -> twinkle_triton.gemv / gemv_swiglu, with the SwiGLU product "
                    "and the residual add fused",
+    "decode_cache": "the rotary kernel and a static KV cache's two index_copy_ writes (decode) -> "
+                    "twinkle_triton.apply_rotary_pos_emb_to_cache",
 }
 
 

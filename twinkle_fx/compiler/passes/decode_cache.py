@@ -1,0 +1,169 @@
+"""The rotary kernel and a static KV cache's writes of a decode step become one kernel call.
+
+transformers' attention at a step with a static cache rotates q and k, then its cache layer writes k and
+v into the cache (``StaticCache``: ``keys.index_copy_(2, cache_position, k)``, the same for values).
+With the rotary function kernel swapped in (``twinkle_triton.apply_rotary_pos_emb``), the graph holds::
+
+    qk = twinkle.apply_rotary_pos_emb(q, k, cos, sin)
+    keys.index_copy_(2, cache_position, qk[1])
+    values.index_copy_(2, cache_position, v)
+    ... attention(qk[0], keys, values, ...)
+
+three launches that at batch 1 move a few hundred bytes each. After::
+
+    q_rot = twinkle.apply_rotary_pos_emb_to_cache(q, k, v, cos, sin, keys, values, cache_position)
+    ... attention(q_rot, keys, values, ...)
+
+one launch (``twinkle_triton.rotary_cache``): the rotary kernel writes k's rows straight into the key
+cache and copies v's into the value cache. The match needs both copies along dim 2 at one index, the
+key copy of the rotated k read by nothing else, no copy result used, and every reader of the rotated q
+after the copies (where the fused call goes). Each rewrite is reported as a swapped function region.
+
+Which calls: ``options={"decode_cache": ...}``: ``"auto"`` (the default) rewrites inference graphs on
+CUDA where the query has at most :data:`AUTO_MAX_QUERY_LEN` tokens; ``True`` any inference graph, on any
+device (the CPU runs the kernel under the Triton interpreter, or its reference); ``False`` none. Training
+graphs are never rewritten (the fused kernel has no backward). Removing the registry's graph rewrite
+``decode_cache`` turns it off wherever that registry is in effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+
+import torch.fx as fx
+
+from ...core.modes import Mode
+from ..graph.dynamo import common_provenance, example_value, set_example_value
+from ..pipeline import Outcome, PassState, Swapped
+from ..regions.region import FunctionKernelCall
+from .function_patterns import region_location
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["run", "AUTO_MAX_QUERY_LEN", "DECODE_CACHE"]
+
+DECODE_CACHE = "decode_cache"  # its name in the registry
+AUTO_MAX_QUERY_LEN = 16  # decode steps (and speculative drafts); a prefill's writes are long enough to stream
+_KERNEL = "twinkle_triton.apply_rotary_pos_emb_to_cache"
+
+
+class RotaryCacheCall:
+    """The graph's call of the kernel: prints as ``twinkle.apply_rotary_pos_emb_to_cache(...)``."""
+
+    __name__ = __qualname__ = "apply_rotary_pos_emb_to_cache"
+    __module__ = "twinkle"
+
+    def __call__(self, q, k, v, cos, sin, key_cache, value_cache, cache_position):
+        import twinkle_triton
+
+        return twinkle_triton.apply_rotary_pos_emb_to_cache(q, k, v, cos, sin, key_cache, value_cache, cache_position)
+
+    def __repr__(self) -> str:
+        return "<twinkle kernel call apply_rotary_pos_emb_to_cache>"
+
+
+rotary_cache_call = RotaryCacheCall()
+
+
+def run(state: PassState) -> list[Outcome]:
+    """The pass: see the module docstring."""
+    setting = state.options.decode_cache if state.registry.has_graph_rewrite(DECODE_CACHE) else False
+    if setting is False or Mode.TRAINING in state.mode:
+        return []
+    graph = state.gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    outcomes: list[Outcome] = []
+    for node in list(graph.nodes):
+        match = _match(node, order)
+        if match is None:
+            continue
+        q = match[0].args[0]  # the rotary call's q
+        qv = example_value(q) if isinstance(q, fx.Node) else None
+        if setting == "auto" and (qv is None or qv.device.type != "cuda" or qv.shape[2] > AUTO_MAX_QUERY_LEN):
+            continue
+        outcomes.append(_rewrite(*match))
+    if outcomes:
+        graph.lint()
+        state.gm.recompile()
+        logger.info("decode_cache: %d rotary + cache write(s) now call one kernel each", len(outcomes))
+    return outcomes
+
+
+def _is_rotary(node: fx.Node) -> bool:
+    """``node`` calls the built-in rotate_half rotary kernel on (q, k, cos, sin) with ``unsqueeze_dim=1``."""
+    call = node.target
+    if node.op != "call_function" or not isinstance(call, FunctionKernelCall) or node.kwargs:
+        return False
+    from twinkle_triton.rotary import apply_rotary_pos_emb  # imported when a graph is rewritten
+
+    return (call.kernel is apply_rotary_pos_emb and call.arg_names == ("q", "k", "cos", "sin")
+            and call.constants.get("unsqueeze_dim", 1) == 1 and tuple(call.picks) == (0, 1) and len(node.args) == 4)
+
+
+def _index_copy(node: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
+    """(cache, index, source) of ``cache.index_copy_(2, index, source)`` whose result nobody reads."""
+    if node.op != "call_method" or node.target != "index_copy_" or node.kwargs or len(node.args) != 4 or node.users:
+        return None
+    cache, dim, index, source = node.args
+    cv = example_value(cache) if isinstance(cache, fx.Node) else None
+    if dim not in (2, -2) or cv is None or cv.dim() != 4 or not isinstance(index, fx.Node):
+        return None
+    return cache, index, source
+
+
+def _pieces(rotary: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(rotated q, rotated k): the ``[0]`` and ``[1]`` items of the rotary call, its only readers."""
+    items = {}
+    for user in rotary.users:
+        if user.op != "call_function" or user.target is not operator.getitem or user.args[1] not in (0, 1):
+            return None
+        items[user.args[1]] = user
+    return (items[0], items[1]) if len(items) == 2 and len(rotary.users) == 2 else None
+
+
+def _match(rotary: fx.Node, order: dict[fx.Node, int]):
+    """(rotary, rotated q, rotated k, key copy, value copy, the later copy) where ``rotary`` feeds one cache
+    write."""
+    if not _is_rotary(rotary):
+        return None
+    pieces = _pieces(rotary)
+    if pieces is None or len(pieces[1].users) != 1:
+        return None
+    q_rot, k_rot = pieces
+    key_copy = next(iter(k_rot.users))
+    parsed = _index_copy(key_copy)
+    if parsed is None or parsed[2] is not k_rot:
+        return None
+    keys, index, _ = parsed
+    k_value = example_value(k_rot)
+    for value_copy in index.users:
+        other = _index_copy(value_copy) if value_copy is not key_copy else None
+        if other is None or other[0] is keys or not isinstance(other[2], fx.Node):
+            continue
+        vv, cv = example_value(other[2]), example_value(other[0])
+        if vv is None or vv.shape != k_value.shape or vv.dtype != k_value.dtype or cv.dtype != k_value.dtype:
+            continue
+        last = max(key_copy, value_copy, key=order.__getitem__)
+        if all(order[user] > order[last] for user in q_rot.users):
+            return rotary, q_rot, k_rot, key_copy, value_copy, last
+    return None
+
+
+def _rewrite(rotary: fx.Node, q_rot: fx.Node, k_rot: fx.Node, key_copy: fx.Node, value_copy: fx.Node,
+             last: fx.Node) -> Swapped:
+    graph = rotary.graph
+    q, k, cos, sin = rotary.args
+    keys, index, _ = _index_copy(key_copy)
+    values, _, v = _index_copy(value_copy)
+    with graph.inserting_after(last):
+        call = graph.call_function(rotary_cache_call, (q, k, v, cos, sin, keys, values, index))
+    call.meta.update(common_provenance([rotary, key_copy, value_copy]))
+    set_example_value(call, example_value(q_rot))
+    location = region_location([rotary, key_copy, value_copy])
+    q_rot.replace_all_uses_with(call)
+    for node in (key_copy, value_copy, q_rot, k_rot, rotary):
+        graph.erase_node(node)
+    length = example_value(q).shape[2]
+    return Swapped("function", f"rotary + KV cache write of {length} token(s)", location, _KERNEL,
+                   "one launch: k and v written into the caches by the rotary kernel")

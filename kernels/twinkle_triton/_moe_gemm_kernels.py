@@ -1,0 +1,198 @@
+"""The Triton kernels of :mod:`.moe_gemm` (which says what they compute, how the work is scheduled
+and why the reductions are deterministic): the gate/up grouped GEMM with the SwiGLU epilogue, the
+grouped GEMM whose rows go to (token, slot) rows, the backward's gathered GEMM with the SwiGLU
+derivative, and the per-expert weight gradient, with the ``triton.jit`` helpers they share.
+
+Every GEMM kernel but the weight gradient's takes one M tile of one expert per program: the tile
+table (``tile_expert``, ``tile_start``) and the expert's rows in the sorted order (``offsets``) are
+built on the device by :func:`.moe_gemm._schedule`; programs past the last tile return at once.
+Only :mod:`.moe_gemm` launches these kernels.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mma(acc, a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr):
+    """``acc + a @ b`` in fp32 (see ``_launch.dot_options`` for PRECISION and UPCAST)."""
+    if UPCAST:
+        acc += tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif ACC_IN_DOT:
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    else:
+        # fp32 operands: triton 3.6 rejects their accumulator operand on an H100; a separate add is equivalent
+        acc += tl.dot(a, b, input_precision=PRECISION)
+    return acc
+
+
+@triton.jit
+def _tile_rows(expert, pid_m, tile_start_ptr, offsets_ptr, BLOCK_M: tl.constexpr):
+    """The sorted rows of M tile ``pid_m`` (the expert's ``pid_m - tile_start[expert]``-th) and their mask."""
+    first = tl.load(offsets_ptr + expert)
+    end = tl.load(offsets_ptr + expert + 1)
+    row0 = first + (pid_m - tl.load(tile_start_ptr + expert)) * BLOCK_M
+    rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+    return rows, rows < end
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w_ptr, h_ptr, gu_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
+    num_experts, top_k, N, K, n_blocks, sxt, sxk, swe, swn, swk, shr, sgr,
+    STORE_PREACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+):
+    """``h[r, n] = silu(x[t] . w[e, n]) * (x[t] . w[e, N + n])`` for sorted rows r of expert e, t the
+    token of r (the gather is the A operand's load); ``gu[r]`` the two projections when STORE_PREACT."""
+    pid = tl.program_id(0)
+    pid_m, pid_n = pid // n_blocks, pid % n_blocks
+    expert = tl.load(tile_expert_ptr + pid_m)
+    if expert >= num_experts:
+        return
+    rows, row_mask = _tile_rows(expert, pid_m, tile_start_ptr, offsets_ptr, BLOCK_M)
+    token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
+    g_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+    u_ptrs = g_ptrs + N * swn
+    gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = ks < K - k0
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        b_mask = k_mask[:, None] & col_mask[None, :]
+        gate = _mma(gate, a, tl.load(g_ptrs, mask=b_mask, other=0.0), DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        up = _mma(up, a, tl.load(u_ptrs, mask=b_mask, other=0.0), DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        a_ptrs += BLOCK_K * sxk
+        g_ptrs += BLOCK_K * swk
+        u_ptrs += BLOCK_K * swk
+    mask = row_mask[:, None] & col_mask[None, :]
+    h = gate * tl.sigmoid(gate) * up
+    tl.store(h_ptr + rows[:, None] * shr + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
+    if STORE_PREACT:
+        gu = gu_ptr + rows[:, None] * sgr + cols[None, :]
+        tl.store(gu, gate.to(gu_ptr.dtype.element_ty), mask=mask)
+        tl.store(gu + N, up.to(gu_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rows_to_pairs_kernel(
+    a_ptr, w_ptr, scale_ptr, out_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
+    num_experts, N, K, n_blocks, sar, sak, swe, swk, swn, sor,
+    HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+):
+    """``out[p, n] = scale[p] * sum_k a[r, k] * w[e, k, n]`` for sorted rows r of expert e, p = order[r]
+    its (token, slot) pair: each pair's row is written once (no atomics), the caller sums the slots."""
+    pid = tl.program_id(0)
+    pid_m, pid_n = pid // n_blocks, pid % n_blocks
+    expert = tl.load(tile_expert_ptr + pid_m)
+    if expert >= num_experts:
+        return
+    rows, row_mask = _tile_rows(expert, pid_m, tile_start_ptr, offsets_ptr, BLOCK_M)
+    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * sar + ks[None, :] * sak
+    b_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = ks < K - k0
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+        acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        a_ptrs += BLOCK_K * sak
+        b_ptrs += BLOCK_K * swk
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + pair, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + pair[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _grad_act_kernel(
+    dout_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dscale_ptr, order_ptr, tile_expert_ptr, tile_start_ptr,
+    offsets_ptr, num_experts, top_k, num_pairs, N, K, n_blocks, sdt, sdk, swe, swk, swn, sgr, shr, sdgr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+):
+    """Backward through the down projection and the SwiGLU of sorted rows r of expert e (t the token of r,
+    p its pair): ``d = dout[t] @ w[e]`` (gathered A operand), then ``dscale[pid_n, p] = d . h[r]`` over this
+    program's columns and ``dgu[r] = (d * scale[p] * u * silu'(g), d * scale[p] * silu(g))``."""
+    pid = tl.program_id(0)
+    pid_m, pid_n = pid // n_blocks, pid % n_blocks
+    expert = tl.load(tile_expert_ptr + pid_m)
+    if expert >= num_experts:
+        return
+    rows, row_mask = _tile_rows(expert, pid_m, tile_start_ptr, offsets_ptr, BLOCK_M)
+    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
+    token = pair // top_k
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = dout_ptr + token[:, None] * sdt + ks[None, :] * sdk
+    b_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = ks < K - k0
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+        acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        a_ptrs += BLOCK_K * sdk
+        b_ptrs += BLOCK_K * swk
+    mask = row_mask[:, None] & col_mask[None, :]
+    h = tl.load(h_ptr + rows[:, None] * shr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(dscale_ptr + pid_n * num_pairs + pair, tl.sum(acc * h, axis=1), mask=row_mask)
+    gu = gu_ptr + rows[:, None] * sgr + cols[None, :]
+    gate = tl.load(gu, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(gu + N, mask=mask, other=0.0).to(tl.float32)
+    dh = acc * tl.load(scale_ptr + pair, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    sig = tl.sigmoid(gate)
+    dgu = dgu_ptr + rows[:, None] * sdgr + cols[None, :]
+    tl.store(dgu, (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty), mask=mask)
+    tl.store(dgu + N, (dh * gate * sig).to(dgu_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _weight_grad_kernel(
+    a_ptr, b_ptr, scale_ptr, out_ptr, order_ptr, offsets_ptr, top_k, M, N, n_blocks,
+    sar, sam, sbr, sbn, soe, som, son,
+    A_GATHER: tl.constexpr, B_GATHER: tl.constexpr, HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+):
+    """``out[e, m, n] = sum_r a[ra, m] * scale[p] * b[rb, n]`` over the sorted rows r of expert e
+    (program axis 1), p = order[r] its pair; ``ra``/``rb`` is r, or its token (p // top_k) where
+    A_GATHER / B_GATHER. One program sums all of the expert's rows: every weight element is
+    written once, from one fp32 accumulator (an expert without rows gets zeros)."""
+    pid = tl.program_id(0)
+    expert = tl.program_id(1)
+    pid_m, pid_n = pid // n_blocks, pid % n_blocks
+    first = tl.load(offsets_ptr + expert)
+    end = tl.load(offsets_ptr + expert + 1)
+    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask, n_mask = ms < M, ns < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for r0 in range(first, end, BLOCK_K):
+        rows = (r0 + tl.arange(0, BLOCK_K)).to(tl.int64)
+        r_mask = rows < end
+        pair = tl.load(order_ptr + rows, mask=r_mask, other=0)
+        ra = rows
+        rb = rows
+        if A_GATHER:
+            ra = pair // top_k
+        if B_GATHER:
+            rb = pair // top_k
+        a = tl.load(a_ptr + ra[None, :] * sar + ms[:, None] * sam, mask=m_mask[:, None] & r_mask[None, :], other=0.0)
+        if HAS_SCALE:
+            scale = tl.load(scale_ptr + pair, mask=r_mask, other=0.0).to(tl.float32)
+            a = (a.to(tl.float32) * scale[None, :]).to(a_ptr.dtype.element_ty)
+        b = tl.load(b_ptr + rb[:, None] * sbr + ns[None, :] * sbn, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
+        acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+    tl.store(out_ptr + expert.to(tl.int64) * soe + ms[:, None] * som + ns[None, :] * son,
+             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])

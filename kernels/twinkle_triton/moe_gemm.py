@@ -1,0 +1,298 @@
+"""The experts of a mixture-of-experts layer as fused grouped GEMMs: ``moe_swiglu_experts``.
+
+For T tokens each routed to ``k`` of E experts (transformers' ``*Experts`` layout: ``gate_up_proj``
+``[E, 2I, H]`` with gate rows first, ``down_proj`` ``[E, H, I]``), token t's output is
+``sum_j w[t, j] * down[e_j] @ (silu(gate[e_j] @ x[t]) * (up[e_j] @ x[t]))``. Four Triton kernels
+(``_moe_gemm_kernels.py``) compute it and its gradients, without a permuted copy of the tokens:
+
+- **schedule.** The ``S = T * k`` (token, slot) pairs are sorted by expert (``torch.sort``, stable);
+  ``order[r]`` is the pair of sorted row r. Each expert's rows are cut into M tiles of ``BLOCK_M``,
+  and a table built on the device (``searchsorted`` over the per-expert counts and tile counts,
+  :func:`_schedule`) says which expert and rows a tile has. The grid is fixed from shapes alone,
+  ``min(S, (S + E * (BLOCK_M - 1)) // BLOCK_M)`` tiles (each expert adds at most one partial tile;
+  each tile holds a row), times the N tiles; programs past the last tile return at once. Nothing
+  reads a count on the host: no sync in forward or backward, so the ops run inside CUDA graphs and
+  torch.compile. Programs of one M tile are adjacent, so its gathered A rows are reused from L2.
+- **gate/up** (``_gate_up_kernel``): the A operand's load reads ``x[order[r] // k]`` (the gather is
+  in the load), both halves of ``gate_up_proj[e]`` are B operands of one K loop, and the epilogue
+  writes ``h = silu(gate) * up`` ``[S, I]`` in sorted order, plus, when a gradient will be asked for,
+  the projections ``[S, 2I]`` (the SwiGLU derivative's input).
+- **down** (``_rows_to_pairs_kernel``): ``h @ down_proj[e].T`` times the routing weight, each row
+  stored at its pair's row of a ``[T, k, H]`` buffer; ``.sum(1)`` reduces the k slots.
+  Deterministic by construction: every buffer row is written by one program and the sum runs in a
+  fixed order, in fp32 (torch's sum of half-precision inputs), rounded once; it is transformers'
+  own reduction (``view(T, k, H).sum(1)``, chosen there over ``index_add_`` for determinism). An
+  atomic scatter-add into ``[T, H]`` would save that buffer's write and read (S * H elements) but
+  adds in an order that changes from run to run, and in fp32 needs an extra buffer and cast anyway.
+  At top-1 the buffer is the output.
+- **backward.** ``_grad_act_kernel`` gathers ``grad[order[r] // k]`` as the A operand against
+  ``down_proj[e]`` (d of the unweighted expert output), and its epilogue gives the routing weight's
+  gradient (that times the saved ``h``, summed over this program's columns; the column tiles'
+  partial sums are added by torch) and, times the weight, the SwiGLU derivative on the saved
+  projections: ``d gate_up`` ``[S, 2I]`` in sorted order. ``_rows_to_pairs_kernel`` then multiplies
+  it by ``gate_up_proj[e]`` into the ``[T, k, H]`` buffer, summed over k like the forward: the
+  input's gradient. ``_weight_grad_kernel`` gives each weight's gradient per expert, one program per
+  (expert, weight tile) summing all the expert's rows in one fp32 accumulator (gathering ``x`` for
+  ``gate_up_proj``, and the weighted ``grad`` for ``down_proj``): no atomics, no partial sums.
+
+Precision: ``tl.dot`` with fp32 accumulation (fp32 inputs in IEEE fp32, not TF32); ``h``, the saved
+projections, ``d gate_up`` and the ``[T, k, H]`` rows are rounded to the input dtype once each, as
+transformers' grouped_mm path rounds its intermediates. Routing weights may have another float dtype
+(transformers' routers give fp32 or the hidden dtype); they are read in fp32 and their gradient is
+returned in their dtype.
+
+Block sizes (:data:`CONFIGS`, per kernel) are an untuned heuristic; ``tools/moe_gemm_sweep.py`` times
+them against transformers' ``grouped_mm`` experts and sweeps them on the GPU. Under the Triton
+interpreter each kernel takes few, large tiles (``_launch.loop_block``).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._checks import ANY_DTYPE, check_tensors
+from ._launch import cdiv, dot_options, interpreting, loop_block, next_power_of_2
+from ._library import define_differentiable_op, wrap_triton
+from ._moe_gemm_kernels import _gate_up_kernel, _grad_act_kernel, _rows_to_pairs_kernel, _weight_grad_kernel
+
+__all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
+
+# Per kernel on the GPU: BLOCK_M (sorted rows a tile; for "weight_grad" the weight's rows), BLOCK_N,
+# BLOCK_K (the reduction step; for "weight_grad" rows of the expert a step), num_warps, num_stages.
+# gate_up holds two accumulators (gate and up), hence its narrower N tile.
+CONFIGS = {
+    "gate_up": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    "down": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    "grad_act": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    "grad_input": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    "weight_grad": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
+}
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _blocks(name: str, m: int, n: int, k: int) -> dict:
+    """The launch options of kernel ``name`` for tiles over ``m`` rows, ``n`` columns and a reduction
+    over ``k``: :data:`CONFIGS` on the GPU, few large tiles under the interpreter; every block at least
+    16 (``tl.dot``'s smallest) and at most ``_launch.BLOCK_LIMIT`` beyond that."""
+    cfg = CONFIGS[name]
+    block_m = cfg["BLOCK_M"] if not interpreting() else min(64, next_power_of_2(m))
+    return {"BLOCK_M": max(16, loop_block(block_m, block_m)), "BLOCK_N": max(16, loop_block(n, cfg["BLOCK_N"])),
+            "BLOCK_K": max(16, loop_block(k, cfg["BLOCK_K"])), "num_warps": cfg["num_warps"],
+            "num_stages": cfg["num_stages"]}
+
+
+def _schedule(top_k_index: Tensor, num_experts: int, block_m: int) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """(order, offsets, tile_expert, tile_start, tiles) on the device, without a host sync: ``order``
+    the (token, slot) pairs sorted by expert; ``offsets[e]`` ``[E + 1]`` the first sorted row of expert
+    e; ``tile_expert[t]`` the expert of M tile t (E past the last tile); ``tile_start[e]`` the expert's
+    first tile; ``tiles`` the grid's M tiles, a bound computed from shapes alone."""
+    flat = top_k_index.reshape(-1)
+    pairs = flat.numel()
+    sorted_ids, order = torch.sort(flat, stable=True)
+    offsets = torch.searchsorted(sorted_ids, torch.arange(num_experts + 1, device=flat.device, dtype=flat.dtype))
+    per_expert = (offsets[1:] - offsets[:-1] + (block_m - 1)) // block_m
+    tile_end = per_expert.cumsum(0)
+    tiles = min(pairs, (pairs + num_experts * (block_m - 1)) // block_m)
+    tile_expert = torch.searchsorted(tile_end, torch.arange(tiles, device=flat.device, dtype=tile_end.dtype),
+                                     right=True)
+    return order, offsets, tile_expert, tile_end - per_expert, tiles
+
+
+def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int], scale: Tensor | None,
+                   top_k_index: Tensor, name: str) -> Tensor:
+    """Per token, the sum over its slots of ``scale * a[r] @ B[e]``, ``B[e]`` the ``[K, N]`` operand read
+    from ``weight`` through ``strides`` (expert, K, N), through the ``[T, k, N]`` buffer (module docstring)."""
+    tokens, top_k = top_k_index.shape
+    num_experts, k = weight.shape[0], a.shape[1]
+    rows = a.new_empty((tokens, top_k, n))
+    blocks = _blocks(name, cdiv(a.shape[0], num_experts), n, k)
+    order, offsets, tile_expert, tile_start, tiles = _schedule(top_k_index, num_experts, blocks["BLOCK_M"])
+    n_blocks = cdiv(n, blocks["BLOCK_N"])
+    wrap_triton(_rows_to_pairs_kernel)[(tiles * n_blocks,)](
+        a, weight, scale if scale is not None else a, rows, order, tile_expert, tile_start, offsets,
+        num_experts, n, k, n_blocks, a.stride(0), a.stride(1), *strides, n,
+        HAS_SCALE=scale is not None, **blocks, **_dot(a.dtype),
+    )
+    return rows[:, 0] if top_k == 1 else rows.sum(1)
+
+
+def _dot(dtype: torch.dtype) -> dict:
+    return {**dot_options(dtype), "ACC_IN_DOT": dtype in (torch.bfloat16, torch.float16)}
+
+
+def _moe_swiglu_experts_impl(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
+                             top_k_weights: Tensor, save_for_backward: bool) -> tuple[Tensor, Tensor, Tensor]:
+    tokens, hidden = hidden_states.shape
+    num_experts, inter = gate_up_proj.shape[0], down_proj.shape[2]
+    pairs = top_k_index.numel()
+    h = hidden_states.new_empty((pairs, inter))
+    gate_up = hidden_states.new_empty((pairs if save_for_backward else 0, 2 * inter))
+    if pairs == 0:
+        return hidden_states.new_zeros((tokens, hidden)), gate_up, h
+    blocks = _blocks("gate_up", cdiv(pairs, num_experts), inter, hidden)
+    order, offsets, tile_expert, tile_start, tiles = _schedule(top_k_index, num_experts, blocks["BLOCK_M"])
+    n_blocks = cdiv(inter, blocks["BLOCK_N"])
+    wrap_triton(_gate_up_kernel)[(tiles * n_blocks,)](
+        hidden_states, gate_up_proj, h, gate_up, order, tile_expert, tile_start, offsets,
+        num_experts, top_k_index.shape[1], inter, hidden, n_blocks, *hidden_states.stride(), *gate_up_proj.stride(),
+        h.stride(0), gate_up.stride(0), STORE_PREACT=save_for_backward, **blocks, **_dot(hidden_states.dtype),
+    )
+    # h @ down_proj[e].T: down_proj[e] is [H, I], read as the [I, H] B operand through its strides
+    weights = top_k_weights.reshape(-1)
+    out = _rows_to_pairs(h, down_proj, hidden, (down_proj.stride(0), down_proj.stride(2), down_proj.stride(1)),
+                         weights, top_k_index, "down")
+    return out, gate_up, h
+
+
+def _moe_swiglu_experts_fake(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
+                             top_k_weights: Tensor, save_for_backward: bool) -> tuple[Tensor, Tensor, Tensor]:
+    pairs, inter = top_k_index.numel(), down_proj.shape[2]
+    return (hidden_states.new_empty(hidden_states.shape), hidden_states.new_empty((pairs if save_for_backward else 0,
+                                                                                    2 * inter)),
+            hidden_states.new_empty((pairs, inter)))
+
+
+def _moe_swiglu_experts_backward_impl(
+    grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
+    top_k_weights: Tensor, gate_up: Tensor, h: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    tokens, top_k = top_k_index.shape
+    pairs, (num_experts, inter2, hidden) = top_k_index.numel(), gate_up_proj.shape
+    inter = inter2 // 2
+    dtype = hidden_states.dtype
+    if gate_up.shape[0] != pairs:
+        raise RuntimeError("moe_swiglu_experts: the forward ran with save_for_backward=False, so it kept no "
+                           "projections for a backward; call moe_swiglu_experts with an input that requires grad.")
+    grad_gate_up_proj = torch.empty(gate_up_proj.shape, dtype=dtype, device=grad.device)
+    grad_down_proj = torch.empty(down_proj.shape, dtype=dtype, device=grad.device)
+    if pairs == 0:
+        return (torch.zeros_like(hidden_states), grad_gate_up_proj.zero_(), grad_down_proj.zero_(),
+                torch.zeros_like(top_k_weights))
+    weights = top_k_weights.reshape(-1)
+    cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden)
+    order, offsets, tile_expert, tile_start, tiles = _schedule(top_k_index, num_experts, cfg["BLOCK_M"])
+    n_blocks = cdiv(inter, cfg["BLOCK_N"])
+    d_gate_up = hidden_states.new_empty((pairs, inter2))
+    d_weights = torch.empty((n_blocks, pairs), dtype=torch.float32, device=grad.device)
+    # grad @ down_proj[e]: down_proj[e] is [H, I], the [K=H, N=I] B operand as it lies
+    wrap_triton(_grad_act_kernel)[(tiles * n_blocks,)](
+        grad, down_proj, gate_up, h, weights, d_gate_up, d_weights, order, tile_expert, tile_start, offsets,
+        num_experts, top_k, pairs, inter, hidden, n_blocks, *grad.stride(), down_proj.stride(0), down_proj.stride(1),
+        down_proj.stride(2), gate_up.stride(0), h.stride(0), d_gate_up.stride(0), **cfg, **_dot(dtype),
+    )
+    grad_weights = (d_weights[0] if n_blocks == 1 else d_weights.sum(0)).view(tokens, top_k).to(top_k_weights.dtype)
+    # d_gate_up @ gate_up_proj[e]: [2I, H] as it lies, the [K=2I, N=H] B operand
+    grad_x = _rows_to_pairs(d_gate_up, gate_up_proj, hidden, gate_up_proj.stride(), None, top_k_index, "grad_input")
+    # per expert: d_gate_up^T @ x[tokens] -> [2I, H];  (w * grad[tokens])^T @ h -> [H, I]
+    for out, a, b, a_gather, scale in ((grad_gate_up_proj, d_gate_up, hidden_states, False, None),
+                                       (grad_down_proj, grad, h, True, weights)):
+        m, n = out.shape[1], out.shape[2]
+        cfg = _blocks("weight_grad", m, n, cdiv(pairs, num_experts))
+        n_blocks = cdiv(n, cfg["BLOCK_N"])
+        wrap_triton(_weight_grad_kernel)[(cdiv(m, cfg["BLOCK_M"]) * n_blocks, num_experts)](
+            a, b, scale if scale is not None else a, out, order, offsets, top_k, m, n, n_blocks,
+            a.stride(0), a.stride(1), b.stride(0), b.stride(1), *out.stride(),
+            A_GATHER=a_gather, B_GATHER=not a_gather, HAS_SCALE=scale is not None, **cfg, **_dot(dtype),
+        )
+    return grad_x, grad_gate_up_proj, grad_down_proj, grad_weights
+
+
+def _moe_swiglu_experts_backward_fake(grad, hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,
+                                      gate_up, h):
+    return (hidden_states.new_empty(hidden_states.shape), gate_up_proj.new_empty(gate_up_proj.shape),
+            down_proj.new_empty(down_proj.shape), top_k_weights.new_empty(top_k_weights.shape))
+
+
+_moe_swiglu_experts_op = define_differentiable_op(
+    "moe_swiglu_experts", _moe_swiglu_experts_impl, fake=_moe_swiglu_experts_fake,
+    backward=_moe_swiglu_experts_backward_impl, backward_fake=_moe_swiglu_experts_backward_fake,
+    saved=("hidden_states", "gate_up_proj", "down_proj", "top_k_index", "top_k_weights", "output[1]", "output[2]"),
+    non_differentiable=("output[1]", "output[2]"),  # the projections and h: the backward's inputs
+    gradients=lambda grads, _: (grads[0], grads[1], grads[2], None, grads[3], None),  # none for the indices
+    # the saved intermediates are the kernels' own (for their backward): none without them
+    reference=lambda *args: (moe_swiglu_experts_reference(*args[:5]), None, None),  # defined below
+)
+
+
+def _check(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
+           top_k_weights: Tensor) -> None:
+    op = "moe_swiglu_experts"
+    check_tensors(op, hidden_states=hidden_states, gate_up_proj=gate_up_proj, down_proj=down_proj,
+                  top_k_weights=top_k_weights)
+    check_tensors(op, dtypes=ANY_DTYPE, hidden_states=hidden_states, top_k_index=top_k_index)
+    if top_k_index.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{op}: top_k_index has dtype {top_k_index.dtype}; pass int64 (or int32) expert indices.")
+    if hidden_states.dim() != 2 or gate_up_proj.dim() != 3 or down_proj.dim() != 3:
+        raise ValueError(f"{op}: hidden_states {tuple(hidden_states.shape)}, gate_up_proj {tuple(gate_up_proj.shape)}, "
+                         f"down_proj {tuple(down_proj.shape)}; pass [T, H], [E, 2I, H] and [E, H, I] (transformers' "
+                         "experts layout; flatten the tokens first).")
+    (tokens, hidden), (experts, inter2, hidden_w) = hidden_states.shape, gate_up_proj.shape
+    if hidden_w != hidden or inter2 % 2 or tuple(down_proj.shape) != (experts, hidden, inter2 // 2):
+        raise ValueError(f"{op}: gate_up_proj is {tuple(gate_up_proj.shape)} and down_proj {tuple(down_proj.shape)} "
+                         f"for hidden size {hidden}; pass gate_up_proj [E, 2I, {hidden}] (gate rows, then up rows) "
+                         f"and down_proj [E, {hidden}, I].")
+    if top_k_index.dim() != 2 or top_k_index.shape[0] != tokens or top_k_weights.shape != top_k_index.shape:
+        raise ValueError(f"{op}: top_k_index is {tuple(top_k_index.shape)} and top_k_weights "
+                         f"{tuple(top_k_weights.shape)} for {tokens} tokens; pass both [{tokens}, k].")
+    for name, t in (("hidden_states", hidden_states), ("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
+        if t.dtype not in _DTYPES or t.dtype != hidden_states.dtype:
+            raise TypeError(f"{op}: {name} is {t.dtype} (hidden_states {hidden_states.dtype}); pass hidden_states "
+                            "and both weights in one of float16, bfloat16, float32 (moe_swiglu_experts_reference "
+                            "takes others).")
+    if top_k_index.requires_grad:
+        raise ValueError(f"{op}: top_k_index requires grad; expert indices have none: pass top_k_index.detach().")
+
+
+def moe_swiglu_experts(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
+                       top_k_weights: Tensor) -> Tensor:
+    """A mixture-of-experts layer's SwiGLU experts, as transformers' ``*Experts.forward``: fused grouped
+    GEMMs over the tokens sorted by expert (see the module docstring), forward and backward.
+
+    Args:
+        hidden_states (`torch.Tensor`): ``[T, H]`` tokens; float16, bfloat16 or float32; any strides.
+        gate_up_proj (`torch.Tensor`): ``[E, 2I, H]``, each expert's gate rows then up rows; the dtype of
+            ``hidden_states``; any strides.
+        down_proj (`torch.Tensor`): ``[E, H, I]``, likewise.
+        top_k_index (`torch.Tensor`): ``[T, k]`` int64 or int32 expert of each (token, slot), each in
+            ``[0, E)`` (not checked: that would read the indices on the host).
+        top_k_weights (`torch.Tensor`): ``[T, k]`` routing weights, any float dtype (zero weights allowed).
+
+    Returns:
+        `torch.Tensor`: ``[T, H]`` in the dtype of ``hidden_states``; the gradients of ``hidden_states``,
+        both weights and ``top_k_weights`` come from the backward kernels.
+
+    Raises:
+        TypeError: a dtype outside those above, or weights of another dtype than ``hidden_states``.
+        ValueError: shapes that do not form the layout above, tensors on two devices, or ``top_k_index``
+            requiring grad (the error names the argument).
+
+    Example:
+        ```python
+        out = moe_swiglu_experts(x, experts.gate_up_proj, experts.down_proj, top_k_index, top_k_weights)
+        ```
+    """
+    _check(hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights)
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, gate_up_proj, down_proj,
+                                                                          top_k_weights))
+    return _moe_swiglu_experts_op(hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights, save)[0]
+
+
+def moe_swiglu_experts_reference(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor,
+                                 top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+    """Plain PyTorch ``moe_swiglu_experts``: transformers' grouped computation with one loop over the
+    experts hit (it reads the per-expert counts on the host)."""
+    tokens, top_k = top_k_index.shape
+    flat = top_k_index.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    x = hidden_states[order // top_k]
+    counts = torch.bincount(flat, minlength=gate_up_proj.shape[0]).tolist()
+    parts, start = [], 0
+    for e, n in enumerate(counts):
+        if n:
+            gate, up = F.linear(x[start:start + n], gate_up_proj[e]).chunk(2, dim=-1)
+            parts.append(F.linear(F.silu(gate) * up, down_proj[e]))
+            start += n
+    y = torch.cat(parts) if parts else x.new_empty((0, hidden_states.shape[-1]))
+    y = y * top_k_weights.reshape(-1)[order, None]
+    per_pair = torch.zeros_like(y).index_copy(0, order, y)
+    return per_pair.view(tokens, top_k, -1).sum(1).to(hidden_states.dtype)

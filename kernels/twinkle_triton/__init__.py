@@ -14,6 +14,7 @@ from .fused_linear_cross_entropy import fused_linear_cross_entropy, fused_linear
 from .gemv import gemv, gemv_reference, gemv_swiglu, gemv_swiglu_reference
 from .gelu_mul import gelu_and_mul, gelu_and_mul_reference, gelu_mul, gelu_mul_reference
 from .gqa_attention import gqa_attention, gqa_attention_reference
+from .moe_gemm import moe_swiglu_experts, moe_swiglu_experts_reference
 from .mul_add import mul_add, mul_add_reference
 from .rms_norm import add_rms_norm, add_rms_norm_reference, rms_norm, rms_norm_reference
 from .rotary import apply_rotary_pos_emb, apply_rotary_pos_emb_reference
@@ -74,6 +75,8 @@ __all__ = [
     "layer_norm",
     "layer_norm_reference",
     "layers",
+    "moe_swiglu_experts",
+    "moe_swiglu_experts_reference",
     "mul_add",
     "mul_add_reference",
     "rms_norm",
@@ -93,7 +96,7 @@ for _kernel in (add_gelu, add_rms_norm, apply_rotary_pos_emb, fused_linear_cross
                 silu_and_mul, silu_mul, gelu_mul, gelu_and_mul, rms_norm_fp32, layer_norm,
                 apply_rotary_pos_emb_partial, apply_rotary_pos_emb_interleaved_partial,
                 apply_rotary_pos_emb_interleaved, apply_rotary_pos_emb_half_angle, apply_rotary_pos_emb_deinterleave,
-                clamped_swiglu, gqa_attention):
+                clamped_swiglu, gqa_attention, moe_swiglu_experts):
     _kernel.has_backward = True
     _kernel.can_torch_compile = True
 del _kernel

@@ -25,8 +25,8 @@ from .gelu_mul import gelu_mul
 from .gemv import DECODE_ROWS, gemv, gemv_swiglu
 from ._launch import interpreting
 from ._torch_internals import plain_linear
-# transformers' MoE *Experts: the SiLU·mul kernel; GPT-OSS's clamped SwiGLU
-from .moe_experts import ClampedSwiGLUExperts, SwiGLUExperts  # noqa: F401
+# transformers' MoE *Experts: the SiLU·mul kernel; GPT-OSS's clamped SwiGLU; the fused grouped GEMMs
+from .moe_experts import ClampedSwiGLUExperts, FusedSwiGLUExperts, SwiGLUExperts  # noqa: F401
 from .rms_norm import add_rms_norm, rms_norm
 from .silu_and_mul import silu_and_mul, silu_mul
 

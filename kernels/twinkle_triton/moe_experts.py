@@ -1,5 +1,6 @@
 """The gated activation of transformers' mixture-of-experts ``*Experts`` modules, as ``kernels``-style
-layers: :class:`SwiGLUExperts` (SiLU·mul) and :class:`ClampedSwiGLUExperts` (GPT-OSS).
+layers: :class:`SwiGLUExperts` (SiLU·mul) and :class:`ClampedSwiGLUExperts` (GPT-OSS); and
+:class:`FusedSwiGLUExperts`, the whole experts computation as fused grouped GEMMs.
 
 transformers 5.x keeps each MoE layer's expert weights as 3-D parameters (``gate_up_proj``
 ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``) in one ``*Experts`` module (Mixtral, Qwen3-MoE,
@@ -20,6 +21,15 @@ GPT-OSS's ``GptOssExperts`` has the same structure with another gate: gate and u
 ``(up + 1) * gate * sigmoid(alpha * gate)``; :class:`ClampedSwiGLUExperts` computes that with
 :func:`clamped_swiglu`, keeping the implementation's routing and matmuls the same way.
 
+:class:`FusedSwiGLUExperts` replaces the implementation instead: routing, both projections, the SwiGLU
+and the weighted sum over the k experts of a token run as the grouped GEMM kernels of
+:mod:`.moe_gemm` (no permuted copy of the tokens, no host sync), forward and backward. twinkle_fx's
+built-in mapping does not bind it (it binds :class:`SwiGLUExperts`); bind it by name::
+
+    register_layer_kernel(kernel_name="FusedSwiGLUExperts", layer=twinkle_triton.layers.FusedSwiGLUExperts,
+                          device="cuda", binds_by_tag=False)
+    register_external_layer(Qwen3MoeExperts, "FusedSwiGLUExperts")
+
 This file imports nothing from transformers at import time; the grouped / batched functions are
 looked up in ``transformers.integrations.moe`` when such a module runs.
 """
@@ -30,6 +40,7 @@ import torch
 from torch import nn
 
 from .clamped_swiglu import clamped_swiglu, clamped_swiglu_reference
+from .moe_gemm import moe_swiglu_experts
 from .silu_and_mul import silu_and_mul
 
 # implementations that compute the gate through the module's _apply_gate (or, for "eager", that
@@ -59,23 +70,28 @@ def _unserved_implementation(module: nn.Module, layer: str) -> str | None:
     return None
 
 
-def _swiglu_experts_applies_to(module: nn.Module) -> str | None:
+def _swiglu_layout_refusal(module: nn.Module, layer: str) -> str | None:
+    """Why ``module`` is not transformers' SiLU-gated experts layout (concatenated ``[gate; up]``, no bias)."""
     absent = _absent(module, "gate_up_proj", "down_proj", "act_fn", "num_experts", "config")
     if absent:
         return absent
     if not _is_silu(module.act_fn):
         hidden_act = getattr(module.config, "hidden_act", None)
         return (f"its act_fn is {type(module.act_fn).__name__} (config hidden_act={hidden_act!r}); "
-                "SwiGLUExperts computes silu(gate) * up")
+                f"{layer} computes silu(gate) * up")
     gate = getattr(type(module), "_apply_gate", None)
     if gate is not None and getattr(gate, "__name__", "") != "_default_apply_gate":
         return f"{type(module).__name__} defines its own _apply_gate (not act_fn(gate) * up of the chunked projection)"
     odd = _odd_layout(module, has_gate=True, is_concatenated=True, is_transposed=False, has_bias=False,
                       has_post_expert_norm=False, _is_expert_parallel=False)
     if odd:
-        return f"its experts layout is {', '.join(odd)}; SwiGLUExperts serves concatenated [gate; up] weights " \
+        return f"its experts layout is {', '.join(odd)}; {layer} serves concatenated [gate; up] weights " \
                "without bias, post-expert norm or expert parallelism"
-    return _unserved_implementation(module, "SwiGLUExperts")
+    return None
+
+
+def _swiglu_experts_applies_to(module: nn.Module) -> str | None:
+    return _swiglu_layout_refusal(module, "SwiGLUExperts") or _unserved_implementation(module, "SwiGLUExperts")
 
 
 class _KernelGate:
@@ -213,3 +229,46 @@ class ClampedSwiGLUExperts(nn.Module):
                             lambda gate_up: clamped_swiglu(gate_up, alpha, limit))
 
     forward.applies_to = _clamped_swiglu_experts_applies_to
+
+
+# -------------------------------------------------------------------------------- fused grouped GEMMs
+
+_FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _fused_swiglu_experts_applies_to(module: nn.Module) -> str | None:
+    refusal = _swiglu_layout_refusal(module, "FusedSwiGLUExperts")
+    if refusal:
+        return refusal
+    gate_up, down = module.gate_up_proj, module.down_proj
+    if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor) or gate_up.dim() != 3 or \
+            down.dim() != 3 or gate_up.shape[1] != 2 * down.shape[2] or down.shape[1] != gate_up.shape[2]:
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (gate_up, down)]
+        return f"its gate_up_proj / down_proj are {shapes[0]} / {shapes[1]}, not [E, 2I, H] / [E, H, I]"
+    if gate_up.dtype not in _FUSED_DTYPES or down.dtype != gate_up.dtype:
+        return f"its weights are {gate_up.dtype} / {down.dtype}; FusedSwiGLUExperts computes float16, bfloat16, float32"
+    return None
+
+
+class FusedSwiGLUExperts(nn.Module):
+    """transformers' MoE ``*Experts`` (Mixtral, Qwen3-MoE, DeepSeek-V3, ERNIE 4.5-MoE) computed whole by
+    :func:`~twinkle_triton.moe_gemm.moe_swiglu_experts`: grouped GEMMs with the token gather in the
+    operand load, the SwiGLU in the gate/up GEMM's epilogue and the routing weights in the down GEMM's,
+    forward and backward, whatever the config's experts implementation (they compute the same).
+
+    Applies where :class:`SwiGLUExperts` does (SiLU ``act_fn``, transformers' default ``_apply_gate``,
+    concatenated ``[gate; up]`` weights without bias, post-expert norm or expert parallelism), with
+    3-D float16 / bfloat16 / float32 weights. Hidden states of another dtype (autocast) are cast to the
+    weights' and the result back, as transformers' grouped_mm path does.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+                ) -> torch.Tensor:
+        weights = self.gate_up_proj
+        out = moe_swiglu_experts(hidden_states.to(weights.dtype), weights, self.down_proj, top_k_index, top_k_weights)
+        return out.to(hidden_states.dtype)
+
+    forward.applies_to = _fused_swiglu_experts_applies_to

@@ -16,7 +16,8 @@ For T tokens each routed to ``k`` of E experts (transformers' ``*Experts`` layou
 - **gate/up** (``_gate_up_kernel``): the A operand's load reads ``x[order[r] // k]`` (the gather is
   in the load), both halves of ``gate_up_proj[e]`` are B operands of one K loop, and the epilogue
   writes ``h = silu(gate) * up`` ``[S, I]`` in sorted order, plus, when a gradient will be asked for,
-  the projections ``[S, 2I]`` (the SwiGLU derivative's input).
+  the projections ``[S, 2I]`` (the SwiGLU derivative's input; a backward after a forward that kept
+  none, ``save_for_backward=False``, recomputes them).
 - **down** (``_rows_to_pairs_kernel``): ``h @ down_proj[e].T`` times the routing weight, each row
   stored at its pair's row of a ``[T, k, H]`` buffer; ``.sum(1)`` reduces the k slots.
   Deterministic by construction: every buffer row is written by one program and the sum runs in a
@@ -160,9 +161,9 @@ def _moe_swiglu_experts_backward_impl(
     pairs, (num_experts, inter2, hidden) = top_k_index.numel(), gate_up_proj.shape
     inter = inter2 // 2
     dtype = hidden_states.dtype
-    if gate_up.shape[0] != pairs:
-        raise RuntimeError("moe_swiglu_experts: the forward ran with save_for_backward=False, so it kept no "
-                           "projections for a backward; call moe_swiglu_experts with an input that requires grad.")
+    if gate_up.shape[0] != pairs:  # a forward told to save nothing: recompute the projections
+        _, gate_up, h = _moe_swiglu_experts_impl(hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,
+                                                 True)
     grad_gate_up_proj = torch.empty(gate_up_proj.shape, dtype=dtype, device=grad.device)
     grad_down_proj = torch.empty(down_proj.shape, dtype=dtype, device=grad.device)
     if pairs == 0:

@@ -1,0 +1,187 @@
+"""moe_swiglu_experts and FusedSwiGLUExperts: the MoE experts as fused grouped GEMMs, against the
+PyTorch reference and transformers' own experts module, forward and every gradient (input, both
+weights, routing weights)."""
+
+import pytest
+import torch
+from kernel_test_utils import check_forward_backward
+
+import twinkle_triton as tt
+from twinkle_triton.layers import FusedSwiGLUExperts
+
+# odd sizes: no block divides them
+TOKENS, EXPERTS, HIDDEN, INTER = 37, 5, 40, 24
+UNUSED = 3  # the expert no token is routed to
+
+
+def _routing(tokens, experts, top_k, dtype=torch.float32):
+    """(top_k_index, top_k_weights) as a softmax router picks them, expert UNUSED never chosen and
+    some weights zero (a token may keep an expert whose weight is 0)."""
+    logits = torch.randn(tokens, experts)
+    logits[:, UNUSED % experts] = float("-inf")
+    weights, index = logits.softmax(-1).topk(top_k, dim=-1)
+    weights[::4, -1] = 0.0
+    return index, weights.to(dtype)
+
+
+def _inputs(dtype, top_k, tokens=TOKENS, experts=EXPERTS, hidden=HIDDEN, inter=INTER):
+    x = torch.randn(tokens, hidden, dtype=dtype)
+    gate_up = (torch.randn(experts, 2 * inter, hidden) / hidden**0.5).to(dtype)
+    down = (torch.randn(experts, hidden, inter) / inter**0.5).to(dtype)
+    index, weights = _routing(tokens, experts, top_k, dtype)
+    return x, gate_up, down, index, weights
+
+
+def _check(x, gate_up, down, index, weights, dtype, what):
+    check_forward_backward(lambda x, w1, w2, w: tt.moe_swiglu_experts(x, w1, w2, index, w),
+                           lambda x, w1, w2, w: tt.moe_swiglu_experts_reference(x, w1, w2, index, w),
+                           (x, gate_up, down, weights), dtype, what, roundings=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("top_k", [2, 3])
+def test_matches_reference(top_k, dtype):
+    x, gate_up, down, index, weights = _inputs(dtype, top_k)
+    assert not (index == UNUSED).any() and (weights == 0).any()
+    _check(x, gate_up, down, index, weights, dtype, f"moe_swiglu_experts top-{top_k}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matches_reference_in_small_tiles(dtype, small_blocks):
+    # 16-row tiles, 16-column blocks, 16-wide K steps: several M tiles per expert, a partial last tile,
+    # K loops and N tiles whose routing-weight partial sums are added, on the CPU as on the GPU
+    x, gate_up, down, index, weights = _inputs(dtype, 3)
+    _check(x, gate_up, down, index, weights, dtype, "moe_swiglu_experts small tiles")
+
+
+def test_top_1_and_a_routing_weight_dtype_of_its_own():
+    x, gate_up, down, _, _ = _inputs(torch.bfloat16, 1, tokens=9)
+    index, weights = _routing(9, EXPERTS, 1)  # fp32 weights beside bf16 activations, as routers give
+    out = tt.moe_swiglu_experts(x, gate_up, down, index, weights.requires_grad_())
+    assert out.dtype == torch.bfloat16
+    (grad,) = torch.autograd.grad(out.float().sum(), weights)
+    assert grad.dtype == torch.float32
+    _check(x.float(), gate_up.float(), down.float(), index, weights.detach(), torch.float32, "top-1")
+
+
+def test_non_contiguous_inputs():
+    x, gate_up, down, index, weights = _inputs(torch.float32, 2)
+    x = torch.full((TOKENS, 2 * HIDDEN), float("nan"))[:, ::2].copy_(x)  # rows of 40 at column stride 2
+    gate_up = gate_up.transpose(1, 2).contiguous().transpose(1, 2)  # [E, 2I, H] with H the slow dim
+    down = down.permute(2, 1, 0).contiguous().permute(2, 1, 0)
+    wide = torch.zeros(TOKENS, 4, dtype=index.dtype)
+    wide[:, 1::2] = index
+    _check(x, gate_up, down, wide[:, 1::2], torch.stack([weights, weights]).transpose(0, 1)[:, 0], torch.float32,
+           "moe_swiglu_experts strided")
+
+
+def test_no_tokens():
+    x, gate_up, down, index, weights = _inputs(torch.float32, 2, tokens=0)
+    x.requires_grad_()
+    out = tt.moe_swiglu_experts(x, gate_up.requires_grad_(), down, index, weights)
+    assert out.shape == (0, HIDDEN)
+    (grad,) = torch.autograd.grad(out.sum(), gate_up)
+    assert torch.equal(grad, torch.zeros_like(gate_up))
+
+
+def test_repeats_bit_for_bit():
+    x, gate_up, down, index, weights = _inputs(torch.bfloat16, 3)
+    leaves = [t.requires_grad_() for t in (x, gate_up, down, weights)]
+
+    def run():
+        out = tt.moe_swiglu_experts(x, gate_up, down, index, weights)
+        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    assert all(torch.equal(a, b) for a, b in zip(run(), run()))
+
+
+def _qwen3_moe_experts(dtype, implementation, top_k=3):
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    config = Qwen3MoeConfig(hidden_size=HIDDEN, moe_intermediate_size=INTER, num_experts=EXPERTS,
+                            num_experts_per_tok=top_k)
+    config._experts_implementation = implementation
+    experts = Qwen3MoeExperts(config).to(dtype)
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, HIDDEN**-0.5)
+        experts.down_proj.normal_(0, INTER**-0.5)
+    return experts
+
+
+@pytest.mark.parametrize("dtype,implementation", [(torch.float32, "eager"), (torch.bfloat16, "grouped_mm")])
+def test_matches_transformers_experts_module(dtype, implementation):
+    experts = _qwen3_moe_experts(dtype, implementation)
+    assert FusedSwiGLUExperts.forward.applies_to(experts) is None
+    x = torch.randn(TOKENS, HIDDEN, dtype=dtype)
+    index, weights = _routing(TOKENS, EXPERTS, 3, dtype)
+
+    def ours(x, gate_up, down, w):
+        return FusedSwiGLUExperts.forward(_Swapped(gate_up, down), x, index, w)
+
+    def theirs(x, gate_up, down, w):
+        return torch.func.functional_call(experts, {"gate_up_proj": gate_up, "down_proj": down}, (x, index, w))
+
+    # transformers' module is the reference; the truth is the reference function in fp64 (the module's
+    # grouped_mm path does not run in fp64)
+    check_forward_backward(ours, theirs, (x, experts.gate_up_proj.detach(), experts.down_proj.detach(), weights),
+                           dtype, f"FusedSwiGLUExperts vs {implementation}", roundings=2,
+                           truth_fn=lambda x, w1, w2, w: tt.moe_swiglu_experts_reference(x, w1, w2, index, w))
+
+
+class _Swapped:
+    """What FusedSwiGLUExperts.forward reads of the module, with these weights."""
+
+    def __init__(self, gate_up_proj, down_proj):
+        self.gate_up_proj, self.down_proj = gate_up_proj, down_proj
+
+
+def test_refuses_modules_it_does_not_compute():
+    experts = _qwen3_moe_experts(torch.float32, "grouped_mm")
+    applies_to = FusedSwiGLUExperts.forward.applies_to
+    experts.has_bias = True
+    assert "has_bias=True" in applies_to(experts)
+    experts.has_bias = False
+    experts.act_fn = torch.nn.GELU()
+    assert "act_fn is GELU" in applies_to(experts)
+    experts.act_fn = torch.nn.SiLU()
+    experts.down_proj = torch.nn.Parameter(experts.down_proj[:, :, :-1].detach())
+    assert "not [E, 2I, H] / [E, H, I]" in applies_to(experts)
+    del experts.down_proj
+    assert applies_to(experts) == "it has no down_proj"
+
+
+def test_opcheck():
+    x, gate_up, down, index, weights = _inputs(torch.float32, 2, tokens=6, experts=3, hidden=16, inter=16)
+    args = [t.requires_grad_() for t in (x, gate_up, down)] + [index, weights.requires_grad_()]
+    for save in (True, False):
+        torch.library.opcheck(torch.ops.twinkle.moe_swiglu_experts.default, (*args, save))
+
+
+def test_compiles_with_aot_eager():
+    x, gate_up, down, index, weights = _inputs(torch.float32, 2, tokens=6, experts=3, hidden=16, inter=16)
+    leaves = [t.requires_grad_() for t in (x, gate_up, down, weights)]
+
+    def fn(x, gate_up, down, weights):
+        return tt.moe_swiglu_experts(x, gate_up, down, index, weights)
+
+    got = torch.compile(fn, backend="aot_eager", fullgraph=True)(*leaves)
+    want = fn(*leaves)
+    torch.testing.assert_close(got, want)
+    grads = [torch.autograd.grad(out, leaves, torch.ones_like(out)) for out in (got, want)]
+    for g, w in zip(*grads):
+        torch.testing.assert_close(g, w)
+
+
+def test_rejects_bad_inputs_with_a_useful_message():
+    x, gate_up, down, index, weights = _inputs(torch.float32, 2, tokens=4)
+    with pytest.raises(ValueError, match=r"\[T, H\]"):
+        tt.moe_swiglu_experts(x[None], gate_up, down, index, weights)
+    with pytest.raises(ValueError, match="down_proj"):
+        tt.moe_swiglu_experts(x, gate_up, down[:, :, :-1], index, weights)
+    with pytest.raises(ValueError, match="top_k_weights"):
+        tt.moe_swiglu_experts(x, gate_up, down, index, weights[:, :1])
+    with pytest.raises(TypeError, match="gate_up_proj is torch.bfloat16"):
+        tt.moe_swiglu_experts(x, gate_up.bfloat16(), down, index, weights)
+    with pytest.raises(TypeError, match="top_k_index has dtype torch.float32"):
+        tt.moe_swiglu_experts(x, gate_up, down, index.float(), weights)

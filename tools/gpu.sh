@@ -28,6 +28,9 @@
 #                (GEMV_ARGS: more flags, e.g. "--rows 1 --block-n 1,2,4 --tiles 4096,8192 --warps 4,8")
 #   attention    tools/gqa_attention_bench.py: the grouped-query decode attention against SDPA, its split and
 #                key-block choices swept
+#   moe          tools/moe_gemm_sweep.py: the fused MoE expert kernels against transformers' grouped_mm experts, forward
+#                and forward + backward, Qwen3-30B-A3B and Mixtral-8x7B layer shapes, 4096 tokens, bf16
+#                (MOE_ARGS: more flags, e.g. "--kernels gate_up --block-m 64,128 --block-n 64,128 --warps 4,8")
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference
@@ -36,7 +39,8 @@
 # Results (harness JSON stamped with device, versions and $COMMIT, logs) go under $OUT (default ./gpu-out); a JSON
 # that replaces one in docs/performance/ keeps that file's name. Wheels in .whl/ (git-ignored) are installed
 # first, for packages the GPU image lacks (kernels, expecttest, pytest-xdist, liger-kernel, cut-cross-entropy).
-# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S, CHECK_S, GEMV_S, ATTENTION_S;
+# Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S,
+# CHECK_S, GEMV_S, ATTENTION_S, MOE_S;
 # each run of the distributed and fsdp jobs by RUN_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -264,6 +268,12 @@ job_attention() {
   cat "$out/gqa-attention.txt"
 }
 
+job_moe() {
+  timeout "${MOE_S:-400}" python3 tools/moe_gemm_sweep.py --out "$out/moe.json" ${MOE_ARGS:-} > "$out/moe.txt" 2>&1 \
+    || status=1
+  cat "$out/moe.txt"
+}
+
 job_check() {
   timeout "${CHECK_S:-400}" python3 -m twinkle_fx check --out "$out/check.json" > "$out/check.txt" 2>&1 || status=1
   tail -40 "$out/check.txt"
@@ -271,7 +281,7 @@ job_check() {
 
 SECONDS=0
 for job in "${jobs[@]}"; do
-  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention"; exit 2; fi
+  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention moe"; exit 2; fi
   echo "=== $job (${SECONDS} s)"
   "job_$job"
 done

@@ -53,6 +53,15 @@ INLINE_OPS = {
         lambda dt: (torch.randn(4, 64, 256, dtype=dt), torch.randn(256, dtype=dt)),
         ("_add_gelu_fwd_kernel", "_add_gelu_bwd_kernel"),
     ),
+    "moe_swiglu_experts": (
+        # 5 experts, top-2 of them per token; the index is the last input (no gradient)
+        lambda x, gate_up, down, w, index: tt.moe_swiglu_experts(x, gate_up, down, index, w),
+        lambda dt: (torch.randn(96, 64, dtype=dt), torch.randn(5, 96, 64, dtype=dt) / 8,
+                    torch.randn(5, 64, 48, dtype=dt) / 8, torch.rand(96, 2, dtype=dt),
+                    torch.stack([torch.randperm(5)[:2] for _ in range(96)])),
+        ("_gate_up_kernel", "_rows_to_pairs_kernel", "_grad_act_kernel", "_weight_grad_kernel"),
+        4,
+    ),
     "mul_add": (
         tt.mul_add,
         lambda dt: (torch.randn(4, 64, 256, dtype=dt), torch.randn(256, dtype=dt), torch.randn(4, 64, 256, dtype=dt)),

@@ -134,6 +134,14 @@ def _fused_linear_cross_entropy(strategy):
     return case
 
 
+def _moe_swiglu_experts(lay):
+    index = lay(torch.stack([torch.randperm(4)[:3] for _ in range(4)]))  # 4 tokens, 3 of 4 experts each
+    x, w = lay(torch.randn(4 * 3, 16)[::3]), lay(torch.rand(12, 3)[::3])
+    gate_up, down = lay(torch.randn(4, 32, 16) / 4), lay(torch.randn(4, 16, 16) / 4)
+    return ((lambda x, g, d, w: tt.moe_swiglu_experts(x, g, d, index, w)),
+            (lambda x, g, d, w: tt.moe_swiglu_experts_reference(x, g, d, index, w)), (x, gate_up, down, w))
+
+
 CASES = {
     "rms_norm": _rms_norm,
     "add_rms_norm": _add_rms_norm,
@@ -153,6 +161,7 @@ CASES = {
     "apply_rotary_pos_emb_half_angle": _rotary("apply_rotary_pos_emb_half_angle", 4),
     "apply_rotary_pos_emb_deinterleave": _rotary("apply_rotary_pos_emb_deinterleave", 8),
     "gqa_attention": _gqa_attention,
+    "moe_swiglu_experts": _moe_swiglu_experts,
     "fused_linear_cross_entropy[chunked]": _fused_linear_cross_entropy("chunked"),
     "fused_linear_cross_entropy[vocab_chunked]": _fused_linear_cross_entropy("vocab_chunked"),
     "fused_linear_cross_entropy[tiled]": _fused_linear_cross_entropy("tiled"),

@@ -83,7 +83,8 @@ def _cases(module, tokens, top_k, dtype):
                 return forward()
         return run
 
-    return {"forward": (no_grad(ours), no_grad(theirs)), "forward+backward": (with_backward(ours), with_backward(theirs))}
+    return {"forward": (no_grad(ours), no_grad(theirs)),
+            "forward+backward": (with_backward(ours), with_backward(theirs))}
 
 
 def main() -> None:

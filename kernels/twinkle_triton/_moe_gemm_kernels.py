@@ -5,7 +5,7 @@ derivative, and the per-expert weight gradient, with the ``triton.jit`` helpers 
 
 Every GEMM kernel but the weight gradient's takes one M tile of one expert per program: the tile
 table (``tile_expert``, ``tile_start``) and the expert's rows in the sorted order (``offsets``) are
-built on the device by :func:`.moe_gemm._schedule`; programs past the last tile return at once.
+built on the device by :func:`.moe_gemm._tiles`; programs past the last tile return at once.
 Only :mod:`.moe_gemm` launches these kernels.
 """
 
@@ -27,13 +27,36 @@ def _mma(acc, a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC_IN_DOT: t
 
 
 @triton.jit
-def _tile_rows(expert, pid_m, tile_start_ptr, offsets_ptr, BLOCK_M: tl.constexpr):
-    """The sorted rows of M tile ``pid_m`` (the expert's ``pid_m - tile_start[expert]``-th) and their mask."""
+def _tile(expert, pid_m, pid_n, tile_start_ptr, offsets_ptr, order_ptr, N, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr):
+    """M tile ``pid_m`` (the expert's ``pid_m - tile_start[expert]``-th) and N tile ``pid_n``: (sorted rows,
+    their mask, their (token, slot) pairs, columns, their mask)."""
     first = tl.load(offsets_ptr + expert)
     end = tl.load(offsets_ptr + expert + 1)
     row0 = first + (pid_m - tl.load(tile_start_ptr + expert)) * BLOCK_M
     rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
-    return rows, rows < end
+    row_mask = rows < end
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, row_mask, tl.load(order_ptr + rows, mask=row_mask, other=0), cols, cols < N
+
+
+@triton.jit
+def _gemm_tile(a_ptr, a_rows, row_mask, sar, sak, w_ptr, expert, swe, swk, swn, cols, col_mask, K,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr):
+    """``a[a_rows, :K] @ w[expert][:K, cols]`` in fp32, ``w[expert]`` read as [K, N] through its strides."""
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows[:, None] * sar + ks[None, :] * sak
+    b_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = ks < K - k0
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+        acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        a_ptrs += BLOCK_K * sak
+        b_ptrs += BLOCK_K * swk
+    return acc
 
 
 @triton.jit
@@ -50,10 +73,9 @@ def _gate_up_kernel(
     expert = tl.load(tile_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    rows, row_mask = _tile_rows(expert, pid_m, tile_start_ptr, offsets_ptr, BLOCK_M)
-    token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
+    rows, row_mask, pair, cols, col_mask = _tile(expert, pid_m, pid_n, tile_start_ptr, offsets_ptr, order_ptr, N,
+                                                 BLOCK_M, BLOCK_N)
+    token = pair // top_k
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
     g_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
@@ -92,21 +114,10 @@ def _rows_to_pairs_kernel(
     expert = tl.load(tile_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    rows, row_mask = _tile_rows(expert, pid_m, tile_start_ptr, offsets_ptr, BLOCK_M)
-    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None] * sar + ks[None, :] * sak
-    b_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = ks < K - k0
-        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-        acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        a_ptrs += BLOCK_K * sak
-        b_ptrs += BLOCK_K * swk
+    rows, row_mask, pair, cols, col_mask = _tile(expert, pid_m, pid_n, tile_start_ptr, offsets_ptr, order_ptr, N,
+                                                 BLOCK_M, BLOCK_N)
+    acc = _gemm_tile(a_ptr, rows, row_mask, sar, sak, w_ptr, expert, swe, swk, swn, cols, col_mask, K,
+                     BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + pair, mask=row_mask, other=0.0).to(tl.float32)[:, None]
     tl.store(out_ptr + pair[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -128,22 +139,11 @@ def _grad_act_kernel(
     expert = tl.load(tile_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    rows, row_mask = _tile_rows(expert, pid_m, tile_start_ptr, offsets_ptr, BLOCK_M)
-    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
+    rows, row_mask, pair, cols, col_mask = _tile(expert, pid_m, pid_n, tile_start_ptr, offsets_ptr, order_ptr, N,
+                                                 BLOCK_M, BLOCK_N)
     token = pair // top_k
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = dout_ptr + token[:, None] * sdt + ks[None, :] * sdk
-    b_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = ks < K - k0
-        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
-        acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        a_ptrs += BLOCK_K * sdk
-        b_ptrs += BLOCK_K * swk
+    acc = _gemm_tile(dout_ptr, token, row_mask, sdt, sdk, w_ptr, expert, swe, swk, swn, cols, col_mask, K,
+                     BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
     mask = row_mask[:, None] & col_mask[None, :]
     h = tl.load(h_ptr + rows[:, None] * shr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(dscale_ptr + pid_n * num_pairs + pair, tl.sum(acc * h, axis=1), mask=row_mask)

@@ -5,11 +5,11 @@ For T tokens each routed to ``k`` of E experts (transformers' ``*Experts`` layou
 ``sum_j w[t, j] * down[e_j] @ (silu(gate[e_j] @ x[t]) * (up[e_j] @ x[t]))``. Four Triton kernels
 (``_moe_gemm_kernels.py``) compute it and its gradients, without a permuted copy of the tokens:
 
-- **schedule.** The ``S = T * k`` (token, slot) pairs are sorted by expert (``torch.sort``, stable);
-  ``order[r]`` is the pair of sorted row r. Each expert's rows are cut into M tiles of ``BLOCK_M``,
-  and a table built on the device (``searchsorted`` over the per-expert counts and tile counts,
-  :func:`_schedule`) says which expert and rows a tile has. The grid is fixed from shapes alone,
-  ``min(S, (S + E * (BLOCK_M - 1)) // BLOCK_M)`` tiles (each expert adds at most one partial tile;
+- **schedule.** The ``S = T * k`` (token, slot) pairs are sorted by expert (``torch.sort``, stable,
+  once in the forward and once in the backward: :func:`_routing`); ``order[r]`` is the pair of sorted
+  row r. Each expert's rows are cut into M tiles of ``BLOCK_M``, and a table built on the device
+  (``searchsorted`` over the per-expert counts and tile counts, :func:`_tiles`) says which expert and
+  rows a tile has. The grid is fixed from shapes alone, ``min(S, (S + E * (BLOCK_M - 1)) // BLOCK_M)`` tiles (each expert adds at most one partial tile;
   each tile holds a row), times the N tiles; programs past the last tile return at once. Nothing
   reads a count on the host: no sync in forward or backward, so the ops run inside CUDA graphs and
   torch.compile. Programs of one M tile are adjacent, so its gathered A rows are reused from L2.
@@ -82,32 +82,37 @@ def _blocks(name: str, m: int, n: int, k: int) -> dict:
             "num_stages": cfg["num_stages"]}
 
 
-def _schedule(top_k_index: Tensor, num_experts: int, block_m: int) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """(order, offsets, tile_expert, tile_start, tiles) on the device, without a host sync: ``order``
-    the (token, slot) pairs sorted by expert; ``offsets[e]`` ``[E + 1]`` the first sorted row of expert
-    e; ``tile_expert[t]`` the expert of M tile t (E past the last tile); ``tile_start[e]`` the expert's
-    first tile; ``tiles`` the grid's M tiles, a bound computed from shapes alone."""
+def _routing(top_k_index: Tensor, num_experts: int) -> tuple[Tensor, Tensor]:
+    """(order, offsets) on the device, without a host sync: ``order`` the (token, slot) pairs sorted by
+    expert (stable), ``offsets`` ``[E + 1]`` the first sorted row of each expert (and the end)."""
     flat = top_k_index.reshape(-1)
-    pairs = flat.numel()
     sorted_ids, order = torch.sort(flat, stable=True)
-    offsets = torch.searchsorted(sorted_ids, torch.arange(num_experts + 1, device=flat.device, dtype=flat.dtype))
+    return order, torch.searchsorted(sorted_ids, torch.arange(num_experts + 1, device=flat.device, dtype=flat.dtype))
+
+
+def _tiles(offsets: Tensor, pairs: int, block_m: int) -> tuple[Tensor, Tensor, int]:
+    """(tile_expert, tile_start, tiles) for M tiles of ``block_m`` sorted rows: ``tile_expert[t]`` the
+    expert of tile t (E past the last tile), ``tile_start[e]`` the expert's first tile, ``tiles`` the
+    grid's M tiles, a bound from shapes alone (each expert adds at most one partial tile, and each tile
+    holds a row)."""
+    num_experts = offsets.shape[0] - 1
     per_expert = (offsets[1:] - offsets[:-1] + (block_m - 1)) // block_m
     tile_end = per_expert.cumsum(0)
     tiles = min(pairs, (pairs + num_experts * (block_m - 1)) // block_m)
-    tile_expert = torch.searchsorted(tile_end, torch.arange(tiles, device=flat.device, dtype=tile_end.dtype),
+    tile_expert = torch.searchsorted(tile_end, torch.arange(tiles, device=offsets.device, dtype=tile_end.dtype),
                                      right=True)
-    return order, offsets, tile_expert, tile_end - per_expert, tiles
+    return tile_expert, tile_end - per_expert, tiles
 
 
 def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int], scale: Tensor | None,
-                   top_k_index: Tensor, name: str) -> Tensor:
+                   top_k_index: Tensor, routing: tuple[Tensor, Tensor], name: str) -> Tensor:
     """Per token, the sum over its slots of ``scale * a[r] @ B[e]``, ``B[e]`` the ``[K, N]`` operand read
     from ``weight`` through ``strides`` (expert, K, N), through the ``[T, k, N]`` buffer (module docstring)."""
     tokens, top_k = top_k_index.shape
-    num_experts, k = weight.shape[0], a.shape[1]
+    (num_experts, k), (order, offsets) = (weight.shape[0], a.shape[1]), routing
     rows = a.new_empty((tokens, top_k, n))
     blocks = _blocks(name, cdiv(a.shape[0], num_experts), n, k)
-    order, offsets, tile_expert, tile_start, tiles = _schedule(top_k_index, num_experts, blocks["BLOCK_M"])
+    tile_expert, tile_start, tiles = _tiles(offsets, a.shape[0], blocks["BLOCK_M"])
     n_blocks = cdiv(n, blocks["BLOCK_N"])
     wrap_triton(_rows_to_pairs_kernel)[(tiles * n_blocks,)](
         a, weight, scale if scale is not None else a, rows, order, tile_expert, tile_start, offsets,
@@ -131,7 +136,8 @@ def _moe_swiglu_experts_impl(hidden_states: Tensor, gate_up_proj: Tensor, down_p
     if pairs == 0:
         return hidden_states.new_zeros((tokens, hidden)), gate_up, h
     blocks = _blocks("gate_up", cdiv(pairs, num_experts), inter, hidden)
-    order, offsets, tile_expert, tile_start, tiles = _schedule(top_k_index, num_experts, blocks["BLOCK_M"])
+    routing = order, offsets = _routing(top_k_index, num_experts)
+    tile_expert, tile_start, tiles = _tiles(offsets, pairs, blocks["BLOCK_M"])
     n_blocks = cdiv(inter, blocks["BLOCK_N"])
     wrap_triton(_gate_up_kernel)[(tiles * n_blocks,)](
         hidden_states, gate_up_proj, h, gate_up, order, tile_expert, tile_start, offsets,
@@ -141,7 +147,7 @@ def _moe_swiglu_experts_impl(hidden_states: Tensor, gate_up_proj: Tensor, down_p
     # h @ down_proj[e].T: down_proj[e] is [H, I], read as the [I, H] B operand through its strides
     weights = top_k_weights.reshape(-1)
     out = _rows_to_pairs(h, down_proj, hidden, (down_proj.stride(0), down_proj.stride(2), down_proj.stride(1)),
-                         weights, top_k_index, "down")
+                         weights, top_k_index, routing, "down")
     return out, gate_up, h
 
 
@@ -171,7 +177,8 @@ def _moe_swiglu_experts_backward_impl(
                 torch.zeros_like(top_k_weights))
     weights = top_k_weights.reshape(-1)
     cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden)
-    order, offsets, tile_expert, tile_start, tiles = _schedule(top_k_index, num_experts, cfg["BLOCK_M"])
+    routing = order, offsets = _routing(top_k_index, num_experts)
+    tile_expert, tile_start, tiles = _tiles(offsets, pairs, cfg["BLOCK_M"])
     n_blocks = cdiv(inter, cfg["BLOCK_N"])
     d_gate_up = hidden_states.new_empty((pairs, inter2))
     d_weights = torch.empty((n_blocks, pairs), dtype=torch.float32, device=grad.device)
@@ -183,7 +190,8 @@ def _moe_swiglu_experts_backward_impl(
     )
     grad_weights = (d_weights[0] if n_blocks == 1 else d_weights.sum(0)).view(tokens, top_k).to(top_k_weights.dtype)
     # d_gate_up @ gate_up_proj[e]: [2I, H] as it lies, the [K=2I, N=H] B operand
-    grad_x = _rows_to_pairs(d_gate_up, gate_up_proj, hidden, gate_up_proj.stride(), None, top_k_index, "grad_input")
+    grad_x = _rows_to_pairs(d_gate_up, gate_up_proj, hidden, gate_up_proj.stride(), None, top_k_index, routing,
+                            "grad_input")
     # per expert: d_gate_up^T @ x[tokens] -> [2I, H];  (w * grad[tokens])^T @ h -> [H, I]
     for out, a, b, a_gather, scale in ((grad_gate_up_proj, d_gate_up, hidden_states, False, None),
                                        (grad_down_proj, grad, h, True, weights)):

@@ -178,6 +178,22 @@ def test_experts_gate_runs_the_kernel_in_every_experts_implementation(implementa
                                                  "silu_and_mul")
 
 
+def test_fused_experts_layer_trains_like_the_model_where_bound(device):
+    """FusedSwiGLUExperts is not in the built-in mapping; bound by name, it computes a Qwen3-MoE experts
+    module whole (moe_swiglu_experts forward and backward) and trains like transformers' grouped_mm."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    use_builtin_kernels(devices=(device,), models=("qwen3_moe",), fused_loss=False)
+    twinkle_fx.register_layer_kernel(kernel_name="FusedSwiGLUExperts", layer=twinkle_triton.layers.FusedSwiGLUExperts,
+                                     device=device, binds_by_tag=False)
+    twinkle_fx.register_external_layer(Qwen3MoeExperts, "FusedSwiGLUExperts")
+    model = tiny_model("qwen3_moe").train()
+    model.config._experts_implementation = "grouped_mm"
+    ids = torch.randint(3, 128, (2, 9), device=device)
+    _assert_experts_kernel_trains_like_the_model(model, ids, model.model.layers[1].mlp.experts, "FusedSwiGLUExperts",
+                                                 "moe_swiglu_experts")
+
+
 def _assert_experts_kernel_trains_like_the_model(model, ids, experts, layer: str, op: str) -> None:
     """Kernelized, the experts module runs ``layer`` and the op ``op`` forward and backward, and a
     training step on ``ids`` gives the unswapped model's loss and gradients (fp32)."""

@@ -4,9 +4,9 @@
 came from; both ask an :class:`Admission` the same questions in the same order, so one registry
 swaps the same modules on both paths, or keeps them for the same :class:`~.reasons.Reason`:
 
-1. is the module's class a target (:func:`~.selection.select_layer_kernel`: bound, or tagged with
-   a registered ``kernel_layer_name``; a binding limited to some parents asks the module's
-   parent)? A module whose class is no target is no candidate, and nothing is said about it;
+1. is the module's class a target (:func:`~.selection.layer_target`: bound, or tagged with a
+   registered ``kernel_layer_name``; a binding limited to some parents asks the module's parent,
+   :func:`~.selection.select_bound_layer`)? A module whose class is no target is no candidate, and nothing is said about it;
 2. was a kernel selected (``NO_KERNEL``, with the selection's reason)?
 3. does the kernel's ``forward`` take what the layer's ``forward`` takes (``SIGNATURE``)?
 4. does the kernel apply to this instance (its ``applies_to``: ``DOES_NOT_APPLY``)?
@@ -46,7 +46,8 @@ import torch
 from .modes import Mode
 from .reasons import Reason, ReasonKind
 from .registry import KernelRegistry, get_registry
-from .selection import Selection, does_not_apply, is_layer_target, select_layer_kernel, signature_mismatch
+from .selection import (BoundLayer, Selection, does_not_apply, is_layer_target, layer_target, select_bound_layer,
+                        signature_mismatch)
 from .swaps import LayerSwap, foreign_forward, swapped_forward
 
 __all__ = ["Admission", "LayerTarget", "foreign_forward_reason", "looks_like_layer", "coverage_notes"]
@@ -81,9 +82,10 @@ class Admission:
         self.mode = mode
         self.allow_uncompilable = allow_uncompilable
         self.keep_installed = keep_installed
-        self._by_class: dict[type, LayerTarget | None] = {}
-        # bindings limited to parent classes (register_external_layer(within=...)): one per (class, parent)
-        self._by_parent: dict[tuple[type, type | None], LayerTarget | None] = {}
+        self._bound: dict[type, BoundLayer | None] = {}
+        # one answer per (class, parent); the parent is None but for bindings limited to parent classes
+        # (register_external_layer(within=...))
+        self._targets: dict[tuple[type, type | None], LayerTarget | None] = {}
 
     def target(self, cls: type, parent: Callable[[], type | None] | None = None) -> LayerTarget | None:
         """``cls`` as a swap target (questions 1 to 3), or None when its instances are no candidates.
@@ -91,25 +93,24 @@ class Admission:
         ``parent`` returns the class of the instance's parent module; it is called only for a class
         whose binding is limited to some parents, and without it such a class is no target.
         """
-        if cls not in self._by_class:
-            self._by_class[cls] = self._target(cls, None)
-        found = self._by_class[cls]
-        if found is None and parent is not None and self.registry.binding_scope(cls) is not None:
-            key = (cls, parent())
-            if key not in self._by_parent:
-                self._by_parent[key] = self._target(cls, key[1])
-            found = self._by_parent[key]
-        return found
-
-    def _target(self, cls: type, parent: type | None) -> LayerTarget | None:
-        selection = select_layer_kernel(self.registry, cls, self.device, self.mode,
-                                        allow_uncompilable=self.allow_uncompilable, parent=parent)
-        if selection is None:
+        if cls not in self._bound:
+            self._bound[cls] = layer_target(self.registry, cls, device=self.device)
+        bound = self._bound[cls]
+        if bound is None:
             return None
-        if selection.choice is None:
-            return LayerTarget(cls, selection, Reason(ReasonKind.NO_KERNEL, selection.reason or "no kernel"))
-        mismatch = signature_mismatch(cls.forward, selection.choice.call)
-        return LayerTarget(cls, selection, None if mismatch is None else Reason(ReasonKind.SIGNATURE, mismatch))
+        key = (cls, parent() if parent is not None and bound.binding.within is not None else None)
+        if key not in self._targets:
+            selection = select_bound_layer(bound, self.device, self.mode, allow_uncompilable=self.allow_uncompilable,
+                                           parent=key[1])
+            if selection is None:
+                found = None
+            elif selection.choice is None:
+                found = LayerTarget(cls, selection, Reason(ReasonKind.NO_KERNEL, selection.reason or "no kernel"))
+            else:
+                mismatch = signature_mismatch(cls.forward, selection.choice.call)
+                found = LayerTarget(cls, selection, None if mismatch is None else Reason(ReasonKind.SIGNATURE, mismatch))
+            self._targets[key] = found
+        return self._targets[key]
 
     def admit(self, path: str, module: torch.nn.Module, target: LayerTarget) -> LayerSwap | Reason:
         """The swap of ``module`` (at ``path`` in its model) to ``target``'s kernel, or why it keeps

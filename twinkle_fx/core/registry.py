@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "LayerRegistration",
     "FunctionRegistration",
+    "LayerBinding",
     "GRAPH_REWRITES",
     "KernelRegistry",
     "get_registry",
@@ -88,6 +89,17 @@ class FunctionRegistration:
 
     def __str__(self) -> str:
         return f"{self.target} [{self.device}, {format_mode(self.mode)}] from {self.source.describe()}"
+
+
+@dataclass(frozen=True)
+class LayerBinding:
+    """Why instances of a class are a layer kernel's: ``explicit`` (``register_external_layer``,
+    limited to instances under the parent classes ``within`` when that is not None), else the class's
+    ``kernel_layer_name`` tag."""
+
+    kernel_name: str
+    explicit: bool
+    within: tuple[type, ...] | None
 
 
 #: the compile backend's graph rewrites (the passes in ``compile/passes`` look their names up), and what each does
@@ -191,29 +203,32 @@ class KernelRegistry:
         with self._lock:
             return [name for name in GRAPH_REWRITES if name in self._graph_rewrites]
 
-    def kernel_name_for(self, cls: type) -> str | None:
-        """The kernel name bound to ``cls``: an explicit binding (searched along the MRO), else the
-        ``kernel_layer_name`` class attribute set by Hugging Face ``kernels`` decorators."""
+    def layer_binding(self, cls: type) -> LayerBinding | None:
+        """What binds ``cls`` to a layer kernel name, read at once: an explicit binding (searched along
+        the MRO, with the parents it is limited to), else the ``kernel_layer_name`` class attribute set
+        by Hugging Face ``kernels`` decorators; None when neither names one."""
         with self._lock:
             for klass in cls.__mro__:
                 if klass in self._bindings:
-                    return self._bindings[klass]
+                    return LayerBinding(self._bindings[klass], explicit=True, within=self._within.get(klass))
         name = getattr(cls, "kernel_layer_name", None)
-        return name if isinstance(name, str) else None
+        return LayerBinding(name, explicit=False, within=None) if isinstance(name, str) else None
+
+    def kernel_name_for(self, cls: type) -> str | None:
+        """The kernel name bound to ``cls`` (:meth:`layer_binding`'s)."""
+        binding = self.layer_binding(cls)
+        return None if binding is None else binding.kernel_name
 
     def binding_scope(self, cls: type) -> tuple[type, ...] | None:
         """The parent classes the explicit binding of ``cls`` (or of the base it is bound through) is
         limited to; None when it is not limited (or not bound)."""
-        with self._lock:
-            for klass in cls.__mro__:
-                if klass in self._bindings:
-                    return self._within.get(klass)
-        return None
+        binding = self.layer_binding(cls)
+        return None if binding is None else binding.within
 
     def is_bound(self, cls: type) -> bool:
         """Whether ``cls`` (or a base) was bound explicitly with :func:`register_external_layer`."""
-        with self._lock:
-            return any(klass in self._bindings for klass in cls.__mro__)
+        binding = self.layer_binding(cls)
+        return binding is not None and binding.explicit
 
     def layer_registrations(self, kernel_name: str) -> dict[str, dict[Mode, LayerRegistration]]:
         """device -> mode -> registration for ``kernel_name`` (a copy)."""

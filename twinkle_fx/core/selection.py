@@ -21,10 +21,10 @@ from .devices import registration_keys, triton_interpreter_problem
 from .errors import KernelLoadError
 from .modes import Mode, format_mode, mode_fallback_order
 from .plugins import layer_mappings
-from .registry import FunctionRegistration, KernelRegistry, LayerRegistration
+from .registry import FunctionRegistration, KernelRegistry, LayerBinding, LayerRegistration
 
-__all__ = ["KernelChoice", "Selection", "is_layer_target", "layer_target", "select_layer_kernel", "select_function_kernel", "signature_mismatch",
-           "does_not_apply", "KERNEL_DECLARATIONS"]
+__all__ = ["KernelChoice", "Selection", "BoundLayer", "is_layer_target", "layer_target", "select_layer_kernel",
+           "select_bound_layer", "select_function_kernel", "signature_mismatch", "does_not_apply", "KERNEL_DECLARATIONS"]
 
 # Class attributes a layer kernel may declare beyond forward (anything else is state the replaced
 # layer does not have: see _stateless_problem).
@@ -199,6 +199,68 @@ def _select(
     return Selection(target, device, mode, reason="; ".join(rejected), rejected=tuple(rejected))
 
 
+@dataclass(frozen=True)
+class BoundLayer:
+    """A layer class whose instances are swap targets: the registry's binding of it, and the
+    registrations of its kernel name (with the plugged layer mappings' where a device was given)."""
+
+    cls: type
+    binding: LayerBinding
+    registrations: dict[str, dict[Mode, LayerRegistration]]
+
+    @property
+    def name(self) -> str:
+        return f"{self.cls.__qualname__} -> {self.binding.kernel_name}"
+
+    def serves(self, registration: LayerRegistration) -> bool:
+        # A class bound explicitly is served by every registration of its kernel name; a class that only
+        # carries the name as transformers' kernel_layer_name tag only by registrations with
+        # binds_by_tag=True (transformers puts kernel_layer_name="RMSNorm" on ~130 classes of differing
+        # semantics, so the built-in kernels register with binds_by_tag=False).
+        return registration.binds_by_tag or self.binding.explicit
+
+
+def layer_target(registry: KernelRegistry, cls: type, *, device: str | None = None) -> BoundLayer | None:
+    """The rule that makes a layer class a swap target, for eager swaps, the compile backend and
+    reports alike: its binding and registrations when instances of ``cls`` are targets, else None. A
+    class is a target when it (or a base) is bound with :func:`register_external_layer`, or carries a
+    ``kernel_layer_name`` tag with a registration that binds by tag (``binds_by_tag=True``);
+    transformers tags many classes, so a tag without such a registration makes no target. A binding
+    limited to some parents (``within=``) still makes a target: :func:`select_bound_layer` asks the
+    parent. Loads nothing.
+
+    Args:
+        device (`str`, *optional*): also count the layer mappings plugged into core (the Hugging Face
+            ``kernels`` mapping in effect, ``use_kernel_mapping``) for this device; they fill the
+            device keys twinkle_fx has nothing for.
+    """
+    binding = registry.layer_binding(cls)
+    if binding is None:
+        return None
+    registrations = registry.layer_registrations(binding.kernel_name)
+    # the plugged mappings fill the device keys twinkle_fx has no registration for (the first mapping with a key wins)
+    for mapping in layer_mappings() if device is not None else ():
+        for key, modes in mapping.layer_registrations(binding.kernel_name, device).items():
+            registrations.setdefault(key, modes)
+    bound = BoundLayer(cls, binding, registrations)
+    if not binding.explicit and not any(bound.serves(r) for modes in registrations.values() for r in modes.values()):
+        return None
+    return bound
+
+
+def select_bound_layer(bound: BoundLayer, device: str, mode: Mode, *, allow_uncompilable: bool = False,
+                       parent: type | None = None) -> Selection | None:
+    """The kernel for instances of ``bound.cls`` under a module of class ``parent``, or ``None`` when
+    they are no target there (:func:`select_layer_kernel` has the arguments)."""
+    within = bound.binding.within
+    if within is not None and (parent is None or not issubclass(parent, within)):
+        return None  # a binding limited to some parents (register_external_layer(..., within=...))
+    selection = _select(bound.name, bound.registrations, device, mode, _layer_call, allow_uncompilable)
+    if selection.choice is not None and not bound.serves(selection.choice.registration):
+        return None
+    return selection
+
+
 def select_layer_kernel(
     registry: KernelRegistry,
     cls: type,
@@ -218,63 +280,10 @@ def select_layer_kernel(
             (``register_external_layer(..., within=...)``) serves only instances under them, so
             without a parent it is no target.
     """
-    target = layer_target(registry, cls, device=device)
-    if target is None:
+    bound = layer_target(registry, cls, device=device)
+    if bound is None:
         return None
-    scope = registry.binding_scope(cls)
-    if scope is not None and (parent is None or not issubclass(parent, scope)):
-        return None  # a binding limited to some parents (register_external_layer(..., within=...))
-    kernel_name, registrations = target
-    selection = _select(f"{cls.__qualname__} -> {kernel_name}", registrations, device, mode, _layer_call,
-                        allow_uncompilable)
-    if selection.choice is not None and not _serves(registry, cls, selection.choice.registration):
-        return None
-    return selection
-
-
-def _serves(registry: KernelRegistry, cls: type, registration: LayerRegistration) -> bool:
-    # A class bound explicitly is served by every registration of its kernel name; a class that only
-    # carries the name as transformers' kernel_layer_name tag only by registrations with
-    # binds_by_tag=True (transformers puts kernel_layer_name="RMSNorm" on ~130 classes of differing
-    # semantics, so the built-in kernels register with binds_by_tag=False).
-    return registration.binds_by_tag or registry.is_bound(cls)
-
-
-def layer_target(registry: KernelRegistry, cls: type, *,
-                 device: str | None = None) -> tuple[str, dict[str, dict[Mode, LayerRegistration]]] | None:
-    """The rule that makes a layer class a swap target, for eager swaps, the compile backend and
-    reports alike: ``(kernel name, its registrations)`` when instances of ``cls`` are targets, else
-    None. A class is a target when it (or a base) is bound with :func:`register_external_layer`, or
-    carries a ``kernel_layer_name`` tag with a registration that binds by tag (``binds_by_tag=True``);
-    transformers tags many classes, so a tag without such a registration makes no target. Loads nothing.
-
-    Args:
-        device (`str`, *optional*): also count the layer mappings plugged into core (the Hugging Face
-            ``kernels`` mapping in effect, ``use_kernel_mapping``) for this device; they fill the
-            device keys twinkle_fx has nothing for.
-    """
-    kernel_name = registry.kernel_name_for(cls)
-    if kernel_name is None:
-        return None
-    registrations = registry.layer_registrations(kernel_name)
-    if device is not None:
-        registrations = _with_layer_mappings(kernel_name, device, registrations)
-    if not any(_serves(registry, cls, r) for modes in registrations.values() for r in modes.values()) \
-            and not registry.is_bound(cls):
-        return None
-    return kernel_name, registrations
-
-
-def _with_layer_mappings(kernel_name: str, device: str,
-                         registrations: dict[str, dict[Mode, LayerRegistration]]) -> dict[str, dict[Mode, LayerRegistration]]:
-    """``registrations`` (twinkle_fx's, for ``kernel_name``) plus the entries of the plugged layer
-    mappings for the device keys twinkle_fx has no registration for (the first mapping with a key wins)."""
-    merged = registrations
-    for mapping in layer_mappings():
-        for key, modes in mapping.layer_registrations(kernel_name, device).items():
-            if key not in merged:
-                merged = {**merged, key: modes}
-    return merged
+    return select_bound_layer(bound, device, mode, allow_uncompilable=allow_uncompilable, parent=parent)
 
 
 def is_layer_target(registry: KernelRegistry, cls: type, *, device: str | None = None) -> bool:

@@ -18,8 +18,8 @@ graph, with a :class:`PassState` of its own (:func:`checkpoint_states`). The rew
 in the call, so the checkpointing (recompute in backward) is kept.
 
 A pass keeps a region by raising :class:`~twinkle_fx.compiler.regions.region.KeepRegion` anywhere below
-its loop over regions (see :func:`region_outcome`); any other error on one region keeps that
-region with the error as the reason, and the pass goes on with the next.
+its loop over regions (see :func:`~twinkle_fx.compiler.regions.region.region_outcome`); any other error
+on one region keeps that region with the error as the reason, and the pass goes on with the next.
 """
 
 from __future__ import annotations
@@ -40,15 +40,15 @@ from typing import Any, Union
 import torch.fx as fx
 
 from ..core.modes import Mode
-from ..core.reasons import Reason, ReasonKind
+from ..core.reasons import Reason
 from ..core.registry import KernelRegistry
-from .graph.dynamo import ModuleLookup, example_value, real_input
+from .graph.dynamo import ModuleLookup, example_value, input_source, real_input
 from .graph.structure import GraphBreak, checkpoint_bodies
 from .options import BackendOptions
 from .regions.pattern_tracing import RegisteredPatterns
-from .regions.region import Binding, KeepRegion
+from .regions.region import Binding
 
-__all__ = ["Swapped", "Kept", "Outcome", "PassState", "PassScratch", "Pass", "run_passes", "region_outcome", "checkpoint_states",
+__all__ = ["Swapped", "Kept", "Outcome", "GraphInput", "PassState", "PassScratch", "Pass", "run_passes", "checkpoint_states",
            "DUMP_ENV"]
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,15 @@ class Kept:
 
 
 Outcome = Union[Swapped, Kept]
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """An input of the graph Dynamo handed the backend: its position among the example inputs, and
+    where Dynamo read it (:func:`~.graph.dynamo.input_source`)."""
+
+    position: int
+    source: str | None
 
 
 @dataclass
@@ -134,24 +143,17 @@ class PassState:
         """The state of the graph Dynamo handed the backend (``self`` outside checkpoint bodies)."""
         return self if self.outer is None else self.outer.root
 
-    def graph_input(self, node: fx.Node) -> fx.Node | None:
-        """The input of the graph Dynamo handed the backend that ``node`` is: ``node`` itself for a
-        placeholder of that graph, the graph input passed to a checkpoint body's placeholder; None for
-        any other node (a body placeholder fed by a value computed in the outer graph)."""
-        if node.op != "placeholder":
-            return None
+    @functools.cached_property
+    def graph_inputs(self) -> dict[fx.Node, GraphInput]:
+        """The input of the graph Dynamo handed the backend that each placeholder of ``gm`` is: each of
+        that graph's placeholders itself, the graph input passed to a checkpoint body's placeholder;
+        a body placeholder fed by a value computed in the outer graph is none."""
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         if self.outer is None:
-            return node
-        passed = self.outer_inputs.get(node)
-        return self.outer.graph_input(passed) if isinstance(passed, fx.Node) else None
-
-    def input_position(self, node: fx.Node) -> int | None:
-        """The position among the backend's example inputs of the graph input ``node`` is, or None."""
-        graph_input = self.graph_input(node)
-        if graph_input is None:
-            return None
-        placeholders = [n for n in self.root.gm.graph.nodes if n.op == "placeholder"]
-        return placeholders.index(graph_input)
+            return {n: GraphInput(position, input_source(n)) for position, n in enumerate(placeholders)}
+        outer = self.outer.graph_inputs
+        passed = {n: self.outer_inputs.get(n) for n in placeholders}
+        return {n: outer[p] for n, p in passed.items() if isinstance(p, fx.Node) and p in outer}
 
 
 @dataclass(frozen=True)
@@ -181,19 +183,6 @@ def checkpoint_states(state: PassState) -> list[PassState]:
         states.append(body)
         states.extend(checkpoint_states(body))
     return states
-
-
-def region_outcome(swap: Callable[[], Swapped], kept: Callable[[Reason], Kept]) -> Outcome:
-    """``swap()``, or ``kept(reason)`` when it raises: a :class:`KeepRegion` gives its reason, any
-    other error keeps the region as PASS_FAILED (logged with its traceback at DEBUG) so one
-    region's failure never stops the pass."""
-    try:
-        return swap()
-    except KeepRegion as keep:
-        return kept(keep.reason)
-    except Exception as e:  # one region failed: keep it, say why, go on with the next region
-        logger.debug("a pass failed on one region", exc_info=True)
-        return kept(Reason(ReasonKind.PASS_FAILED, f"the pass failed on this region: {e!r}", e))
 
 
 _GRAPH_COUNTER = itertools.count()

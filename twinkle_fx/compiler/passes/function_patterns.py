@@ -32,11 +32,10 @@ from ..graph.dynamo import example_value, is_erased, module_stack, stack_frames,
 from ..graph.structure import checkpoint_bodies
 from ..regions.region import FunctionKernelCall
 from ..regions.pattern_tracing import RegisteredPatterns, TracedPattern, pattern_for, resolve_reference
-from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
+from ..pipeline import Kept, Outcome, PassState, Swapped
 from ..regions.splice import place_kernel
 from ...core.reasons import ReasonKind
-from ..regions.region import KeepRegion
-from ..regions.region import Region, bind, outputs_read_outside
+from ..regions.region import KeepRegion, Region, bind, outputs_read_outside, region_outcome
 
 logger = logging.getLogger(__name__)
 

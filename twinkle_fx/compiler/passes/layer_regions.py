@@ -24,10 +24,10 @@ import torch.fx as fx
 from ...core.admission import Admission, LayerTarget
 from ...core.reasons import Reason, ReasonKind
 from ...core.torch_internals import fake_tensor_type
-from ..graph.dynamo import ModuleFrame, example_value, input_source, is_ddp_piece, module_stack, parent_class, parse_source
-from ..pipeline import Kept, Outcome, PassState, Swapped, region_outcome
+from ..graph.dynamo import ModuleFrame, example_value, is_ddp_piece, module_stack, parent_class, parse_source
+from ..pipeline import Kept, Outcome, PassState, Swapped
 from ..regions.region import (KeepRegion, LayerKernelCall, Region, bind, external_inputs, module_attributes,
-                              outputs_read_outside, reparametrized)
+                              outputs_read_outside, region_outcome, reparametrized)
 from ..regions.splice import place_kernel
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def _swap(state: PassState, rule: Admission, candidate: LayerCandidate) -> Swapp
     state.scratch.kernel_calls.add(call_node)
     # the kernel is specialised to these values: the compiled graph checks them on every call
     for node, value in region.constant_inputs.items():
-        state.scratch.baked_scalars[state.input_position(node)] = value
+        state.scratch.baked_scalars[state.graph_inputs[node].position] = value
     return Swapped("layer", region.target, region.location, str(choice), how)
 
 
@@ -226,10 +226,10 @@ def bind_layer(state: PassState, region: Region, module: torch.nn.Module) -> tup
 def _lifted_attribute(state: PassState, region: Region, module: torch.nn.Module, node: fx.Node) -> tuple[str, float] | None:
     """``(attribute path, value)`` when ``node`` is a float attribute of ``module`` that Dynamo lifted
     to a graph input (it does so once two instances of a class differ in it: ``eps``), else None."""
-    graph_input = state.graph_input(node)
+    graph_input = state.graph_inputs.get(node)
     if graph_input is None:
         return None
-    source, owner = parse_source(input_source(graph_input)), parse_source(region.source)
+    source, owner = parse_source(graph_input.source), parse_source(region.source)
     if source is None or owner is None or source.member is not None or source.root != owner.root:
         return None
     if source.modules[: len(owner.modules)] != owner.modules or len(source.modules) == len(owner.modules):

@@ -13,7 +13,7 @@ Regions with the same structure and input metadata (the 24 identical layers of a
 kept in the graph's cache (``PassScratch.bindings``), so only the first is traced.
 
 A pass that cannot swap a region raises :class:`KeepRegion` anywhere below its loop over regions, with
-the :class:`~twinkle_fx.core.reasons.Reason` the report shows.
+the :class:`~twinkle_fx.core.reasons.Reason` the report shows; the loop catches it in :func:`region_outcome`.
 
 Equivalence: do two computations agree? Dynamo graphs bake shapes and constants into literals and name ops in Dynamo's own spelling, so a
 region is compared with its reference (the layer's original ``forward``, the registered function)
@@ -34,10 +34,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.fx as fx
@@ -47,10 +48,15 @@ from ...core.reasons import Reason, ReasonKind
 from ...core.torch_internals import fake_tensor_mode, reparametrize_module, tree_leaves
 from ..graph.dynamo import example_value
 
-__all__ = ["KeepRegion", "Region", "external_inputs", "external_outputs", "region_graph_module", "region_signature",
+logger = logging.getLogger(__name__)
+
+__all__ = ["KeepRegion", "region_outcome", "Region", "external_inputs", "external_outputs", "region_graph_module", "region_signature",
            "Binding", "bind", "outputs_read_outside", "StaticInputs", "static_inputs", "aten_outputs",
            "StructuralKeys", "reparametrized", "module_attributes", "KernelCall", "LayerKernelCall",
            "FunctionKernelCall"]
+
+
+Outcome = TypeVar("Outcome")  # the pass's Swapped or Kept
 
 
 class KeepRegion(Exception):
@@ -59,6 +65,19 @@ class KeepRegion(Exception):
     def __init__(self, kind: ReasonKind, detail: str, exception: BaseException | None = None) -> None:
         super().__init__(detail)
         self.reason = Reason(kind, detail, exception)
+
+
+def region_outcome(swap: Callable[[], Outcome], kept: Callable[[Reason], Outcome]) -> Outcome:
+    """``swap()``, or ``kept(reason)`` when it raises: a :class:`KeepRegion` gives its reason, any
+    other error keeps the region as PASS_FAILED (logged with its traceback at DEBUG) so one
+    region's failure never stops the pass."""
+    try:
+        return swap()
+    except KeepRegion as keep:
+        return kept(keep.reason)
+    except Exception as e:  # one region failed: keep it, say why, go on with the next region
+        logger.debug("a pass failed on one region", exc_info=True)
+        return kept(Reason(ReasonKind.PASS_FAILED, f"the pass failed on this region: {e!r}", e))
 
 
 @dataclass

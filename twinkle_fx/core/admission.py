@@ -6,10 +6,11 @@ swaps the same modules on both paths, or keeps them for the same :class:`~.reaso
 
 1. is the module's class a target (:func:`~.selection.layer_target`: bound, or tagged with a
    registered ``kernel_layer_name``; a binding limited to some parents asks the module's parent,
-   :func:`~.selection.select_bound_layer`)? A module whose class is no target is no candidate, and nothing is said about it;
+   :func:`~.selection.select_bound_layer`)? A module whose class is no target is no candidate, and
+   nothing is said about it;
 2. was a kernel selected (``NO_KERNEL``, with the selection's reason)?
 3. does the kernel's ``forward`` take what the layer's ``forward`` takes (``SIGNATURE``)?
-4. does the kernel apply to this instance (its ``applies_to``: ``DOES_NOT_APPLY``)?
+4. does the kernel apply to this instance (its ``applies_to``, :func:`does_not_apply`: ``DOES_NOT_APPLY``)?
 5. for a path that keeps a forward already installed on the module (the compile backend: the
    graph already runs it), is there one: twinkle_fx's eager kernel (``EAGER_SWAP``) or another
    tool's (``FOREIGN_FORWARD``)? ``kernelize_model`` replaces such a forward instead (its undo puts
@@ -39,18 +40,19 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 import torch
 
 from .modes import Mode
 from .reasons import Reason, ReasonKind
 from .registry import KernelRegistry, get_registry
-from .selection import (BoundLayer, Selection, does_not_apply, is_layer_target, layer_target, select_bound_layer,
+from .selection import (BoundLayer, KernelChoice, Selection, is_layer_target, layer_target, select_bound_layer,
                         signature_mismatch)
 from .swaps import LayerSwap, foreign_forward, swapped_forward
 
-__all__ = ["Admission", "LayerTarget", "foreign_forward_reason", "looks_like_layer", "coverage_notes"]
+__all__ = ["Admission", "LayerTarget", "does_not_apply", "foreign_forward_reason", "looks_like_layer", "coverage_notes"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class LayerTarget:
     refusal: Reason | None = None
 
 
+@dataclass(eq=False)
 class Admission:
     """The rule, for one call: a registry, a device and a mode, and what the calling path can run.
 
@@ -75,17 +78,16 @@ class Admission:
             docstring): the compile backend's graph already runs it.
     """
 
-    def __init__(self, registry: KernelRegistry, device: str, mode: Mode, *, allow_uncompilable: bool = False,
-                 keep_installed: bool = False) -> None:
-        self.registry = registry
-        self.device = device
-        self.mode = mode
-        self.allow_uncompilable = allow_uncompilable
-        self.keep_installed = keep_installed
-        self._bound: dict[type, BoundLayer | None] = {}
-        # one answer per (class, parent); the parent is None but for bindings limited to parent classes
-        # (register_external_layer(within=...))
-        self._targets: dict[tuple[type, type | None], LayerTarget | None] = {}
+    registry: KernelRegistry
+    device: str
+    mode: Mode
+    _: KW_ONLY
+    allow_uncompilable: bool = False
+    keep_installed: bool = False
+    _bound: dict[type, BoundLayer | None] = field(default_factory=dict, init=False, repr=False)
+    # one answer per (class, parent); the parent is None but for bindings limited to parent classes
+    # (register_external_layer(within=...))
+    _targets: dict[tuple[type, type | None], LayerTarget | None] = field(default_factory=dict, init=False, repr=False)
 
     def target(self, cls: type, parent: Callable[[], type | None] | None = None) -> LayerTarget | None:
         """``cls`` as a swap target (questions 1 to 3), or None when its instances are no candidates.
@@ -108,7 +110,8 @@ class Admission:
                 found = LayerTarget(cls, selection, Reason(ReasonKind.NO_KERNEL, selection.reason or "no kernel"))
             else:
                 mismatch = signature_mismatch(cls.forward, selection.choice.call)
-                found = LayerTarget(cls, selection, None if mismatch is None else Reason(ReasonKind.SIGNATURE, mismatch))
+                refusal = None if mismatch is None else Reason(ReasonKind.SIGNATURE, mismatch)
+                found = LayerTarget(cls, selection, refusal)
             self._targets[key] = found
         return self._targets[key]
 
@@ -130,6 +133,41 @@ class Admission:
             if foreign is not None:
                 return _replaced_by(foreign)
         return LayerSwap(path, module, choice)
+
+
+def _declared(choice: KernelChoice, name: str, default: Any) -> Any:
+    """A declaration of a layer kernel, on its ``forward`` or on the kernel itself."""
+    return getattr(choice.call, name, getattr(choice.kernel, name, default))
+
+
+def does_not_apply(choice: KernelChoice, module: torch.nn.Module) -> str | None:
+    """Why the layer kernel of ``choice`` does not apply to ``module``, or None when it does.
+
+    A kernel states what it applies to with ``applies_to(module) -> str | None``, an attribute of
+    its ``forward`` (or of the kernel class): the reason it does not compute what ``module`` computes
+    (another activation, norm variant, head layout), read from the module's attributes. Both the
+    eager path and the compile backend ask before swapping and report the reason. Kernels without
+    ``applies_to`` apply wherever their signature fits. (On ``forward`` because Hugging Face
+    ``kernels`` refuses layer classes with members beyond ``has_backward``/``can_torch_compile``.)
+
+    Examples:
+        >>> def silu_only(module):
+        ...     return None if isinstance(module.act_fn, nn.SiLU) else f"act_fn is {module.act_fn}"
+        >>> class SwiGLUMLP(nn.Module):
+        ...     def forward(self, x): ...
+        ...     forward.applies_to = silu_only
+        >>> mlp = nn.Module()
+        >>> mlp.act_fn = nn.GELU()
+        >>> print(SwiGLUMLP.forward.applies_to(mlp))
+        act_fn is GELU(approximate='none')
+    """
+    check = _declared(choice, "applies_to", None)
+    if check is None:
+        return None
+    reason = check(module)
+    if reason is None:
+        return None
+    return f"{choice.name} does not apply to this {type(module).__qualname__}: {reason}"
 
 
 def _replaced_by(who: str) -> Reason:

@@ -24,7 +24,7 @@ from .plugins import layer_mappings
 from .registry import FunctionRegistration, KernelRegistry, LayerBinding, LayerRegistration
 
 __all__ = ["KernelChoice", "Selection", "BoundLayer", "is_layer_target", "layer_target", "select_layer_kernel",
-           "select_bound_layer", "select_function_kernel", "signature_mismatch", "does_not_apply", "KERNEL_DECLARATIONS"]
+           "select_bound_layer", "select_function_kernel", "signature_mismatch", "KERNEL_DECLARATIONS"]
 
 # Class attributes a layer kernel may declare beyond forward (anything else is state the replaced
 # layer does not have: see _stateless_problem).
@@ -302,41 +302,6 @@ def select_function_kernel(
 ) -> Selection:
     """The kernel replacing function ``target`` ("module.func")."""
     return _select(target, registry.function_registrations(target), device, mode, _function_call, allow_uncompilable)
-
-
-def _declared(choice: KernelChoice, name: str, default: Any) -> Any:
-    """A declaration of a layer kernel, on its ``forward`` or on the kernel itself."""
-    return getattr(choice.call, name, getattr(choice.kernel, name, default))
-
-
-def does_not_apply(choice: KernelChoice, module: torch.nn.Module) -> str | None:
-    """Why the layer kernel of ``choice`` does not apply to ``module``, or None when it does.
-
-    A kernel states what it applies to with ``applies_to(module) -> str | None``, an attribute of
-    its ``forward`` (or of the kernel class): the reason it does not compute what ``module`` computes
-    (another activation, norm variant, head layout), read from the module's attributes. Both the
-    eager path and the compile backend ask before swapping and report the reason. Kernels without
-    ``applies_to`` apply wherever their signature fits. (On ``forward`` because Hugging Face
-    ``kernels`` refuses layer classes with members beyond ``has_backward``/``can_torch_compile``.)
-
-    Examples:
-        >>> def silu_only(module):
-        ...     return None if isinstance(module.act_fn, nn.SiLU) else f"act_fn is {module.act_fn}"
-        >>> class SwiGLUMLP(nn.Module):
-        ...     def forward(self, x): ...
-        ...     forward.applies_to = silu_only
-        >>> mlp = nn.Module()
-        >>> mlp.act_fn = nn.GELU()
-        >>> print(SwiGLUMLP.forward.applies_to(mlp))
-        act_fn is GELU(approximate='none')
-    """
-    check = _declared(choice, "applies_to", None)
-    if check is None:
-        return None
-    reason = check(module)
-    if reason is None:
-        return None
-    return f"{choice.name} does not apply to this {type(module).__qualname__}: {reason}"
 
 
 def _same_default(a: Any, b: Any) -> bool:

@@ -135,6 +135,21 @@ class WrappedBlock(Block):
     forward = _forwards_through_args(Block.forward)
 
 
+def test_lifted_attribute_reads_a_float_attribute_of_the_module_at_the_owner_path():
+    norm = torch.nn.Module()
+    norm.inner = torch.nn.Module()
+    norm.inner.eps = 1e-6
+    owner = "L['self'].layers.0.norm"
+    assert di.lifted_attribute("L['self'].layers.0.norm.inner.eps", owner, norm, torch.tensor(1e-5, dtype=torch.float64)) \
+        == ("inner.eps", 1e-5)  # the graph's value, not the module's
+    assert di.lifted_attribute("L['self'].layers.0.norm.inner.eps", owner, norm, 2.0) == ("inner.eps", 2.0)
+    assert di.lifted_attribute(owner, owner, norm, 2.0) is None  # the module itself
+    assert di.lifted_attribute("L['self'].layers.1.norm.inner.eps", owner, norm, 2.0) is None  # another module
+    assert di.lifted_attribute("L['self'].layers.0.norm._parameters['weight']", owner, norm, 2.0) is None
+    assert di.lifted_attribute("L['self'].layers.0.norm.missing", owner, norm, 2.0) is None
+    assert di.lifted_attribute(None, owner, norm, 2.0) is None
+
+
 def test_a_root_reached_through_args_has_the_paths_of_a_root_reached_as_self():
     model = WrappedBlock()
 

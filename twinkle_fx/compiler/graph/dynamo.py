@@ -9,7 +9,8 @@ Dynamo cut and nested the graph (graph breaks, checkpoint bodies) is :mod:`.stru
   (:func:`module_stack`; a module's parent in the module tree, :func:`parent_class`);
 - ``node.meta["example_value"]`` / ``["val"]``: the fake value of a node (:func:`example_value`);
 - ``node.meta["grapharg"]``: ``.example`` (the real tensor behind a graph input, :func:`real_input`) and
-  ``.source.name`` (where Dynamo read it, :func:`input_source`, parsed by :func:`parse_source`);
+  ``.source.name`` (where Dynamo read it, :func:`input_source`, parsed by :func:`parse_source`; a
+  module's float attribute read there, :func:`lifted_attribute`);
 - ``node.meta["stack_trace"]``: the frames of inlined calls (:func:`stack_frames`);
 - ``Node._erased`` (:func:`is_erased`);
 - the frame being compiled (``InstructionTranslator.current_tx()``), the models the caller named
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import gc
 import logging
 import re
@@ -39,8 +41,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ModuleFrame", "module_stack", "parent_class", "provenance", "common_provenance", "example_value", "set_example_value",
-    "real_input", "input_source", "SourceRef", "parse_source", "Frame", "stack_frames", "is_erased", "ModuleLookup",
-    "module_lookup", "known_modules", "module_roots", "heap_instances",
+    "real_input", "input_source", "SourceRef", "parse_source", "lifted_attribute", "Frame", "stack_frames", "is_erased",
+    "ModuleLookup", "module_lookup", "known_modules", "module_roots", "heap_instances",
 ]
 
 
@@ -237,6 +239,27 @@ def parse_source(source: str | None) -> SourceRef | None:
             return SourceRef(root["scope"], root["name"], tuple(modules), kind, token.group("member"), tuple(items))
         modules.append(next(g for g in token.group("module", "index", "key", "name") if g is not None))
     return SourceRef(root["scope"], root["name"], tuple(modules), None, None, tuple(items))
+
+
+def lifted_attribute(source: str | None, owner: str, module: torch.nn.Module, value: Any) -> tuple[str, float] | None:
+    """``(attribute path, value)`` when the graph input Dynamo read from ``source`` is a float attribute
+    of ``module``, the module at ``owner``, that Dynamo lifted to a graph input (it does so once two
+    instances of a class differ in it: ``eps``), else None. ``value`` is what the graph input holds."""
+    ref, owner_ref = parse_source(source), parse_source(owner)
+    if ref is None or owner_ref is None or ref.member is not None or ref.root != owner_ref.root:
+        return None
+    if ref.modules[: len(owner_ref.modules)] != owner_ref.modules or len(ref.modules) == len(owner_ref.modules):
+        return None
+    attribute = ".".join(ref.modules[len(owner_ref.modules):])
+    try:
+        current = functools.reduce(getattr, attribute.split("."), module)
+    except AttributeError:
+        return None
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not isinstance(value, fake_tensor_type()):
+        value = value.item()
+    if not isinstance(current, float) or not isinstance(value, float):
+        return None
+    return attribute, value
 
 
 # --- stack traces of inlined calls ------------------------------------------------------------------

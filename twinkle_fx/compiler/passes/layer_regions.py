@@ -1,12 +1,17 @@
 """Layer regions: nodes that came from an instance of a registered nn.Module class.
 
-Dynamo tags each node with the modules it came from (:func:`~..dynamo_internals.module_stack`,
-outer to inner). The outermost module whose class is bound to a kernel name
-(``register_external_layer`` or a ``kernel_layer_name`` attribute) names the region, so a
-registered MLP swallows its Linear and activation nodes. A region is swapped when its module is
-admitted (:mod:`twinkle_fx.core.admission`, the eager path's rule), its inputs bind to ``forward``'s
-arguments (checked by tracing the original ``forward`` on the same fake inputs, see
-:func:`..regions.region.bind`) and the kernel passes the shape guard.
+Dynamo tags each node with the modules it came from (:func:`~..graph.dynamo.module_stack`, outer to
+inner). The outermost module whose class is bound to a kernel name (``register_external_layer`` or a
+``kernel_layer_name`` attribute) names the region, so a registered MLP swallows its Linear and
+activation nodes. Each region then goes one way, and is kept at the first step that refuses it:
+
+1. its module instance is found (:class:`~..graph.dynamo.ModuleLookup`) and admitted
+   (:mod:`twinkle_fx.core.admission`, the eager path's rule);
+2. its inputs are read as the module sees them: parameters and buffers, float attributes Dynamo lifted
+   to graph inputs, and ``forward``'s arguments (:func:`_module_inputs`);
+3. the arguments are bound to ``forward``'s (checked by tracing the original ``forward`` on the same
+   fake inputs, see :func:`..regions.region.bind`);
+4. the kernel is placed, once it passes the shape guard (:func:`..regions.splice.place_kernel`).
 """
 
 from __future__ import annotations
@@ -23,8 +28,7 @@ import torch.fx as fx
 
 from ...core.admission import Admission, LayerTarget
 from ...core.reasons import Reason, ReasonKind
-from ...core.torch_internals import fake_tensor_type
-from ..graph.dynamo import ModuleFrame, example_value, is_ddp_piece, module_stack, parent_class, parse_source
+from ..graph.dynamo import ModuleFrame, example_value, is_ddp_piece, lifted_attribute, module_stack, parent_class
 from ..pipeline import Kept, Outcome, PassState, Swapped
 from ..regions.region import (KeepRegion, LayerKernelCall, Region, bind, external_inputs, module_attributes,
                               outputs_read_outside, region_outcome, reparametrized)
@@ -60,7 +64,7 @@ def find_layer_regions(state: PassState, rule: Admission) -> list[LayerCandidate
     A class is a target when ``rule`` says so (:meth:`~twinkle_fx.core.admission.Admission.target`,
     the eager path's rule); a binding limited to parent classes (``register_external_layer(...,
     within=...)``) is asked with the module's parent read from the module stack
-    (:func:`~..dynamo_internals.parent_class`) as ``kernelize_model`` reads it from the module tree,
+    (:func:`~..graph.dynamo.parent_class`) as ``kernelize_model`` reads it from the module tree,
     so both paths swap the same instances.
     """
     parents: dict[str, type | None] = {}
@@ -115,10 +119,7 @@ def _swap(state: PassState, rule: Admission, candidate: LayerCandidate) -> Swapp
     if isinstance(admitted, Reason):
         raise KeepRegion(admitted.kind, admitted.detail)
     choice = admitted.choice
-    split = _cut_by_bucket_boundary(state, region, module)
-    if split is not None:
-        raise KeepRegion(ReasonKind.BUCKET_SPLIT, split)
-    n_args, param_names, picks = bind_layer(state, region, module)
+    n_args, param_names, picks = bind_layer(state, region, external_inputs(region.nodes), module)
     call = LayerKernelCall(
         f"layer_{choice.name}", module, choice.call, n_args, param_names, picks, single=len(region.outputs) == 1,
         constants=region.constants,
@@ -132,54 +133,16 @@ def _swap(state: PassState, rule: Admission, candidate: LayerCandidate) -> Swapp
     return Swapped("layer", region.target, region.location, str(choice), how)
 
 
-def _cut_by_bucket_boundary(state: PassState, region: Region, module: torch.nn.Module) -> str | None:
-    """Why the region is only part of ``module``'s computation, when Dynamo's DDPOptimizer split the
-    graph inside it; else None.
-
-    DDPOptimizer compiles each gradient bucket's piece of the graph on its own. A bucket boundary
-    inside a layer leaves each piece part of the layer's computation, and part of its parameters:
-    without this check the piece reads as "state from outside the module" or fails the reference on
-    fake inputs.
-    """
-    if not is_ddp_piece(state.root.example_inputs):
-        return None
-    parameters = {id(p) for p in module.parameters()}
-    present = {id(state.placeholder_values.get(node)) for node in external_inputs(region.nodes)
-               if node.op == "placeholder"} & parameters
-    if not present or present == parameters:
-        return None
-    return (f"a DDP gradient-bucket boundary cuts this {type(module).__qualname__}: Dynamo's DDPOptimizer compiled the "
-            f"graph in pieces, and this piece holds {len(present)} of its {len(parameters)} parameters (the rest are in "
-            f"another piece), so it stays as traced. Larger buckets (DDP(bucket_cap_mb=...)) move the boundaries; "
-            f"a graph of one decoder layer is better not split at all: compile the layers with "
-            f"twinkle_fx.compiler.compile_layers, or set torch._dynamo.config.optimize_ddp = False")
-
-
-def _parameter_names(module: torch.nn.Module) -> dict[int, str]:
-    named = dict(module.named_parameters(remove_duplicate=False))
-    named.update(module.named_buffers(remove_duplicate=False))
-    return {id(t): name for name, t in named.items()}
-
-
-def bind_layer(state: PassState, region: Region, module: torch.nn.Module) -> tuple[int, list[str], tuple[int, ...]]:
-    """Find which region inputs are ``forward``'s arguments (in order) and which are parameters.
+def bind_layer(state: PassState, region: Region, inputs: list[fx.Node],
+               module: torch.nn.Module) -> tuple[int, list[str], tuple[int, ...]]:
+    """Find which region inputs (``inputs``, in order of first use) are ``forward``'s arguments (in
+    order) and which are parameters.
 
     Fills ``region.call_args`` / ``region.outputs`` / ``region.constants`` and returns ``(number of
     arguments, parameter names, which leaf of forward's result each output is)``; raises
     :class:`KeepRegion` when the region does not bind.
     """
-    owned = _parameter_names(module)
-    args: list[fx.Node] = []
-    params: list[tuple[str, fx.Node]] = []
-    scalars: dict[str, tuple[fx.Node, float]] = {}
-    for node in external_inputs(region.nodes):
-        value = state.placeholder_values.get(node)
-        if node.op == "placeholder" and isinstance(value, torch.Tensor) and id(value) in owned:
-            params.append((owned[id(value)], node))
-        elif (scalar := _lifted_attribute(state, region, module, node)) is not None:
-            scalars[scalar[0]] = (node, scalar[1])
-        else:
-            args.append(node)
+    args, params, scalars = _module_inputs(state, region, inputs, module)
     outputs = outputs_read_outside(region)
     param_names = [name for name, _ in params]
     constants = {name: value for name, (_, value) in scalars.items()}
@@ -223,25 +186,51 @@ def bind_layer(state: PassState, region: Region, module: torch.nn.Module) -> tup
     return len(args), param_names, binding.picks
 
 
-def _lifted_attribute(state: PassState, region: Region, module: torch.nn.Module, node: fx.Node) -> tuple[str, float] | None:
-    """``(attribute path, value)`` when ``node`` is a float attribute of ``module`` that Dynamo lifted
-    to a graph input (it does so once two instances of a class differ in it: ``eps``), else None."""
-    graph_input = state.graph_inputs.get(node)
-    if graph_input is None:
+def _module_inputs(
+    state: PassState, region: Region, inputs: list[fx.Node], module: torch.nn.Module,
+) -> tuple[list[fx.Node], list[tuple[str, fx.Node]], dict[str, tuple[fx.Node, float]]]:
+    """What the region's ``inputs`` are to ``module``, read from the graph: ``(forward's arguments,
+    (name, input) of its parameters and buffers, attribute path -> (input, value) of the float
+    attributes Dynamo lifted to graph inputs)``; raises :class:`KeepRegion` when a DDP bucket
+    boundary cuts the module (see below)."""
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+    owned = {id(t): name for name, t in named.items()}
+    split = _cut_by_bucket_boundary(state, inputs, module)
+    if split is not None:
+        raise KeepRegion(ReasonKind.BUCKET_SPLIT, split)
+    args: list[fx.Node] = []
+    params: list[tuple[str, fx.Node]] = []
+    scalars: dict[str, tuple[fx.Node, float]] = {}
+    for node in inputs:
+        value = state.placeholder_values.get(node)
+        graph_input = state.graph_inputs.get(node)
+        if node.op == "placeholder" and isinstance(value, torch.Tensor) and id(value) in owned:
+            params.append((owned[id(value)], node))
+        elif (scalar := lifted_attribute(graph_input and graph_input.source, region.source, module, value)) is not None:
+            scalars[scalar[0]] = (node, scalar[1])
+        else:
+            args.append(node)
+    return args, params, scalars
+
+
+def _cut_by_bucket_boundary(state: PassState, inputs: list[fx.Node], module: torch.nn.Module) -> str | None:
+    """Why the region is only part of ``module``'s computation, when Dynamo's DDPOptimizer split the
+    graph inside it; else None.
+
+    DDPOptimizer compiles each gradient bucket's piece of the graph on its own. A bucket boundary
+    inside a layer leaves each piece part of the layer's computation, and part of its parameters:
+    without this check the piece reads as "state from outside the module" or fails the reference on
+    fake inputs.
+    """
+    if not is_ddp_piece(state.root.example_inputs):
         return None
-    source, owner = parse_source(graph_input.source), parse_source(region.source)
-    if source is None or owner is None or source.member is not None or source.root != owner.root:
+    parameters = {id(p) for p in module.parameters()}
+    present = {id(state.placeholder_values.get(node)) for node in inputs if node.op == "placeholder"} & parameters
+    if not present or present == parameters:
         return None
-    if source.modules[: len(owner.modules)] != owner.modules or len(source.modules) == len(owner.modules):
-        return None
-    attribute = ".".join(source.modules[len(owner.modules):])
-    try:
-        current = functools.reduce(getattr, attribute.split("."), module)
-    except AttributeError:
-        return None
-    value = state.placeholder_values.get(node)
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not isinstance(value, fake_tensor_type()):
-        value = value.item()
-    if not isinstance(current, float) or not isinstance(value, float):
-        return None
-    return attribute, value
+    return (f"a DDP gradient-bucket boundary cuts this {type(module).__qualname__}: Dynamo's DDPOptimizer compiled the "
+            f"graph in pieces, and this piece holds {len(present)} of its {len(parameters)} parameters (the rest are in "
+            f"another piece), so it stays as traced. Larger buckets (DDP(bucket_cap_mb=...)) move the boundaries; "
+            f"a graph of one decoder layer is better not split at all: compile the layers with "
+            f"twinkle_fx.compiler.compile_layers, or set torch._dynamo.config.optimize_ddp = False")

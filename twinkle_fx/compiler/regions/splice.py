@@ -187,7 +187,6 @@ def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> tuple[fx.No
     with graph.inserting_after(last):
         call_node = graph.call_function(call, tuple(region.call_args))
     values = [example_value(n) for n in region.outputs]
-    call_node.meta.update(provenance(region.outputs[-1]))
     if len(region.outputs) == 1:
         set_example_value(call_node, values[0])
         results = [call_node]
@@ -207,6 +206,8 @@ def replace_region(gm: fx.GraphModule, region: Region, call: Any) -> tuple[fx.No
     for node in sorted(region.nodes, key=order.__getitem__, reverse=True):
         if not node.users and not has_side_effects(node):
             graph.erase_node(node)
+    # the call stands for the region's last output: it says where that came from (an erased node keeps its meta)
+    call_node.meta.update(provenance(region.outputs[-1]))
     return call_node, replaced
 
 

@@ -43,9 +43,8 @@ transformers' grouped_mm path rounds its intermediates. Routing weights may have
 returned in their dtype.
 
 Block sizes (:data:`CONFIGS`, per kernel): the forward's from an H200 sweep, the backward's untuned;
-``tools/moe_gemm_sweep.py`` times
-them against transformers' ``grouped_mm`` experts and sweeps them on the GPU. Under the Triton
-interpreter each kernel takes few, large tiles (``_launch.loop_block``).
+``tools/moe_gemm_sweep.py`` times them against transformers' ``grouped_mm`` experts and sweeps them on the
+GPU. Under the Triton interpreter each kernel takes few, large tiles (``_launch.loop_block``).
 """
 
 import torch

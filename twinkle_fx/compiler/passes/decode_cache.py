@@ -16,8 +16,8 @@ three launches that at batch 1 move a few hundred bytes each. After::
 
 one launch (``twinkle_triton.rotary_cache``): the rotary kernel writes k's rows straight into the key
 cache and copies v's into the value cache. The match needs both copies along dim 2 at one index, the
-key copy of the rotated k read by nothing else, no copy result used, and every reader of the rotated q
-after the copies (where the fused call goes). Each rewrite is reported as a swapped function region.
+key copy of the rotated k read by nothing else, no copy result used, nothing reading the caches between
+the two copies, and every reader of the rotated q after them (where the fused call goes). Each rewrite is reported as a swapped function region.
 
 Which calls: ``options={"decode_cache": ...}``: ``"auto"`` (the default) rewrites inference graphs on
 CUDA where the query has at most :data:`AUTO_MAX_QUERY_LEN` tokens; ``True`` any inference graph, on any
@@ -144,8 +144,12 @@ def _match(rotary: fx.Node, order: dict[fx.Node, int]):
         vv, cv = example_value(other[2]), example_value(other[0])
         if vv is None or vv.shape != k_value.shape or vv.dtype != k_value.dtype or cv.dtype != k_value.dtype:
             continue
-        last = max(key_copy, value_copy, key=order.__getitem__)
-        if all(order[user] > order[last] for user in q_rot.users):
+        first, last = sorted((key_copy, value_copy), key=order.__getitem__)
+        # the fused call goes where the later copy was: nothing may read the caches in between, and every
+        # reader of the rotated q must come after
+        between = [u for cache in (keys, other[0]) for u in cache.users
+                   if u not in (key_copy, value_copy) and order[first] < order[u] <= order[last]]
+        if not between and all(order[user] > order[last] for user in q_rot.users):
             return rotary, q_rot, k_rot, key_copy, value_copy, last
     return None
 

@@ -8,10 +8,9 @@ up weights with ``silu(g) * u`` after; the ``norm + ...`` rows take the RMSNorm 
 no launch gaps, as inside the decode loop's graph); GB/s is the weights' bytes over that time. The
 rows where the kernels win are what ``twinkle_triton.gemv.DECODE_ROWS`` admits (the graph rewrite and SwiGLUMLP).
 
-``--block-n``, ``--tiles``, ``--warps`` and ``--norm-3d`` sweep the kernels' launch heuristic (weight rows a
-program, register tile, warps a program, the layout the norm's sum of squares is reduced in;
-``twinkle_triton.gemv._BLOCK_N`` / ``_TILE`` and ``_TILE_WIDE_K`` / ``_WARPS`` / ``_NORM_3D``; a tile of 0 in
-the output is the kernels' own choice); ``--shapes`` picks the model shapes.
+``--block-n``, ``--tiles`` and ``--warps`` sweep the kernels' launch heuristic (weight rows a program, register
+tile, warps a program; ``twinkle_triton.gemv._BLOCK_N`` / ``_TILE`` and ``_TILE_WIDE_K`` / ``_WARPS``; a tile of 0
+in the output is the kernels' own choice); ``--shapes`` picks the model shapes.
 
     python tools/gemv_sweep.py --out gemv.json
     python tools/gemv_sweep.py --out gemv-tune.json --rows 1 --block-n 2,4,8 --tiles 4096,8192,16384 --warps 4,8
@@ -72,8 +71,6 @@ def main() -> None:
                         help="comma-separated register tiles (products) for every weight; default: the kernels' own "
                              "choice (_TILE, or _TILE_WIDE_K for a weight at least as wide as the output)")
     parser.add_argument("--warps", default=str(gemv_module._WARPS), help="comma-separated warps a program")
-    parser.add_argument("--norm-3d", default=str(int(gemv_module._NORM_3D)),
-                        help="comma-separated 1/0: the norm's sum of squares reduced in the product's layout or not")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     args = parser.parse_args()
     unknown = sorted(set(args.shapes.split(",")) - set(SHAPES))
@@ -82,40 +79,34 @@ def main() -> None:
     dtype, results = torch.bfloat16, []
     default_tiles = gemv_module._TILE, gemv_module._TILE_WIDE_K
     tiles = [0] if args.tiles == "heuristic" else [int(t) for t in args.tiles.split(",")]  # 0: the heuristic
-    heuristics = [(int(b), t, int(w), bool(int(n))) for b in args.block_n.split(",")
-                  for t in tiles for w in args.warps.split(",") for n in args.norm_3d.split(",")]
-    default_norm_3d = gemv_module._NORM_3D
-    print(f"{'shape':14s} {'projection':16s} rows  N  tile  w n3 baseline us  GB/s | gemv us  GB/s | speedup")
+    heuristics = [(int(b), t, int(w)) for b in args.block_n.split(",") for t in tiles for w in args.warps.split(",")]
+    print(f"{'shape':14s} {'projection':16s} rows  N  tile  w baseline us  GB/s | gemv us  GB/s | speedup")
     for name in args.shapes.split(","):
         dims = SHAPES[name]
         for rows in (int(r) for r in args.rows.split(",")):
             for what, (ours, theirs, numel) in _cases(*dims, rows, dtype).items():
                 t_theirs = do_bench_cudagraph(theirs) * 1e3
                 nbytes = numel * torch.finfo(dtype).bits // 8
-                for block_n, tile, warps, norm_3d in heuristics:
-                    if norm_3d != default_norm_3d and not what.startswith("norm"):
-                        continue  # the choice changes only the kernels with a norm
+                for block_n, tile, warps in heuristics:
                     gemv_module._BLOCK_N, gemv_module._WARPS = block_n, warps
                     gemv_module._TILE, gemv_module._TILE_WIDE_K = (tile, tile) if tile else default_tiles
-                    gemv_module._NORM_3D = norm_3d
                     torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
                     t_ours = do_bench_cudagraph(ours) * 1e3
                     results.append({"shape": name, "projection": what, "rows": rows, "block_n": block_n, "tile": tile,
-                                    "warps": warps, "norm_3d": norm_3d, "cublas_us": t_theirs, "gemv_us": t_ours,
+                                    "warps": warps, "cublas_us": t_theirs, "gemv_us": t_ours,
                                     "speedup": t_theirs / t_ours})
-                    print(f"{name:14s} {what:16s} {rows:4d} {block_n:2d} {tile:5d} {warps:2d} {int(norm_3d):2d} "
-                          f"{t_theirs:11.1f} "
+                    print(f"{name:14s} {what:16s} {rows:4d} {block_n:2d} {tile:5d} {warps:2d} {t_theirs:11.1f} "
                           f"{nbytes / t_theirs / 1e3:5.0f} | {t_ours:7.1f} {nbytes / t_ours / 1e3:5.0f} | "
                           f"{t_theirs / t_ours:5.2f}x", flush=True)
     if len(heuristics) > 1:
-        print("\nfastest heuristic per projection (block_n, tile, warps, norm_3d):")
+        print("\nfastest heuristic per projection (block_n, tile, warps):")
         best = {}
         for r in results:
             key = (r["shape"], r["projection"], r["rows"])
             if key not in best or r["gemv_us"] < best[key]["gemv_us"]:
                 best[key] = r
         for (name, what, rows), r in best.items():
-            print(f"{name:14s} {what:16s} {rows:4d}  ({r['block_n']}, {r['tile']}, {r['warps']}, {int(r['norm_3d'])})  "
+            print(f"{name:14s} {what:16s} {rows:4d}  ({r['block_n']}, {r['tile']}, {r['warps']})  "
                   f"{r['gemv_us']:.1f} us, {r['speedup']:.2f}x the baseline")
     with open(args.out, "w") as f:
         json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16", "rows": results}, f, indent=1)

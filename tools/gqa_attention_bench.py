@@ -63,7 +63,11 @@ def _time_ms(fn) -> float:
 def _with_block_s(block_s: int, fn):
     """``fn()`` with the forward's key block forced to ``block_s`` (``_blocks`` patched for the call)."""
     blocks = _gqa_module._blocks
-    _gqa_module._blocks = lambda rows, head_dim: (*blocks(rows, head_dim)[:1], block_s, *blocks(rows, head_dim)[2:])
+    def forced(rows, head_dim):
+        block_m, _, block_d, num_warps = blocks(rows, head_dim)
+        return block_m, block_s, block_d, num_warps
+
+    _gqa_module._blocks = forced
     try:
         return fn()
     finally:

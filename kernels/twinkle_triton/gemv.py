@@ -62,25 +62,19 @@ _BLOCK_N = 4
 _TILE = 4096
 _TILE_WIDE_K = 8192
 _WARPS = 4
-# Where the norm prologue's sum of squares is reduced: in the product's 3-D layout (True) or in the 2-D layout
-# x is loaded in (False). Measured (tools/gemv_sweep.py --norm-3d, H200, bf16, one row) the 2-D reduction was
-# as fast or faster: Qwen2-0.5B's norm + q/k/v 3.0 -> 2.9 us, Llama-3.2-3B's 11.9 -> 11.0 us.
-_NORM_3D = False
 
 
 @triton.jit
-def _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM: tl.constexpr, NORM_3D: tl.constexpr,
-              ACC: tl.constexpr):
+def _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
     """A ``[BLOCK_M, 1, BLOCK_K]`` tile of x in ``ACC`` (the product's layout), times the norm weight's tile under
     ``HAS_NORM``, and the rows' sums of squares ``ss`` (``[BLOCK_M, 1]``) grown by it (the norm's 1 / rms scales
     the dot products after the loop)."""
     x = tl.load(x_ptr + m[:, None] * sxm + k[None, :] * sxk, mask=(m[:, None] < M) & (k[None, :] < K),
                 other=0.0).to(ACC)
     if HAS_NORM:
-        if NORM_3D:
-            ss += tl.sum(x[:, None, :] * x[:, None, :], axis=2)
-        else:
-            ss += tl.sum(x * x, axis=1)[:, None]
+        # reduced in the layout x is loaded in: as fast or faster than in the product's 3-D layout (H200, bf16,
+        # one row: Qwen2-0.5B's norm + q/k/v 2.9 against 3.0 us, Llama-3.2-3B's 11.0 against 11.9 us)
+        ss += tl.sum(x * x, axis=1)[:, None]
         x = x * tl.load(g_ptr + k * sgk, mask=k < K, other=0.0).to(ACC)[None, :]
     return x[:, None, :], ss
 
@@ -88,7 +82,7 @@ def _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM: tl.constexp
 @triton.jit
 def _columns(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, block, M, N, K, col0,
              sxm, sxk, swn, swk, sym, srm, srn, sgk, eps,
-             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, NORM_3D: tl.constexpr,
+             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr,
              ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Columns ``col0 + block * BLOCK_N ...`` of ``y``: one weight's rows times every row of ``x``."""
     n = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -97,7 +91,7 @@ def _columns(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, block, M, N, K, col0,
     ss = tl.zeros((BLOCK_M, 1), ACC)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x, ss = _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM, NORM_3D, ACC)
+        x, ss = _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM, ACC)
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * swn + k[None, :] * swk,
                     mask=(n[:, None] < N) & (k[None, :] < K), other=0.0)
         acc += tl.sum(x * w.to(ACC)[None, :, :], axis=2)
@@ -115,24 +109,24 @@ def _columns(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, block, M, N, K, col0,
 def _gemv_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, b0_ptr, b1_ptr, b2_ptr, r_ptr, g_ptr, y_ptr,
                  M, K, N0, N1, N2, P0, P1,
                  sxm, sxk, sw0n, sw0k, sw1n, sw1k, sw2n, sw2k, sym, srm, srn, sgk, eps,
-                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, NORM_3D: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr,
                  ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # programs [0, P0) compute weight 0's columns, [P0, P0 + P1) weight 1's, the rest weight 2's
     pid = tl.program_id(0)
     if pid < P0:
         _columns(x_ptr, w0_ptr, b0_ptr, r_ptr, g_ptr, y_ptr, pid, M, N0, K, 0, sxm, sxk, sw0n, sw0k, sym, srm, srn,
-                 sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, NORM_3D, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+                 sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
     elif pid < P0 + P1:
         _columns(x_ptr, w1_ptr, b1_ptr, r_ptr, g_ptr, y_ptr, pid - P0, M, N1, K, N0, sxm, sxk, sw1n, sw1k, sym, srm,
-                 srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, NORM_3D, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+                 srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         _columns(x_ptr, w2_ptr, b2_ptr, r_ptr, g_ptr, y_ptr, pid - P0 - P1, M, N2, K, N0 + N1, sxm, sxk, sw2n, sw2k,
-                 sym, srm, srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, NORM_3D, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+                 sym, srm, srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
 def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sxm, sxk, sgn, sgk, sun, suk, sym, snk, eps,
-                        HAS_NORM: tl.constexpr, NORM_3D: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
+                        HAS_NORM: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -141,7 +135,7 @@ def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sxm, sxk, sg
     ss = tl.zeros((BLOCK_M, 1), ACC)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        x, ss = _normed_x(x_ptr, n_ptr, m, k, M, K, sxm, sxk, snk, ss, HAS_NORM, NORM_3D, ACC)
+        x, ss = _normed_x(x_ptr, n_ptr, m, k, M, K, sxm, sxk, snk, ss, HAS_NORM, ACC)
         wmask = (n[:, None] < N) & (k[None, :] < K)
         g = tl.load(g_ptr + n[:, None].to(tl.int64) * sgn + k[None, :] * sgk, mask=wmask, other=0.0)
         u = tl.load(u_ptr + n[:, None].to(tl.int64) * sun + k[None, :] * suk, mask=wmask, other=0.0)
@@ -193,7 +187,7 @@ def _gemv_impl(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: 
         rf.stride(0) if rf is not None else 0, rf.stride(1) if rf is not None else 0,
         norm_weight.stride(0) if norm_weight is not None else 0, eps,
         HAS_BIAS=b0 is not None, HAS_RESIDUAL=residual is not None, HAS_NORM=norm_weight is not None,
-        NORM_3D=_NORM_3D, ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=_WARPS,
     )
     return y
@@ -279,7 +273,7 @@ def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor, norm_we
         xf, gate_weight, up_weight, norm_weight if norm_weight is not None else xf, y, rows, n, k, xf.stride(0),
         xf.stride(1), *gate_weight.stride(), *up_weight.stride(), n,
         norm_weight.stride(0) if norm_weight is not None else 0, eps, HAS_NORM=norm_weight is not None,
-        NORM_3D=_NORM_3D, ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=_WARPS,
     )
     return y

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from typing import NamedTuple
 
 import torch.fx as fx
 
@@ -78,11 +79,11 @@ def run(state: PassState) -> list[Outcome]:
         match = _match(node, order)
         if match is None:
             continue
-        q = match[0].args[0]  # the rotary call's q
+        q = node.args[0]  # the rotary call's q
         qv = example_value(q) if isinstance(q, fx.Node) else None
         if setting == "auto" and (qv is None or qv.device.type != "cuda" or qv.shape[2] > AUTO_MAX_QUERY_LEN):
             continue
-        outcomes.append(_rewrite(*match))
+        outcomes.append(_rewrite(match))
     if outcomes:
         graph.lint()
         state.gm.recompile()
@@ -122,9 +123,21 @@ def _pieces(rotary: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     return (items[0], items[1]) if len(items) == 2 and len(rotary.users) == 2 else None
 
 
-def _match(rotary: fx.Node, order: dict[fx.Node, int]):
-    """(rotary, rotated q, rotated k, key copy, value copy, the later copy) where ``rotary`` feeds one cache
-    write."""
+class _Match(NamedTuple):
+    rotary: fx.Node
+    q_rot: fx.Node  # the rotary call's [0]
+    k_rot: fx.Node  # its [1], read only by the key copy
+    key_copy: fx.Node  # keys.index_copy_(2, index, k_rot)
+    value_copy: fx.Node  # values.index_copy_(2, index, v)
+    last: fx.Node  # the later of the two copies: where the fused call goes
+    keys: fx.Node
+    values: fx.Node
+    index: fx.Node
+    v: fx.Node
+
+
+def _match(rotary: fx.Node, order: dict[fx.Node, int]) -> _Match | None:
+    """The rotary call and the cache write it feeds, if ``rotary`` is one."""
     if not _is_rotary(rotary):
         return None
     pieces = _pieces(rotary)
@@ -150,23 +163,21 @@ def _match(rotary: fx.Node, order: dict[fx.Node, int]):
         between = [u for cache in (keys, other[0]) for u in cache.users
                    if u not in (key_copy, value_copy) and order[first] < order[u] <= order[last]]
         if not between and all(order[user] > order[last] for user in q_rot.users):
-            return rotary, q_rot, k_rot, key_copy, value_copy, last
+            return _Match(rotary, q_rot, k_rot, key_copy, value_copy, last, keys, other[0], index, other[2])
     return None
 
 
-def _rewrite(rotary: fx.Node, q_rot: fx.Node, k_rot: fx.Node, key_copy: fx.Node, value_copy: fx.Node,
-             last: fx.Node) -> Swapped:
-    graph = rotary.graph
-    q, k, cos, sin = rotary.args
-    keys, index, _ = _index_copy(key_copy)
-    values, _, v = _index_copy(value_copy)
-    with graph.inserting_after(last):
-        call = graph.call_function(rotary_cache_call, (q, k, v, cos, sin, keys, values, index))
-    call.meta.update(common_provenance([rotary, key_copy, value_copy]))
-    set_example_value(call, example_value(q_rot))
-    location = region_location([rotary, key_copy, value_copy])
-    q_rot.replace_all_uses_with(call)
-    for node in (key_copy, value_copy, q_rot, k_rot, rotary):
+def _rewrite(m: _Match) -> Swapped:
+    graph = m.rotary.graph
+    q, k, cos, sin = m.rotary.args
+    with graph.inserting_after(m.last):
+        call = graph.call_function(rotary_cache_call, (q, k, m.v, cos, sin, m.keys, m.values, m.index))
+    replaced = [m.rotary, m.key_copy, m.value_copy]
+    call.meta.update(common_provenance(replaced))
+    set_example_value(call, example_value(m.q_rot))
+    location = region_location(replaced)
+    m.q_rot.replace_all_uses_with(call)
+    for node in (m.key_copy, m.value_copy, m.q_rot, m.k_rot, m.rotary):
         graph.erase_node(node)
     length = example_value(q).shape[2]
     return Swapped("function", f"rotary + KV cache write of {length} token(s)", location, _KERNEL,

@@ -140,11 +140,11 @@ def run(state: PassState) -> list[Outcome]:
                 outcomes.append(_rewrite_group(group, rows, order))
     cuda_only = setting == "auto"
     for node in list(graph.nodes):
-        if _layer_kernel(node, "SwiGLUMLP") is not None:
-            outcomes.extend(_open_mlp(node, max_rows, cuda_only))
+        if (call := _layer_kernel(node, "SwiGLUMLP")) is not None:
+            outcomes.extend(_open_mlp(node, call, max_rows, cuda_only))
     for node in list(graph.nodes):
-        if _layer_kernel(node, "RMSNorm") is not None:
-            outcomes.extend(_norm_into_prologues(node))
+        if (call := _layer_kernel(node, "RMSNorm")) is not None:
+            outcomes.extend(_norm_into_prologues(node, call))
     if outcomes:
         graph.lint()
         state.gm.recompile()
@@ -313,12 +313,11 @@ def _params(node: fx.Node, call: LayerKernelCall) -> dict[str, object]:
     return dict(zip(call.param_names, node.args[call.n_args:]))
 
 
-def _open_mlp(node: fx.Node, max_rows: int, cuda_only: bool) -> list[Outcome]:
+def _open_mlp(node: fx.Node, call: LayerKernelCall, max_rows: int, cuda_only: bool) -> list[Outcome]:
     """A SwiGLUMLP layer call -> ``gemv(gemv_swiglu(x, wg, wu), [wd], [bd], residual)`` where the layer itself
     would run those kernels on the input (its projections plain linears, the rows few enough)."""
     from twinkle_triton.layers import uses_decode_gemvs
 
-    call = _layer_kernel(node, "SwiGLUMLP")
     x, params = node.args[0], _params(node, call)
     xv = _value(x)
     weights = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
@@ -348,9 +347,8 @@ def _open_mlp(node: fx.Node, max_rows: int, cuda_only: bool) -> list[Outcome]:
                     (", the residual added in down's" if residual is not None else ""))]
 
 
-def _norm_into_prologues(node: fx.Node) -> list[Outcome]:
+def _norm_into_prologues(node: fx.Node, call: LayerKernelCall) -> list[Outcome]:
     """An RMSNorm layer call read only as the input of GEMV calls -> ``norm_weight=`` of each of them."""
-    call = _layer_kernel(node, "RMSNorm")
     users = list(node.users)
     params = _params(node, call)
     x, out = node.args[0], _value(node)

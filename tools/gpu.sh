@@ -17,11 +17,11 @@
 #   distributed  2 GPUs (NCCL): single-GPU baselines, DDP with per-layer CUDA graphs (plain and with DDP's recipe,
 #                then with the tied embedding reduced early), FSDP2 with and without graphs and the fused-loss head
 #   fsdp         2 GPUs (NCCL), the Llama-3.2-3B shape: 1 GPU then FSDP2 on 2, each as torch.compile regional,
-#                twinkle regional and twinkle regional + CUDA graphs, the FSDP2 runs with the recipe's knobs
-#                (--reshard-after-forward inner --prefetch 1 --reduce-dtype fp32) and one of them profiled
-#                (exposed communication per rank); one JSON of all runs, fsdp-llama3b-<B>x1024-<gpu>.json, for
-#                docs/performance/ (FSDP_BATCH sequences of 1024 per GPU, default 4; FSDP_EXTRA: more flags for the
-#                FSDP2 runs, overriding the knobs, e.g. "--prefetch 2" or "--layers-per-unit 2"; FSDP_PROFILE: the
+#                twinkle regional and twinkle regional + CUDA graphs, the FSDP2 runs with FSDP2's own defaults
+#                (they measured fastest, docs/distributed.md) and one of them profiled (exposed communication per
+#                rank); one JSON of all runs, fsdp-llama3b-<B>x1024-<gpu>.json, for docs/performance/
+#                (FSDP_BATCH sequences of 1024 per GPU, default 4; FSDP_EXTRA: more flags for the FSDP2 runs,
+#                e.g. "--prefetch 1 --reduce-dtype fp32" or "--nccl-ctas 16 --sm-carveout 16"; FSDP_PROFILE: the
 #                run profiled, default fsdp2-twinkle, "none" for none; FSDP_S: the job's time, default 520 s)
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
 #   gemv         tools/gemv_sweep.py: the decode GEMV kernels against cuBLAS at three model shapes, 1-8 rows
@@ -161,11 +161,8 @@ job_fsdp() {
   # Memory per GPU, Llama-3.2-3B shape: 3.213 B parameters (28 layers of 100.7 M, 192 MiB each in bf16; the tied
   # embedding 394 M). Pure bf16 with AdamW keeps 8 bytes a parameter (weight, gradient, exp_avg, exp_avg_sq):
   # 23.9 GiB on one GPU, 12.0 GiB per GPU sharded over 2 (fp32 master weights, --mixed-precision, would double
-  # both and leave one GPU nothing to compare with, so both run in bf16; the FSDP2 runs reduce-scatter the bf16
-  # gradients in fp32, --reduce-dtype fp32: the sums are rounded to bf16 once, not at every hop of the ring,
-  # as torchtitan does). Activations kept for the
-  # backward, about 90 KB a token and layer in bf16 (3 x 8192 MLP + 6 x 3072 + 2048 k/v elements), 2.4 MiB a token
-  # over 28 layers: 9.6 GiB for 4 x 1024 tokens; torch.compile's loss adds up to 4 GiB of logits (4096 x 128256,
+  # both and leave one GPU nothing to compare with, so both run in bf16). Activations kept for the backward,
+  # about 90 KB a token and layer in bf16 (3 x 8192 MLP + 6 x 3072 + 2048 k/v elements), 2.4 MiB a token over 28 layers: 9.6 GiB for 4 x 1024 tokens; torch.compile's loss adds up to 4 GiB of logits (4096 x 128256,
   # bf16, fp32 in the loss and its gradient), the fused-loss head about none. One GPU, 4 x 1024: 24 + 9.6 + 4 =
   # 38 GiB (8 x 1024: 52); FSDP2, 4 x 1024 per GPU: 12 + 9.6 + 4 + the gathered layers and root (~1.5 GiB) = 27 GiB;
   # with CUDA graphs each layer's forward and backward graph keeps its own copy of the gathered parameters
@@ -174,7 +171,7 @@ job_fsdp() {
   # timed by no ratio, and checkpointing recomputes the same values.
   # Time: a run is ~40-70 s (start, model, one layer's compile, 12 steps); the four 1-GPU runs go two at a time, one
   # per GPU (each GPU runs one process; they share only the host, half its cores each), then the three FSDP2 runs:
-  # ~6 min on 2 H100s.
+  # 3.6 min on 2 H200s at 4 x 1024.
   # The job stops starting runs FSDP_S seconds (default 520) after it began, so it ends inside a 10-minute call.
   local ex=(-m twinkle_fx.bench.distributed) shape two=(python3 -m torch.distributed.run --standalone --nproc_per_node 2)
   local cg=() batch=${FSDP_BATCH:-4} seq=1024 budget=${FSDP_S:-520} gpu=cpu
@@ -186,7 +183,10 @@ job_fsdp() {
     shape=(--model llama3b --size tiny --batch 1 --seq 8 --steps 3)
     batch=1 seq=8 budget=${FSDP_S:-3000}
   else
-    shape=(--model llama3b --size reference --batch "$batch" --seq "$seq" --steps 12)
+    # lr 1e-4: at the tool's default 1e-3 the 3B model's pure-bf16 training diverges after five steps (the loss
+    # climbs from 12.4 to 13) and runs that sum in different orders drift 5-7% apart, which hides whether the
+    # FSDP2 run computes the global batch's step; at 1e-4 they agree within 3e-4
+    shape=(--model llama3b --size reference --batch "$batch" --seq "$seq" --steps 12 --lr 1e-4)
     cg=(--cudagraphs)
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oiE '[a-z][0-9]{2,3}' | head -1 \
       | tr 'A-Z' 'a-z')
@@ -232,10 +232,11 @@ job_fsdp() {
     wait $pid1 || status=1
     cat "$out/fsdp-lane0.txt" "$out/fsdp-lane1.txt"
   fi
-  # the recipe's knobs (FSDP_EXTRA comes after them, so it overrides any): the last layer kept gathered into its
-  # backward, the next layer's all-gather issued one layer ahead, fp32 gradient reduction
-  local knobs=(--reshard-after-forward inner --prefetch 1 --reduce-dtype fp32)
-  local fsdp=("${two[@]}" "${ex[@]}" --parallel fsdp2 "${knobs[@]}" ${FSDP_EXTRA:-})
+  # FSDP2's defaults: each layer resharded after its forward, FSDP2's own all-gather order, gradients reduced in
+  # their own bf16. On 2 H200s they beat every knob tried (docs/distributed.md has the sweep): keeping the last
+  # layer gathered, explicit prefetching, no resharding, NCCL on fewer CTAs, GEMMs leaving SMs to NCCL; fp32
+  # reduction (twice the reduce-scatter bytes) was the slowest, 1.51x against 1.66x
+  local fsdp=("${two[@]}" "${ex[@]}" --parallel fsdp2 ${FSDP_EXTRA:-})
   distributed_one() {  # distributed_one NAME TWIN COMMAND...: an FSDP2 run against its twin and the global batch (the
     # files that exist: a baseline that failed leaves its comparison out, not the run), profiled if FSDP_PROFILE's
     local name=$1 twin=$2 f extra=(); shift 2

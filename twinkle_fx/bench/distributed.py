@@ -35,7 +35,8 @@ graphs at each replay, since FSDP2 gathers them into new memory every step, ``--
 (it would record the graphs again every step) and so is ``--accum``). FSDP2's own choices:
 ``--reshard-after-forward true|false|inner|N``, ``--prefetch N`` (explicit all-gather prefetching),
 ``--layers-per-unit N`` (decoder layers per ``fully_shard`` unit), ``--reduce-dtype fp32|bf16`` (the gradients'
-collectives), ``--replicate N`` (HSDP: a (replicate, shard) mesh of N replicas, one per host), ``--fused-adamw``
+collectives), ``--nccl-ctas N`` and ``--sm-carveout N`` (SMs for the collectives, SMs the GEMMs leave them),
+``--replicate N`` (HSDP: a (replicate, shard) mesh of N replicas, one per host), ``--fused-adamw``
 (the fused optimizer on the shards). DDP's own costs: ``--ddp-comm-hook allreduce`` (one division per bucket
 instead of one per gradient), ``--no-broadcast-buffers``, ``--ddp-static-graph``, ``--grad-as-bucket-view``.
 ``--profile DIR`` runs three more steps under torch.profiler on every rank and writes a Chrome trace and a
@@ -454,7 +455,13 @@ def main(argv: list[str] | None = None) -> int:
 
         use_triton_interpreter(command="python -m twinkle_fx.bench.distributed")  # before the kernels are imported
     baseline = [run for path in args.baseline for run in _load_baseline(path)]
+    if args.nccl_ctas:  # NCCL reads it when the process group makes its communicator
+        os.environ["NCCL_MAX_CTAS"] = str(args.nccl_ctas)
     rank, world, device = init_distributed(args.parallel)
+    if args.sm_carveout and device.type == "cuda":
+        from twinkle_fx.core.torch_internals import set_gemm_sm_carveout
+
+        set_gemm_sm_carveout(args.sm_carveout)
     try:
         try:
             check_world(args, world)

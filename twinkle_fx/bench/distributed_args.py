@@ -98,6 +98,13 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                              "forward (set_modules_to_forward_prefetch) and of the N before it in its backward "
                              "(set_modules_to_backward_prefetch); 0 (the default) leaves FSDP2's own order: "
                              "forward all-gathers issued as each unit starts, one unit ahead in backward")
+    parser.add_argument("--sm-carveout", type=_positive, default=None, metavar="N",
+                        help="cuBLAS GEMMs target N fewer SMs than the GPU has (torch's experimental SM carveout), "
+                             "leaving them to the collectives' kernels that run beside them: a GEMM sized for every "
+                             "SM loses whole waves while NCCL holds some. Set it with --nccl-ctas N")
+    parser.add_argument("--nccl-ctas", type=_positive, default=None, metavar="N",
+                        help="NCCL runs each collective on at most N CTAs (SMs), NCCL_MAX_CTAS; default: NCCL's own "
+                             "choice for the topology")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--fused-adamw", action="store_true",

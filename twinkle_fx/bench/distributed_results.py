@@ -128,6 +128,8 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
     parts += [f"reduce in {a['reduce_dtype']}"] if a.get("reduce_dtype") else []
     unit = "layer(s)" if a.get("layers_per_unit", 1) == 1 else "unit(s)"
     parts += [f"prefetch {a['prefetch']} {unit}"] if a.get("prefetch") else []
+    parts += [f"NCCL on {a['nccl_ctas']} CTAs"] if a.get("nccl_ctas") else []
+    parts += [f"GEMMs leave {a['sm_carveout']} SMs"] if a.get("sm_carveout") else []
     parts += ["fused AdamW"] if a.get("fused_adamw") else []
     parts += ["tied embedding reduced early"] if a.get("tied_embedding_ddp") else []
     parts += ["all-reduce comm hook"] if a.get("ddp_comm_hook", "none") != "none" else []

@@ -32,7 +32,7 @@ __all__ = [
     "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "nn_sdpa", "nn_linear",
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
-    "foreach_zero",
+    "foreach_zero", "set_gemm_sm_carveout",
 ]
 
 
@@ -245,6 +245,12 @@ def boxed_nop(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
     from torch._dynamo.backends.debugging import boxed_nop as nop
 
     return nop(gm, example_inputs)
+
+
+def set_gemm_sm_carveout(sms: int | None) -> None:
+    """cuBLAS GEMMs launched from now on target ``sms`` fewer SMs than the GPU has (``None``: all of them);
+    process-wide, read when each GEMM is launched (a CUDA graph keeps what its capture saw)."""
+    torch._C._set_sm_carveout_experimental(sms)
 
 
 def optimize_ddp() -> Any:

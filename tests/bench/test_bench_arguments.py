@@ -10,6 +10,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from twinkle_fx.bench import distributed as distributed_bench
 from twinkle_fx.bench import generate, swap_table
@@ -80,6 +81,32 @@ def test_distributed_without_torchrun_says_how_to_launch(monkeypatch):
     message = str(info.value.code)
     assert message.startswith("--parallel ddp runs one process per device: launch it with torchrun --nproc_per_node")
     assert "or use --parallel none" in message and len(message) <= 200 and "\n" not in message
+
+
+def test_collective_sm_knobs_reach_nccl_before_the_group_and_cublas_after(monkeypatch):
+    """--nccl-ctas is in NCCL's environment when the process group makes its communicator; --sm-carveout goes to
+    cuBLAS on a GPU once the rank's device is known, and not at all on a CPU."""
+    from twinkle_fx.core import torch_internals
+
+    class Stop(Exception):
+        pass
+
+    monkeypatch.setenv("NCCL_MAX_CTAS", "0")
+    monkeypatch.delenv("NCCL_MAX_CTAS")  # the variable is put back as it was (unset) after the test
+    seen = []
+    monkeypatch.setattr(torch_internals, "set_gemm_sm_carveout", lambda sms: seen.append(("carveout", sms)))
+
+    def stop(args, world):
+        raise Stop
+
+    monkeypatch.setattr(distributed_bench, "check_world", stop)
+    for device, carveout in (("cuda", [("carveout", 8)]), ("cpu", [])):
+        seen.clear()
+        monkeypatch.setattr(distributed_bench, "init_distributed", lambda parallel, device=device: (
+            seen.append(("group", os.environ.get("NCCL_MAX_CTAS"))) or (0, 1, torch.device(device))))
+        with pytest.raises(Stop):
+            distributed_bench.main("--parallel none --nccl-ctas 16 --sm-carveout 8".split())
+        assert seen == [("group", "16"), *carveout]
 
 
 def test_distributed_baseline_that_is_no_result_is_named(tmp_path):

@@ -380,3 +380,12 @@ def test_foreach_zero_zeroes_every_tensor_in_place():
     storages = [t.data_ptr() for t in tensors]
     ti.foreach_zero(tensors)
     assert all(not t.any() for t in tensors) and [t.data_ptr() for t in tensors] == storages
+
+
+def test_gemm_sm_carveout_is_set_and_cleared():
+    ti.set_gemm_sm_carveout(8)
+    try:
+        assert torch._C._get_sm_carveout_experimental() == 8
+    finally:
+        ti.set_gemm_sm_carveout(None)
+    assert torch._C._get_sm_carveout_experimental() is None

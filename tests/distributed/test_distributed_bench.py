@@ -313,10 +313,11 @@ def test_inductor_cudagraphs_under_fsdp2_is_refused_with_the_reason(capsys):
 
 def test_fsdp2_choices_name_the_run():
     args = distributed_bench.parse_args("--model llama3b --parallel fsdp2 --reshard-after-forward 4 --prefetch 2 "
-                                        "--fused-adamw".split())
+                                        "--nccl-ctas 16 --sm-carveout 16 --fused-adamw".split())
     text = describe_args(args, 8, torch.device("cpu"))
     assert text.startswith("llama3b tiny · fsdp2 x 8 · ")
-    assert "reshard after forward to 4 ranks · prefetch 2 layer(s) · fused AdamW" in text
+    assert ("reshard after forward to 4 ranks · prefetch 2 layer(s) · NCCL on 16 CTAs · GEMMs leave 16 SMs · "
+            "fused AdamW") in text
 
 
 def test_llama3b_reference_is_the_llama_3_2_3b_shape():

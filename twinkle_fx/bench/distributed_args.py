@@ -99,9 +99,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                              "(set_modules_to_backward_prefetch); 0 (the default) leaves FSDP2's own order: "
                              "forward all-gathers issued as each unit starts, one unit ahead in backward")
     parser.add_argument("--sm-carveout", type=_positive, default=None, metavar="N",
-                        help="cuBLAS GEMMs target N fewer SMs than the GPU has (torch's experimental SM carveout), "
-                             "leaving them to the collectives' kernels that run beside them: a GEMM sized for every "
-                             "SM loses whole waves while NCCL holds some. Set it with --nccl-ctas N")
+                        help="cuBLAS GEMMs target N fewer SMs than the GPU has (torch's experimental SM carveout; "
+                             "torch 2.11 applies it on the cuBLASLt path, TORCH_BLAS_PREFER_CUBLASLT=1), leaving them "
+                             "to the collectives' kernels beside them: a GEMM sized for every SM waits for the ones "
+                             "NCCL holds. Pair it with --nccl-ctas N")
     parser.add_argument("--nccl-ctas", type=_positive, default=None, metavar="N",
                         help="NCCL runs each collective on at most N CTAs (SMs), NCCL_MAX_CTAS; default: NCCL's own "
                              "choice for the topology")

@@ -44,6 +44,7 @@ import torch
 
 from ..measure.environment import describe_environment
 from ..measure.clock import DeviceClock
+from ..measure.kernel_classes import kernel_class
 from .timing import copy_ms
 from .workloads import WORKLOADS, build_model, get_workload
 
@@ -197,17 +198,6 @@ def _tokens(options: GenerateOptions, row: str) -> torch.Tensor:
         return _generate(model, ids, 8, kwargs).cpu()
 
 
-_KERNEL_CLASSES = (("GEMM", ("gemm", "gemv", "cutlass", "nvjet", "sm90_xmma", "cublas")),
-                   ("attention", ("attention", "fmha", "flash", "gqa", "sdpa")),
-                   ("Triton", ("triton",)),
-                   ("ATen", ("at::native", "at_cuda_detail", "cub::")))
-
-
-def _kernel_class(name: str) -> str:
-    lowered = name.lower()
-    return next((kind for kind, marks in _KERNEL_CLASSES if any(m in lowered for m in marks)), "other")
-
-
 def _profile_step(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, kwargs: dict[str, Any],
                   top: int = 0) -> tuple[float, float, str, str]:
     """Kernels and device milliseconds per decode step, their split by kernel class, and the ``top`` kernels
@@ -224,8 +214,8 @@ def _profile_step(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, kw
         count, time, named_count, named_time = Counter(), Counter(), Counter(), Counter()
         for e in prof.events():
             if e.device_type.name == "CUDA" and not e.name.startswith(("Memset", "Memcpy")):
-                count[_kernel_class(e.name)] += 1
-                time[_kernel_class(e.name)] += e.device_time / 1e3
+                count[kernel_class(e.name)] += 1
+                time[kernel_class(e.name)] += e.device_time / 1e3
                 named_count[e.name] += 1
                 named_time[e.name] += e.device_time
         return count, time, named_count, named_time

@@ -3,7 +3,9 @@
 For each backend row, ``DIR/<row>/profile_trace.json`` (a Chrome trace: chrome://tracing or
 https://ui.perfetto.dev) and ``DIR/<row>/profile_report.txt``: the top kernels by device time, host
 (wall) vs device (kernels) time per step, and kernel launches per step. The profiled steps run after
-the timed ones, so the profiler's overhead never reaches the reported timings. On the CPU there is no
+the timed ones, so the profiler's overhead never reaches the reported timings. On a GPU the report also splits
+the device time by kernel class (GEMM, attention, norm, pointwise, loss, optimizer, communication, copies)
+and gives the time no kernel runs (:mod:`twinkle_fx.measure.kernel_classes`). On the CPU there is no
 device: the report ranks operators by self CPU time and says so.
 """
 
@@ -18,6 +20,8 @@ from typing import Any
 import torch
 
 from ..measure.clock import DeviceClock
+from ..measure.kernel_classes import KernelClasses, format_kernel_classes, kernel_classes
+from ..measure.overlap import kernel_intervals
 from ..measure.profiler_events import device_us
 
 __all__ = ["ProfileSummary", "profile_steps"]
@@ -39,6 +43,8 @@ class ProfileSummary:
     # device operations (kernels, copies, fills) per step; a CUDA-graph replay runs many for one launch
     kernels_per_step: float | None = None
     top: list[dict[str, Any]] = field(default_factory=list)  # name, calls, ms (device, or self CPU)
+    # per step: ms and kernels of each kernel class, the span and its idle part (KernelClasses.to_json); GPU only
+    classes: dict[str, Any] | None = None
     trace: str = ""
     report: str = ""
 
@@ -71,10 +77,11 @@ def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *,
                    if e.self_cpu_time_total > 0 and not e.key.startswith("step ")]
         device_ms = launches = kernels_run = None
     kernels.sort(key=lambda k: -k[2])
+    classes = kernel_classes(kernel_intervals(trace), steps=steps).to_json() if clock.cuda else None
     summary = ProfileSummary(
         steps=steps, host_ms_per_step=sum(walls) / steps, device_ms_per_step=device_ms, launches_per_step=launches,
         kernels_per_step=kernels_run, top=[{"name": name, "calls": calls, "ms": ms} for name, calls, ms in kernels[:_TOP]],
-        trace=str(trace), report=str(out_dir / "profile_report.txt"),
+        classes=classes, trace=str(trace), report=str(out_dir / "profile_report.txt"),
     )
     Path(summary.report).write_text(format_profile(summary, title=title, device=clock.device))
     return summary
@@ -93,6 +100,8 @@ def format_profile(summary: ProfileSummary, *, title: str, device: torch.device)
         lines.append(f"kernel launches per step:     {summary.launches_per_step:10.1f}")
         lines.append(f"device operations per step:   {summary.kernels_per_step:10.1f}  (kernels, copies, fills; "
                      "a CUDA-graph replay runs many for one launch)")
+    if summary.classes:
+        lines += ["", format_kernel_classes(KernelClasses(**summary.classes))]
     clock = "device time" if summary.device_ms_per_step is not None else "self CPU time"
     lines += ["", f"top {len(summary.top)} by {clock} (all profiled steps):",
               f"{'ms':>10}  {'calls':>6}  name"]

@@ -87,7 +87,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                              "twinkle_fx.core.tolerances, 1e-2 bf16/fp16, 1e-5 fp32)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile a few more steps of each backend: DIR/<backend>/profile_trace.json (Chrome "
-                             "trace) and profile_report.txt (top kernels, host vs device time, launches per step)")
+                             "trace) and profile_report.txt (top kernels, host vs device time, launches per "
+                             "step; on a GPU the device time by kernel class and the time no kernel runs)")
     parser.add_argument("--inference", action="store_true",
                         help="prefill latency and decode tokens/s (no grad) instead of the training step; backends "
                              f"default {_INFERENCE_BACKENDS}")

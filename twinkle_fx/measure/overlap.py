@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["CommunicationOverlap", "Kernel", "communication_overlap", "format_overlap", "kernel_intervals"]
+__all__ = ["CommunicationOverlap", "Kernel", "busy_time", "communication_overlap", "format_overlap", "kernel_intervals"]
 
 
 class Kernel(NamedTuple):
@@ -97,6 +97,11 @@ def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
 
 def _length(intervals: Sequence[tuple[float, float]]) -> float:
     return sum(end - start for start, end in intervals)
+
+
+def busy_time(intervals: Iterable[tuple[float, float]]) -> float:
+    """The time in which at least one of ``intervals`` runs (overlaps counted once)."""
+    return _length(_union(intervals))
 
 
 class _Cover:

@@ -1,0 +1,103 @@
+"""A step's GPU time by what the kernels compute: GEMM, attention, norm, pointwise, loss, optimizer,
+communication, copies, and the time the GPU runs nothing.
+
+A kernel's class comes from the name ``torch.profiler`` records for it: cuBLAS's (``nvjet_*``, ``*gemm*``),
+cuDNN's and FlashAttention's, NCCL's, ATen's CUDA kernels, Inductor's generated Triton kernels (named for
+the ATen ops they fuse: ``triton_red_fused_add_mean_mul_pow_rsqrt_0`` is an RMSNorm, ``triton_poi_*`` a
+pointwise kernel, ``triton_tem_*`` a GEMM template) and twinkle_triton's. The first class whose marks the
+lower-cased name contains wins, in the order of :data:`CLASSES`: a fused kernel that casts inside a norm is
+a norm, not a copy. Copies and fills on the copy engines are not kernels here (the trace's ``kernel``
+events only). ``idle`` is the part of the profiled span in which no kernel runs on any stream: the GPU
+waiting for the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .overlap import Kernel, busy_time
+
+__all__ = ["CLASSES", "KernelClasses", "format_kernel_classes", "kernel_class", "kernel_classes"]
+
+# (class, marks): the first class with a mark in the lower-cased kernel name wins
+CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("communication", ("nccl",)),
+    ("optimizer", ("fusedoptimizer", "fused_adam", "adam", "sgd_")),
+    ("loss", ("cross_entropy", "crossentropy", "log_softmax", "nll_loss", "flce", "_cce_", "logsumexp")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "scaled_dot_product", "gqa")),
+    ("GEMM", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "splitkreduce", "triton_tem", "matmul",
+              "_gate_up_kernel", "_grad_act_kernel", "_weight_grad_kernel")),
+    ("norm", ("norm", "rsqrt")),
+    ("copy", ("memcpy", "memset", "copy_kernel", "copyfunctor", "chunk_cat", "split_with_sizes", "catarray",
+              "fill_kernel", "zero", "index_copy", "index_put", "scatter", "gather")),
+    ("pointwise", ("triton_poi", "elementwise", "rotary", "silu", "gelu", "gated_act", "mul_add", "add_gelu")),
+    ("reduction", ("triton_red", "triton_per", "reduce_kernel", "reduce", "sum_")),
+)
+
+
+def kernel_class(name: str) -> str:
+    """The class of a kernel by its name (``other`` when no class claims it).
+
+    Examples:
+        >>> kernel_class("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT")
+        'GEMM'
+        >>> kernel_class("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0")
+        'norm'
+        >>> kernel_class("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+        'communication'
+    """
+    lowered = name.lower()
+    return next((kind for kind, marks in CLASSES if any(mark in lowered for mark in marks)), "other")
+
+
+@dataclass
+class KernelClasses:
+    """Per step (milliseconds): each class's kernel time and kernel count, the span from the first kernel's
+    start to the last one's end, and the part of it in which no kernel runs."""
+
+    steps: int
+    ms: dict[str, float] = field(default_factory=dict)  # kernels running side by side (streams) both count
+    calls: dict[str, float] = field(default_factory=dict)
+    span_ms: float = 0.0
+    idle_ms: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {"steps": self.steps, "ms": self.ms, "calls": self.calls, "span_ms": self.span_ms,
+                "idle_ms": self.idle_ms}
+
+
+def kernel_classes(kernels: Iterable[Kernel | tuple[int, str, float, float]], *, steps: int = 1) -> KernelClasses:
+    """Kernel time per class and the idle time, per step, of ``kernels`` (microsecond intervals, as
+    :func:`twinkle_fx.measure.overlap.kernel_intervals` reads them from a trace of ``steps`` steps).
+
+    Examples:
+        >>> split = kernel_classes([(7, "nvjet_gemm", 0.0, 600.0), (7, "triton_poi_fused_mul_silu_0", 600.0, 800.0),
+        ...                         (7, "nvjet_gemm", 1000.0, 1600.0)], steps=1)
+        >>> split.ms, split.idle_ms
+        ({'GEMM': 1.2, 'pointwise': 0.2}, 0.2)
+    """
+    kernels = [Kernel(*k) for k in kernels]
+    time: dict[str, float] = {}
+    calls: dict[str, float] = {}
+    for kernel in kernels:
+        kind = kernel_class(kernel.name)
+        time[kind] = time.get(kind, 0.0) + (kernel.end - kernel.start)
+        calls[kind] = calls.get(kind, 0.0) + 1
+    order = sorted(time, key=lambda kind: -time[kind])
+    span = (max(k.end for k in kernels) - min(k.start for k in kernels)) if kernels else 0.0
+    busy = busy_time((k.start, k.end) for k in kernels)
+    per_step = 1e3 * steps
+    return KernelClasses(steps, {kind: round(time[kind] / per_step, 6) for kind in order},
+                         {kind: calls[kind] / steps for kind in order}, span / per_step, (span - busy) / per_step)
+
+
+def format_kernel_classes(split: KernelClasses) -> str:
+    """A few lines for a profile report: each class's ms and share of the span, then idle."""
+    lines = [f"device time per step by kernel class ({split.steps} step(s); side-by-side kernels both count):"]
+    for kind, ms in split.ms.items():
+        share = f"{ms / split.span_ms:5.0%}" if split.span_ms else "    -"
+        lines.append(f"  {kind:<14}{ms:9.3f} ms  {share} of the span  {split.calls[kind]:8.1f} kernels")
+    share = f"{split.idle_ms / split.span_ms:5.0%}" if split.span_ms else "    -"
+    lines.append(f"  {'idle':<14}{split.idle_ms:9.3f} ms  {share} of the span  (no kernel on any stream)")
+    return "\n".join(lines)

@@ -24,7 +24,8 @@
 #                e.g. "--prefetch 1 --reduce-dtype fp32" or "--nccl-ctas 16 --sm-carveout 16"; FSDP_PROFILE: the
 #                run profiled, default fsdp2-twinkle, "none" for none; FSDP_S: the job's time, default 520 s)
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
-#   gemv         tools/gemv_sweep.py: the decode GEMV kernels against cuBLAS at three model shapes, 1-8 rows
+#   gemv         tools/gemv_sweep.py: the decode GEMV kernels against cuBLAS at three model shapes, 1-8 rows, weights
+#                read from DRAM (copies that outgrow the L2 cache)
 #                (GEMV_ARGS: more flags, e.g. "--rows 1 --block-n 1,2,4 --tiles 4096,8192 --warps 4,8")
 #   attention    tools/gqa_attention_bench.py: the grouped-query decode attention against SDPA, its split and
 #                key-block choices swept

@@ -26,7 +26,7 @@
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
 #   gemv         tools/gemv_sweep.py: the decode GEMV kernels against cuBLAS at three model shapes, 1-8 rows, weights
 #                read from DRAM (copies that outgrow the L2 cache)
-#                (GEMV_ARGS: more flags, e.g. "--rows 1 --block-n 1,2,4 --tiles 4096,8192 --warps 4,8")
+#                (GEMV_ARGS: more flags, e.g. "--rows 1 --projections layer --block-n 2,4 --tiles 4096,8192 --pdl off,prefetch")
 #   attention    tools/gqa_attention_bench.py: the grouped-query decode attention against SDPA, its split and
 #                key-block choices swept
 #   moe          tools/moe_gemm_sweep.py: the fused MoE expert kernels against transformers' grouped_mm experts, forward

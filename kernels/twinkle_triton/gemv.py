@@ -25,6 +25,12 @@ exploit). Results are rounded once, after the bias, the residual or the SwiGLU p
 rounds the GEMV's output first. Every weight and ``x`` are read through their strides (a transposed
 weight is read in place, at a cost in coalescing).
 
+On Hopper and later GPUs each kernel is launched as a programmatic dependent of the kernel before it: its programs
+start while that kernel's last ones run, load their first weight tile when every weight is an ``nn.Parameter`` (a
+model's, which no kernel of a forward writes), and wait for that kernel (``griddepcontrol.wait``) before they read
+anything else. In a decode step, where one GEMV follows another, the next layer's weights stream in while the last
+programs of the one before finish, instead of after a drain and a launch.
+
 Rows: at most :data:`MAX_ROWS`. The register tile grows with the rows, and past a few rows the
 GEMM of cuBLAS, which reuses each weight tile across rows on tensor cores, wins (the measured
 crossover is in the graph pass that uses these, ``twinkle_fx.compiler.passes.decode_gemv``).
@@ -34,6 +40,7 @@ the recomputed projections). A decode kernel is rarely differentiated, but a cal
 exact gradients of its forward.
 """
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -42,7 +49,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
-from ._launch import cdiv, compute_dtype, loop_block, next_power_of_2
+from ._launch import cdiv, compute_dtype, interpreting, loop_block, next_power_of_2
 from ._library import define_op, wrap_triton
 
 __all__ = ["DECODE_ROWS", "MAX_ROWS", "gemv", "gemv_reference", "gemv_swiglu", "gemv_swiglu_reference"]
@@ -53,22 +60,41 @@ MAX_ROWS = 16
 # SwiGLUMLP use them up to here.
 DECODE_ROWS = 1
 MAX_WEIGHTS = 3  # q, k and v
-# The launch heuristic (tools/gemv_sweep.py --tiles/--block-n/--warps sweep it): weight rows a program, the
-# BLOCK_M * BLOCK_N * BLOCK_K fp32 products one program holds in registers (32 a thread at 4 warps), its warps.
-# A weight at least as wide as the output is tall (o_proj, down_proj) takes the wider tile: at one row on an
-# H200, bf16, Llama-3.2-3B's down 17.6 -> 13.7 us, Qwen2-0.5B's 6.2 -> 5.5 us, o_proj equal or faster, where
-# the wide tile made the taller q/k/v and gate/up slower (9.3 -> 10.1, 27.4 -> 32.0 us at Llama-3.2-3B).
+# The launch heuristic (tools/gemv_sweep.py --tiles/--block-n/--warps sweep it, weights read from DRAM): weight rows
+# a program, the BLOCK_M * BLOCK_N * BLOCK_K fp32 products one program holds in registers (32 a thread at 4 warps),
+# its warps. A weight at least as wide as the output is tall (o_proj, down_proj) takes half the weight rows a
+# program, so twice the programs share its few output columns: at one row on an H200, bf16, down 6.7 -> 4.5 us at
+# Qwen2-0.5B, 12.6 -> 9.9 at Llama-3.2-1B, 16.6 -> 15.2 at Llama-3.2-3B, o_proj within 0.1 us. Wider tiles (8192
+# products) were faster only at Llama-3.2-1B's q/k/v (6.9 -> 5.7 us) and slower where K tiles no longer divide K
+# (Llama-3.2-3B's gate/up 29.4 -> 40.3 us at K = 3072).
 _BLOCK_N = 4
+_BLOCK_N_WIDE_K = 2
 _TILE = 4096
-_TILE_WIDE_K = 8192
 _WARPS = 4
+# Programmatic dependent launch (Hopper and later; tools/gemv_sweep.py --pdl measures each choice): each kernel is
+# launched as a dependent of the kernel before it, so its programs are scheduled while that kernel's last ones finish
+# and wait there (griddepcontrol.wait) instead of behind a full drain and launch; weights that are nn.Parameters
+# (a model's, which no kernel of a forward writes) have their first tile loaded before that wait. H200, bf16, one
+# row, a decoder layer's four GEMVs in sequence, weights read from DRAM: Qwen2-0.5B 22.0 us plain, 20.0 waiting
+# first, 18.1 loading the weights first; Llama-3.2-1B 48.2 / 46.0 / 43.6; Llama-3.2-3B 73.6 / 72.1 / 69.1.
+_PDL = True
+_PREFETCH_WEIGHTS = True
+
+
+@triton.jit
+def _after_inputs(PDL: tl.constexpr):
+    """Under ``PDL`` (a programmatic dependent launch): wait until the kernel before has finished and its writes are
+    visible, then let the kernel after start its own programs. Nothing another kernel may write is read before."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
 def _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
-    """A ``[BLOCK_M, 1, BLOCK_K]`` tile of x in ``ACC`` (the product's layout), times the norm weight's tile under
-    ``HAS_NORM``, and the rows' sums of squares ``ss`` (``[BLOCK_M, 1]``) grown by it (the norm's 1 / rms scales
-    the dot products after the loop)."""
+    """A ``[BLOCK_M, BLOCK_K]`` tile of x in ``ACC``, times the norm weight's tile under ``HAS_NORM``, and the rows'
+    sums of squares ``ss`` (``[BLOCK_M, 1]``) grown by it (the norm's 1 / rms scales the dot products after the
+    loop)."""
     x = tl.load(x_ptr + m[:, None] * sxm + k[None, :] * sxk, mask=(m[:, None] < M) & (k[None, :] < K),
                 other=0.0).to(ACC)
     if HAS_NORM:
@@ -76,30 +102,60 @@ def _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM: tl.constexp
         # one row: Qwen2-0.5B's norm + q/k/v 2.9 against 3.0 us, Llama-3.2-3B's 11.0 against 11.9 us)
         ss += tl.sum(x * x, axis=1)[:, None]
         x = x * tl.load(g_ptr + k * sgk, mask=k < K, other=0.0).to(ACC)[None, :]
-    return x[:, None, :], ss
+    return x, ss
+
+
+@triton.jit
+def _dot_rows(x, w, ACC: tl.constexpr, BLOCK_M: tl.constexpr):
+    """``[BLOCK_M, BLOCK_N]``: every row of the x tile ``[BLOCK_M, BLOCK_K]`` dotted with every weight row of
+    ``w`` ``[BLOCK_N, BLOCK_K]``. One row reduces a 2-D product (the 3-D broadcast of several rows measured slower
+    at one)."""
+    if BLOCK_M == 1:
+        return tl.sum(w.to(ACC) * x, axis=1)[None, :]
+    return tl.sum(x[:, None, :] * w.to(ACC)[None, :, :], axis=2)
+
+
+@triton.jit
+def _weight_tile(rows_ptr, nmask, k, K, swk):
+    """The ``[BLOCK_N, BLOCK_K]`` weight tile at columns ``k`` (masked past ``K``: a tile past the end reads
+    nothing)."""
+    return tl.load(rows_ptr + k[None, :] * swk, mask=nmask[:, None] & (k[None, :] < K), other=0.0)
 
 
 @triton.jit
 def _columns(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, block, M, N, K, col0,
              sxm, sxk, swn, swk, sym, srm, srn, sgk, eps,
-             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr,
-             ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Columns ``col0 + block * BLOCK_N ...`` of ``y``: one weight's rows times every row of ``x``."""
+             HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
+             PREFETCH: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """Columns ``col0 + block * BLOCK_N ...`` of ``y``: one weight's rows times every row of ``x``. The next weight
+    tile is loaded before the current one is reduced (one tile in flight while the program computes); under
+    ``PREFETCH`` the first is loaded before waiting for the kernel before (the weights must be no kernel's
+    output)."""
     n = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
     m = tl.arange(0, BLOCK_M)
+    rows = w_ptr + n[:, None].to(tl.int64) * swn
+    k = tl.arange(0, BLOCK_K)
+    if PREFETCH:
+        w = _weight_tile(rows, nmask, k, K, swk)
+        _after_inputs(PDL)
+    else:
+        _after_inputs(PDL)
+        w = _weight_tile(rows, nmask, k, K, swk)
     acc = tl.zeros((BLOCK_M, BLOCK_N), ACC)
     ss = tl.zeros((BLOCK_M, 1), ACC)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
+        w_next = _weight_tile(rows, nmask, k + BLOCK_K, K, swk)
         x, ss = _normed_x(x_ptr, g_ptr, m, k, M, K, sxm, sxk, sgk, ss, HAS_NORM, ACC)
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * swn + k[None, :] * swk,
-                    mask=(n[:, None] < N) & (k[None, :] < K), other=0.0)
-        acc += tl.sum(x * w.to(ACC)[None, :, :], axis=2)
+        acc += _dot_rows(x, w, ACC, BLOCK_M)
+        w = w_next
     if HAS_NORM:
         acc = acc * tl.rsqrt(ss / K + eps)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + n, mask=n < N, other=0.0).to(ACC)[None, :]
-    out = (m[:, None] < M) & (n[None, :] < N)
+        acc += tl.load(b_ptr + n, mask=nmask, other=0.0).to(ACC)[None, :]
+    out = (m[:, None] < M) & nmask[None, :]
     if HAS_RESIDUAL:
         acc += tl.load(r_ptr + m[:, None] * srm + (col0 + n[None, :]) * srn, mask=out, other=0.0).to(ACC)
     tl.store(y_ptr + m[:, None] * sym + col0 + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out)
@@ -109,54 +165,84 @@ def _columns(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, block, M, N, K, col0,
 def _gemv_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, b0_ptr, b1_ptr, b2_ptr, r_ptr, g_ptr, y_ptr,
                  M, K, N0, N1, N2, P0, P1,
                  sxm, sxk, sw0n, sw0k, sw1n, sw1k, sw2n, sw2k, sym, srm, srn, sgk, eps,
-                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr,
-                 ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
+                 PREFETCH: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
     # programs [0, P0) compute weight 0's columns, [P0, P0 + P1) weight 1's, the rest weight 2's
     pid = tl.program_id(0)
     if pid < P0:
         _columns(x_ptr, w0_ptr, b0_ptr, r_ptr, g_ptr, y_ptr, pid, M, N0, K, 0, sxm, sxk, sw0n, sw0k, sym, srm, srn,
-                 sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+                 sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, PDL, PREFETCH, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
     elif pid < P0 + P1:
         _columns(x_ptr, w1_ptr, b1_ptr, r_ptr, g_ptr, y_ptr, pid - P0, M, N1, K, N0, sxm, sxk, sw1n, sw1k, sym, srm,
-                 srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+                 srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, PDL, PREFETCH, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         _columns(x_ptr, w2_ptr, b2_ptr, r_ptr, g_ptr, y_ptr, pid - P0 - P1, M, N2, K, N0 + N1, sxm, sxk, sw2n, sw2k,
-                 sym, srm, srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, ACC, BLOCK_M, BLOCK_N, BLOCK_K)
+                 sym, srm, srn, sgk, eps, HAS_BIAS, HAS_RESIDUAL, HAS_NORM, PDL, PREFETCH, ACC, BLOCK_M, BLOCK_N,
+                 BLOCK_K)
 
 
 @triton.jit
 def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sxm, sxk, sgn, sgk, sun, suk, sym, snk, eps,
-                        HAS_NORM: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        HAS_NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, ACC: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < N
     m = tl.arange(0, BLOCK_M)
+    g_rows = g_ptr + n[:, None].to(tl.int64) * sgn
+    u_rows = u_ptr + n[:, None].to(tl.int64) * sun
+    k = tl.arange(0, BLOCK_K)
+    if PREFETCH:
+        g = _weight_tile(g_rows, nmask, k, K, sgk)
+        u = _weight_tile(u_rows, nmask, k, K, suk)
+        _after_inputs(PDL)
+    else:
+        _after_inputs(PDL)
+        g = _weight_tile(g_rows, nmask, k, K, sgk)
+        u = _weight_tile(u_rows, nmask, k, K, suk)
     gate = tl.zeros((BLOCK_M, BLOCK_N), ACC)
     up = tl.zeros((BLOCK_M, BLOCK_N), ACC)
     ss = tl.zeros((BLOCK_M, 1), ACC)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
+        g_next = _weight_tile(g_rows, nmask, k + BLOCK_K, K, sgk)
+        u_next = _weight_tile(u_rows, nmask, k + BLOCK_K, K, suk)
         x, ss = _normed_x(x_ptr, n_ptr, m, k, M, K, sxm, sxk, snk, ss, HAS_NORM, ACC)
-        wmask = (n[:, None] < N) & (k[None, :] < K)
-        g = tl.load(g_ptr + n[:, None].to(tl.int64) * sgn + k[None, :] * sgk, mask=wmask, other=0.0)
-        u = tl.load(u_ptr + n[:, None].to(tl.int64) * sun + k[None, :] * suk, mask=wmask, other=0.0)
-        gate += tl.sum(x * g.to(ACC)[None, :, :], axis=2)
-        up += tl.sum(x * u.to(ACC)[None, :, :], axis=2)
+        gate += _dot_rows(x, g, ACC, BLOCK_M)
+        up += _dot_rows(x, u, ACC, BLOCK_M)
+        g, u = g_next, u_next
     if HAS_NORM:
         rstd = tl.rsqrt(ss / K + eps)
         gate, up = gate * rstd, up * rstd
     y = gate * tl.sigmoid(gate) * up
-    tl.store(y_ptr + m[:, None] * sym + n[None, :], y.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
+    tl.store(y_ptr + m[:, None] * sym + n[None, :], y.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & nmask[None, :])
 
 
 def _blocks(rows: int, n: int, k: int, width: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) for weights of ``n`` rows at most and ``width`` output columns in all: every
-    row in one tile, :data:`_BLOCK_N` weight rows a program, K in tiles that keep the register tile at
-    :data:`_TILE` products (:data:`_TILE_WIDE_K` where ``k >= width``; ``_launch.BLOCK_LIMIT`` caps both blocks,
-    so tests loop over several K tiles and weight-row blocks)."""
+    row in one tile, :data:`_BLOCK_N` weight rows a program (:data:`_BLOCK_N_WIDE_K` where ``k >= width``), K in
+    tiles that keep the register tile at :data:`_TILE` products (``_launch.BLOCK_LIMIT`` caps both blocks, so tests
+    loop over several K tiles and weight-row blocks)."""
     block_m = next_power_of_2(rows)  # loop_block: under the interpreter few, large programs instead
-    tile = _TILE_WIDE_K if k >= width else _TILE
-    block_k = max(16, min(next_power_of_2(k), tile // (block_m * _BLOCK_N)))
-    return block_m, loop_block(n, _BLOCK_N), loop_block(k, block_k)
+    block_n = _BLOCK_N_WIDE_K if k >= width else _BLOCK_N
+    block_k = max(16, min(next_power_of_2(k), _TILE // (block_m * block_n)))
+    return block_m, loop_block(n, block_n), loop_block(k, block_k)
+
+
+@functools.cache
+def _device_launches_dependents(index: int) -> bool:
+    """Whether CUDA device ``index`` takes programmatic dependent launches (compute capability 9.0 and later) and
+    this Triton has the grid-dependency instructions."""
+    return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(tl.extra.cuda, "gdc_wait")
+
+
+def _dependent_launch(x: Tensor, weights: Sequence[Tensor]) -> dict:
+    """The kernels' launch options for ``x``'s device: a programmatic dependent launch where it has one (see
+    ``_PDL``), the weights read before the wait when every one is an ``nn.Parameter``; else a plain launch."""
+    if not _PDL or x.device.type != "cuda" or interpreting() or not _device_launches_dependents(x.device.index or 0):
+        return {"PDL": False, "PREFETCH": False}
+    prefetch = _PREFETCH_WEIGHTS and all(isinstance(w, torch.nn.Parameter) for w in weights)
+    return {"PDL": True, "PREFETCH": prefetch, "launch_pdl": True}
 
 
 def _flat(x: Tensor) -> Tensor:
@@ -188,7 +274,7 @@ def _gemv_impl(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: 
         norm_weight.stride(0) if norm_weight is not None else 0, eps,
         HAS_BIAS=b0 is not None, HAS_RESIDUAL=residual is not None, HAS_NORM=norm_weight is not None,
         ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=_WARPS,
+        num_warps=_WARPS, **_dependent_launch(x, weights),
     )
     return y
 
@@ -253,9 +339,12 @@ def _gemv_backward(ctx, grad):
 
 
 # Autograd wired by hand (define_op): the backward is a few PyTorch GEMMs over the weights present (and autograd
-# over the norm where the kernel normalized x).
+# over the norm where the kernel normalized x). Opaque to Inductor (a custom_op, not a triton_op), as gemv_swiglu:
+# Inductor's launcher of user kernels takes no programmatic dependent launch (`launch_pdl`), ours does, and a decode
+# step runs as a CUDA graph, where the op's dispatch costs nothing.
 _gemv_op = define_op(
     "gemv", _gemv_impl, fake=_gemv_fake, backward=_gemv_backward, setup_context=_gemv_setup_context,
+    inline_kernels=False,
     reference=lambda *args: _gemv_op_reference(*args),  # defined below
 )
 
@@ -274,7 +363,7 @@ def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor, norm_we
         xf.stride(1), *gate_weight.stride(), *up_weight.stride(), n,
         norm_weight.stride(0) if norm_weight is not None else 0, eps, HAS_NORM=norm_weight is not None,
         ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=_WARPS,
+        num_warps=_WARPS, **_dependent_launch(x, (gate_weight, up_weight)),
     )
     return y
 
@@ -302,10 +391,11 @@ def _gemv_swiglu_backward(ctx, grad):
     return grad_x, _flat(grad_gate).T @ _flat(rows), _flat(grad_up).T @ _flat(rows), grad_norm, None
 
 
-# Autograd wired by hand (define_op): the backward recomputes both projections with PyTorch GEMMs.
+# Autograd wired by hand (define_op): the backward recomputes both projections with PyTorch GEMMs. Opaque to
+# Inductor, as gemv.
 _gemv_swiglu_op = define_op(
     "gemv_swiglu", _gemv_swiglu_impl, fake=_gemv_swiglu_fake, backward=_gemv_swiglu_backward,
-    setup_context=_gemv_swiglu_setup_context,
+    setup_context=_gemv_swiglu_setup_context, inline_kernels=False,
     reference=lambda *args: _gemv_swiglu_op_reference(*args),  # defined below
 )
 

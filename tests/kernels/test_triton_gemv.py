@@ -95,6 +95,28 @@ def test_a_realistic_projection_at_full_blocks():
                            (x, *weights, *biases), torch.float32, "gemv qkv")
 
 
+@pytest.mark.parametrize("as_parameters", [False, True])
+def test_a_chain_of_calls_reads_each_output_after_it_is_written(as_parameters, small_blocks):
+    """Each call reads the one before's output (x, residual): on a device that launches the kernels as programmatic
+    dependents they wait for it; model weights (nn.Parameter) are read before that wait, plain tensors after."""
+    torch.manual_seed(0)
+    k, inter = 96, 160
+
+    def weight(n, kk):
+        w = torch.randn(n, kk) / kk**0.5
+        return torch.nn.Parameter(w, requires_grad=False) if as_parameters else w
+
+    layers = [(weight(k, k), weight(inter, k), weight(inter, k), weight(k, inter), torch.rand(k) + 0.5)
+              for _ in range(3)]
+    ours = reference = torch.randn(1, k)
+    for wo, wg, wu, wd, g in layers:
+        h = tt.gemv(ours, [wo], residual=ours)
+        ours = tt.gemv(tt.gemv_swiglu(h, wg, wu, norm_weight=g), [wd], residual=h)
+        h = tt.gemv_reference(reference, [wo], residual=reference)
+        reference = tt.gemv_reference(tt.gemv_swiglu_reference(h, wg, wu, norm_weight=g), [wd], residual=h)
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+
+
 def test_zero_rows():
     x = torch.randn(0, 16)
     assert tt.gemv(x, [torch.randn(8, 16)]).shape == (0, 8)

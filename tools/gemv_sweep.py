@@ -13,7 +13,7 @@ rows where the kernels win are what ``twinkle_triton.gemv.DECODE_ROWS`` admits (
 
 ``--block-n``, ``--tiles``, ``--warps`` and ``--pdl`` sweep the kernels' launch heuristic (weight rows a program,
 register tile, warps a program, programmatic dependent launch; ``twinkle_triton.gemv._BLOCK_N`` and
-``_BLOCK_N_WIDE_K`` / ``_TILE`` / ``_WARPS`` / ``_PDL`` and ``_PREFETCH_WEIGHTS``; a block-n of 0 in the output is the
+``_BLOCK_N_WIDE_K`` / ``_TILE`` / ``_WARPS`` / ``_dependent_launch.ENABLED`` and ``_PREFETCH_WEIGHTS``; a block-n of 0 in the output is the
 kernels' own choice); ``--shapes`` and ``--projections`` pick the model shapes and projections.
 
     python tools/gemv_sweep.py --out gemv.json
@@ -35,6 +35,7 @@ from twinkle_fx.core.outputs import output_file
 from twinkle_fx.measure.environment import describe_environment
 
 gemv_module = importlib.import_module("twinkle_triton.gemv")  # the package exports the function of that name
+dependent_launch = importlib.import_module("twinkle_triton._dependent_launch")
 
 # shape name -> (hidden, intermediate, q width, kv width, vocab)
 SHAPES = {"qwen2-0.5b": (896, 4864, 896, 128, 151936), "llama-3.2-1b": (2048, 8192, 2048, 512, 128256),
@@ -148,7 +149,7 @@ def main() -> None:
                 t_theirs = _per_call_us(theirs, sets)
                 for block_n, tile, warps, pdl in heuristics:
                     gemv_module._TILE, gemv_module._WARPS = tile, warps
-                    gemv_module._PDL, gemv_module._PREFETCH_WEIGHTS = pdl != "off", pdl == "prefetch"
+                    dependent_launch.ENABLED, gemv_module._PREFETCH_WEIGHTS = pdl != "off", pdl == "prefetch"
                     gemv_module._BLOCK_N, gemv_module._BLOCK_N_WIDE_K = (block_n, block_n) if block_n else default_blocks
                     tolerance = 5e-2 if what == "layer" else 2e-2  # four roundings in sequence
                     torch.testing.assert_close(ours(sets[0]), theirs(sets[0]), rtol=tolerance, atol=tolerance)

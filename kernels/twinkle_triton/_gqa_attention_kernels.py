@@ -8,6 +8,7 @@ Only :mod:`.gqa_attention` launches them, so their names stay private (profiles 
 import triton
 import triton.language as tl
 
+from ._dependent_launch import wait_for_inputs
 
 # The kernels compute exp(x) as exp2(x * 1.4426950408889634), log2(e) (one MUFU.EX2 on NVIDIA GPUs).
 
@@ -55,8 +56,9 @@ def _gqa_fwd_kernel(
     n_kv_heads, group, seq_q, seq_k, head_dim, split_len, n_splits, scale,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    wait_for_inputs(PDL)  # a decode step's query and cache row come from the kernel just before
     scale = _as_fp32(scale)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -124,9 +126,10 @@ def _gqa_fwd_kernel(
 @triton.jit
 def _gqa_combine_kernel(
     part_o_ptr, part_stats_ptr, out_ptr, stats_ptr, n_splits, head_dim,
-    BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # One program per query row: out = sum_j w_j o_j / sum_j w_j, w_j = l_j exp(m_j - m).
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, BLOCK_SPLITS)
     j_ok = j < n_splits

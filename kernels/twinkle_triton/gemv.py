@@ -40,7 +40,6 @@ the recomputed projections). A decode kernel is rarely differentiated, but a cal
 exact gradients of its forward.
 """
 
-import functools
 from collections.abc import Sequence
 
 import torch
@@ -49,7 +48,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
-from ._launch import cdiv, compute_dtype, interpreting, loop_block, next_power_of_2
+from ._dependent_launch import launch_options, wait_for_inputs
+from ._launch import cdiv, compute_dtype, loop_block, next_power_of_2
 from ._library import define_op, wrap_triton
 
 __all__ = ["DECODE_ROWS", "MAX_ROWS", "gemv", "gemv_reference", "gemv_swiglu", "gemv_swiglu_reference"]
@@ -71,23 +71,12 @@ _BLOCK_N = 4
 _BLOCK_N_WIDE_K = 2
 _TILE = 4096
 _WARPS = 4
-# Programmatic dependent launch (Hopper and later; tools/gemv_sweep.py --pdl measures each choice): each kernel is
-# launched as a dependent of the kernel before it, so its programs are scheduled while that kernel's last ones finish
-# and wait there (griddepcontrol.wait) instead of behind a full drain and launch; weights that are nn.Parameters
-# (a model's, which no kernel of a forward writes) have their first tile loaded before that wait. H200, bf16, one
-# row, a decoder layer's four GEMVs in sequence, weights read from DRAM: Qwen2-0.5B 22.0 us plain, 20.0 waiting
-# first, 18.1 loading the weights first; Llama-3.2-1B 48.2 / 46.0 / 43.6; Llama-3.2-3B 73.6 / 72.1 / 69.1.
-_PDL = True
+# Launched as programmatic dependents (_dependent_launch; tools/gemv_sweep.py --pdl measures each choice), the
+# kernels load their first weight tile before waiting on the kernel before when the weights are nn.Parameters (a
+# model's, which no kernel of a forward writes). H200, bf16, one row, a decoder layer's four GEMVs in sequence,
+# weights read from DRAM: Qwen2-0.5B 22.0 us plain, 20.0 waiting first, 18.1 loading the weights first;
+# Llama-3.2-1B 48.2 / 46.0 / 43.6; Llama-3.2-3B 73.6 / 72.1 / 69.1.
 _PREFETCH_WEIGHTS = True
-
-
-@triton.jit
-def _after_inputs(PDL: tl.constexpr):
-    """Under ``PDL`` (a programmatic dependent launch): wait until the kernel before has finished and its writes are
-    visible, then let the kernel after start its own programs. Nothing another kernel may write is read before."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -139,9 +128,9 @@ def _columns(x_ptr, w_ptr, b_ptr, r_ptr, g_ptr, y_ptr, block, M, N, K, col0,
     k = tl.arange(0, BLOCK_K)
     if PREFETCH:
         w = _weight_tile(rows, nmask, k, K, swk)
-        _after_inputs(PDL)
+        wait_for_inputs(PDL)
     else:
-        _after_inputs(PDL)
+        wait_for_inputs(PDL)
         w = _weight_tile(rows, nmask, k, K, swk)
     acc = tl.zeros((BLOCK_M, BLOCK_N), ACC)
     ss = tl.zeros((BLOCK_M, 1), ACC)
@@ -195,9 +184,9 @@ def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sxm, sxk, sg
     if PREFETCH:
         g = _weight_tile(g_rows, nmask, k, K, sgk)
         u = _weight_tile(u_rows, nmask, k, K, suk)
-        _after_inputs(PDL)
+        wait_for_inputs(PDL)
     else:
-        _after_inputs(PDL)
+        wait_for_inputs(PDL)
         g = _weight_tile(g_rows, nmask, k, K, sgk)
         u = _weight_tile(u_rows, nmask, k, K, suk)
     gate = tl.zeros((BLOCK_M, BLOCK_N), ACC)
@@ -229,20 +218,12 @@ def _blocks(rows: int, n: int, k: int, width: int) -> tuple[int, int, int]:
     return block_m, loop_block(n, block_n), loop_block(k, block_k)
 
 
-@functools.cache
-def _device_launches_dependents(index: int) -> bool:
-    """Whether CUDA device ``index`` takes programmatic dependent launches (compute capability 9.0 and later) and
-    this Triton has the grid-dependency instructions."""
-    return torch.cuda.get_device_capability(index)[0] >= 9 and hasattr(tl.extra.cuda, "gdc_wait")
-
-
 def _dependent_launch(x: Tensor, weights: Sequence[Tensor]) -> dict:
-    """The kernels' launch options for ``x``'s device: a programmatic dependent launch where it has one (see
-    ``_PDL``), the weights read before the wait when every one is an ``nn.Parameter``; else a plain launch."""
-    if not _PDL or x.device.type != "cuda" or interpreting() or not _device_launches_dependents(x.device.index or 0):
-        return {"PDL": False, "PREFETCH": False}
-    prefetch = _PREFETCH_WEIGHTS and all(isinstance(w, torch.nn.Parameter) for w in weights)
-    return {"PDL": True, "PREFETCH": prefetch, "launch_pdl": True}
+    """The kernels' launch options on ``x``'s device (``_dependent_launch.launch_options``), the weights read before
+    the wait when every one is an ``nn.Parameter`` and :data:`_PREFETCH_WEIGHTS`."""
+    options = launch_options(x)
+    prefetch = options["PDL"] and _PREFETCH_WEIGHTS and all(isinstance(w, torch.nn.Parameter) for w in weights)
+    return {**options, "PREFETCH": prefetch}
 
 
 def _flat(x: Tensor) -> Tensor:

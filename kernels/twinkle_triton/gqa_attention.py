@@ -36,8 +36,20 @@ import torch
 from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
-from ._gqa_attention_kernels import _gqa_bwd_dkdv_kernel, _gqa_bwd_dq_kernel, _gqa_combine_kernel, _gqa_fwd_kernel
-from ._launch import cdiv, dot_options, interpreting, multiprocessor_count, next_power_of_2
+from ._dependent_launch import launch_options
+from ._gqa_attention_kernels import (
+    _gqa_bwd_dkdv_kernel,
+    _gqa_bwd_dq_kernel,
+    _gqa_combine_kernel,
+    _gqa_fwd_kernel,
+)
+from ._launch import (
+    cdiv,
+    dot_options,
+    interpreting,
+    multiprocessor_count,
+    next_power_of_2,
+)
 from ._library import define_differentiable_op, wrap_triton
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -150,12 +162,13 @@ def _gqa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | 
         n_kv_heads, group, seq_q, seq_k, head_dim, split_len, splits, scale,
         HAS_MASK=has_mask, MASK_BOOL=mask_bool, SPLIT=splits > 1,
         BLOCK_M=block_m, BLOCK_S=block_s, BLOCK_D=block_d, **dot_options(query.dtype),
-        num_warps=num_warps,
+        num_warps=num_warps, **launch_options(query),
     )
     if splits > 1:
         wrap_triton(_gqa_combine_kernel)[(batch * n_heads * seq_q,)](
             part_o, part_stats, out, stats, splits, head_dim,
             BLOCK_SPLITS=max(2, next_power_of_2(splits)), BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
+            **launch_options(query),
         )
     return out, stats
 
@@ -208,8 +221,11 @@ def _gqa_attention_backward_fake(grad_out, query, key, value, attn_mask, out, st
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape))
 
 
+# Opaque to Inductor (custom ops, not triton_ops): the forward's kernels launch as programmatic dependents
+# (_dependent_launch), which Inductor's launcher of user kernels does not do; the op runs in decode steps, as a CUDA
+# graph, where its dispatch costs nothing.
 _gqa_attention_op = define_differentiable_op(
-    "gqa_attention", _gqa_attention_impl, fake=_gqa_attention_fake,
+    "gqa_attention", _gqa_attention_impl, fake=_gqa_attention_fake, inline_kernels=False,
     backward=_gqa_attention_backward_impl, backward_fake=_gqa_attention_backward_fake,
     saved=("query", "key", "value", "attn_mask", "output[0]", "output[1]", "scale"),
     non_differentiable=("output[1]",),  # the softmax statistics: the backward's input, never differentiated

@@ -29,6 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
+from ._dependent_launch import launch_options, wait_for_inputs
 from ._launch import compute_dtype, next_power_of_2
 from ._library import define_differentiable_op, wrap_triton
 
@@ -86,12 +87,13 @@ def _apply_rotary_pos_emb_kernel(
     cos_sb, cos_ss, sin_sb, sin_ss,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
     LAYOUT: tl.constexpr, SHARED_ANGLE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
-    CACHE: tl.constexpr, BLOCK_D: tl.constexpr,
+    CACHE: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
     # CACHE: k_out and v_out are a KV cache [B, Hkv, S_max, D]; position s of k (rotated) and of v (copied)
     # goes to the cache's row pos[s], q's to row s of q_out.
     # Pair (a, b) of each head rotates by the angles (cos_a, sin_a), (cos_b, sin_b): each column's own
     # entry of the cos/sin row, or entry i for both columns of pair i (SHARED_ANGLE).
+    wait_for_inputs(PDL)
     pid = tl.program_id(0).to(tl.int64)
     b = pid // seq_len
     s = pid % seq_len
@@ -207,6 +209,9 @@ def launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, t
         LAYOUT=_REINTERLEAVE if layout == DEINTERLEAVE and transpose else layout, SHARED_ANGLE=shared_angle,
         COMPUTE_DTYPE=compute_dtype(q.dtype),
         TRANSPOSE=transpose, CACHE=cache is not None, BLOCK_D=next_power_of_2(head_dim), num_warps=num_warps,
+        # the decode step's cache write: an opaque op (rotary_cache), launched by us; the other calls may be
+        # traced into Inductor's launches, which take no programmatic dependent launch
+        **(launch_options(q) if cache is not None else {}),
     )
     return q_out, k_out
 

@@ -42,8 +42,11 @@ def _fake(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, key_cache: 
     return out_like(q)
 
 
+# Opaque to Inductor: the kernel launches as a programmatic dependent (_dependent_launch), which Inductor's launcher
+# of user kernels does not do; a decode step runs as a CUDA graph, where the op's dispatch costs nothing.
 _op = define_op(
     "apply_rotary_pos_emb_to_cache", _impl, fake=_fake, mutates_args=("key_cache", "value_cache"),
+    inline_kernels=False,
     reference=lambda *args: apply_rotary_pos_emb_to_cache_reference(*args),  # defined below
 )
 

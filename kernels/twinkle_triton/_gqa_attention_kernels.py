@@ -56,7 +56,7 @@ def _gqa_fwd_kernel(
     n_kv_heads, group, seq_q, seq_k, head_dim, split_len, n_splits, scale,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, PDL: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_inputs(PDL)  # a decode step's query and cache row come from the kernel just before
     scale = _as_fp32(scale)
@@ -126,7 +126,7 @@ def _gqa_fwd_kernel(
 @triton.jit
 def _gqa_combine_kernel(
     part_o_ptr, part_stats_ptr, out_ptr, stats_ptr, n_splits, head_dim,
-    BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program per query row: out = sum_j w_j o_j / sum_j w_j, w_j = l_j exp(m_j - m).
     wait_for_inputs(PDL)

@@ -87,7 +87,7 @@ def _apply_rotary_pos_emb_kernel(
     cos_sb, cos_ss, sin_sb, sin_ss,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
     LAYOUT: tl.constexpr, SHARED_ANGLE: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, TRANSPOSE: tl.constexpr,
-    CACHE: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    CACHE: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     # CACHE: k_out and v_out are a KV cache [B, Hkv, S_max, D]; position s of k (rotated) and of v (copied)
     # goes to the cache's row pos[s], q's to row s of q_out.
@@ -211,7 +211,7 @@ def launch(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int, t
         TRANSPOSE=transpose, CACHE=cache is not None, BLOCK_D=next_power_of_2(head_dim), num_warps=num_warps,
         # the decode step's cache write: an opaque op (rotary_cache), launched by us; the other calls may be
         # traced into Inductor's launches, which take no programmatic dependent launch
-        **(launch_options(q) if cache is not None else {}),
+        **(launch_options(q) if cache is not None else {"PDL": False}),
     )
     return q_out, k_out
 

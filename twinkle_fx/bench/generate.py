@@ -25,7 +25,8 @@ time one decode step would take reading every weight once at the device's measur
 over the measured step time. ``tokens`` compares, in fp32 (random-init bf16 logits are too flat for
 argmax to agree), the tokens a short generate produces with eager's. At the first batch size, a
 profile of a ``new_tokens`` generate against a 1-token one gives the kernels and the device time per
-decode step (``kernels/step``, ``GPU ms/step``): their gap to ``ms/step`` is the host's share.
+decode step (``kernels/step``, ``GPU ms/step``: the time in which some kernel runs, overlapping kernels counted
+once): their gap to ``ms/step`` is the host's share.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class GenerateRow:
     decode_tok_s: float | None = None
     of_limit: float | None = None  # weight-read time per step at copy bandwidth / measured step time
     kernels_per_step: float | None = None  # device kernels a decode step launches (profiled, first batch)
-    gpu_ms_per_step: float | None = None  # their device time
+    gpu_ms_per_step: float | None = None  # the time some kernel of the step runs
     tokens_equal: bool | None = None  # fp32 tokens equal eager's
     notes: list[str] = field(default_factory=list)
     error: str | None = None
@@ -198,37 +199,63 @@ def _tokens(options: GenerateOptions, row: str) -> torch.Tensor:
         return _generate(model, ids, 8, kwargs).cpu()
 
 
+@dataclass
+class _DeviceKernels:
+    """A profile's device kernels (no memcpy / memset): launches and microseconds by kernel class and by name, and
+    the microseconds in which at least one runs (``busy_us``: a kernel launched as a programmatic dependent starts,
+    and waits, while the one before still runs, so durations summed count that overlap twice)."""
+
+    count: dict[str, int]
+    time_us: dict[str, float]
+    named_count: dict[str, int]
+    named_us: dict[str, float]
+    busy_us: float
+
+    @classmethod
+    def of(cls, events) -> _DeviceKernels:
+        """From ``torch.profiler``'s events (``device_type``, ``name``, ``device_time`` and ``time_range``)."""
+        from collections import Counter
+
+        from ..measure.overlap import busy_time
+
+        kernels = [e for e in events if e.device_type.name == "CUDA" and not e.name.startswith(("Memset", "Memcpy"))]
+        count, time, named_count, named_us = Counter(), Counter(), Counter(), Counter()
+        for e in kernels:
+            count[kernel_class(e.name)] += 1
+            time[kernel_class(e.name)] += e.device_time
+            named_count[e.name] += 1
+            named_us[e.name] += e.device_time
+        busy = busy_time((e.time_range.start, e.time_range.end) for e in kernels)
+        return cls(dict(count), dict(time), dict(named_count), dict(named_us), busy)
+
+
+def _per_step(one: _DeviceKernels, many: _DeviceKernels, steps: int, top: int = 0) -> tuple[float, float, str, str]:
+    """(kernels a step, device ms a step (busy time), the split by kernel class (durations summed), the ``top``
+    kernels with the most device time a step) from profiles of one token and of ``steps`` more."""
+    split = ", ".join(f"{kind} {(many.count[kind] - one.count.get(kind, 0)) / steps:.0f} x "
+                      f"{(many.time_us[kind] - one.time_us.get(kind, 0.0)) / steps / 1e3:.3f} ms"
+                      for kind in sorted(many.count, key=lambda k: -(many.time_us[k] - one.time_us.get(k, 0.0))))
+    named = sorted(many.named_us, key=lambda k: -(many.named_us[k] - one.named_us.get(k, 0.0)))[:top]
+    names = "; ".join(f"{name[:90]} {(many.named_count[name] - one.named_count.get(name, 0)) / steps:.1f} x "
+                      f"{(many.named_us[name] - one.named_us.get(name, 0.0)) / steps:.1f} us" for name in named)
+    kernels = (sum(many.count.values()) - sum(one.count.values())) / steps
+    return kernels, (many.busy_us - one.busy_us) / steps / 1e3, split, names
+
+
 def _profile_step(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, kwargs: dict[str, Any],
                   top: int = 0) -> tuple[float, float, str, str]:
-    """Kernels and device milliseconds per decode step, their split by kernel class, and the ``top`` kernels
-    with the most device time a step (name, launches and microseconds a step): a profile of ``new_tokens``
-    against one token."""
-    from collections import Counter
-
+    """Kernels and device milliseconds per decode step (the time some kernel runs), their split by kernel class,
+    and the ``top`` kernels with the most device time a step (name, launches and microseconds a step): a profile
+    of ``new_tokens`` against one token."""
     from torch.profiler import ProfilerActivity, profile
 
-    def kernels(tokens: int) -> tuple[Counter, Counter, Counter, Counter]:
+    def kernels(tokens: int) -> _DeviceKernels:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             _generate(model, ids, tokens, kwargs)
             torch.cuda.synchronize()
-        count, time, named_count, named_time = Counter(), Counter(), Counter(), Counter()
-        for e in prof.events():
-            if e.device_type.name == "CUDA" and not e.name.startswith(("Memset", "Memcpy")):
-                count[kernel_class(e.name)] += 1
-                time[kernel_class(e.name)] += e.device_time / 1e3
-                named_count[e.name] += 1
-                named_time[e.name] += e.device_time
-        return count, time, named_count, named_time
+        return _DeviceKernels.of(prof.events())
 
-    (n1, ms1, c1, us1), (nn, msn, cn, usn) = kernels(1), kernels(new_tokens)
-    steps = new_tokens - 1
-    split = ", ".join(f"{kind} {(nn[kind] - n1[kind]) / steps:.0f} x {(msn[kind] - ms1[kind]) / steps:.3f} ms"
-                      for kind in sorted(nn, key=lambda k: -(msn[k] - ms1[k])))
-    named = sorted(usn, key=lambda k: -(usn[k] - us1[k]))[:top]
-    names = "; ".join(f"{name[:90]} {(cn[name] - c1[name]) / steps:.1f} x {(usn[name] - us1[name]) / steps:.1f} us"
-                      for name in named)
-    return ((sum(nn.values()) - sum(n1.values())) / steps, (sum(msn.values()) - sum(ms1.values())) / steps, split,
-            names)
+    return _per_step(kernels(1), kernels(new_tokens), new_tokens - 1, top)
 
 
 def _run_row(row: str, options: GenerateOptions, bandwidth: float, reference: torch.Tensor | None) -> list[GenerateRow]:

@@ -36,3 +36,21 @@ def test_a_plain_launch_never_reads_before_a_wait(monkeypatch):
     x = torch.randn(1, 16)
     assert gemv_module._dependent_launch(x, [w]) == {"PDL": False, "PREFETCH": False}
     torch.testing.assert_close(tt.gemv(x, [w]), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_compiled_model_hands_the_gemv_its_parameters(monkeypatch, backend):
+    """The weights-first read needs the weights to arrive as parameters; a compiled graph passes them on as such."""
+    seen = []
+    real = gemv_module._dependent_launch
+
+    def recording(x, weights):
+        seen.append([isinstance(w, torch.nn.Parameter) for w in weights])
+        return real(x, weights)
+
+    monkeypatch.setattr(gemv_module, "_dependent_launch", recording)
+    linear = torch.nn.Linear(16, 8, bias=False)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        torch.compile(lambda x: tt.gemv(x, [linear.weight]), backend=backend)(torch.randn(1, 16))
+    assert seen == [[True]]

@@ -37,19 +37,8 @@ from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
 from ._dependent_launch import launch_options
-from ._gqa_attention_kernels import (
-    _gqa_bwd_dkdv_kernel,
-    _gqa_bwd_dq_kernel,
-    _gqa_combine_kernel,
-    _gqa_fwd_kernel,
-)
-from ._launch import (
-    cdiv,
-    dot_options,
-    interpreting,
-    multiprocessor_count,
-    next_power_of_2,
-)
+from ._gqa_attention_kernels import _gqa_bwd_dkdv_kernel, _gqa_bwd_dq_kernel, _gqa_combine_kernel, _gqa_fwd_kernel
+from ._launch import cdiv, dot_options, interpreting, multiprocessor_count, next_power_of_2
 from ._library import define_differentiable_op, wrap_triton
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -2,9 +2,9 @@
 
 Each row times ``twinkle_triton.gemv`` (q/k/v in one launch, o and down with the residual add,
 the LM head) or ``gemv_swiglu`` (gate and up with the SwiGLU product), and a decoder layer's four in sequence
-(``layer``), against what the graph runs
-without them: ``F.linear`` per weight (cuBLAS) on pre-concatenated q/k/v weights, or on the gate and
-up weights with ``silu(g) * u`` after; the ``norm + ...`` rows take the RMSNorm in the kernel's prologue
+(``layer``), against what the graph runs without them: ``F.linear`` per weight (cuBLAS) on pre-concatenated q/k/v
+weights, or on the gate and up weights with ``silu(g) * u`` after; the ``norm + ...`` rows take the RMSNorm in the
+kernel's prologue
 (``norm_weight=``) against ``twinkle_triton.rms_norm``'s kernel before the same GEMV. Times are CUDA-graph replays
 (``triton.testing.do_bench_cudagraph``: no launch gaps, as inside the decode loop's graph) over enough copies of
 the weights to fill twice the L2 cache, so each call reads its weights from DRAM as a decode step's layers do
@@ -13,11 +13,12 @@ rows where the kernels win are what ``twinkle_triton.gemv.DECODE_ROWS`` admits (
 
 ``--block-n``, ``--tiles``, ``--warps`` and ``--pdl`` sweep the kernels' launch heuristic (weight rows a program,
 register tile, warps a program, programmatic dependent launch; ``twinkle_triton.gemv._BLOCK_N`` and
-``_BLOCK_N_WIDE_K`` / ``_TILE`` / ``_WARPS`` / ``_dependent_launch.ENABLED`` and ``_PREFETCH_WEIGHTS``; a block-n of 0 in the output is the
-kernels' own choice); ``--shapes`` and ``--projections`` pick the model shapes and projections.
+``_BLOCK_N_WIDE_K`` / ``_TILE`` / ``_WARPS`` / ``_dependent_launch.ENABLED`` and ``_PREFETCH_WEIGHTS``; a block-n
+of 0 in the output is the kernels' own choice); ``--shapes`` and ``--projections`` pick the model shapes and
+projections.
 
     python tools/gemv_sweep.py --out gemv.json
-    python tools/gemv_sweep.py --out gemv-tune.json --rows 1 --block-n 2,4 --tiles 2048,4096,8192 --pdl off,wait,prefetch
+    python tools/gemv_sweep.py --out gemv-tune.json --rows 1 --block-n 2,4 --tiles 2048,4096 --pdl off,wait,prefetch
 """
 
 from __future__ import annotations
@@ -135,8 +136,8 @@ def main() -> None:
     launches = args.pdl.split(",")
     if set(launches) - {"off", "wait", "prefetch"}:
         parser.error(f"--pdl: {args.pdl!r}; pass off, wait and/or prefetch")
-    heuristics = [(b, int(t), int(w), pdl) for b in block_ns for t in args.tiles.split(",") for w in args.warps.split(",")
-                  for pdl in launches]
+    heuristics = [(b, int(t), int(w), pdl) for b in block_ns for t in args.tiles.split(",")
+                  for w in args.warps.split(",") for pdl in launches]
     print(f"{'shape':14s} {'projection':16s} rows  N  tile  w pdl      baseline us  GB/s | gemv us  GB/s | speedup")
     for name in args.shapes.split(","):
         dims = SHAPES[name]
@@ -150,16 +151,17 @@ def main() -> None:
                 for block_n, tile, warps, pdl in heuristics:
                     gemv_module._TILE, gemv_module._WARPS = tile, warps
                     dependent_launch.ENABLED, gemv_module._PREFETCH_WEIGHTS = pdl != "off", pdl == "prefetch"
-                    gemv_module._BLOCK_N, gemv_module._BLOCK_N_WIDE_K = (block_n, block_n) if block_n else default_blocks
+                    blocks = (block_n, block_n) if block_n else default_blocks
+                    gemv_module._BLOCK_N, gemv_module._BLOCK_N_WIDE_K = blocks
                     tolerance = 5e-2 if what == "layer" else 2e-2  # four roundings in sequence
                     torch.testing.assert_close(ours(sets[0]), theirs(sets[0]), rtol=tolerance, atol=tolerance)
                     t_ours = _per_call_us(ours, sets)
                     results.append({"shape": name, "projection": what, "rows": rows, "block_n": block_n, "tile": tile,
-                                    "warps": warps, "pdl": pdl, "weight_sets": len(sets), "cublas_us": t_theirs, "gemv_us": t_ours,
-                                    "speedup": t_theirs / t_ours})
-                    print(f"{name:14s} {what:16s} {rows:4d} {block_n:2d} {tile:5d} {warps:2d} {pdl:8s} {t_theirs:11.1f} "
-                          f"{nbytes / t_theirs / 1e3:5.0f} | {t_ours:7.1f} {nbytes / t_ours / 1e3:5.0f} | "
-                          f"{t_theirs / t_ours:5.2f}x", flush=True)
+                                    "warps": warps, "pdl": pdl, "weight_sets": len(sets), "cublas_us": t_theirs,
+                                    "gemv_us": t_ours, "speedup": t_theirs / t_ours})
+                    print(f"{name:14s} {what:16s} {rows:4d} {block_n:2d} {tile:5d} {warps:2d} {pdl:8s} "
+                          f"{t_theirs:11.1f} {nbytes / t_theirs / 1e3:5.0f} | {t_ours:7.1f} "
+                          f"{nbytes / t_ours / 1e3:5.0f} | {t_theirs / t_ours:5.2f}x", flush=True)
     if len(heuristics) > 1:
         print("\nfastest heuristic per projection (block_n, tile, warps, pdl):")
         best = {}

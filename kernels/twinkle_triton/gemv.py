@@ -204,7 +204,8 @@ def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sxm, sxk, sg
         rstd = tl.rsqrt(ss / K + eps)
         gate, up = gate * rstd, up * rstd
     y = gate * tl.sigmoid(gate) * up
-    tl.store(y_ptr + m[:, None] * sym + n[None, :], y.to(y_ptr.dtype.element_ty), mask=(m[:, None] < M) & nmask[None, :])
+    tl.store(y_ptr + m[:, None] * sym + n[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=(m[:, None] < M) & nmask[None, :])
 
 
 def _blocks(rows: int, n: int, k: int, width: int) -> tuple[int, int, int]:

@@ -163,7 +163,8 @@ job_fsdp() {
   # embedding 394 M). Pure bf16 with AdamW keeps 8 bytes a parameter (weight, gradient, exp_avg, exp_avg_sq):
   # 23.9 GiB on one GPU, 12.0 GiB per GPU sharded over 2 (fp32 master weights, --mixed-precision, would double
   # both and leave one GPU nothing to compare with, so both run in bf16). Activations kept for the backward,
-  # about 90 KB a token and layer in bf16 (3 x 8192 MLP + 6 x 3072 + 2048 k/v elements), 2.4 MiB a token over 28 layers: 9.6 GiB for 4 x 1024 tokens; torch.compile's loss adds up to 4 GiB of logits (4096 x 128256,
+  # about 90 KB a token and layer in bf16 (3 x 8192 MLP + 6 x 3072 + 2048 k/v elements), 2.4 MiB a token over 28
+  # layers: 9.6 GiB for 4 x 1024 tokens; torch.compile's loss adds up to 4 GiB of logits (4096 x 128256,
   # bf16, fp32 in the loss and its gradient), the fused-loss head about none. One GPU, 4 x 1024: 24 + 9.6 + 4 =
   # 38 GiB (8 x 1024: 52); FSDP2, 4 x 1024 per GPU: 12 + 9.6 + 4 + the gathered layers and root (~1.5 GiB) = 27 GiB;
   # with CUDA graphs each layer's forward and backward graph keeps its own copy of the gathered parameters

@@ -219,7 +219,7 @@ def _blocks(rows: int, n: int, k: int, width: int) -> tuple[int, int, int]:
     return block_m, loop_block(n, block_n), loop_block(k, block_k)
 
 
-def _dependent_launch(x: Tensor, weights: Sequence[Tensor]) -> dict:
+def _launch_options(x: Tensor, weights: Sequence[Tensor]) -> dict:
     """The kernels' launch options on ``x``'s device (``_dependent_launch.launch_options``), the weights read before
     the wait when every one is an ``nn.Parameter`` and :data:`_PREFETCH_WEIGHTS`."""
     options = launch_options(x)
@@ -256,7 +256,7 @@ def _gemv_impl(x: Tensor, w0: Tensor, w1: Tensor | None, w2: Tensor | None, b0: 
         norm_weight.stride(0) if norm_weight is not None else 0, eps,
         HAS_BIAS=b0 is not None, HAS_RESIDUAL=residual is not None, HAS_NORM=norm_weight is not None,
         ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=_WARPS, **_dependent_launch(x, weights),
+        num_warps=_WARPS, **_launch_options(x, weights),
     )
     return y
 
@@ -345,7 +345,7 @@ def _gemv_swiglu_impl(x: Tensor, gate_weight: Tensor, up_weight: Tensor, norm_we
         xf.stride(1), *gate_weight.stride(), *up_weight.stride(), n,
         norm_weight.stride(0) if norm_weight is not None else 0, eps, HAS_NORM=norm_weight is not None,
         ACC=compute_dtype(x.dtype), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=_WARPS, **_dependent_launch(x, (gate_weight, up_weight)),
+        num_warps=_WARPS, **_launch_options(x, (gate_weight, up_weight)),
     )
     return y
 

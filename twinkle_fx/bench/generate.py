@@ -37,6 +37,7 @@ import functools
 import json
 import os
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -45,7 +46,8 @@ import torch
 
 from ..measure.environment import describe_environment
 from ..measure.clock import DeviceClock
-from ..measure.kernel_classes import kernel_class
+from ..measure.kernel_classes import KernelClasses, kernel_classes
+from ..measure.overlap import Kernel
 from .timing import copy_ms
 from .workloads import WORKLOADS, build_model, get_workload
 
@@ -201,45 +203,44 @@ def _tokens(options: GenerateOptions, row: str) -> torch.Tensor:
 
 @dataclass
 class _DeviceKernels:
-    """A profile's device kernels (no memcpy / memset): launches and microseconds by kernel class and by name, and
-    the microseconds in which at least one runs (``busy_us``: a kernel launched as a programmatic dependent starts,
-    and waits, while the one before still runs, so durations summed count that overlap twice)."""
+    """A profile's device kernels (no memcpy / memset): their split by kernel class with the span and its idle part
+    (:func:`~twinkle_fx.measure.kernel_classes.kernel_classes`), and launches and microseconds by name. The
+    device time is the span less its idle part, the time in which some kernel runs: a kernel launched as a
+    programmatic dependent starts, and waits, while the one before still runs, so durations summed count that
+    overlap twice."""
 
-    count: dict[str, int]
-    time_us: dict[str, float]
-    named_count: dict[str, int]
-    named_us: dict[str, float]
-    busy_us: float
+    classes: KernelClasses
+    named_count: Counter
+    named_us: Counter
 
     @classmethod
     def of(cls, events) -> _DeviceKernels:
         """From ``torch.profiler``'s events (``device_type``, ``name``, ``device_time`` and ``time_range``)."""
-        from collections import Counter
-
-        from ..measure.overlap import busy_time
-
         kernels = [e for e in events if e.device_type.name == "CUDA" and not e.name.startswith(("Memset", "Memcpy"))]
-        count, time, named_count, named_us = Counter(), Counter(), Counter(), Counter()
+        named_count, named_us = Counter(), Counter()
         for e in kernels:
-            count[kernel_class(e.name)] += 1
-            time[kernel_class(e.name)] += e.device_time
             named_count[e.name] += 1
             named_us[e.name] += e.device_time
-        busy = busy_time((e.time_range.start, e.time_range.end) for e in kernels)
-        return cls(dict(count), dict(time), dict(named_count), dict(named_us), busy)
+        classes = kernel_classes(Kernel(0, e.name, e.time_range.start, e.time_range.end) for e in kernels)
+        return cls(classes, named_count, named_us)
+
+    @property
+    def busy_ms(self) -> float:
+        return self.classes.span_ms - self.classes.idle_ms
 
 
 def _per_step(one: _DeviceKernels, many: _DeviceKernels, steps: int, top: int = 0) -> tuple[float, float, str, str]:
     """(kernels a step, device ms a step (busy time), the split by kernel class (durations summed), the ``top``
     kernels with the most device time a step) from profiles of one token and of ``steps`` more."""
-    split = ", ".join(f"{kind} {(many.count[kind] - one.count.get(kind, 0)) / steps:.0f} x "
-                      f"{(many.time_us[kind] - one.time_us.get(kind, 0.0)) / steps / 1e3:.3f} ms"
-                      for kind in sorted(many.count, key=lambda k: -(many.time_us[k] - one.time_us.get(k, 0.0))))
-    named = sorted(many.named_us, key=lambda k: -(many.named_us[k] - one.named_us.get(k, 0.0)))[:top]
-    names = "; ".join(f"{name[:90]} {(many.named_count[name] - one.named_count.get(name, 0)) / steps:.1f} x "
-                      f"{(many.named_us[name] - one.named_us.get(name, 0.0)) / steps:.1f} us" for name in named)
-    kernels = (sum(many.count.values()) - sum(one.count.values())) / steps
-    return kernels, (many.busy_us - one.busy_us) / steps / 1e3, split, names
+    a, b = one.classes, many.classes
+    split = ", ".join(f"{kind} {(b.calls[kind] - a.calls.get(kind, 0)) / steps:.0f} x "
+                      f"{(b.ms[kind] - a.ms.get(kind, 0.0)) / steps:.3f} ms"
+                      for kind in sorted(b.ms, key=lambda k: -(b.ms[k] - a.ms.get(k, 0.0))))
+    named = sorted(many.named_us, key=lambda k: -(many.named_us[k] - one.named_us[k]))[:top]
+    names = "; ".join(f"{name[:90]} {(many.named_count[name] - one.named_count[name]) / steps:.1f} x "
+                      f"{(many.named_us[name] - one.named_us[name]) / steps:.1f} us" for name in named)
+    kernels = (sum(b.calls.values()) - sum(a.calls.values())) / steps
+    return kernels, (many.busy_ms - one.busy_ms) / steps, split, names
 
 
 def _profile_step(model: torch.nn.Module, ids: torch.Tensor, new_tokens: int, kwargs: dict[str, Any],

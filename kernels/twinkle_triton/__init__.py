@@ -19,6 +19,7 @@ from .mul_add import mul_add, mul_add_reference
 from .rms_norm import add_rms_norm, add_rms_norm_reference, rms_norm, rms_norm_reference
 from .rotary import apply_rotary_pos_emb, apply_rotary_pos_emb_reference
 from .rotary_cache import apply_rotary_pos_emb_to_cache, apply_rotary_pos_emb_to_cache_reference
+from .rotary_cache_attention import rotary_cache_attention, rotary_cache_attention_reference
 from .rotary_variants import (
     apply_rotary_pos_emb_deinterleave,
     apply_rotary_pos_emb_deinterleave_reference,
@@ -81,6 +82,8 @@ __all__ = [
     "mul_add_reference",
     "rms_norm",
     "rms_norm_reference",
+    "rotary_cache_attention",
+    "rotary_cache_attention_reference",
     "rms_norm_fp32",
     "rms_norm_fp32_reference",
     "silu_and_mul",

@@ -50,6 +50,58 @@ def _load_mask_block(mask_ptr, mask_row, s, valid, MASK_BOOL: tl.constexpr, sms)
 
 
 @triton.jit
+def _attend_keys(
+    q, k_base, v_base, mask_ptr, mask_row, row_ok, d, d_ok, s_begin, s_end, sks, skd, svs, svd, sms, scale,
+    HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, BLOCK_S: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, LOAD_CACHE: tl.constexpr,
+):
+    """(row max, row sum, unnormalised output) of the online softmax of ``q``'s rows over keys
+    ``[s_begin, s_end)``, in blocks of ``BLOCK_S``. ``LOAD_CACHE`` is the loads' cache modifier: ".cg" reads
+    K and V at L2, where rows this program wrote just before are."""
+    m_i = tl.full([q.shape[0]], float("-inf"), tl.float32)
+    l_i = tl.zeros([q.shape[0]], tl.float32)
+    acc = tl.zeros(q.shape, tl.float32)
+    for start in range(s_begin, s_end, BLOCK_S):
+        s = start + tl.arange(0, BLOCK_S)
+        s_ok = s < s_end
+        valid = row_ok[:, None] & s_ok[None, :]
+        bias = 0.0
+        if HAS_MASK:
+            valid, bias = _load_mask_block(mask_ptr, mask_row, s, valid, MASK_BOOL, sms)
+        # Skip K and V of a block no row may attend to (a static cache's unwritten tail).
+        if tl.max(valid.to(tl.int32)) > 0:
+            # V's load is issued with K's, so both are in flight during the first dot.
+            kt = tl.load(k_base + s[None, :] * sks + d[:, None] * skd, mask=s_ok[None, :] & d_ok[:, None], other=0.0,
+                         cache_modifier=LOAD_CACHE)
+            v = tl.load(v_base + s[:, None] * svs + d[None, :] * svd, mask=s_ok[:, None] & d_ok[None, :], other=0.0,
+                        cache_modifier=LOAD_CACHE)
+            scores = _dot(q, kt, DOT_PRECISION, DOT_UPCAST) * scale + bias
+            scores = tl.where(valid, scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            # A row with no valid key so far keeps m = -inf; shift it by 0 (p = 0, no NaN).
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2((m_i - m_safe) * 1.4426950408889634)
+            p = tl.exp2((scores - m_safe[:, None]) * 1.4426950408889634)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
+            m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _store_split(part_o_ptr, part_stats_ptr, m_i, l_i, acc, row_index, row_ok, d, d_ok, pid_s, n_splits, head_dim):
+    """One split's normalised output and statistics (row max, log row sum) for the combine kernel; a row with
+    no valid key (l = 0) stores o = 0 and (0, -inf)."""
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    part = row_index * n_splits + pid_s
+    tl.store(part_o_ptr + part[:, None] * head_dim + d[None, :], o, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(part_stats_ptr + part * 2, tl.where(empty, 0.0, m_i), mask=row_ok)
+    tl.store(part_stats_ptr + part * 2 + 1, tl.where(empty, float("-inf"), tl.log(tl.where(empty, 1.0, l_i))),
+             mask=row_ok)
+
+
+@triton.jit
 def _gqa_fwd_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, stats_ptr, part_o_ptr, part_stats_ptr,
     sqb, sqh, sql, sqd, skb, skh, sks, skd, svb, svh, svs, svd, smb, smh, sml, sms,
@@ -74,63 +126,38 @@ def _gqa_fwd_kernel(
     d_ok = d < head_dim
     q = tl.load(q_ptr + b * sqb + h[:, None] * sqh + pos[:, None] * sql + d[None, :] * sqd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    k_base = k_ptr + b * skb + hk * skh
-    v_base = v_ptr + b * svb + hk * svh
-    mask_row = b * smb + h * smh + pos * sml
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     s_begin = pid_s * split_len
-    s_end = tl.minimum(s_begin + split_len, seq_k)
-    for start in range(s_begin, s_end, BLOCK_S):
-        s = start + tl.arange(0, BLOCK_S)
-        s_ok = s < s_end
-        valid = row_ok[:, None] & s_ok[None, :]
-        bias = 0.0
-        if HAS_MASK:
-            valid, bias = _load_mask_block(mask_ptr, mask_row, s, valid, MASK_BOOL, sms)
-        # Skip K and V of a block no row may attend to (a static cache's unwritten tail).
-        if tl.max(valid.to(tl.int32)) > 0:
-            # V's load is issued with K's, so both are in flight during the first dot.
-            kt = tl.load(k_base + s[None, :] * sks + d[:, None] * skd, mask=s_ok[None, :] & d_ok[:, None], other=0.0)
-            v = tl.load(v_base + s[:, None] * svs + d[None, :] * svd, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-            scores = _dot(q, kt, DOT_PRECISION, DOT_UPCAST) * scale + bias
-            scores = tl.where(valid, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            # A row with no valid key so far keeps m = -inf; shift it by 0 (p = 0, no NaN).
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2((m_i - m_safe) * 1.4426950408889634)
-            p = tl.exp2((scores - m_safe[:, None]) * 1.4426950408889634)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
-            m_i = m_new
-
-    # Fully masked rows (l = 0) give o = 0 and statistics (0, -inf) for the combine, (0, 0) saved.
-    empty = l_i == 0.0
-    log_l = tl.log(tl.where(empty, 1.0, l_i))
-    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    m_i, l_i, acc = _attend_keys(
+        q, k_ptr + b * skb + hk * skh, v_ptr + b * svb + hk * svh, mask_ptr, b * smb + h * smh + pos * sml,
+        row_ok, d, d_ok, s_begin, tl.minimum(s_begin + split_len, seq_k), sks, skd, svs, svd, sms, scale,
+        HAS_MASK, MASK_BOOL, BLOCK_S, DOT_PRECISION, DOT_UPCAST, "",
+    )
     row_index = (b * n_heads + h) * seq_q + pos
-    out_mask = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
-        part = row_index * n_splits + pid_s
-        tl.store(part_o_ptr + part[:, None] * head_dim + d[None, :], o, mask=out_mask)
-        tl.store(part_stats_ptr + part * 2, tl.where(empty, 0.0, m_i), mask=row_ok)
-        tl.store(part_stats_ptr + part * 2 + 1, tl.where(empty, float("-inf"), log_l), mask=row_ok)
+        _store_split(part_o_ptr, part_stats_ptr, m_i, l_i, acc, row_index, row_ok, d, d_ok, pid_s, n_splits, head_dim)
     else:
-        tl.store(out_ptr + row_index[:, None] * head_dim + d[None, :], o.to(out_ptr.dtype.element_ty), mask=out_mask)
+        # Fully masked rows (l = 0) give o = 0 and statistics (0, 0) saved.
+        empty = l_i == 0.0
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        tl.store(out_ptr + row_index[:, None] * head_dim + d[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
         tl.store(stats_ptr + row_index * 2, tl.where(empty, 0.0, m_i), mask=row_ok)
-        tl.store(stats_ptr + row_index * 2 + 1, log_l, mask=row_ok)
+        tl.store(stats_ptr + row_index * 2 + 1, tl.log(tl.where(empty, 1.0, l_i)), mask=row_ok)
 
 
 @triton.jit
 def _gqa_combine_kernel(
-    part_o_ptr, part_stats_ptr, out_ptr, stats_ptr, n_splits, head_dim,
-    BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    part_o_ptr, part_stats_ptr, out_ptr, stats_ptr, length_ptr, n_splits, head_dim, advance,
+    BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr,
 ):
     # One program per query row: out = sum_j w_j o_j / sum_j w_j, w_j = l_j exp(m_j - m).
+    # ADVANCE: program 0 adds ``advance`` to the cache length at ``length_ptr``, which every program of the
+    # forward kernel read (it has finished: this kernel runs after it, or waits for it under PDL).
     wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
+    if ADVANCE:
+        if row == 0:
+            tl.store(length_ptr, tl.load(length_ptr) + advance)
     j = tl.arange(0, BLOCK_SPLITS)
     j_ok = j < n_splits
     m_j = tl.load(part_stats_ptr + (row * n_splits + j) * 2, mask=j_ok, other=0.0)

@@ -154,12 +154,20 @@ def _gqa_forward(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | 
         num_warps=num_warps, **launch_options(query),
     )
     if splits > 1:
-        wrap_triton(_gqa_combine_kernel)[(batch * n_heads * seq_q,)](
-            part_o, part_stats, out, stats, splits, head_dim,
-            BLOCK_SPLITS=max(2, next_power_of_2(splits)), BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2,
-            **launch_options(query),
-        )
+        combine_splits(part_o, part_stats, out, stats, splits, block_d)
     return out, stats
+
+
+def combine_splits(part_o: Tensor, part_stats: Tensor, out: Tensor, stats: Tensor, splits: int, block_d: int,
+                   cache_length: Tensor | None = None, advance: int = 0) -> None:
+    """The combine kernel over the forward's ``splits`` partial results of each row of ``out``; with
+    ``cache_length``, it also adds ``advance`` to it (after every program of the forward has read it)."""
+    batch, n_heads, seq_q, head_dim = out.shape
+    wrap_triton(_gqa_combine_kernel)[(batch * n_heads * seq_q,)](
+        part_o, part_stats, out, stats, stats if cache_length is None else cache_length, splits, head_dim, advance,
+        BLOCK_SPLITS=max(2, next_power_of_2(splits)), BLOCK_D=block_d, ADVANCE=cache_length is not None,
+        num_warps=1 if block_d <= 64 else 2, **launch_options(out),
+    )
 
 
 def _gqa_attention_impl(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None,

@@ -80,28 +80,36 @@ def apply_rotary_pos_emb_to_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, 
                                           cache_position)
         ```
     """
-    check_arguments(q, k, cos, sin, 1)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise ValueError("apply_rotary_pos_emb_to_cache: q, k or v requires grad, but this decode kernel has no "
-                         "backward (the cache write is not differentiable).\nCall it under torch.no_grad(), or use "
-                         "apply_rotary_pos_emb and index_copy_ to differentiate through the rotation.")
-    check_tensors("apply_rotary_pos_emb_to_cache", v=v, key_cache=key_cache, value_cache=value_cache)
-    batch, heads, length, dim = k.shape
-    if v.shape != k.shape or v.dtype != k.dtype:
-        raise ValueError(f"apply_rotary_pos_emb_to_cache: v is {tuple(v.shape)} {v.dtype}, k {tuple(k.shape)} "
-                         f"{k.dtype}; pass v of k's shape and dtype.")
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.dim() != 4 or (cache.shape[0], cache.shape[1], cache.shape[3]) != (batch, heads, dim) \
-                or cache.dtype != k.dtype or cache.device != k.device or cache.stride(-1) != 1:
-            raise ValueError(f"apply_rotary_pos_emb_to_cache: {name} is {tuple(cache.shape)} {cache.dtype} on "
-                             f"{cache.device} (strides {cache.stride()}); pass [{batch}, {heads}, S_max, {dim}] of "
-                             f"k's dtype and device with unit-stride rows.")
+    check_cache_write("apply_rotary_pos_emb_to_cache", q, k, v, cos, sin, key_cache, value_cache)
+    length = k.shape[2]
     if cache_position.shape != (length,) or cache_position.dtype not in (torch.int32, torch.int64) \
             or cache_position.device != k.device:
         raise ValueError(f"apply_rotary_pos_emb_to_cache: cache_position is {tuple(cache_position.shape)} "
                          f"{cache_position.dtype} on {cache_position.device}; pass [{length}] int64 (or int32) "
                          "rows of the caches on k's device.")
     return _op(q, k, v, cos, sin, key_cache, value_cache, cache_position)
+
+
+def check_cache_write(op: str, q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, key_cache: Tensor,
+                      value_cache: Tensor) -> None:
+    """The arguments of a decode kernel that rotates q and k and writes k and v into a static cache, checked;
+    ``op`` names the kernel in the errors."""
+    check_arguments(q, k, cos, sin, 1)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError(f"{op}: q, k or v requires grad, but this decode kernel has no backward (the cache write "
+                         "is not differentiable).\nCall it under torch.no_grad(), or use apply_rotary_pos_emb and "
+                         "index_copy_ to differentiate through the rotation.")
+    check_tensors(op, v=v, key_cache=key_cache, value_cache=value_cache)
+    batch, heads, _, dim = k.shape
+    if v.shape != k.shape or v.dtype != k.dtype:
+        raise ValueError(f"{op}: v is {tuple(v.shape)} {v.dtype}, k {tuple(k.shape)} {k.dtype}; pass v of k's "
+                         "shape and dtype.")
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.dim() != 4 or (cache.shape[0], cache.shape[1], cache.shape[3]) != (batch, heads, dim) \
+                or cache.dtype != k.dtype or cache.device != k.device or cache.stride(-1) != 1:
+            raise ValueError(f"{op}: {name} is {tuple(cache.shape)} {cache.dtype} on {cache.device} (strides "
+                             f"{cache.stride()}); pass [{batch}, {heads}, S_max, {dim}] of k's dtype and device with "
+                             "unit-stride rows.")
 
 
 def apply_rotary_pos_emb_to_cache_reference(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor,

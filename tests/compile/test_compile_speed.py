@@ -41,6 +41,17 @@ def test_inductor_patches_combine_mode_cudagraphs_and_user_options():
     assert parse_options({"inductor": {"max_autotune": True}, "cudagraphs": True}).inductor == {"max_autotune": True}
 
 
+def test_inference_graphs_launch_inductor_kernels_as_dependents_where_the_device_takes_them():
+    """Only asked for (inference graphs on CUDA), only where the device takes them, and the user's option wins."""
+    takes = (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+             and "triton.enable_pdl" in torch._inductor.config.get_config_copy())
+    assert inductor_config_patches(None, False, {}, dependent_launch=True) == ({"triton.enable_pdl": True} if takes
+                                                                                else {})
+    assert inductor_config_patches(None, False, {}) == {}
+    assert inductor_config_patches(None, False, {"triton.enable_pdl": False}, dependent_launch=True) == {
+        "triton.enable_pdl": False}
+
+
 def _cudagraph_fn(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x) * 2 + 1
 

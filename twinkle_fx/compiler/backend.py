@@ -130,9 +130,10 @@ def twinkle_backend(
     report.code_after = _code(gm)
     for recorder in recorders:
         recorder.after.append(readable(gm))
-    compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders)
+    inference = Mode.TRAINING not in state.mode
+    compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders, inference)
     if state.scratch.baked_scalars and reference is not None and gm is not reference:
-        original = _inner_compile(reference, state.example_inputs, opts, mode, ())
+        original = _inner_compile(reference, state.example_inputs, opts, mode, (), inference)
         compiled = _check_scalars(compiled, original, dict(state.scratch.baked_scalars), report)
     return _follow_registry(compiled, state.registry, report, opts, active_reports())
 
@@ -315,7 +316,8 @@ def _warn_if_nothing_swapped(report: GraphReport) -> None:
 
 
 def _inner_compile(
-    gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions, mode: str | None, recorders: tuple[RecordedGraphs, ...]
+    gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions, mode: str | None, recorders: tuple[RecordedGraphs, ...],
+    inference: bool,
 ) -> Callable[..., Any]:
     if opts.compiler == "eager":
         return gm.forward
@@ -331,6 +333,8 @@ def _inner_compile(
         if not recorders:
             return aot_eager(gm, example_inputs)
         return aot_eager(gm, example_inputs, fw_compiler=recording("forward"), bw_compiler=recording("backward"))
-    # torch.compile's mode, options["cudagraphs"], options["inductor"]; CUDA-graph status recorded
-    patches = inductor_config_patches(mode, opts.cudagraphs, opts.inductor)
+    # torch.compile's mode, options["cudagraphs"], options["inductor"]; CUDA-graph status recorded. Inference graphs
+    # on CUDA (decode steps) launch Inductor's kernels as programmatic dependents, as the decode kernels are.
+    patches = inductor_config_patches(mode, opts.cudagraphs, opts.inductor,
+                                      dependent_launch=inference and _device(example_inputs) == "cuda")
     return compile_with_inductor(gm, example_inputs, patches)

@@ -35,8 +35,9 @@ from typing import Any
 import torch.fx as fx
 
 from ...core.torch_internals import (clear_static_input, cudagraph_tree_manager, cudagraphs_logger, dynamo_source,
-                                    inductor_compile, inductor_config_patch, inductor_cudagraphs_requested,
-                                    inductor_inner_compiler, inductor_mode_options, is_static_input)
+                                    inductor_compile, inductor_config_patch, inductor_config_values,
+                                    inductor_cudagraphs_requested, inductor_inner_compiler, inductor_mode_options,
+                                    is_static_input)
 from . import ttir_memo
 
 logger = logging.getLogger(__name__)
@@ -47,9 +48,13 @@ __all__ = [
 ]
 
 
-def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mapping[str, Any]) -> dict[str, Any]:
+def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mapping[str, Any],
+                            dependent_launch: bool = False) -> dict[str, Any]:
     """Inductor config patches for torch.compile's ``mode``, the ``cudagraphs`` option and the
-    ``inductor`` options, in that order of precedence (see the module docstring).
+    ``inductor`` options, in that order of precedence (see the module docstring). ``dependent_launch``:
+    Inductor's kernels launch as programmatic dependents (``triton.enable_pdl``) unless ``inductor`` says
+    otherwise, where this Inductor has the option and the current CUDA device takes them (compute
+    capability 9.0 and later).
 
     Examples:
         >>> inductor_config_patches("max-autotune-no-cudagraphs", True, {"coordinate_descent_tuning": False})
@@ -57,10 +62,27 @@ def inductor_config_patches(mode: str | None, cudagraphs: bool, inductor: Mappin
         {'max_autotune': True, 'coordinate_descent_tuning': False, 'triton.cudagraphs': True}
     """
     patches: dict[str, Any] = inductor_mode_options(mode) if mode else {}
+    if dependent_launch and _takes_dependent_launch():
+        patches[DEPENDENT_LAUNCH] = True
     if cudagraphs:
         patches["triton.cudagraphs"] = True
     patches.update(inductor)
     return patches
+
+
+# Inductor's option for programmatic dependent launch (torch 2.10 and later). A decode step is a chain of small
+# kernels: the Triton kernels of its graph rewrites launch this way (twinkle_triton._dependent_launch), and an
+# Inductor kernel between two of them that does not (the positions and masks of a step, the cache length's update)
+# makes the next one wait for its full launch and drain. Its kernels then wait (griddepcontrol.wait) before
+# reading what the kernel before wrote, as ours do.
+DEPENDENT_LAUNCH = "triton.enable_pdl"
+
+
+def _takes_dependent_launch() -> bool:
+    import torch
+
+    return (DEPENDENT_LAUNCH in inductor_config_values() and torch.cuda.is_available()
+            and torch.cuda.get_device_capability()[0] >= 9)
 
 
 @dataclass

@@ -52,12 +52,14 @@ def _load_mask_block(mask_ptr, mask_row, s, valid, MASK_BOOL: tl.constexpr, sms)
 @triton.jit
 def _attend_keys(
     q, k_base, v_base, mask_ptr, mask_row, row_ok, d, d_ok, s_begin, s_end, sks, skd, svs, svd, sms, scale,
+    new_rows, k_new, v_new,
     HAS_MASK: tl.constexpr, MASK_BOOL: tl.constexpr, BLOCK_S: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, LOAD_CACHE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, BLOCK_L: tl.constexpr,
 ):
     """(row max, row sum, unnormalised output) of the online softmax of ``q``'s rows over keys
-    ``[s_begin, s_end)``, in blocks of ``BLOCK_S``. ``LOAD_CACHE`` is the loads' cache modifier: ".cg" reads
-    K and V at L2, where rows this program wrote just before are."""
+    ``[s_begin, s_end)``, in blocks of ``BLOCK_S``. With ``BLOCK_L`` > 0, key row ``new_rows[i]`` is ``k_new[i]``
+    and value row ``new_rows[i]`` is ``v_new[i]`` whatever K and V hold there (rows this kernel writes: no program
+    waits for another's write; -1 for none)."""
     m_i = tl.full([q.shape[0]], float("-inf"), tl.float32)
     l_i = tl.zeros([q.shape[0]], tl.float32)
     acc = tl.zeros(q.shape, tl.float32)
@@ -71,10 +73,16 @@ def _attend_keys(
         # Skip K and V of a block no row may attend to (a static cache's unwritten tail).
         if tl.max(valid.to(tl.int32)) > 0:
             # V's load is issued with K's, so both are in flight during the first dot.
-            kt = tl.load(k_base + s[None, :] * sks + d[:, None] * skd, mask=s_ok[None, :] & d_ok[:, None], other=0.0,
-                         cache_modifier=LOAD_CACHE)
-            v = tl.load(v_base + s[:, None] * svs + d[None, :] * svd, mask=s_ok[:, None] & d_ok[None, :], other=0.0,
-                        cache_modifier=LOAD_CACHE)
+            kt = tl.load(k_base + s[None, :] * sks + d[:, None] * skd, mask=s_ok[None, :] & d_ok[:, None], other=0.0)
+            v = tl.load(v_base + s[:, None] * svs + d[None, :] * svd, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+            for i in tl.static_range(BLOCK_L):
+                pick = tl.arange(0, BLOCK_L) == i
+                at = s == tl.sum(tl.where(pick, new_rows, 0))
+                # one row of k_new / v_new (exact: the sum adds zeros)
+                k_row = tl.sum(tl.where(pick[:, None], k_new.to(tl.float32), 0.0), 0).to(kt.dtype)
+                v_row = tl.sum(tl.where(pick[:, None], v_new.to(tl.float32), 0.0), 0).to(v.dtype)
+                kt = tl.where(at[None, :], k_row[:, None], kt)
+                v = tl.where(at[:, None], v_row[None, :], v)
             scores = _dot(q, kt, DOT_PRECISION, DOT_UPCAST) * scale + bias
             scores = tl.where(valid, scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -130,7 +138,7 @@ def _gqa_fwd_kernel(
     m_i, l_i, acc = _attend_keys(
         q, k_ptr + b * skb + hk * skh, v_ptr + b * svb + hk * svh, mask_ptr, b * smb + h * smh + pos * sml,
         row_ok, d, d_ok, s_begin, tl.minimum(s_begin + split_len, seq_k), sks, skd, svs, svd, sms, scale,
-        HAS_MASK, MASK_BOOL, BLOCK_S, DOT_PRECISION, DOT_UPCAST, "",
+        0, 0, 0, HAS_MASK, MASK_BOOL, BLOCK_S, DOT_PRECISION, DOT_UPCAST, 0,
     )
     row_index = (b * n_heads + h) * seq_q + pos
     if SPLIT:

@@ -17,9 +17,10 @@ moving a few kilobytes, so the layer pays their latencies one after the other.
 The forward kernel is :mod:`.gqa_attention`'s (one program per batch row, KV head, block of the group's query
 rows and split of the cache's rows) with two additions: each program rotates its query rows as it loads them,
 and the programs whose split holds a new position's cache row rotate that position's k, write k and v there
-and read them back at L2 in their loop (after a barrier: their own threads wrote them; the other splits never
-read those rows). With ``cache_length`` every program reads the length, and the combine kernel, which runs
-after them all, adds L to it; there is always a combine, even over one split.
+and attend to them from registers (the loaded K and V blocks hold the row's old contents; no program waits for
+another's write, and the other splits never read those rows). With ``cache_length`` every program reads the
+length, and the combine kernel, which runs after them all, adds L to it; there is always a combine, even over
+one split.
 
 Positions past the cache's end are not written (transformers' ``generate`` sizes a static cache for the whole
 call; ``index_copy_`` would raise). q, k and v are ``[B, H, L, D]`` with unit-stride head dims (the
@@ -80,25 +81,6 @@ def _rotary_cache_attention_kernel(
     partner = tl.where(d < half, d + half, d - half)
     s_begin = pid_s * split_len
     s_end = tl.minimum(s_begin + split_len, seq_k)
-
-    # The new positions that fall in this split: k rotated and v into the caches.
-    new = tl.arange(0, BLOCK_L)
-    new_ok = new < seq_q
-    if COUNTER:
-        row = tl.load(rows_ptr).to(tl.int64) + new
-    else:
-        row = tl.load(rows_ptr + new, mask=new_ok, other=0).to(tl.int64)
-    new_mask = new_ok[:, None] & d_ok[None, :]
-    k_new = _rotated(k_ptr + b * skb + hk * skh + new * skl, cos_ptr + b * cos_sb + new * cos_sl,
-                     sin_ptr + b * sin_sb + new * sin_sl, d, partner, half, new_mask, COMPUTE_DTYPE)
-    v_new = tl.load(v_ptr + b * svb + hk * svh + new[:, None] * svl + d[None, :], mask=new_mask, other=0.0)
-    here = (new_ok & (row >= s_begin) & (row < s_end))[:, None] & d_ok[None, :]
-    key_base = key_cache_ptr + b * kcb + hk * kch
-    value_base = value_cache_ptr + b * vcb + hk * vch
-    tl.store(key_base + row[:, None] * kcs + d[None, :], k_new.to(key_cache_ptr.dtype.element_ty), mask=here)
-    tl.store(value_base + row[:, None] * vcs + d[None, :], v_new.to(value_cache_ptr.dtype.element_ty), mask=here)
-    tl.debug_barrier()  # the rows above, stored by some of this program's threads, are read by others below
-
     # Row r of the group is query head hk * G + r // L at position r % L.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < group * seq_q
@@ -107,10 +89,32 @@ def _rotary_cache_attention_kernel(
     q = _rotated(q_ptr + b * sqb + h * sqh + pos * sql, cos_ptr + b * cos_sb + pos * cos_sl,
                  sin_ptr + b * sin_sb + pos * sin_sl, d, partner, half, row_ok[:, None] & d_ok[None, :],
                  COMPUTE_DTYPE).to(q_ptr.dtype.element_ty)  # rounded as the rotary kernel's output is
+
+    # The new positions: k rotated and v, into the caches where the rows fall in this split, and into the
+    # attention below as they are (no program reads another's write).
+    new = tl.arange(0, BLOCK_L)
+    new_ok = new < seq_q
+    if COUNTER:
+        row = tl.load(rows_ptr).to(tl.int64) + new
+    else:
+        row = tl.load(rows_ptr + new, mask=new_ok, other=0).to(tl.int64)
+    new_mask = new_ok[:, None] & d_ok[None, :]
+    k_new = _rotated(k_ptr + b * skb + hk * skh + new * skl, cos_ptr + b * cos_sb + new * cos_sl,
+                     sin_ptr + b * sin_sb + new * sin_sl, d, partner, half, new_mask,
+                     COMPUTE_DTYPE).to(key_cache_ptr.dtype.element_ty)
+    v_new = tl.load(v_ptr + b * svb + hk * svh + new[:, None] * svl + d[None, :], mask=new_mask,
+                    other=0.0).to(value_cache_ptr.dtype.element_ty)
+    here = new_ok & (row >= s_begin) & (row < s_end)
+    key_base = key_cache_ptr + b * kcb + hk * kch
+    value_base = value_cache_ptr + b * vcb + hk * vch
     m_i, l_i, acc = _attend_keys(
         q, key_base, value_base, mask_ptr, b * smb + h * smh + pos * sml, row_ok, d, d_ok, s_begin, s_end,
-        kcs, 1, vcs, 1, sms, scale, HAS_MASK, MASK_BOOL, BLOCK_S, DOT_PRECISION, DOT_UPCAST, ".cg",
+        kcs, 1, vcs, 1, sms, scale, tl.where(here, row, -1), k_new, v_new,
+        HAS_MASK, MASK_BOOL, BLOCK_S, DOT_PRECISION, DOT_UPCAST, BLOCK_L,
     )
+    # after the loop, which read these rows' old contents and took the new ones from registers
+    tl.store(key_base + row[:, None] * kcs + d[None, :], k_new, mask=here[:, None] & d_ok[None, :])
+    tl.store(value_base + row[:, None] * vcs + d[None, :], v_new, mask=here[:, None] & d_ok[None, :])
     row_index = (b * n_kv_heads * group + h) * seq_q + pos
     _store_split(part_o_ptr, part_stats_ptr, m_i, l_i, acc, row_index, row_ok, d, d_ok, pid_s, n_splits, head_dim)
 

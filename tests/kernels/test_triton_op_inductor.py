@@ -1,5 +1,5 @@
 """On a GPU every op but fused_linear_cross_entropy and the decode step's (gemv, gemv_swiglu, gqa_attention,
-apply_rotary_pos_emb_to_cache: launched as programmatic dependents, through our launcher) is a
+apply_rotary_pos_emb_to_cache, rotary_cache_attention: launched as programmatic dependents, through our launcher) is a
 ``torch.library.triton_op``: Inductor
 launches its Triton kernels from the generated code (no ``torch.ops.twinkle`` call per step) and
 gets the eager kernels' results, forward and backward. Under the interpreter they stay custom ops.

@@ -36,6 +36,14 @@ def _batch_and_kv_head(pid_bh, n_kv_heads):
 
 
 @triton.jit
+def _group_rows(pid_m, hk, group, seq_q, BLOCK_M: tl.constexpr):
+    """(valid, head, position) of a program's block of its KV group's ``G * L`` query rows: row r of the group is
+    query head hk * G + r // L at position r % L."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    return rows < group * seq_q, hk * group + rows // seq_q, rows % seq_q
+
+
+@triton.jit
 def _load_mask_block(mask_ptr, mask_row, s, valid, MASK_BOOL: tl.constexpr, sms):
     """(valid, additive bias) of a [rows, keys] block: a bool mask narrows ``valid``; a float mask
     is returned as fp32 bias and its -inf entries leave ``valid``."""
@@ -125,11 +133,7 @@ def _gqa_fwd_kernel(
     pid_s = tl.program_id(2)
     b, hk = _batch_and_kv_head(pid_bh, n_kv_heads)
     n_heads = n_kv_heads * group
-    # Row r of the group is query head hk * G + r // L at position r % L.
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < group * seq_q
-    h = hk * group + rows // seq_q
-    pos = rows % seq_q
+    row_ok, h, pos = _group_rows(pid_m, hk, group, seq_q, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
     q = tl.load(q_ptr + b * sqb + h[:, None] * sqh + pos[:, None] * sql + d[None, :] * sqd,
@@ -199,10 +203,7 @@ def _gqa_bwd_dq_kernel(
     pid_m = tl.program_id(1)
     b, hk = _batch_and_kv_head(pid_bh, n_kv_heads)
     n_heads = n_kv_heads * group
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < group * seq_q
-    h = hk * group + rows // seq_q
-    pos = rows % seq_q
+    row_ok, h, pos = _group_rows(pid_m, hk, group, seq_q, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < head_dim
     rd_ok = row_ok[:, None] & d_ok[None, :]

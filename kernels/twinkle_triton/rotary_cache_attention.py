@@ -36,7 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._dependent_launch import launch_options, wait_for_inputs
-from ._gqa_attention_kernels import _as_fp32, _attend_keys, _batch_and_kv_head, _store_split
+from ._gqa_attention_kernels import _as_fp32, _attend_keys, _batch_and_kv_head, _group_rows, _store_split
 from ._launch import compute_dtype, dot_options, next_power_of_2
 from ._library import define_op, wrap_triton
 from .gqa_attention import _blocks, _check, _mask_layout, _num_splits, combine_splits, gqa_attention_reference
@@ -81,11 +81,7 @@ def _rotary_cache_attention_kernel(
     partner = tl.where(d < half, d + half, d - half)
     s_begin = pid_s * split_len
     s_end = tl.minimum(s_begin + split_len, seq_k)
-    # Row r of the group is query head hk * G + r // L at position r % L.
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < group * seq_q
-    h = hk * group + rows // seq_q
-    pos = rows % seq_q
+    row_ok, h, pos = _group_rows(pid_m, hk, group, seq_q, BLOCK_M)
     q = _rotated(q_ptr + b * sqb + h * sqh + pos * sql, cos_ptr + b * cos_sb + pos * cos_sl,
                  sin_ptr + b * sin_sb + pos * sin_sl, d, partner, half, row_ok[:, None] & d_ok[None, :],
                  COMPUTE_DTYPE).to(q_ptr.dtype.element_ty)  # rounded as the rotary kernel's output is

@@ -135,3 +135,17 @@ def check_forward_backward(fn, reference, inputs, dtype, what: str, *, truth_fn=
     exact = torch.autograd.grad(truth, diff(truths), [g.double() for g in grads_out])
     for i, (g, w, e) in enumerate(zip(got, want, exact)):
         assert_as_accurate(g, w, e, dtype, f"{what} grad of input {i}", roundings=roundings)
+
+
+def decode_step_inputs(dtype, device, batch, heads, kv_heads, length, dim, max_len):
+    """(q, k, v, cos, sin, key_cache, value_cache) of a decode step's attention with a static cache: q, k and v are
+    the ``view(...).transpose(1, 2)`` of a projection's output (strided, as transformers passes them), the caches
+    ``[batch, kv_heads, max_len, dim]`` of random contents."""
+    def projected(h):
+        flat = torch.randn(batch, length, h * dim, dtype=dtype, device=device)
+        return flat.view(batch, length, h, dim).transpose(1, 2)
+
+    q, k, v = projected(heads), projected(kv_heads), projected(kv_heads)
+    cos, sin = (torch.randn(1, length, dim, dtype=dtype, device=device) for _ in range(2))
+    caches = [torch.randn(batch, kv_heads, max_len, dim, dtype=dtype, device=device) for _ in range(2)]
+    return q, k, v, cos, sin, *caches

@@ -2,19 +2,13 @@
 
 import pytest
 import torch
-from kernel_test_utils import DTYPES, assert_close
+from kernel_test_utils import DTYPES, assert_close, decode_step_inputs
 
 import twinkle_triton as tt
 
 
 def _inputs(dtype, device, batch=2, heads=6, kv_heads=2, length=3, dim=16, max_len=11):
-    def projected(h):  # the view(...).transpose(1, 2) of a projection's output
-        return torch.randn(batch, length, h * dim, dtype=dtype, device=device).view(batch, length, h, dim).transpose(1, 2)
-
-    q, k, v = projected(heads), projected(kv_heads), projected(kv_heads)
-    cos, sin = (torch.randn(1, length, dim, dtype=dtype, device=device) for _ in range(2))
-    caches = [torch.randn(batch, kv_heads, max_len, dim, dtype=dtype, device=device) for _ in range(2)]
-    return q, k, v, cos, sin, *caches
+    return decode_step_inputs(dtype, device, batch, heads, kv_heads, length, dim, max_len)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -3,19 +3,9 @@ of a decode step, against transformers' sequence of them in PyTorch."""
 
 import pytest
 import torch
-from kernel_test_utils import assert_close
+from kernel_test_utils import assert_close, decode_step_inputs
 
 import twinkle_triton as tt
-
-
-def _inputs(dtype, device, batch, heads, kv_heads, length, dim, max_len):
-    def projected(h):  # the view(...).transpose(1, 2) of a projection's output
-        return torch.randn(batch, length, h * dim, dtype=dtype, device=device).view(batch, length, h, dim).transpose(1, 2)
-
-    q, k, v = projected(heads), projected(kv_heads), projected(kv_heads)
-    cos, sin = (torch.randn(1, length, dim, dtype=dtype, device=device) for _ in range(2))
-    caches = [torch.randn(batch, kv_heads, max_len, dim, dtype=dtype, device=device) for _ in range(2)]
-    return q, k, v, cos, sin, *caches
 
 
 def _mask(kind, batch, length, max_len, start, dtype, device):
@@ -31,7 +21,7 @@ def _mask(kind, batch, length, max_len, start, dtype, device):
 
 # (batch, heads, kv_heads, length, dim, max_len, start, mask): one decode token with the cache split in two
 # (the new row in the second split), three tokens across a split boundary, a group of 24 query heads x 3
-# tokens (two blocks of query rows), a float mask at an odd head dim, no mask.
+# tokens (two blocks of query rows), a float mask at a head dim short of a power of two, no mask.
 CASES = [
     (1, 14, 2, 1, 64, 300, 250, "bool"),
     (1, 4, 2, 3, 32, 300, 190, "none"),
@@ -45,7 +35,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_matches_rotary_cache_write_then_attention(dtype, counter, case, device):
     batch, heads, kv_heads, length, dim, max_len, start, kind = case
-    q, k, v, cos, sin, keys, values = _inputs(dtype, device, batch, heads, kv_heads, length, dim, max_len)
+    q, k, v, cos, sin, keys, values = decode_step_inputs(dtype, device, batch, heads, kv_heads, length, dim, max_len)
     mask = _mask(kind, batch, length, max_len, start, dtype, device)
     rows = list(range(start, start + length))
     given = torch.tensor(start, device=device) if counter else torch.tensor(rows, device=device)
@@ -70,7 +60,7 @@ def test_matches_rotary_cache_write_then_attention(dtype, counter, case, device)
 
 def test_each_call_writes_the_next_rows(device):
     """Two steps in a row: the second writes after the first and attends to both (the length it advanced)."""
-    q, k, v, cos, sin, keys, values = _inputs(torch.float32, device, 1, 4, 2, 1, 16, 12)
+    q, k, v, cos, sin, keys, values = decode_step_inputs(torch.float32, device, 1, 4, 2, 1, 16, 12)
     want_keys, want_values = keys.clone(), values.clone()
     length, want_length = torch.tensor(5, device=device), torch.tensor(5, device=device)
     for _ in range(2):
@@ -86,7 +76,7 @@ def test_each_call_writes_the_next_rows(device):
 
 @pytest.mark.parametrize("counter", [True, False], ids=["cache_length", "cache_position"])
 def test_opcheck_and_aot_eager(counter, device):
-    q, k, v, cos, sin, keys, values = _inputs(torch.float32, device, 1, 4, 2, 2, 16, 12)
+    q, k, v, cos, sin, keys, values = decode_step_inputs(torch.float32, device, 1, 4, 2, 2, 16, 12)
     mask = _mask("bool", 1, 2, 12, 6, torch.float32, device)
 
     def rows():  # the new rows 6 and 7, as the counter or as positions
@@ -111,7 +101,7 @@ def test_opcheck_and_aot_eager(counter, device):
 
 
 def test_rejects_what_it_cannot_do_with_a_useful_message(device):
-    q, k, v, cos, sin, keys, values = _inputs(torch.float32, device, 2, 4, 2, 1, 16, 12)
+    q, k, v, cos, sin, keys, values = decode_step_inputs(torch.float32, device, 2, 4, 2, 1, 16, 12)
     length = torch.tensor(3, device=device)
     with pytest.raises(ValueError, match="pass one of cache_position .* and cache_length"):
         tt.rotary_cache_attention(q, k, v, cos, sin, keys, values)

@@ -316,8 +316,8 @@ def _warn_if_nothing_swapped(report: GraphReport) -> None:
 
 
 def _inner_compile(
-    gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions, mode: str | None, recorders: tuple[RecordedGraphs, ...],
-    inference: bool,
+    gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions, mode: str | None,
+    recorders: tuple[RecordedGraphs, ...], inference: bool,
 ) -> Callable[..., Any]:
     if opts.compiler == "eager":
         return gm.forward

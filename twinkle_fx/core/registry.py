@@ -111,7 +111,8 @@ GRAPH_REWRITES: dict[str, str] = {
     "decode_gemv": "linears on a few rows (decode) -> twinkle_triton.gemv / gemv_swiglu, with the SwiGLU product "
                    "and the residual add fused",
     "decode_cache": "the rotary kernel and a static KV cache's two index_copy_ writes (decode) -> "
-                    "twinkle_triton.apply_rotary_pos_emb_to_cache",
+                    "twinkle_triton.apply_rotary_pos_emb_to_cache; with the GQA attention that reads them and the "
+                    "cache length's update -> twinkle_triton.rotary_cache_attention",
 }
 
 

@@ -389,3 +389,37 @@ def test_gemm_sm_carveout_is_set_and_cleared():
     finally:
         ti.set_gemm_sm_carveout(None)
     assert torch._C._get_sm_carveout_experimental() is None
+
+
+# --- CUDA graphs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_capture_cuda_graph_survives_another_threads_calls_and_leaves_a_failed_capture_behind():
+    """Another thread pinning host memory (a data loader does) while a graph records does not spoil it; a capture
+    spoiled by a host sync raises, and eager work on the ambient stream and random numbers go on after it."""
+    import threading
+
+    x = torch.randn(1024, device="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with ti.capture_cuda_graph(graph):
+        y = x * 2
+        pinner = threading.Thread(target=lambda: torch.empty(7 << 20, dtype=torch.uint8, pin_memory=True))
+        pinner.start()
+        pinner.join()
+        y += 1
+    x.fill_(3.0)
+    graph.replay()
+    torch.testing.assert_close(y, torch.full_like(x, 7.0))
+
+    stream = torch.cuda.current_stream()
+    with pytest.raises(Exception):
+        with ti.capture_cuda_graph(torch.cuda.CUDAGraph()):
+            if (x * 2).sum().item() > 0:  # a host sync: the capture is invalidated
+                pass
+    assert torch.cuda.current_stream() == stream
+    torch.manual_seed(0)
+    first = torch.rand(4, device="cuda")
+    torch.manual_seed(0)
+    torch.testing.assert_close(torch.rand(4, device="cuda"), first)

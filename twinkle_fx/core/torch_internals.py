@@ -32,7 +32,7 @@ __all__ = [
     "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "nn_sdpa", "nn_linear",
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
-    "foreach_zero", "set_gemm_sm_carveout",
+    "foreach_zero", "set_gemm_sm_carveout", "capture_cuda_graph",
 ]
 
 
@@ -429,3 +429,38 @@ def foreach_zero(tensors: list[torch.Tensor]) -> None:
     """Zero ``tensors`` in place with one multi-tensor kernel per device and dtype
     (``torch._foreach_zero_``), where ``zero_()`` on each would launch one kernel per tensor."""
     torch._foreach_zero_(tensors)
+
+
+# --- CUDA graphs ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def capture_cuda_graph(graph: torch.cuda.CUDAGraph, pool: Any = None,
+                       stream: torch.cuda.Stream | None = None) -> Iterator[None]:
+    """``torch.cuda.graph(graph, pool=pool, stream=stream)`` in which only this thread's calls can spoil the capture,
+    and which leaves the process as it was when the capture fails.
+
+    ``capture_error_mode="thread_local"`` (as Inductor's CUDA graph trees capture): under torch's default
+    ("global") a call another thread makes meanwhile that CUDA does not allow during a capture (pinning host
+    memory for a data loader, loading a compiled kernel) invalidates it.
+
+    torch's ``graph.__exit__`` ends the capture first; when that raises (a capture the block invalidated, say by a
+    host sync) it neither restores the ambient stream nor runs the epilogue of the CUDA generator's capture, and
+    the default generator stays in capture mode: every later eager random op (dropout, ``torch.rand``) then fails
+    or draws from the graph's offsets. On a failure the ambient stream is restored and the generator gets back a
+    copy of its state from before the capture (the failed graph is never replayed, so the offsets it reserved are
+    not needed).
+    """
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    # graph-safe generator states (torch >= 2.5): a copy taken outside any capture
+    saved = generator.clone_state() if hasattr(generator, "clone_state") else None
+    capture = torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local")
+    try:
+        with capture:
+            yield
+    except BaseException:
+        if torch.cuda.current_stream() == capture.capture_stream:  # capture_end raised before the stream's exit
+            capture.stream_ctx.__exit__(None, None, None)
+        if saved is not None:
+            generator.graphsafe_set_state(saved)
+        raise

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..core.torch_internals import capture_cuda_graph
 from .processors import ProcessorPlan, StepState, StoppingPlan
 
 logger = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class DecodeStep:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            with torch.cuda.stream(stream), capture_cuda_graph(graph, stream=stream):
                 self._step()
         except Exception as error:  # noqa: BLE001 - the step stays eager, and the user hears why once
             self.failed = f"{type(error).__name__}: {error}"

@@ -2,15 +2,13 @@
 (:mod:`twinkle_fx.eager.cuda_graphs.layer_graphs`) and the whole-model decode graphs (:mod:`twinkle_fx.eager.cuda_graphs.model_graphs`):
 a hashable spec of a call's arguments with the tensors taken out, the check that a transformers KV
 cache can be updated by a replay, the checks of what a graph would not see (hooks, moved
-parameters, dropout), and a capture that leaves the process as it was when it fails.
+parameters, dropout).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -190,32 +188,3 @@ def hooked(submodules: list[torch.nn.Module]) -> bool:
 
 def fixed_ptrs(modules: list[torch.nn.Module]) -> tuple:
     return tuple(data_ptr(t) for m in modules for d in (m._parameters, m._buffers) for t in d.values() if t is not None)
-
-
-
-@contextlib.contextmanager
-def capture(graph: torch.cuda.CUDAGraph, pool: Any) -> Iterator[None]:
-    """``torch.cuda.graph(graph, pool=pool)`` that leaves the process as it was when the capture fails.
-
-    torch's ``graph.__exit__`` ends the capture first; when that raises (a capture the block
-    invalidated, say by a host sync) it neither restores the ambient stream nor runs the epilogue of
-    the CUDA generator's capture, and the default generator stays in capture mode: every later eager
-    random op (dropout, ``torch.rand``) then draws from the graph's offsets. On a failure the ambient
-    stream is restored and the generator gets back a copy of its state from before the capture (the
-    failed graph is never replayed, so the offsets it reserved are not needed).
-    """
-    generator = torch.cuda.default_generators[torch.cuda.current_device()]
-    # graph-safe generator states (torch >= 2.5): a copy taken outside any capture
-    saved = generator.clone_state() if hasattr(generator, "clone_state") else None
-    capture = torch.cuda.graph(graph, pool=pool)
-    try:
-        with capture:
-            yield
-    except BaseException:
-        if torch.cuda.current_stream() == capture.capture_stream:  # capture_end raised before the stream's exit
-            capture.stream_ctx.__exit__(None, None, None)
-        if saved is not None:
-            generator.graphsafe_set_state(saved)
-        raise
-
-

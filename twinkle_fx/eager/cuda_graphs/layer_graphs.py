@@ -83,9 +83,9 @@ from typing import Any
 
 import torch
 
-from ...core.torch_internals import has_forward_hooks
-from .capture import (Decline, block_modules, capture, data_ptr, dropout_reason, fixed_ptrs, flatten_call,
-                            global_hooks, hooked, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
+from ...core.torch_internals import capture_cuda_graph, has_forward_hooks
+from .capture import (Decline, block_modules, data_ptr, dropout_reason, fixed_ptrs, flatten_call, global_hooks,
+                      hooked, rebuild, rebuild_call, spec_of, static_cache_state, tensor_meta)
 from .replay import Pass, Replay, Sequence, Step, Token, copy_inputs
 from .status import GraphStatus
 
@@ -146,7 +146,7 @@ class GraphSet:
         allocator's end call); the next capture then takes a new pool (the graphs recorded so far
         keep theirs)."""
         try:
-            with capture(graph, self.memory_pool()):
+            with capture_cuda_graph(graph, self.memory_pool()):
                 yield
         except BaseException:
             self._anchor = self.pool = None

@@ -12,13 +12,16 @@ seconds or more each on 2 CPU cores (benchmarks, example scripts, training loops
 matrices), ``-m "not distributed"`` the ones that start process groups (``tests/distributed/``).
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 # The Hub path is tested offline against a cache the tests build: no test may reach the network,
-# and huggingface_hub / kernels read these once, at import.
+# and huggingface_hub / kernels read these once, at import. Each process (xdist worker) removes its own.
 HF_HOME = Path(tempfile.mkdtemp(prefix="twinkle-hf-"))
+atexit.register(shutil.rmtree, HF_HOME, ignore_errors=True)
 os.environ["HF_HOME"] = str(HF_HOME)
 os.environ["HF_HUB_OFFLINE"] = "1"
 

@@ -35,7 +35,8 @@ from twinkle_fx import kernelize_model, register_external_layer, register_layer_
 from twinkle_fx.core.swaps import swapped_forward  # noqa: E402
 
 init_part, layers_part = BLOCK.split("# my_kernels/layers.py\n")
-repo = Path(tempfile.mkdtemp(prefix="my-kernels-repo-"))
+workdir = tempfile.TemporaryDirectory(prefix="my-kernels-repo-")  # removed when the script ends
+repo = Path(workdir.name)
 (repo / "my_kernels").mkdir()
 (repo / "my_kernels" / "__init__.py").write_text(init_part)
 (repo / "my_kernels" / "layers.py").write_text(layers_part)

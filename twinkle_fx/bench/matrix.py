@@ -89,15 +89,15 @@ def format_matrix(matrix: dict[str, Any]) -> str:
              f"commit {env.get('commit')}",
              "",
              "| model | backend | ms/step | tokens/s | speed | peak GiB | memory | reserved GiB | 1st step s "
-             "| 1st step | loss at step 0 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| 1st step | loss at step 0 | SM MHz |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for result in matrix["results"]:
         workload = result["workload"]
         name = f"{workload['model']} ({workload['shape_of']}), {workload['batch']}×{workload['seq']}"
         for row in (ModelRow(**r) for r in result["rows"]):
             if row.status not in _MEASURED:
                 lines.append(f"| {name} | {row.backend} | {row.status}: {(row.error or '').splitlines()[0][:120]} "
-                             "| | | | | | | | |")
+                             "| | | | | | | | | |")
                 continue
             ratios = row.vs_reference
             check = ("WRONG: " + (row.loss_check or "")) if row.status == "wrong" else (
@@ -106,8 +106,19 @@ def format_matrix(matrix: dict[str, Any]) -> str:
                 f"| {name} | {row.backend} | {_cell(row.ms_per_step, '.2f')} | {_cell(row.tokens_per_s, ',.0f')} "
                 f"| {_cell(ratios.get('throughput'), '.2f')}× | {_cell(row.peak_gib, '.2f')} "
                 f"| {_cell(ratios.get('memory'), '.2f')}× | {_cell(row.peak_reserved_gib, '.2f')} "
-                f"| {_cell(row.first_step_s, '.1f')} | {_cell(ratios.get('first_step'), '.2f')}× | {check} |")
+                f"| {_cell(row.first_step_s, '.1f')} | {_cell(ratios.get('first_step'), '.2f')}× | {check} "
+                f"| {_sm_clock(row.notes)} |")
+    lines += ["", "SM MHz: the GPU's mean SM clock during the timed steps (min, when lower by 2% or more): rows "
+                  "compare only at like clocks (a GPU at its power or thermal limit slows down)"]
     return "\n".join(lines) + "\n"
+
+
+def _sm_clock(notes: dict[str, Any]) -> str:
+    state = (notes or {}).get("gpu_state")
+    if not state:
+        return "–"
+    low = f" (min {state['sm_mhz_min']:.0f})" if state["sm_mhz_min"] < 0.98 * state["sm_mhz_mean"] else ""
+    return f"{state['sm_mhz_mean']:.0f}{low}"
 
 
 def matrix_failed(matrix: dict[str, Any]) -> bool:

@@ -95,6 +95,9 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
         notes = prepared.notes  # complete only once the backend has exited (e.g. compile reports)
         if profiled is not None:
             notes = {**notes, "profile": profiled}
+        if timing.gpu_state is not None:
+            notes = {**notes, "gpu_state": timing.gpu_state.to_json()}
+            progress(f"    GPU during the timed steps: {timing.gpu_state.describe()}")
     except BackendUnavailable as e:
         return ModelRow(name, status="unavailable", error=str(e))
     except Exception as e:  # noqa: BLE001 - a failing backend is a result, the run goes on

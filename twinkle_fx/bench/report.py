@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..core.tolerances import tolerance
+from ..measure.gpu_state import GpuState
 from .results import BenchResult, MicroRow, ModelRow
 
 __all__ = ["annotate_model_rows", "annotate_micro_rows", "format_table", "write_outputs",
@@ -120,6 +121,8 @@ def _model_table(result: BenchResult) -> str:
     notes += [f"  {r.backend}: {r.notes['cudagraphs']}; {r.notes.get('cudagraph_tree', '')}".rstrip("; ")
               for r in result.rows if r.notes.get("cudagraphs")]
     notes += [_profile_note(r) for r in result.rows if (r.notes or {}).get("profile")]
+    notes += [f"  {r.backend}: GPU during the timed steps: {GpuState.from_json(r.notes['gpu_state']).describe()}"
+              for r in result.rows if (r.notes or {}).get("gpu_state")]
     w = result.workload
     title = (f"{w['model']} ({w['shape_of']}), batch {w['batch']} x {w['seq']}, {w['dtype']}, "
              f"{w['step']}; {w['steps']} timed steps after {w['warmup']} warm-up")

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..measure.clock import DeviceClock
+from ..measure.gpu_state import GpuState, GpuStateSampler
 
 __all__ = ["StepTiming", "time_training_steps", "time_calls", "copy_ms", "host_us", "GIB"]
 
@@ -35,6 +36,7 @@ class StepTiming:
     peak_reserved_bytes: int | None = None  # idem, reserved by the allocator (CUDA-graph pools included)
     first_step_peak_bytes: int | None = None  # over the first (compiling) step
     resident_bytes: int | None = None  # allocated before the first step: weights, inputs
+    gpu_state: GpuState | None = None  # clocks, power, temperature during the timed steps (None: not sampled)
 
     @property
     def mean_ms(self) -> float:
@@ -76,7 +78,9 @@ def time_training_steps(step: Callable[[], torch.Tensor], clock: DeviceClock, *,
         step()
         if on_step is not None:
             on_step()
-    timing.step_ms = clock.each_ms(step, steps, after_each=on_step)
+    with GpuStateSampler(clock.device) as sampler:
+        timing.step_ms = clock.each_ms(step, steps, after_each=on_step)
+    timing.gpu_state = sampler.state
     timing.peak_bytes = clock.peak()
     timing.peak_reserved_bytes = clock.peak_reserved()
     timing.host_ms = [clock.host_ms(step) for _ in range(min(steps, 5))]

@@ -31,7 +31,8 @@
 #                key-block choices swept
 #   moe          tools/moe_gemm_sweep.py: the fused MoE expert kernels against transformers' grouped_mm experts, forward
 #                and forward + backward, Qwen3-30B-A3B and Mixtral-8x7B layer shapes, 4096 tokens, bf16
-#                (MOE_ARGS: more flags, e.g. "--kernels gate_up --block-m 64,128 --block-n 64,128 --warps 4,8")
+#                (MOE_ARGS: more flags, e.g. "--kernels gate_up --block-m 64,128 --block-n 64,128 --warps 4,8", or
+#                "--per-kernel --block-m 64,128 --warps 4,8": each kernel tuned on its own profiled time)
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference

@@ -15,8 +15,15 @@ in the backward; for ``weight_grad`` BLOCK_M x BLOCK_N is the weight tile and BL
 the others keep their configuration. A configuration the GPU cannot run (shared memory) is reported
 and skipped.
 
+``--per-kernel`` tunes each kernel on its own instead: for each kernel ``--kernels`` names and each setting
+(the others at their defaults) it runs forward + backward under ``torch.profiler``, checks the output and every
+gradient against transformers' experts, and takes that kernel's own device time (the median of a few calls;
+launches are told apart by their order in a call: ``LAUNCHES``). One run then finds every kernel's fastest
+setting at each shape, and times the five together against ``grouped_mm``, forward and forward + backward.
+
     python tools/moe_gemm_sweep.py --out moe.json
     python tools/moe_gemm_sweep.py --out moe-fwd.json --kernels gate_up --block-m 64,128 --block-n 64,128 --warps 4,8
+    python tools/moe_gemm_sweep.py --out moe-kernels.json --per-kernel --block-m 64,128 --block-n 64,128 --warps 4,8
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ import argparse
 import copy
 import importlib
 import json
+import statistics
+import tempfile
+from pathlib import Path
 
 import torch
 import twinkle_triton as tt
@@ -32,6 +42,7 @@ from triton.testing import do_bench
 
 from twinkle_fx.core.outputs import output_file
 from twinkle_fx.measure.environment import describe_environment
+from twinkle_fx.measure.overlap import kernel_intervals
 
 moe_gemm = importlib.import_module("twinkle_triton.moe_gemm")
 
@@ -39,6 +50,11 @@ moe_gemm = importlib.import_module("twinkle_triton.moe_gemm")
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}
 KNOBS = (("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"), ("warps", "num_warps"),
          ("stages", "num_stages"))
+# the kernels one forward + backward of moe_swiglu_experts launches, in order, with the CONFIGS entry of each
+LAUNCHES = (("_gate_up_kernel", "gate_up"), ("_rows_to_pairs_kernel", "down"), ("_grad_act_kernel", "grad_act"),
+            ("_rows_to_pairs_kernel", "grad_input"), ("_weight_grad_kernel", "weight_grad"),
+            ("_weight_grad_kernel", "weight_grad"))
+GRAD_RTOL = 2e-2  # relative error (norm of the difference over the reference's) of each gradient, bf16
 
 
 def _experts(experts, top_k, hidden, inter, dtype):
@@ -83,8 +99,107 @@ def _cases(module, tokens, top_k, dtype):
                 return forward()
         return run
 
+    def gradients(forward):
+        def run():
+            return (forward(), *torch.autograd.grad(forward(), params, grad))
+        return run
+
     return {"forward": (no_grad(ours), no_grad(theirs)),
-            "forward+backward": (with_backward(ours), with_backward(theirs))}
+            "forward+backward": (with_backward(ours), with_backward(theirs)),
+            "gradients": (gradients(ours), gradients(theirs))}
+
+
+def _launch_times(run, calls: int) -> dict[str, float]:
+    """ms of each CONFIGS entry's launches in one call of ``run`` (forward + backward), the median of ``calls``."""
+    names = {name for name, _ in LAUNCHES}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        ours = sorted((k for k in kernel_intervals(trace) if k.name in names), key=lambda k: k.start)
+    launched = [k.name for k in ours]
+    expected = [name for name, _ in LAUNCHES] * calls
+    if launched != expected:
+        raise RuntimeError(f"moe_swiglu_experts launched {launched[:len(LAUNCHES)]}... in {calls} calls, not "
+                           f"{[name for name, _ in LAUNCHES]} each: LAUNCHES no longer matches moe_gemm")
+    per_call: dict[str, list[float]] = {}
+    for index in range(calls):
+        sums: dict[str, float] = {}
+        for kernel, (_, entry) in zip(ours[index * len(LAUNCHES):], LAUNCHES):
+            sums[entry] = sums.get(entry, 0.0) + (kernel.end - kernel.start) / 1e3
+        for entry, ms in sums.items():
+            per_call.setdefault(entry, []).append(ms)
+    return {entry: statistics.median(values) for entry, values in per_call.items()}
+
+
+def _gradients_agree(ours, reference) -> None:
+    for index, (a, b) in enumerate(zip(ours, reference)):
+        error = ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
+        if not error <= GRAD_RTOL:
+            what = "the output" if index == 0 else f"gradient {index} of (x, gate_up_proj, down_proj, weights)"
+            raise AssertionError(f"{what} is {error:.2e} from transformers' experts (relative, > {GRAD_RTOL})")
+
+
+def per_kernel(args, kernels: list[str], settings: list[dict], defaults: dict) -> list[dict]:
+    """``--per-kernel``: each kernel's own time under each setting, the fastest per kernel, and the five fastest
+    together against grouped_mm; one line per measurement, the rows for the JSON."""
+    dtype, rows = torch.bfloat16, []
+    for name in args.shapes.split(","):
+        experts, top_k, hidden, inter = SHAPES[name]
+        module = _experts(experts, top_k, hidden, inter, dtype)
+        cases = _cases(module, args.tokens, top_k, dtype)
+        reference = cases["gradients"][1]()
+
+        def configure(kernel=None, setting=None, chosen=None):
+            moe_gemm.CONFIGS.clear()
+            moe_gemm.CONFIGS.update(copy.deepcopy(defaults))
+            for entry, values in (chosen or {}).items():
+                moe_gemm.CONFIGS[entry].update(values)
+            if kernel is not None:
+                moe_gemm.CONFIGS[kernel].update(setting)
+
+        configure()
+        base = _launch_times(cases["forward+backward"][0], args.calls)
+        print(f"{name}: defaults " + ", ".join(f"{k} {ms:.3f} ms" for k, ms in base.items()), flush=True)
+        chosen = {}
+        for kernel in kernels:
+            best = (base[kernel], {})
+            for setting in settings:
+                label = ",".join(f"{k}={v}" for k, v in setting.items()) or "defaults"
+                configure(kernel, setting)
+                try:
+                    _gradients_agree(cases["gradients"][0](), reference)
+                    ms = _launch_times(cases["forward+backward"][0], args.calls)[kernel]
+                except Exception as e:  # noqa: BLE001  a setting the GPU cannot run, or one that computes wrong
+                    print(f"{name:14s} {kernel:12s} {label:48s} failed: {type(e).__name__}: {str(e)[:120]}")
+                    rows.append({"shape": name, "kernel": kernel, "setting": setting,
+                                 "error": f"{type(e).__name__}: {e}"})
+                    continue
+                rows.append({"shape": name, "kernel": kernel, "setting": setting, "ms": ms,
+                             "vs_default": base[kernel] / ms})
+                print(f"{name:14s} {kernel:12s} {label:48s} {ms:8.3f} ms  {base[kernel] / ms:5.2f}x the default",
+                      flush=True)
+                if ms < best[0]:
+                    best = (ms, setting)
+            chosen[kernel] = best[1]
+        configure(chosen=chosen)
+        together = {}
+        for mode in ("forward", "forward+backward"):
+            ours, theirs = cases[mode]
+            t_ours, t_theirs = do_bench(ours), do_bench(theirs)
+            together[mode] = {"fused_ms": t_ours, "grouped_mm_ms": t_theirs, "speedup": t_theirs / t_ours}
+            print(f"{name:14s} {mode:17s} fastest settings together: {t_ours:.3f} ms, grouped_mm {t_theirs:.3f} ms, "
+                  f"{t_theirs / t_ours:.2f}x", flush=True)
+        configs = copy.deepcopy(moe_gemm.CONFIGS)
+        rows.append({"shape": name, "defaults_ms": base, "chosen": configs, "together": together})
+        print(f"{name} CONFIGS: {json.dumps(configs)}")
+        configure()
+        del module, cases, reference
+        torch.cuda.empty_cache()
+    return rows
 
 
 def main() -> None:
@@ -97,6 +212,9 @@ def main() -> None:
     for flag, _ in KNOBS:
         parser.add_argument(f"--{flag.replace('_', '-')}", default="",
                             help="comma-separated values (default: each kernel's own)")
+    parser.add_argument("--per-kernel", action="store_true",
+                        help="tune each kernel on its own time under the profiler (see the module docstring)")
+    parser.add_argument("--calls", type=int, default=5, help="--per-kernel: profiled calls per setting")
     args = parser.parse_args()
     for what, given, known in (("--shapes", args.shapes, SHAPES), ("--kernels", args.kernels, moe_gemm.CONFIGS)):
         unknown = sorted(set(given.split(",")) - set(known))
@@ -108,6 +226,14 @@ def main() -> None:
     for key, values in axes:
         settings = [{**s, key: v} for s in settings for v in values]
     defaults = copy.deepcopy(moe_gemm.CONFIGS)
+    if args.per_kernel:
+        rows = per_kernel(args, kernels, settings, defaults)
+        moe_gemm.CONFIGS.clear()
+        moe_gemm.CONFIGS.update(defaults)
+        with open(args.out, "w") as f:
+            json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16",
+                       "tokens": args.tokens, "defaults": defaults, "per_kernel": rows}, f, indent=1)
+        return
     dtype, results = torch.bfloat16, []
     print(f"{'shape':14s} {'mode':17s} {'setting':40s} grouped_mm ms  TFLOP/s | fused ms  TFLOP/s | speedup")
     for name in args.shapes.split(","):
@@ -115,7 +241,8 @@ def main() -> None:
         module = _experts(experts, top_k, hidden, inter, dtype)
         cases = _cases(module, args.tokens, top_k, dtype)
         flops = 6 * args.tokens * top_k * hidden * inter
-        for mode, (ours, theirs) in cases.items():
+        for mode in ("forward", "forward+backward"):
+            ours, theirs = cases[mode]
             mode_flops = flops * (3 if mode == "forward+backward" else 1)
             t_theirs = do_bench(theirs)
             for setting in settings:

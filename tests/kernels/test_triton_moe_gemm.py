@@ -188,3 +188,28 @@ def test_rejects_bad_inputs_with_a_useful_message():
         tt.moe_swiglu_experts(x, gate_up.bfloat16(), down, index, weights)
     with pytest.raises(TypeError, match="top_k_index has dtype torch.float32"):
         tt.moe_swiglu_experts(x, gate_up, down, index.float(), weights)
+
+
+def test_the_sweep_tool_knows_the_launch_order(monkeypatch):
+    # tools/moe_gemm_sweep.py --per-kernel tells launches apart by their order in a forward + backward: that order
+    # must be the op's, or the tool charges one kernel's time to another's setting
+    import importlib.util
+    from pathlib import Path
+
+    moe_gemm = importlib.import_module("twinkle_triton.moe_gemm")
+    path = Path(__file__).resolve().parents[2] / "tools" / "moe_gemm_sweep.py"
+    spec = importlib.util.spec_from_file_location("moe_gemm_sweep", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    launched, wrap = [], moe_gemm.wrap_triton
+
+    def recording(kernel):
+        launched.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+        return wrap(kernel)
+
+    monkeypatch.setattr(moe_gemm, "wrap_triton", recording)
+    x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2)
+    params = [t.requires_grad_() for t in (x, gate_up, down, weights)]
+    torch.autograd.grad(tt.moe_swiglu_experts(x, gate_up, down, index, weights), params, torch.randn_like(x))
+    assert launched == [name for name, _ in tool.LAUNCHES]
+    assert {entry for _, entry in tool.LAUNCHES} == set(moe_gemm.CONFIGS)

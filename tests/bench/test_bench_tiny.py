@@ -41,6 +41,18 @@ def _png(path: Path) -> None:
     assert path.is_file() and path.read_bytes()[:8] == PNG_MAGIC, f"{path} is not a PNG"
 
 
+def test_the_first_backend_runs_again_after_the_others_when_asked():
+    options = ModelBenchOptions(model="qwen2", backends=["eager"], batch=1, seq=8, dtype=torch.float32, steps=1,
+                                warmup=0, device=torch.device("cpu"), tiny=True, repeat_first=True)
+    lines = []
+    result = run_model_bench(options, progress=lines.append)
+    assert [row.backend for row in result.rows] == ["eager", "eager again"]
+    again = result.rows[1]
+    assert again.status == "ok" and again.first_loss == result.rows[0].first_loss
+    assert again.vs_eager["throughput"] > 0  # compared with the first run of the same code
+    assert any(line.startswith("[2/2] eager again:") for line in lines)
+
+
 @pytest.mark.slow
 @pytest.mark.interpreter  # --tiny is the CPU through the Triton interpreter by definition
 def test_tiny_model_bench_eager_and_kernelize(tmp_path):

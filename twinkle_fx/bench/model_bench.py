@@ -42,6 +42,9 @@ class ModelBenchOptions:
     seed: int = 0
     loss_rtol: float | None = None  # None: by dtype (twinkle_fx.core.tolerances, loss_rtol)
     profile_dir: Path | None = None  # --profile: a trace and a report per backend under it (see .profile)
+    # --repeat-first: the first backend runs once more after the others, as "<name> again": the two rows of the
+    # same code differ only by what changed on the machine in between (clocks, heat, memory)
+    repeat_first: bool = False
 
 
 def _training_step(model: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -176,12 +179,16 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
                        device=options.device, seed=options.seed)
     clock = DeviceClock(options.device)
     rows: list[ModelRow] = []
-    total = len(options.backends)
+    runs = list(options.backends) + (list(options.backends[:1]) if options.repeat_first else [])
+    total = len(runs)
     warm_compiler(options.device, options.backends, progress)
-    for index, name in enumerate(options.backends, 1):
-        progress(f"[{index}/{total}] {name}: {BACKENDS[name].description}; fresh model, first step, "
-                 f"{options.warmup} warm-up + {options.steps} timed steps ...")
+    for index, name in enumerate(runs, 1):
+        again = index > len(options.backends)
+        progress(f"[{index}/{total}] {name}{' again' if again else ''}: {BACKENDS[name].description}; fresh model, "
+                 f"first step, {options.warmup} warm-up + {options.steps} timed steps ...")
         row = _run_backend(name, options, batch, clock, progress, step_progress)
+        if again:
+            row.backend = f"{name} again"
         free_device_memory(options.device)
         rows.append(row)
         progress(f"[{index}/{total}] {row}")

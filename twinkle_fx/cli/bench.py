@@ -89,6 +89,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="profile a few more steps of each backend: DIR/<backend>/profile_trace.json (Chrome "
                              "trace) and profile_report.txt (top kernels, host vs device time, launches per "
                              "step; on a GPU the device time by kernel class and the time no kernel runs)")
+    parser.add_argument("--repeat-first", action="store_true",
+                        help="run the first backend once more after the others (a row '<name> again'): how much "
+                             "the same code's time moved during the run (clocks, heat), next to the rows compared")
     parser.add_argument("--inference", action="store_true",
                         help="prefill latency and decode tokens/s (no grad) instead of the training step; backends "
                              f"default {_INFERENCE_BACKENDS}")
@@ -147,6 +150,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.micro and args.profile is not None:
         raise CommandError("--profile profiles the model benchmark's backends; leave out --micro (or profile one "
                            "kernel with torch.profiler, see README 'For kernel authors')")
+    if args.repeat_first and (args.micro or args.inference):
+        raise CommandError("--repeat-first repeats the first backend of the training benchmark (or --matrix); leave "
+                           "it out of --micro and --inference")
     if args.ops is not None and not args.micro:
         raise CommandError("--ops chooses the kernels of --micro; add --micro or leave it out")
     check_output("--out", args.out, directory=True)
@@ -222,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
             steps=_default(args, "steps", _MODEL_DEFAULTS), warmup=_default(args, "warmup", _MODEL_DEFAULTS),
             device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol, profile_dir=args.profile,
+            repeat_first=args.repeat_first,
         )
         result, stem = run_model_bench(options, progress=_progress, step_progress=StepProgress), f"bench-{args.model}"
 
@@ -274,6 +281,7 @@ def _run_matrix(args: argparse.Namespace, device) -> int:
         dtype=getattr(torch, _DTYPES[_default(args, "dtype", _MODEL_DEFAULTS)]),
         steps=_default(args, "steps", _MODEL_DEFAULTS), warmup=_default(args, "warmup", _MODEL_DEFAULTS),
         device=device, tiny=args.tiny, seed=args.seed, loss_rtol=args.loss_rtol, profile_dir=args.profile,
+        repeat_first=args.repeat_first,
     )
     matrix = run_matrix(tuple(args.models or names.MATRIX_MODELS), options, progress=_progress)
     print()

@@ -1,0 +1,58 @@
+"""Every twinkle_triton kernel compiles for an H100 (sm_90) with the launch options its ops choose on a GPU,
+on any machine: ``hopper_compile.py`` runs the ops on CPU tensors through Triton's own launch path, compiling
+each call for sm_90 and launching nothing. The interpreter tests check the numbers; this checks what only the
+GPU compiler sees: that each kernel compiles, fits the H100's shared memory, and that the GEMM kernels keep the
+tensor-core instructions and asynchronous loads their speed depends on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SHARED_MEMORY = 232448  # bytes a program may use on an H100 / H200 (227 KiB)
+# kernels whose time is their matrix products: wgmma (Hopper's tensor-core instruction) and cp.async loads
+GEMMS = ("_gate_up_kernel", "_rows_to_pairs_kernel", "_grad_act_kernel", "_weight_grad_kernel",
+         "_flce_tiled_fwd_kernel", "_flce_tiled_bwd_kernel")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    backends = pytest.importorskip("triton.backends")
+    if "nvidia" not in getattr(backends, "backends", {}):
+        pytest.skip("this Triton has no NVIDIA backend to compile with")
+    out = tmp_path_factory.mktemp("hopper") / "compiled.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    run = subprocess.run([sys.executable, str(HERE / "hopper_compile.py"), str(out)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_every_kernel_compiles_for_hopper(compiled):
+    failures = compiled["failures"]
+    assert not failures, "\n\n".join(f"{f['case']}: {f['traceback']}" for f in failures)
+    reached = {c["kernel"] for c in compiled["compiled"]}
+    missing = sorted(set(compiled["defined"]) - reached)
+    assert not missing, f"no case of hopper_compile.py launches {missing}: add one"
+
+
+def test_every_launch_fits_the_shared_memory_of_an_h100(compiled):
+    over = [c for c in compiled["compiled"] if c["shared"] > SHARED_MEMORY]
+    assert not over, over
+
+
+def test_the_gemm_kernels_use_tensor_cores_and_asynchronous_loads(compiled):
+    for kernel in GEMMS:
+        launches = [c for c in compiled["compiled"] if c["kernel"] == kernel]
+        assert launches, kernel
+        for c in launches:
+            assert c["wgmma"] > 0 and c["async_copies"] > 0, c

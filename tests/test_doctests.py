@@ -47,6 +47,7 @@ MODULES = (
     "twinkle_fx.testing",
     "twinkle_fx.compiler.graph.recording",
     "twinkle_fx.measure.gpu_state",
+    "twinkle_fx.measure.kernel_classes",
     "twinkle_fx.measure.kernel_timing",
     "twinkle_fx.measure.overlap",
     "twinkle_fx.eager.function_patches",

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from twinkle_fx.bench.profile import ProfileSummary, format_profile
-from twinkle_fx.measure.kernel_classes import KernelClasses, format_kernel_classes, kernel_class, kernel_classes
+from twinkle_fx.measure.kernel_classes import (KernelClasses, format_kernel_classes, kernel_class, kernel_classes,
+                                               launch_shapes)
 
 # names as torch.profiler recorded them on an H200 (cuBLAS, cuDNN, NCCL, ATen, Inductor, twinkle_triton)
 NAMES = {
@@ -61,3 +62,22 @@ def test_profile_report_prints_the_split_when_the_profile_has_one():
     assert "  idle              0.000 ms     0% of the span" in report
     assert "by kernel class" not in format_profile(ProfileSummary(1, 5.0, None, None), title="row",
                                                    device=torch.device("cpu"))
+
+
+def test_the_gemms_of_a_profile_are_told_apart_by_launch_grid():
+    # two layers' projections and the LM head share one cuBLAS kernel; their grids tell the shapes apart
+    def kernel(name, grid, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "dur": dur, "ts": 0.0, "args": {"grid": grid}}
+
+    nvjet = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+    trace = {"traceEvents": [kernel(nvjet, [16, 32, 1], 90.0)] * 6 + [kernel(nvjet, [16, 1002, 1], 2800.0)] * 3
+             + [kernel("_rms_norm_fwd_kernel", [4096, 1, 1], 20.0)] * 3
+             + [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 5.0, "ts": 0.0}]}
+    shapes = launch_shapes(trace, steps=3)
+    assert [(s["grid"], s["calls"], s["ms"], s["us_per_call"]) for s in shapes] == [
+        ([16, 1002, 1], 1.0, 2.8, 2800.0), ([16, 32, 1], 2.0, 0.18, 90.0)]
+    summary = ProfileSummary(steps=3, host_ms_per_step=5.0, device_ms_per_step=4.0, launches_per_step=2.0,
+                             kernels_per_step=2.0, gemms=shapes)
+    report = format_profile(summary, title="row", device=torch.device("cuda", 0))
+    assert "GEMM kernels by launch grid" in report
+    assert f"    2.800     1.0     2800.0  16x1002x1       {nvjet}" in report

@@ -11,6 +11,7 @@ device: the report ranks operators by self CPU time and says so.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -20,7 +21,8 @@ from typing import Any
 import torch
 
 from ..measure.clock import DeviceClock
-from ..measure.kernel_classes import KernelClasses, format_kernel_classes, kernel_classes
+from ..measure.kernel_classes import (KernelClasses, format_kernel_classes, format_launch_shapes, kernel_classes,
+                                      launch_shapes)
 from ..measure.overlap import kernel_intervals
 from ..measure.profiler_events import device_us
 
@@ -45,6 +47,8 @@ class ProfileSummary:
     top: list[dict[str, Any]] = field(default_factory=list)  # name, calls, ms (device, or self CPU)
     # per step: ms and kernels of each kernel class, the span and its idle part (KernelClasses.to_json); GPU only
     classes: dict[str, Any] | None = None
+    # GPU only: the GEMM kernels by name and launch grid (one problem shape each): calls, ms, µs a call per step
+    gemms: list[dict[str, Any]] = field(default_factory=list)
     trace: str = ""
     report: str = ""
 
@@ -78,10 +82,11 @@ def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *,
         device_ms = launches = kernels_run = None
     kernels.sort(key=lambda k: -k[2])
     classes = kernel_classes(kernel_intervals(trace), steps=steps).to_json() if clock.cuda else None
+    gemms = launch_shapes(json.loads(trace.read_text()), steps=steps) if clock.cuda else []
     summary = ProfileSummary(
         steps=steps, host_ms_per_step=sum(walls) / steps, device_ms_per_step=device_ms, launches_per_step=launches,
         kernels_per_step=kernels_run, top=[{"name": name, "calls": calls, "ms": ms} for name, calls, ms in kernels[:_TOP]],
-        classes=classes, trace=str(trace), report=str(out_dir / "profile_report.txt"),
+        classes=classes, gemms=gemms, trace=str(trace), report=str(out_dir / "profile_report.txt"),
     )
     Path(summary.report).write_text(format_profile(summary, title=title, device=clock.device))
     return summary
@@ -102,6 +107,8 @@ def format_profile(summary: ProfileSummary, *, title: str, device: torch.device)
                      "a CUDA-graph replay runs many for one launch)")
     if summary.classes:
         lines += ["", format_kernel_classes(KernelClasses(**summary.classes))]
+    if summary.gemms:
+        lines += ["", format_launch_shapes(summary.gemms)]
     clock = "device time" if summary.device_ms_per_step is not None else "self CPU time"
     lines += ["", f"top {len(summary.top)} by {clock} (all profiled steps):",
               f"{'ms':>10}  {'calls':>6}  name"]

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .overlap import Kernel, busy_time
 
-__all__ = ["CLASSES", "KernelClasses", "format_kernel_classes", "kernel_class", "kernel_classes"]
+__all__ = ["CLASSES", "KernelClasses", "format_kernel_classes", "format_launch_shapes", "kernel_class", "kernel_classes",
+           "launch_shapes"]
 
 # (class, marks): the first class with a mark in the lower-cased kernel name wins
 CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -100,4 +102,42 @@ def format_kernel_classes(split: KernelClasses) -> str:
         lines.append(f"  {kind:<14}{ms:9.3f} ms  {share} of the span  {split.calls[kind]:8.1f} kernels")
     share = f"{split.idle_ms / split.span_ms:5.0%}" if split.span_ms else "    -"
     lines.append(f"  {'idle':<14}{split.idle_ms:9.3f} ms  {share} of the span  (no kernel on any stream)")
+    return "\n".join(lines)
+
+
+def launch_shapes(trace: dict[str, Any], *, kind: str = "GEMM", steps: int = 1, top: int = 20) -> list[dict[str, Any]]:
+    """The kernels of class ``kind`` in a ``torch.profiler`` Chrome trace, by name and launch grid, per step:
+    one entry per (kernel, grid) with its calls, ms and µs a call, the ``top`` with the most time.
+
+    A library GEMM's name says its tile and layout, its grid how many tiles: two launches of one name and grid
+    are one problem shape, so their µs a call compare across runs (two rows of a benchmark, two clocks), where
+    a kernel's total time mixes every shape it served.
+
+    Examples:
+        >>> trace = {"traceEvents": [
+        ...     {"ph": "X", "cat": "kernel", "name": "nvjet_tst_256x128_NNT", "dur": 100.0, "args": {"grid": [8, 16, 1]}},
+        ...     {"ph": "X", "cat": "kernel", "name": "nvjet_tst_256x128_NNT", "dur": 300.0, "args": {"grid": [8, 64, 1]}},
+        ...     {"ph": "X", "cat": "kernel", "name": "nvjet_tst_256x128_NNT", "dur": 110.0, "args": {"grid": [8, 16, 1]}},
+        ...     {"ph": "X", "cat": "kernel", "name": "triton_poi_fused_mul_0", "dur": 50.0, "args": {"grid": [64, 1, 1]}}]}
+        >>> [(s["grid"], s["calls"], s["us_per_call"]) for s in launch_shapes(trace)]
+        [([8, 64, 1], 1.0, 300.0), ([8, 16, 1], 2.0, 105.0)]
+    """
+    groups: dict[tuple[str, tuple[int, ...]], list[float]] = {}
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") != "kernel" or event.get("ph") != "X" or kernel_class(event.get("name", "")) != kind:
+            continue
+        grid = tuple(event.get("args", {}).get("grid", ()))
+        groups.setdefault((event["name"], grid), []).append(float(event["dur"]))
+    rows = [{"name": name, "grid": list(grid), "calls": len(durations) / steps,
+             "ms": round(sum(durations) / steps / 1e3, 6), "us_per_call": round(sum(durations) / len(durations), 3)}
+            for (name, grid), durations in groups.items()]
+    return sorted(rows, key=lambda row: -row["ms"])[:top]
+
+
+def format_launch_shapes(rows: list[dict[str, Any]], kind: str = "GEMM") -> str:
+    """A few lines for a profile report: ms, calls and µs a call per step of each (kernel, grid)."""
+    lines = [f"{kind} kernels by launch grid (one grid of one kernel is one problem shape), per step:",
+             f"{'ms':>9}  {'calls':>6}  {'us/call':>9}  grid            kernel"]
+    lines += [f"{row['ms']:9.3f}  {row['calls']:6.1f}  {row['us_per_call']:9.1f}  "
+              f"{'x'.join(map(str, row['grid'])):<15} {row['name'][:80]}" for row in rows]
     return "\n".join(lines)

@@ -54,6 +54,9 @@ class CaseInputs:
     # gradients to the reference's
     liger_args: tuple | None = None
     liger_grads: Callable[[tuple], tuple] | None = None
+    # what the eager and inductor rows run instead of ``<op>_reference`` (same arguments): the computation a
+    # user has today, where it is not the reference's (transformers' grouped experts for the MoE op)
+    baseline: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,11 @@ class MicroCase:
     op: str  # twinkle_triton function name; "<op>_reference" is its eager reference
     make: Callable[[bool, torch.device, torch.dtype], CaseInputs]  # (tiny, device, dtype)
     liger: str | None = None  # function in liger_kernel.transformers.functional, if Liger has the op
+    name: str | None = None  # the rows' op column where one op has several cases (shapes); default ``op``
+
+    @property
+    def label(self) -> str:
+        return self.name or self.op
 
 
 def _randn(*shape: int, device, dtype, grad: bool = True, scale: float = 1.0) -> torch.Tensor:
@@ -210,6 +218,43 @@ def _fused_linear_cross_entropy(tiny: bool, device, dtype) -> CaseInputs:
                       flops_fwd=2 * n * h * v, flops_bwd=4 * n * h * v)
 
 
+def _grouped_experts(experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype, device) -> Callable:
+    """transformers' grouped_mm experts (``Qwen3MoeExperts`` with ``_experts_implementation="grouped_mm"``: the
+    tokens sorted and copied by expert, ``torch._grouped_mm``, the SwiGLU and the weighted sum as separate ops)
+    as a function of ``moe_swiglu_experts``'s arguments."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    config = Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inter, num_experts=experts,
+                            num_experts_per_tok=top_k)
+    config._experts_implementation = "grouped_mm"
+    with torch.device("meta"):  # the weights come in as arguments
+        module = Qwen3MoeExperts(config).to(dtype)
+
+    def grouped_mm_experts(x, gate_up_proj, down_proj, top_k_index, top_k_weights):
+        return torch.func.functional_call(module, {"gate_up_proj": gate_up_proj, "down_proj": down_proj},
+                                          (x, top_k_index, top_k_weights))
+
+    return grouped_mm_experts
+
+
+def _moe_experts(shape: tuple[int, int, int, int], name: str) -> Callable[[bool, torch.device, torch.dtype], CaseInputs]:
+    """A training slice's MoE layer at 4 x 1024 tokens: (experts, top-k, hidden, intermediate)."""
+    def make(tiny: bool, device, dtype) -> CaseInputs:
+        experts, top_k, hidden, inter = (4, 2, 32, 16) if tiny else shape
+        tokens = 64 if tiny else 4096
+        x = _randn(tokens, hidden, device=device, dtype=dtype)
+        gate_up = _randn(experts, 2 * inter, hidden, device=device, dtype=dtype, scale=hidden**-0.5)
+        down = _randn(experts, hidden, inter, device=device, dtype=dtype, scale=inter**-0.5)
+        # a softmax router's top-k over random logits: about balanced
+        weights, index = torch.randn(tokens, experts, device=device).softmax(-1).topk(top_k, dim=-1)
+        flops = 6 * tokens * top_k * hidden * inter
+        return CaseInputs(f"{name}: {tokens} tokens, {experts} experts top-{top_k}, {hidden} -> {inter}",
+                          (x, gate_up, down, index, weights.to(dtype).requires_grad_()), flops_fwd=flops,
+                          flops_bwd=2 * flops, baseline=_grouped_experts(experts, top_k, hidden, inter, dtype, device))
+    return make
+
+
 MICRO_CASES: tuple[MicroCase, ...] = (
     MicroCase("silu_and_mul", _silu_and_mul, liger="liger_swiglu"),
     MicroCase("silu_mul", _silu_mul, liger="liger_swiglu"),
@@ -225,6 +270,10 @@ MICRO_CASES: tuple[MicroCase, ...] = (
     MicroCase("apply_rotary_pos_emb_partial", _rotary_partial),
     MicroCase("apply_rotary_pos_emb_deinterleave", _rotary_deinterleave),
     MicroCase("clamped_swiglu", _clamped_swiglu),
+    MicroCase("moe_swiglu_experts", _moe_experts((128, 8, 2048, 768), "Qwen3-30B-A3B layer"),
+              name="moe_swiglu_experts qwen3_moe"),
+    MicroCase("moe_swiglu_experts", _moe_experts((8, 2, 4096, 14336), "Mixtral-8x7B layer"),
+              name="moe_swiglu_experts mixtral"),
 )
 
 PHASES = ("fwd", "fwd+bwd")
@@ -309,7 +358,7 @@ class _Case:
         return tuple(o.detach() for o in outputs), tuple(grads)
 
     def rows(self, impl: _Impl, expected) -> list[MicroRow]:
-        op, shape = self.case.op, self.inputs.shape
+        op, shape = self.case.label, self.inputs.shape
         if impl.error is not None:
             return [MicroRow(op, phase, impl.name, shape, status="unavailable", error=impl.error) for phase in PHASES]
         try:
@@ -350,7 +399,7 @@ class _Case:
         # within the dtype's rtol: fused kernels round fewer intermediates, a few roundings apart
         allowed = tolerance(opts.dtype).rtol
         return MicroRow(
-            self.case.op, phase, impl.name, inputs.shape,
+            self.case.label, phase, impl.name, inputs.shape,
             status="ok" if error <= allowed else "wrong",
             ms=ms, bytes_moved=moved, gbps=gbps,
             copy_fraction=None if gbps is None else gbps / self.copy_gbps,
@@ -401,7 +450,7 @@ def _implementations(case: MicroCase, inputs: CaseInputs, options: MicroBenchOpt
     """(the reference, the implementations asked for, in order); an unavailable one carries why."""
     import twinkle_triton  # installed with twinkle_fx; every op has its <op>_reference
 
-    reference_fn = getattr(twinkle_triton, f"{case.op}_reference")
+    reference_fn = inputs.baseline or getattr(twinkle_triton, f"{case.op}_reference")
     reference = _Impl("eager", reference_fn, inputs.args)
     impls: list[_Impl] = []
     for name in options.impls:
@@ -442,7 +491,7 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
         >>> result = run_micro_bench(options)                                   # doctest: +SKIP
     """
     clock = DeviceClock(options.device)
-    cases = [c for c in MICRO_CASES if not options.ops or c.op in options.ops]
+    cases = [c for c in MICRO_CASES if not options.ops or c.op in options.ops or c.label in options.ops]
     liger, liger_error = (_import("liger_kernel.transformers.functional",
                                                   not_installed="liger-kernel not installed (pip install liger-kernel)")
                           if "liger" in options.impls else (None, None))
@@ -453,17 +502,17 @@ def run_micro_bench(options: MicroBenchOptions, progress: Callable[[str], None] 
     for index, case in enumerate(cases, 1):
         torch.manual_seed(options.seed)
         inputs = case.make(options.tiny, options.device, options.dtype)
-        progress(f"[{index}/{len(cases)}] {case.op}: {inputs.shape}")
+        progress(f"[{index}/{len(cases)}] {case.label}: {inputs.shape}")
         reference, impls = _implementations(case, inputs, options, liger, liger_error)
         runner = _Case(case, inputs, options, clock, copy.gbps)
         expected, failure = None, None
         try:
             expected = runner.run_once(reference)
         except Exception as e:  # noqa: BLE001 - without a reference no implementation can be checked
-            failure = f"{case.op}_reference raised {type(e).__name__}: {e}"
+            failure = f"{getattr(reference.fn, '__name__', case.op)} raised {type(e).__name__}: {e}"
         for impl in impls:
             if expected is None and impl.error is None:
-                new_rows = [MicroRow(case.op, phase, impl.name, inputs.shape, status="failed", error=failure)
+                new_rows = [MicroRow(case.label, phase, impl.name, inputs.shape, status="failed", error=failure)
                             for phase in PHASES]
             else:
                 new_rows = runner.rows(impl, expected)

@@ -30,9 +30,9 @@ INFERENCE_BACKENDS = ("eager", "kernelize", "kernelize+cudagraphs", "inductor", 
                       "twinkle+cudagraphs")
 # twinkle_fx.bench.micro.MICRO_IMPLS
 MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger", "cce")
-# the ops of twinkle_fx.bench.micro.MICRO_CASES
+# the ops of twinkle_fx.bench.micro.MICRO_CASES (an op with several cases, once)
 MICRO_OPS = ("silu_and_mul", "silu_mul", "rms_norm", "add_rms_norm", "apply_rotary_pos_emb", "add_gelu", "mul_add",
              "fused_linear_cross_entropy", "gelu_mul", "rms_norm_fp32", "layer_norm", "apply_rotary_pos_emb_partial",
-             "apply_rotary_pos_emb_deinterleave", "clamped_swiglu")
+             "apply_rotary_pos_emb_deinterleave", "clamped_swiglu", "moe_swiglu_experts")
 # twinkle_fx.checklist.checklist._DTYPE_NAMES (bench --dtype takes the same)
 DTYPES = ("fp32", "bf16", "fp16")

@@ -2,12 +2,14 @@
 module, and (opt-in, ``match_anywhere=True``) where the same computation is written inline, with
 each call's own eps read from the graph. A kernel that fails on a match's shapes is never installed."""
 
+import logging
 import re
 from collections import Counter
 
 import expecttest
 import torch
 from compile_kernels import EPS_SEEN, fast_scaled_rms
+from log_records import describe, records_at
 from user_ops.blocks import BiasAdd, CopyThenCall, TwoNorms
 
 import twinkle_fx
@@ -185,6 +187,23 @@ class TestFailingKernelIsNeverInstalled(expecttest.TestCase):
     def test_opaque_kernel_failing_on_the_matched_shapes(self):
         self.trial = "random inputs of the region's shapes"
         self._check(_strict_add_opaque)
+
+    def test_a_kernel_failing_inside_a_fake_tensor_op_is_kept_without_an_error_record(self):
+        # fake tensors log an op that fails on them at ERROR before raising; the backend expects such failures
+        # when it tries a kernel on fake tensors, keeps the region and says why: the user sees no traceback
+        def mm_of_mismatched_shapes(x, y):
+            rows = x.reshape(-1, x.shape[-1])
+            return torch.mm(rows, rows) + y  # [n, d] @ [n, d]: mm's shape check fails unless n == d
+
+        mm_of_mismatched_shapes.can_torch_compile = True
+        register_function_kernel(func_name="add", target_module="user_ops.norms", func_impl=mm_of_mismatched_shapes,
+                                 device="cpu", match_anywhere=True)
+        with records_at(logging.ERROR) as errors, torch.no_grad():
+            report = twinkle_fx.explain(BiasAdd(), torch.randn(2, 3, 8))
+        self.assertEqual({(r.swapped, r.reason and r.reason.kind) for r in report.regions},
+                         {(False, ReasonKind.KERNEL_FAILED)})
+        self.assertIn("must have same reduction dim", str(report.not_swapped[0].reason))  # mm's own check
+        self.assertFalse(errors, describe(errors))
 
     def test_a_one_op_function_does_not_take_every_add_by_default(self):
         register_function_kernel(func_name="add", target_module="user_ops.norms", func_impl=_strict_add, device="cpu")

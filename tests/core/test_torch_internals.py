@@ -423,3 +423,35 @@ def test_capture_cuda_graph_survives_another_threads_calls_and_leaves_a_failed_c
     first = torch.rand(4, device="cuda")
     torch.manual_seed(0)
     torch.testing.assert_close(torch.rand(4, device="cuda"), first)
+
+
+def test_fake_tensor_errors_inside_the_quiet_block_go_to_debug_in_that_thread_only():
+    import threading
+
+    from log_records import records_at
+
+    from twinkle_fx.core.torch_internals import fake_tensor_mode, quiet_fake_tensor_errors
+
+    def failing_mm():
+        with fake_tensor_mode():
+            try:
+                torch.mm(torch.empty(6, 8), torch.empty(6, 8))
+            except RuntimeError:
+                pass
+
+    ours = logging.getLogger("twinkle_fx.core.torch_internals")
+    level = ours.level
+    ours.setLevel(logging.DEBUG)
+    with records_at(logging.DEBUG) as records:
+        with quiet_fake_tensor_errors():
+            failing_mm()  # quiet here
+            other = threading.Thread(target=failing_mm)  # another thread, outside any quiet block: logged
+            other.start()
+            other.join()
+        failing_mm()  # after the block: logged again
+    ours.setLevel(level)
+    errors = [r for r in records if r.levelno >= logging.ERROR]
+    assert len(errors) == 2 and {r.thread for r in errors} == {other.ident, threading.get_ident()}
+    handled = [r for r in records if r.name == "twinkle_fx.core.torch_internals"]
+    assert len(handled) == 1 and "aten.mm.default" in handled[0].getMessage()
+    assert handled[0].levelno == logging.DEBUG and "same reduction dim" in str(handled[0].exc_info[1])

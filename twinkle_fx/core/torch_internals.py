@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,7 +30,7 @@ __all__ = [
     "current_compile_context", "same_compile_invocation", "dynamo_backend_names", "register_dynamo_backend", "dynamo_config_patch",
     "shorten_traceback_base", "aot_eager", "boxed_nop", "optimize_ddp", "set_optimize_ddp", "active_ddp_module",
     "ddp_ignore", "ddp_ignored_names", "set_ddp_ignored_names", "compiled_call", "set_compiled_call",
-    "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "nn_sdpa", "nn_linear",
+    "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "quiet_fake_tensor_errors", "nn_sdpa", "nn_linear",
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
     "foreach_zero", "set_gemm_sm_carveout", "capture_cuda_graph",
@@ -327,6 +328,44 @@ def fake_tensor_mode() -> Any:
 def fake_tensor_logger() -> logging.Logger:
     """The logger fake tensors report their failures to (at ERROR, before raising)."""
     return logging.getLogger("torch._subclasses.fake_tensor")
+
+
+class _HandledFakeTensorErrors(logging.Filter):
+    """Fake tensors log an op that fails on them at ERROR, with its traceback, before raising. Inside
+    :func:`quiet_fake_tensor_errors` the caller catches that error and reports it its own way, so the record
+    goes to DEBUG instead; only in the thread that entered the block (a filter runs in the logging thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not getattr(self.depth, "value", 0):
+            return True
+        logging.getLogger(__name__).debug("a fake tensor error the caller handles: %s", record.getMessage(),
+                                          exc_info=record.exc_info)
+        return False
+
+
+_HANDLED = _HandledFakeTensorErrors()
+_HANDLED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_errors() -> Iterator[None]:
+    """Inside the block, this thread's fake tensor errors are logged at DEBUG, not at ERROR: for code that
+    runs something on fake tensors expecting it may fail, and handles the failure (keeps a region and says why
+    in the report, tries the next shape plan). Other threads' records are untouched; the logger's level too."""
+    logger = fake_tensor_logger()
+    with _HANDLED_LOCK:
+        if _HANDLED not in logger.filters:
+            logger.addFilter(_HANDLED)
+    depth = _HANDLED.depth
+    depth.value = getattr(depth, "value", 0) + 1
+    try:
+        yield
+    finally:
+        depth.value -= 1
 
 
 def nn_sdpa() -> Callable[..., Any]:

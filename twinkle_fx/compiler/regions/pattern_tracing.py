@@ -16,7 +16,6 @@ literals and :mod:`.region` checks each one on the real shapes.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import inspect
@@ -24,7 +23,7 @@ import logging
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +32,7 @@ import torch.fx as fx
 
 from ...core.registry import KernelRegistry
 from ...core.swaps import original_function
-from ...core.torch_internals import fake_tensor_logger, same_compile_invocation, tree_leaves
+from ...core.torch_internals import quiet_fake_tensor_errors, same_compile_invocation, tree_leaves
 
 logger = logging.getLogger(__name__)
 
@@ -133,19 +132,6 @@ def _dynamo_graph(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[fx.Gr
     return captured[0]
 
 
-@contextlib.contextmanager
-def _quiet_fake_tensor_errors() -> Iterator[None]:
-    """A shape plan that does not fit the function fails inside Dynamo's fake tensors, which log each
-    failure at ERROR before raising; the failure is expected and kept in the reason, so not logged."""
-    fake_log = fake_tensor_logger()
-    level = fake_log.level
-    fake_log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        fake_log.setLevel(level)
-
-
 def trace_function(name: str, fn: Callable[..., Any]) -> TracedPattern:
     """Trace ``fn`` into a pattern. Raises with the reason when no plan of example inputs works."""
     signature = _signature(fn)
@@ -153,7 +139,7 @@ def trace_function(name: str, fn: Callable[..., Any]) -> TracedPattern:
     for plan, shapes in _shape_plans(len(_tensor_parameters(signature))):
         try:
             kwargs, scalars = _example_arguments(signature, shapes)
-            with _quiet_fake_tensor_errors():
+            with quiet_fake_tensor_errors():  # a plan that does not fit fails there; the reason is kept
                 gm, example_inputs = _dynamo_graph(fn, kwargs)
         except Exception as e:  # the next plan may fit; all failing is reported below
             errors.append(f"{plan}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

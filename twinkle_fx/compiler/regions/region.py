@@ -45,7 +45,7 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ...core.reasons import Reason, ReasonKind
-from ...core.torch_internals import fake_tensor_mode, reparametrize_module, tree_leaves
+from ...core.torch_internals import fake_tensor_mode, quiet_fake_tensor_errors, reparametrize_module, tree_leaves
 from ..graph.dynamo import example_value
 
 logger = logging.getLogger(__name__)
@@ -70,9 +70,12 @@ class KeepRegion(Exception):
 def region_outcome(swap: Callable[[], Outcome], kept: Callable[[Reason], Outcome]) -> Outcome:
     """``swap()``, or ``kept(reason)`` when it raises: a :class:`KeepRegion` gives its reason, any
     other error keeps the region as PASS_FAILED (logged with its traceback at DEBUG) so one
-    region's failure never stops the pass."""
+    region's failure never stops the pass. The swap runs the region, its reference and the kernel on fake
+    tensors, where a failure is expected and becomes the reason: fake tensors' own ERROR record of it goes
+    to DEBUG (:func:`~twinkle_fx.core.torch_internals.quiet_fake_tensor_errors`)."""
     try:
-        return swap()
+        with quiet_fake_tensor_errors():
+            return swap()
     except KeepRegion as keep:
         return kept(keep.reason)
     except Exception as e:  # one region failed: keep it, say why, go on with the next region

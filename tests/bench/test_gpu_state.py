@@ -40,6 +40,11 @@ def test_unreadable_fields_and_foreign_lines_are_skipped():
     assert gpu_state_from_csv(["", "garbage"]) is None
 
 
+def test_samples_without_the_slowdown_reasons_of_an_older_driver_are_read():
+    state = gpu_state_from_csv([", ".join(line.split(", ")[:5]) for line in LINES])
+    assert (state.samples, state.sm_mhz_min, state.power_limit_w, state.slowdowns) == (3, 1740.0, 700.0, ())
+
+
 def test_the_sampler_reads_its_command_until_the_block_ends(tmp_path):
     # a stand-in for nvidia-smi's loop: prints a sample every 10 ms until terminated
     script = tmp_path / "smi.py"

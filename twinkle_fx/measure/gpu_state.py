@@ -14,6 +14,7 @@ sampled and the state is None.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import tempfile
@@ -25,10 +26,12 @@ import torch
 
 __all__ = ["GpuState", "GpuStateSampler", "QUERY", "gpu_state_from_csv"]
 
-# nvidia-smi --query-gpu fields, in the order parsed below
+# nvidia-smi --query-gpu fields, in the order parsed below; drivers before the "clocks_event_reasons" names
+# (R535) reject the last three, and the sampler then asks for the first five only
 QUERY = ("clocks.sm", "clocks.max.sm", "power.draw", "power.limit", "temperature.gpu",
          "clocks_event_reasons.sw_power_cap", "clocks_event_reasons.hw_slowdown",
          "clocks_event_reasons.sw_thermal_slowdown")
+_BASE_FIELDS = 5
 _SLOWDOWNS = ("power cap", "hardware slowdown", "thermal slowdown")
 
 
@@ -90,7 +93,7 @@ power_w_mean=500.3, power_limit_w=700.0, temperature_c_max=70.0, slowdowns=('pow
     clocks, powers, temperatures, maxima, limits, slowdowns = [], [], [], [], [], set()
     for line in lines:
         fields = [f.strip() for f in line.split(",")]
-        if len(fields) != len(QUERY) or _number(fields[0]) is None:
+        if len(fields) not in (_BASE_FIELDS, len(QUERY)) or _number(fields[0]) is None:
             continue
         clocks.append(_number(fields[0]))
         for values, field in ((maxima, fields[1]), (powers, fields[2]), (limits, fields[3]),
@@ -118,6 +121,17 @@ def _device_selector(device: torch.device) -> str:
     return f"GPU-{uuid}" if uuid is not None else str(index)
 
 
+@functools.cache
+def _fields(selector: str) -> tuple[str, ...]:
+    """:data:`QUERY`, or its first fields where this driver rejects the slowdown reasons (one query to find out)."""
+    try:
+        probe = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader,nounits",
+                                f"--id={selector}"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return QUERY
+    return QUERY if probe.returncode == 0 else QUERY[:_BASE_FIELDS]
+
+
 class GpuStateSampler:
     """Samples the GPU of ``device`` every ``interval_ms`` while the ``with`` block runs; :attr:`state` is then
     the :class:`GpuState` (None without a CUDA device or ``nvidia-smi``, or when no sample arrived).
@@ -137,8 +151,9 @@ class GpuStateSampler:
         if command is not None:
             self._command = list(command)
         elif device.type == "cuda" and shutil.which("nvidia-smi"):
-            self._command = ["nvidia-smi", f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader,nounits",
-                             f"--loop-ms={interval_ms}", f"--id={_device_selector(device)}"]
+            selector = _device_selector(device)
+            self._command = ["nvidia-smi", f"--query-gpu={','.join(_fields(selector))}",
+                             "--format=csv,noheader,nounits", f"--loop-ms={interval_ms}", f"--id={selector}"]
         self._process: subprocess.Popen | None = None
         self._output = None
 

@@ -5,7 +5,8 @@
 options and block sizes as on a GPU). Triton's own launch path binds and specializes every kernel call (the
 ints equal to 1, the 16-divisible values and pointers), then compiles it for sm_90 and launches nothing:
 ``triton.runtime.driver`` is a stand-in that names the target. OUT gets each compile (kernel, shared memory,
-warps, stages, whether its dot products became wgmma and its loads asynchronous copies) and each failure.
+warps, stages, whether its dot products became wgmma and its loads asynchronous copies, registers and spilled
+bytes) and each failure.
 
 What the Triton interpreter cannot show: a kernel that does not compile for the GPU (a type the interpreter
 tolerates, a layout the compiler rejects) or a launch configuration past the GPU's shared memory. The outputs
@@ -40,6 +41,25 @@ class _HopperDriver:
         from triton.backends.compiler import GPUTarget
 
         return GPUTarget(*TARGET)
+
+
+def resource_usage(cubin: bytes) -> dict[str, int] | None:
+    """Registers a thread and spill (local) and stack bytes of a compiled kernel, from the cuobjdump that ships
+    with Triton's NVIDIA backend (None without it)."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        dump = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", dump)
+    return None if found is None else dict(zip(("registers", "stack", "local"), map(int, found.groups())))
 
 
 def _grads(out, inputs):
@@ -182,7 +202,8 @@ def main(out: Path) -> None:
                          "num_warps": kernel.metadata.num_warps, "num_stages": kernel.metadata.num_stages,
                          "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
                          "mma": len(re.findall(r"\bmma\.sync", ptx)),
-                         "async_copies": len(re.findall(r"cp\.async", ptx))})
+                         "async_copies": len(re.findall(r"cp\.async", ptx)),
+                         "resources": resource_usage(kernel.asm["cubin"])})
         return kernel
 
     JITFunction.run = compile_only

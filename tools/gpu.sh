@@ -32,7 +32,8 @@
 #   moe          tools/moe_gemm_sweep.py: the fused MoE expert kernels against transformers' grouped_mm experts, forward
 #                and forward + backward, Qwen3-30B-A3B and Mixtral-8x7B layer shapes, 4096 tokens, bf16
 #                (MOE_ARGS: more flags, e.g. "--kernels gate_up --block-m 64,128 --block-n 64,128 --warps 4,8", or
-#                "--per-kernel --block-m 64,128 --warps 4,8": each kernel tuned on its own profiled time)
+#                "--per-kernel": each kernel tuned on its own profiled time over its own candidates, or over
+#                the knobs given, e.g. "--per-kernel --shapes mixtral-8x7b --kernels grad_act --warps 4,8")
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference

@@ -20,6 +20,7 @@ and skipped.
 gradient against transformers' experts, and takes that kernel's own device time (the median of a few calls;
 launches are told apart by their order in a call: ``LAUNCHES``). One run then finds every kernel's fastest
 setting at each shape, and times the five together against ``grouped_mm``, forward and forward + backward.
+Without knob flags each kernel tries its own ``CANDIDATES`` (settings that compile for sm_90 without spilling).
 
     python tools/moe_gemm_sweep.py --out moe.json
     python tools/moe_gemm_sweep.py --out moe-fwd.json --kernels gate_up --block-m 64,128 --block-n 64,128 --warps 4,8
@@ -55,6 +56,22 @@ LAUNCHES = (("_gate_up_kernel", "gate_up"), ("_rows_to_pairs_kernel", "down"), (
             ("_rows_to_pairs_kernel", "grad_input"), ("_weight_grad_kernel", "weight_grad"),
             ("_weight_grad_kernel", "weight_grad"))
 GRAD_RTOL = 2e-2  # relative error (norm of the difference over the reference's) of each gradient, bf16
+# --per-kernel without knob flags: each kernel's candidates (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages),
+# larger tiles first. Chosen from a grid compiled for sm_90 on a CPU (the stand-in driver of tests/kernels/hopper_compile.py)
+# that spill no register and fit an H100's shared memory; grad_act keeps its accumulator, the projections and
+# h in registers, so it spills at 64 x 128 tiles with 4 warps and at every 256-wide tile, gate_up at 128 x 128 with
+# BLOCK_K 32 and at 128 x 256.
+CANDIDATES = {
+    "gate_up": ((128, 128, 64, 8, 4), (64, 256, 64, 8, 3), (128, 64, 64, 8, 4), (64, 128, 64, 8, 3)),
+    "down": ((128, 256, 64, 8, 4), (128, 256, 32, 8, 3), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4),
+             (128, 128, 64, 8, 3)),
+    "grad_act": ((128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 32, 8, 4), (128, 128, 32, 8, 3),
+                 (128, 64, 64, 8, 4), (128, 64, 64, 8, 3), (64, 128, 64, 8, 4), (64, 128, 64, 8, 3)),
+    "grad_input": ((128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 32, 8, 4), (64, 256, 64, 8, 3),
+                   (128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 64, 4, 3)),
+    "weight_grad": ((128, 256, 64, 8, 3), (128, 256, 32, 8, 3), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4),
+                    (128, 128, 64, 8, 3), (128, 128, 32, 8, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3)),
+}
 
 
 def _experts(experts, top_k, hidden, inter, dtype):
@@ -143,6 +160,10 @@ def _gradients_agree(ours, reference) -> None:
             raise AssertionError(f"{what} is {error:.2e} from transformers' experts (relative, > {GRAD_RTOL})")
 
 
+def _candidates(kernel: str) -> list[dict]:
+    return [dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"), c)) for c in CANDIDATES[kernel]]
+
+
 def per_kernel(args, kernels: list[str], settings: list[dict], defaults: dict) -> list[dict]:
     """``--per-kernel``: each kernel's own time under each setting, the fastest per kernel, and the five fastest
     together against grouped_mm; one line per measurement, the rows for the JSON."""
@@ -167,7 +188,7 @@ def per_kernel(args, kernels: list[str], settings: list[dict], defaults: dict) -
         chosen = {}
         for kernel in kernels:
             best = (base[kernel], {})
-            for setting in settings:
+            for setting in settings if settings != [{}] else _candidates(kernel):
                 label = ",".join(f"{k}={v}" for k, v in setting.items()) or "defaults"
                 configure(kernel, setting)
                 try:

@@ -57,10 +57,10 @@ LAUNCHES = (("_gate_up_kernel", "gate_up"), ("_rows_to_pairs_kernel", "down"), (
             ("_weight_grad_kernel", "weight_grad"))
 GRAD_RTOL = 2e-2  # relative error (norm of the difference over the reference's) of each gradient, bf16
 # --per-kernel without knob flags: each kernel's candidates (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages),
-# larger tiles first. Chosen from a grid compiled for sm_90 on a CPU (the stand-in driver of tests/kernels/hopper_compile.py)
-# that spill no register and fit an H100's shared memory; grad_act keeps its accumulator, the projections and
-# h in registers, so it spills at 64 x 128 tiles with 4 warps and at every 256-wide tile, gate_up at 128 x 128 with
-# BLOCK_K 32 and at 128 x 256.
+# larger tiles first. Chosen from a grid compiled for sm_90 on a CPU (the stand-in driver of
+# tests/kernels/hopper_compile.py): settings that spill no register and fit an H100's shared memory. grad_act keeps
+# its accumulator, the projections and h in registers, so it spills at 64 x 128 tiles with 4 warps and at every
+# 256-wide tile; gate_up at 128 x 128 with BLOCK_K 32 and at 128 x 256.
 CANDIDATES = {
     "gate_up": ((128, 128, 64, 8, 4), (64, 256, 64, 8, 3), (128, 64, 64, 8, 4), (64, 128, 64, 8, 3)),
     "down": ((128, 256, 64, 8, 4), (128, 256, 32, 8, 3), (64, 256, 64, 8, 3), (128, 128, 64, 8, 4),

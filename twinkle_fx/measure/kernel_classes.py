@@ -19,8 +19,8 @@ from typing import Any
 
 from .overlap import Kernel, busy_time
 
-__all__ = ["CLASSES", "KernelClasses", "format_kernel_classes", "format_launch_shapes", "kernel_class", "kernel_classes",
-           "launch_shapes"]
+__all__ = ["CLASSES", "KernelClasses", "format_kernel_classes", "format_launch_shapes", "kernel_class",
+           "kernel_classes", "launch_shapes"]
 
 # (class, marks): the first class with a mark in the lower-cased kernel name wins
 CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -114,11 +114,12 @@ def launch_shapes(trace: dict[str, Any], *, kind: str = "GEMM", steps: int = 1, 
     a kernel's total time mixes every shape it served.
 
     Examples:
-        >>> trace = {"traceEvents": [
-        ...     {"ph": "X", "cat": "kernel", "name": "nvjet_tst_256x128_NNT", "dur": 100.0, "args": {"grid": [8, 16, 1]}},
-        ...     {"ph": "X", "cat": "kernel", "name": "nvjet_tst_256x128_NNT", "dur": 300.0, "args": {"grid": [8, 64, 1]}},
-        ...     {"ph": "X", "cat": "kernel", "name": "nvjet_tst_256x128_NNT", "dur": 110.0, "args": {"grid": [8, 16, 1]}},
-        ...     {"ph": "X", "cat": "kernel", "name": "triton_poi_fused_mul_0", "dur": 50.0, "args": {"grid": [64, 1, 1]}}]}
+        >>> def kernel(name, dur, grid):
+        ...     return {"ph": "X", "cat": "kernel", "name": name, "dur": dur, "args": {"grid": grid}}
+        >>> trace = {"traceEvents": [kernel("nvjet_tst_256x128_NNT", 100.0, [8, 16, 1]),
+        ...                          kernel("nvjet_tst_256x128_NNT", 300.0, [8, 64, 1]),
+        ...                          kernel("nvjet_tst_256x128_NNT", 110.0, [8, 16, 1]),
+        ...                          kernel("triton_poi_fused_mul_0", 50.0, [64, 1, 1])]}
         >>> [(s["grid"], s["calls"], s["us_per_call"]) for s in launch_shapes(trace)]
         [([8, 64, 1], 1.0, 300.0), ([8, 16, 1], 2.0, 105.0)]
     """

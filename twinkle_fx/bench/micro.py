@@ -238,7 +238,8 @@ def _grouped_experts(experts: int, top_k: int, hidden: int, inter: int, dtype: t
     return grouped_mm_experts
 
 
-def _moe_experts(shape: tuple[int, int, int, int], name: str) -> Callable[[bool, torch.device, torch.dtype], CaseInputs]:
+def _moe_experts(shape: tuple[int, int, int, int],
+                 name: str) -> Callable[[bool, torch.device, torch.dtype], CaseInputs]:
     """A training slice's MoE layer at 4 x 1024 tokens: (experts, top-k, hidden, intermediate)."""
     def make(tiny: bool, device, dtype) -> CaseInputs:
         experts, top_k, hidden, inter = (4, 2, 32, 16) if tiny else shape

@@ -12,8 +12,9 @@
 #                GENERATE_ARGS: more flags, e.g. "--rows hf-static,twinkle+decode --batches 1,8")
 #   kernels      `twinkle-fx bench --micro`: every kernel and the fused loss against eager, Inductor, Liger, CCE
 #   matrix       `twinkle-fx bench --matrix`: training across model shapes (MODELS, comma-separated, default the
-#                command's six; BACKENDS likewise), one table; then tools/family_reference.py: every family at its
-#                published dimensions against the unswapped model
+#                command's six; BACKENDS likewise; MATRIX_ARGS: more flags, e.g. "--repeat-first --profile DIR"), one
+#                table; then tools/family_reference.py: every family at its published dimensions against the
+#                unswapped model
 #   distributed  2 GPUs (NCCL): single-GPU baselines, DDP with per-layer CUDA graphs (plain and with DDP's recipe,
 #                then with the tied embedding reduced early), FSDP2 with and without graphs and the fused-loss head
 #   fsdp         2 GPUs (NCCL), the Llama-3.2-3B shape: 1 GPU then FSDP2 on 2, each as torch.compile regional,
@@ -119,7 +120,8 @@ job_kernels() {
 job_matrix() {
   echo "### matrix"
   timeout "${MATRIX_S:-1500}" python3 -m twinkle_fx bench --matrix ${MODELS:+--models "$MODELS"} \
-    ${BACKENDS:+--backends "$BACKENDS"} --steps 10 --warmup 2 --out "$out/matrix" > "$out/matrix.txt" 2>&1 \
+    ${BACKENDS:+--backends "$BACKENDS"} --steps 10 --warmup 2 ${MATRIX_ARGS:-} --out "$out/matrix" \
+    > "$out/matrix.txt" 2>&1 \
     || { status=1; tail -20 "$out/matrix.txt"; }
   sed -n '/^| model/,$p' "$out/matrix.txt"
   timeout "${MATRIX_S:-400}" python3 tools/family_reference.py --out "$out/families.json" > "$out/families.txt" 2>&1 \

@@ -3,8 +3,10 @@ runs its loop beside the measurement and stops with it, and the rows and tables 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -98,3 +100,30 @@ def test_nvidia_smi_reports_the_gpu_under_load(device):
         torch.cuda.synchronize(device)
     assert sampler.state is not None, f"nvidia-smi printed no sample for --query-gpu={','.join(QUERY)}"
     assert sampler.state.samples >= 2 and sampler.state.sm_mhz_mean > 0
+
+
+def test_a_driver_without_uuid_ids_or_slowdown_fields_is_asked_what_it_answers(tmp_path, monkeypatch):
+    # a stand-in nvidia-smi that rejects UUID ids and the slowdown-reason fields, as some drivers do, and loops
+    # when asked to
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text(f"#!{sys.executable}\n"
+                    "import sys, time\n"
+                    "args = ' '.join(sys.argv[1:])\n"
+                    "if '--id=GPU-' in args: sys.exit(6)\n"
+                    "if 'clocks_event_reasons' in args: sys.exit(2)\n"
+                    "for _ in range(10_000 if '--loop-ms' in args else 1):\n"
+                    "    print('1755, 1980, 640.0, 700.00, 61', flush=True)\n"
+                    "    time.sleep(0.01)\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(uuid="58a3c4f2"))
+    from twinkle_fx.measure import gpu_state
+
+    gpu_state._query.cache_clear()
+    try:
+        assert gpu_state._query(0) == ("0", QUERY[:5])
+        with GpuStateSampler(torch.device("cuda", 0)) as sampler:
+            time.sleep(0.3)
+    finally:
+        gpu_state._query.cache_clear()
+    assert sampler.state is not None and sampler.state.sm_mhz_mean == 1755.0 and sampler.state.slowdowns == ()

@@ -2,7 +2,8 @@
 
 Two timings compare only when the GPU ran both at the same clocks. A GPU at its power or thermal limit
 lowers its SM clock, and the same kernels then take longer: one training profile showed the same cuBLAS
-kernels, called as often, 7-13% slower in a backend's row than in the row before it. :class:`GpuStateSampler`
+kernels 8-13% slower a call in a backend's row than in the row before it, and could not say why.
+:class:`GpuStateSampler`
 runs ``nvidia-smi``'s own sampling loop (``--loop-ms``) in a child process while the timed calls run, so
 sampling costs the measured process nothing, and :class:`GpuState` says what it saw: the SM clock's mean and
 minimum against the GPU's maximum, the power draw against its limit, the hottest reading, and whether the
@@ -113,23 +114,23 @@ power_w_mean=500.3, power_limit_w=700.0, temperature_c_max=70.0, slowdowns=('pow
     )
 
 
-def _device_selector(device: torch.device) -> str:
-    """nvidia-smi's ``-i`` for a CUDA device: its UUID (CUDA and nvidia-smi may number GPUs differently, and
-    CUDA_VISIBLE_DEVICES renumbers them), else its index."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    return f"GPU-{uuid}" if uuid is not None else str(index)
-
-
 @functools.cache
-def _fields(selector: str) -> tuple[str, ...]:
-    """:data:`QUERY`, or its first fields where this driver rejects the slowdown reasons (one query to find out)."""
-    try:
-        probe = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader,nounits",
-                                f"--id={selector}"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return QUERY
-    return QUERY if probe.returncode == 0 else QUERY[:_BASE_FIELDS]
+def _query(index: int) -> tuple[str, tuple[str, ...]] | None:
+    """(``--id``, fields) that nvidia-smi answers for CUDA device ``index`` (one probe query each): the GPU's UUID,
+    since CUDA and nvidia-smi may number GPUs differently (CUDA_VISIBLE_DEVICES renumbers them), else its index;
+    :data:`QUERY`, else its first fields where the driver rejects the slowdown reasons. None when none answers."""
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    for selector in ([f"GPU-{uuid}"] if uuid is not None else []) + [str(index)]:
+        for fields in (QUERY, QUERY[:_BASE_FIELDS]):
+            try:
+                probe = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                                        "--format=csv,noheader,nounits", f"--id={selector}"],
+                                       capture_output=True, text=True, timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                return None
+            if probe.returncode == 0 and gpu_state_from_csv(probe.stdout.splitlines()) is not None:
+                return selector, fields
+    return None
 
 
 class GpuStateSampler:
@@ -151,9 +152,11 @@ class GpuStateSampler:
         if command is not None:
             self._command = list(command)
         elif device.type == "cuda" and shutil.which("nvidia-smi"):
-            selector = _device_selector(device)
-            self._command = ["nvidia-smi", f"--query-gpu={','.join(_fields(selector))}",
-                             "--format=csv,noheader,nounits", f"--loop-ms={interval_ms}", f"--id={selector}"]
+            query = _query(device.index if device.index is not None else torch.cuda.current_device())
+            if query is not None:
+                selector, fields = query
+                self._command = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                                 f"--loop-ms={interval_ms}", f"--id={selector}"]
         self._process: subprocess.Popen | None = None
         self._output = None
 

@@ -167,20 +167,22 @@ def _cases():
     }
 
 
-def kernels_defined() -> list[str]:
-    """Every ``*_kernel`` JIT function of twinkle_triton's modules (what the cases must reach)."""
+def _kernel_modules() -> list:
     import importlib
     import pkgutil
 
     import twinkle_triton
+
+    return [importlib.import_module(f"twinkle_triton.{info.name}")
+            for info in pkgutil.iter_modules(twinkle_triton.__path__)]
+
+
+def kernels_defined() -> list[str]:
+    """Every ``*_kernel`` JIT function of twinkle_triton's modules (what the cases must reach)."""
     from triton.runtime.jit import JITFunction
 
-    names = set()
-    for info in pkgutil.iter_modules(twinkle_triton.__path__):
-        module = importlib.import_module(f"twinkle_triton.{info.name}")
-        names.update(name for name, value in vars(module).items()
-                     if isinstance(value, JITFunction) and name.endswith("_kernel"))
-    return sorted(names)
+    return sorted({name for module in _kernel_modules() for name, value in vars(module).items()
+                   if isinstance(value, JITFunction) and name.endswith("_kernel")})
 
 
 def main(out: Path) -> None:
@@ -203,14 +205,18 @@ def main(out: Path) -> None:
                          "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
                          "mma": len(re.findall(r"\bmma\.sync", ptx)),
                          "async_copies": len(re.findall(r"cp\.async", ptx)),
+                         "dependent_launch": "griddepcontrol" in ptx,
                          "resources": resource_usage(kernel.asm["cubin"])})
         return kernel
 
     JITFunction.run = compile_only
     _library.KERNELS_RUN_ON_CPU = True  # CPU tensors take the kernels' path, not the PyTorch reference
     _library.cached_launcher = lambda kernel: kernel  # through JITFunction.run, not a compiled launcher
-    # the decode kernels' programmatic dependent launches, as on an H100
-    _dependent_launch.launch_options = lambda x: {"PDL": True, "launch_pdl": True}
+    # the decode kernels' programmatic dependent launches, as on an H100 (each kernel module holds its own name)
+    _pdl = _dependent_launch.launch_options
+    for module in _kernel_modules():
+        if getattr(module, "launch_options", None) is _pdl:
+            module.launch_options = lambda x: {"PDL": True, "launch_pdl": True}
     for name, case in _cases().items():
         current[0] = name
         try:

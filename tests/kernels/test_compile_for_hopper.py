@@ -58,3 +58,9 @@ def test_the_gemm_kernels_use_tensor_cores_and_asynchronous_loads_without_spilli
             assert c["wgmma"] > 0 and c["async_copies"] > 0, c
             # a GEMM whose accumulators spill to local memory runs at a fraction of its speed
             assert c["resources"] is None or c["resources"]["local"] == 0, c
+
+
+def test_the_decode_kernels_compile_as_programmatic_dependents(compiled):
+    # launched with launch_pdl on an H100, they wait in griddepcontrol for the kernel before them
+    for kernel in ("_gemv_kernel", "_gemv_swiglu_kernel", "_rotary_cache_attention_kernel", "_gqa_combine_kernel"):
+        assert any(c["dependent_launch"] for c in compiled["compiled"] if c["kernel"] == kernel), kernel

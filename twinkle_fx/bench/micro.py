@@ -54,8 +54,8 @@ class CaseInputs:
     # gradients to the reference's
     liger_args: tuple | None = None
     liger_grads: Callable[[tuple], tuple] | None = None
-    # what the eager and inductor rows run instead of ``<op>_reference`` (same arguments): the computation a
-    # user has today, where it is not the reference's (transformers' grouped experts for the MoE op)
+    # what the eager and inductor rows run instead of ``<op>_reference`` (same arguments): what a user runs
+    # without twinkle, where it is not the reference's (transformers' grouped experts for the MoE op)
     baseline: Callable[..., Any] | None = None
 
 

@@ -218,7 +218,7 @@ def _fused_linear_cross_entropy(tiny: bool, device, dtype) -> CaseInputs:
                       flops_fwd=2 * n * h * v, flops_bwd=4 * n * h * v)
 
 
-def _grouped_experts(experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype, device) -> Callable:
+def _grouped_experts(experts: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype) -> Callable:
     """transformers' grouped_mm experts (``Qwen3MoeExperts`` with ``_experts_implementation="grouped_mm"``: the
     tokens sorted and copied by expert, ``torch._grouped_mm``, the SwiGLU and the weighted sum as separate ops)
     as a function of ``moe_swiglu_experts``'s arguments."""
@@ -252,7 +252,7 @@ def _moe_experts(shape: tuple[int, int, int, int],
         flops = 6 * tokens * top_k * hidden * inter
         return CaseInputs(f"{name}: {tokens} tokens, {experts} experts top-{top_k}, {hidden} -> {inter}",
                           (x, gate_up, down, index, weights.to(dtype).requires_grad_()), flops_fwd=flops,
-                          flops_bwd=2 * flops, baseline=_grouped_experts(experts, top_k, hidden, inter, dtype, device))
+                          flops_bwd=2 * flops, baseline=_grouped_experts(experts, top_k, hidden, inter, dtype))
     return make
 
 

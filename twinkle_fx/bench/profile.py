@@ -81,8 +81,11 @@ def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *,
                    if e.self_cpu_time_total > 0 and not e.key.startswith("step ")]
         device_ms = launches = kernels_run = None
     kernels.sort(key=lambda k: -k[2])
-    classes = kernel_classes(kernel_intervals(trace), steps=steps).to_json() if clock.cuda else None
-    gemms = launch_shapes(json.loads(trace.read_text()), steps=steps) if clock.cuda else []
+    classes, gemms = None, []
+    if clock.cuda:
+        events = json.loads(trace.read_text())  # read once: a profile of a large model's steps is tens of MB
+        classes = kernel_classes(kernel_intervals(events), steps=steps).to_json()
+        gemms = launch_shapes(events, steps=steps)
     summary = ProfileSummary(
         steps=steps, host_ms_per_step=sum(walls) / steps, device_ms_per_step=device_ms, launches_per_step=launches,
         kernels_per_step=kernels_run, top=[{"name": name, "calls": calls, "ms": ms} for name, calls, ms in kernels[:_TOP]],

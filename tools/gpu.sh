@@ -21,9 +21,11 @@
 #                twinkle regional and twinkle regional + CUDA graphs, the FSDP2 runs with FSDP2's own defaults
 #                (they measured fastest, docs/distributed.md) and one of them profiled (exposed communication per
 #                rank); one JSON of all runs, fsdp-llama3b-<B>x1024-<gpu>.json, for docs/performance/
-#                (FSDP_BATCH sequences of 1024 per GPU, default 4; FSDP_EXTRA: more flags for the FSDP2 runs,
+#                (each FSDP2 run with the copy engines' collectives and with NCCL's, FSDP_COLLECTIVES to pick;
+#                FSDP_BATCH sequences of 1024 per GPU, default 4; FSDP_EXTRA: more flags for the FSDP2 runs,
 #                e.g. "--prefetch 1 --reduce-dtype fp32" or "--nccl-ctas 16 --sm-carveout 16"; FSDP_PROFILE: the
-#                run profiled, default fsdp2-twinkle, "none" for none; FSDP_S: the job's time, default 520 s)
+#                run profiled, default fsdp2-twinkle-copy-engine, "none" for none; FSDP_S: the job's time, default
+#                520 s)
 #   check        `twinkle-fx check`: the kernel checklist of every built-in kernel on the GPU
 #   gemv         tools/gemv_sweep.py: the decode GEMV kernels against cuBLAS at three model shapes, 1-8 rows, weights
 #                read from DRAM (copies that outgrow the L2 cache)
@@ -55,7 +57,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 else
   export PYTHONPATH="$PWD:$PWD/kernels"
 fi
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+# NVLink multicast stays off (NCCL's, symmetric memory's, NVSHMEM's): the lent machines keep it off
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # a copied tree has no reliable git HEAD: the caller names the commit and the harness stamps every result with it
 export TWINKLE_FX_COMMIT="${COMMIT:-unknown}"
 tiny=0
@@ -243,21 +246,33 @@ job_fsdp() {
   # layer gathered, explicit prefetching, no resharding, NCCL on fewer CTAs, GEMMs leaving SMs to NCCL; fp32
   # reduction (twice the reduce-scatter bytes) was the slowest, 1.51x against 1.66x
   local fsdp=("${two[@]}" "${ex[@]}" --parallel fsdp2 ${FSDP_EXTRA:-})
+  # each FSDP2 run once per FSDP_COLLECTIVES entry (default both): FSDP2's NCCL collectives, and the copy engines'
+  # (--collectives copy-engine, named -copy-engine), which leave the GEMMs every SM; the copy engines' first, so a
+  # job that runs out of time has what it set out to compare
+  local collectives=(${FSDP_COLLECTIVES:-copy-engine nccl}) runs=()
+  [ "$tiny" = 1 ] && collectives=(nccl)  # copy engines move GPU memory only
   distributed_one() {  # distributed_one NAME TWIN COMMAND...: an FSDP2 run against its twin and the global batch (the
     # files that exist: a baseline that failed leaves its comparison out, not the run), profiled if FSDP_PROFILE's
     local name=$1 twin=$2 f extra=(); shift 2
     for f in "$out/$twin.json" "$out/fsdp-global.json"; do [ -f "$f" ] && extra+=(--baseline "$f"); done
     # 3 more steps under torch.profiler after the timed ones: a trace and report per rank
-    [ "$name" = "${FSDP_PROFILE:-fsdp2-twinkle}" ] && extra+=(--profile "$out/fsdp-profile")
+    [ "$name" = "${FSDP_PROFILE:-fsdp2-twinkle-copy-engine}" ] && extra+=(--profile "$out/fsdp-profile")
+    runs+=("$name")
     fsdp_run "$name" "$@" "${extra[@]}"
   }
-  distributed_one fsdp2-inductor fsdp-single-inductor "${fsdp[@]}" "${inductor[@]}"
-  distributed_one fsdp2-twinkle fsdp-single-twinkle "${fsdp[@]}" "${twinkle[@]}"
-  distributed_one fsdp2-twinkle-cudagraphs fsdp-single-twinkle-cudagraphs "${fsdp[@]}" "${twinkle[@]}" "${cg[@]}"
+  local c suffix
+  for c in "${collectives[@]}"; do
+    suffix=$([ "$c" = nccl ] || echo "-$c")
+    distributed_one "fsdp2-inductor$suffix" fsdp-single-inductor "${fsdp[@]}" "${inductor[@]}" --collectives "$c"
+    distributed_one "fsdp2-twinkle$suffix" fsdp-single-twinkle "${fsdp[@]}" "${twinkle[@]}" --collectives "$c"
+    distributed_one "fsdp2-twinkle-cudagraphs$suffix" fsdp-single-twinkle-cudagraphs "${fsdp[@]}" "${twinkle[@]}" \
+      "${cg[@]}" --collectives "$c"
+  done
   # one record of every run, named for docs/performance/
   local record="$out/fsdp-llama3b-${batch}x${seq}-${gpu:-gpu}.json" names=() name
-  for name in fsdp-single-inductor fsdp-single-twinkle fsdp-single-twinkle-cudagraphs fsdp-global fsdp2-inductor \
-      fsdp2-twinkle fsdp2-twinkle-cudagraphs; do names+=("$name=$out/$name.json"); done
+  for name in fsdp-single-inductor fsdp-single-twinkle fsdp-single-twinkle-cudagraphs fsdp-global "${runs[@]}"; do
+    names+=("$name=$out/$name.json")
+  done
   echo "### $record (for docs/performance/)"
   python3 -m twinkle_fx.bench.distributed_results --out "$record" "${names[@]}" || status=1
   grep -h -A12 "^communication per step" "$out"/fsdp-profile/rank*/profile_report.txt 2>/dev/null

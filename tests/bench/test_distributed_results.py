@@ -40,6 +40,18 @@ def test_scaling_pairs_each_fsdp2_run_with_its_twin_and_the_global_batch():
     assert "twinkle regional / torch.compile regional under fsdp2 x 2: 1.25x" in text
 
 
+def test_copy_engine_runs_are_compared_with_torch_compile_on_copy_engines_and_with_nccl():
+    ce = [run("--parallel fsdp2 --backend inductor --collectives copy-engine", 2, 100.0),
+          run("--parallel fsdp2 --backend twinkle --collectives copy-engine", 2, 80.0)]
+    text = scaling_table(runs() + ce)
+    # the same 1-GPU twin as the NCCL run: 2 x 2 x 8 tokens in 80 ms against 2 x 8 in 90 ms
+    assert "| twinkle regional, copy-engine collectives | 178 | 400 | 2.25x |" in text
+    assert ("twinkle regional, copy-engine collectives / torch.compile regional, copy-engine collectives under "
+            "fsdp2 x 2: 1.25x") in text
+    assert "twinkle regional, copy-engine collectives / twinkle regional under fsdp2 x 2: 1.25x" in text
+    assert "twinkle regional / torch.compile regional under fsdp2 x 2: 1.25x" in text  # NCCL against NCCL
+
+
 def test_a_run_without_its_twin_is_still_listed():
     text = scaling_table([r for r in runs() if not (r.world_size == 1 and r.args["backend"] == "inductor")])
     assert "| torch.compile regional | - | 256 | - |" in text

@@ -455,3 +455,35 @@ def test_fake_tensor_errors_inside_the_quiet_block_go_to_debug_in_that_thread_on
     handled = [r for r in records if r.name == "twinkle_fx.core.torch_internals"]
     assert len(handled) == 1 and "aten.mm.default" in handled[0].getMessage()
     assert handled[0].levelno == logging.DEBUG and "same reduction dim" in str(handled[0].exc_info[1])
+
+
+# --- FSDP2 and symmetric memory ------------------------------------------------------------------------
+
+
+def test_fsdp_unit_names_a_units_device_and_shard_group(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        fully_shard(model[0], mesh=init_device_mesh("cpu", (1,)))
+        device, group = ti.fsdp_unit(model[0])
+        assert device == torch.device("cpu") and group.size() == 1 and group.rank() == 0
+        assert ti.fsdp_unit(model[1]) is None and ti.fsdp_unit(model) is None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_comm_bases_are_what_fsdp2_takes_as_custom_collectives():
+    all_gather, reduce_scatter = ti.fsdp_comm_bases()
+    assert {"allocate", "__call__"} <= set(dir(all_gather)) and {"allocate", "__call__"} <= set(dir(reduce_scatter))
+    from torch.distributed.fsdp import FSDPModule
+
+    assert hasattr(FSDPModule, "set_custom_all_gather") and hasattr(FSDPModule, "set_custom_reduce_scatter")
+
+
+def test_symmetric_memory_has_the_pool_and_the_rendezvous():
+    symm_mem = ti.symmetric_memory()
+    assert callable(symm_mem.get_mem_pool) and callable(symm_mem.rendezvous)

@@ -30,11 +30,13 @@ def free_port() -> int:
 CPU_PROCESSES = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
-def launch(target: list[str], *, timeout: int, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``torchrun TARGET...`` on 2 processes with no GPU visible (gloo on the CPU). Fails the test with what
-    the processes printed when they exit non-zero or outlive ``timeout`` seconds."""
+def launch(target: list[str], *, timeout: int, env: dict[str, str] | None = None,
+           nproc_per_node: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun TARGET...`` on 2 processes with no GPU visible (gloo on the CPU; ``env`` may show GPUs). Fails
+    the test with what the processes printed when they exit non-zero or outlive ``timeout`` seconds."""
     env = {**os.environ, **CPU_PROCESSES, **(env or {})}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc_per_node),
+               "--master_addr", "127.0.0.1",
                "--master_port", str(free_port()), *target]
     # a session of its own: on a time-out the workers go with the launcher instead of living on as orphans
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -36,7 +36,9 @@ graphs at each replay, since FSDP2 gathers them into new memory every step, ``--
 ``--reshard-after-forward true|false|inner|N``, ``--prefetch N`` (explicit all-gather prefetching),
 ``--layers-per-unit N`` (decoder layers per ``fully_shard`` unit), ``--reduce-dtype fp32|bf16`` (the gradients'
 collectives), ``--nccl-ctas N`` and ``--sm-carveout N`` (SMs for the collectives, SMs the GEMMs leave them),
-``--replicate N`` (HSDP: a (replicate, shard) mesh of N replicas, one per host), ``--fused-adamw``
+``--replicate N`` (HSDP: a (replicate, shard) mesh of N replicas, one per host), ``--collectives copy-engine``
+(the all-gathers and reduce-scatters as copy-engine transfers, ``twinkle_fx.distributed.use_copy_engine_collectives``),
+``--fused-adamw``
 (the fused optimizer on the shards). DDP's own costs: ``--ddp-comm-hook allreduce`` (one division per bucket
 instead of one per gradient), ``--no-broadcast-buffers``, ``--ddp-static-graph``, ``--grad-as-bucket-view``.
 ``--profile DIR`` runs three more steps under torch.profiler on every rank and writes a Chrome trace and a
@@ -206,6 +208,13 @@ def shard_model(model: torch.nn.Module, args: argparse.Namespace, device: torch.
         for i, head in enumerate(heads):
             head.set_modules_to_forward_prefetch(heads[i + 1:i + 1 + args.prefetch])
             head.set_modules_to_backward_prefetch(heads[max(0, i - args.prefetch):i][::-1])
+    if getattr(args, "collectives", "nccl") == "copy-engine":
+        from twinkle_fx.distributed import use_copy_engine_collectives
+
+        try:
+            use_copy_engine_collectives(model)
+        except ValueError as e:
+            raise SystemExit(f"error: --collectives copy-engine: {e}") from None
     return model
 
 

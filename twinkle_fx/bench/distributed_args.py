@@ -106,6 +106,11 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     parser.add_argument("--nccl-ctas", type=_positive, default=None, metavar="N",
                         help="NCCL runs each collective on at most N CTAs (SMs), NCCL_MAX_CTAS; default: NCCL's own "
                              "choice for the topology")
+    parser.add_argument("--collectives", choices=("nccl", "copy-engine"), default="nccl",
+                        help="FSDP2's all-gathers and reduce-scatters: nccl (FSDP2's own, NCCL's kernels on SMs) or "
+                             "copy-engine (twinkle_fx.distributed.use_copy_engine_collectives: the GPUs' copy engines "
+                             "read each other's buffers over NVLink and only the gradient sum runs on SMs, so the "
+                             "GEMMs beside them keep every SM; one host's GPUs, CUDA)")
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every decoder layer")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--fused-adamw", action="store_true",
@@ -167,10 +172,10 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
         parser.error("--mixed-precision is FSDP2's MixedPrecisionPolicy: use it with --parallel fsdp2 "
                      "(DDP and none train in --dtype)")
     fsdp_only = (args.reshard_after_forward is not True or args.prefetch or args.layers_per_unit != 1
-                 or args.reduce_dtype or args.replicate != 1)
+                 or args.reduce_dtype or args.replicate != 1 or args.collectives != "nccl")
     if fsdp_only and args.parallel != "fsdp2":
         parser.error("--reshard-after-forward, --no-reshard-after-forward, --prefetch, --layers-per-unit, "
-                     "--reduce-dtype and --replicate are FSDP2 options: use them with --parallel fsdp2")
+                     "--reduce-dtype, --replicate and --collectives are FSDP2 options: use them with --parallel fsdp2")
     layers = MODELS[args.model].sizes[args.size]["num_hidden_layers"]
     if args.layers_per_unit > layers:
         parser.error(f"--layers-per-unit {args.layers_per_unit}: --model {args.model} --size {args.size} has "

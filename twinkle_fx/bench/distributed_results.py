@@ -128,6 +128,7 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
     parts += [f"reduce in {a['reduce_dtype']}"] if a.get("reduce_dtype") else []
     unit = "layer(s)" if a.get("layers_per_unit", 1) == 1 else "unit(s)"
     parts += [f"prefetch {a['prefetch']} {unit}"] if a.get("prefetch") else []
+    parts += ["copy-engine collectives"] if a.get("collectives", "nccl") == "copy-engine" else []
     parts += [f"NCCL on {a['nccl_ctas']} CTAs"] if a.get("nccl_ctas") else []
     parts += [f"GEMMs leave {a['sm_carveout']} SMs"] if a.get("sm_carveout") else []
     parts += ["fused AdamW"] if a.get("fused_adamw") else []
@@ -224,6 +225,11 @@ def _how(a: dict[str, Any]) -> str:
     return name + (" regional" if a["regional"] else "") + (" + CUDA graphs" if a.get("cudagraphs") else "")
 
 
+def _label(a: dict[str, Any]) -> str:
+    """A parallel run's row: the backend, and the collectives where they are not the process group's own."""
+    return _how(a) + (", copy-engine collectives" if a.get("collectives", "nccl") == "copy-engine" else "")
+
+
 def scaling_table(runs: list[RunResult]) -> str:
     """Each multi-device run against its 1-device twin (same backend and per-device batch): tokens/s, scaling, peak
     memory and the losses against the 1-device run of its global batch; then each backend against torch.compile
@@ -248,18 +254,29 @@ def scaling_table(runs: list[RunResult]) -> str:
             rel = max(abs(x - y) / abs(y) for x, y in zip(run.losses, ref.losses))
             losses = f"max relative {rel:.1e} ({_how(ref.args)})"
         if twin is None:
-            lines.append(f"| {_how(a)} | - | {run.steady_tokens_per_s:,.0f} | - | -; {run.steady_ms:.1f} | -; {peak} "
+            lines.append(f"| {_label(a)} | - | {run.steady_tokens_per_s:,.0f} | - | -; {run.steady_ms:.1f} | -; {peak} "
                          f"| {losses} |")
             continue
         twin_peak = "-" if not twin.peak_gib or twin.peak_gib[0] is None else f"{twin.peak_gib[0]:.2f}"
-        lines.append(f"| {_how(a)} | {twin.steady_tokens_per_s:,.0f} | {run.steady_tokens_per_s:,.0f} "
+        lines.append(f"| {_label(a)} | {twin.steady_tokens_per_s:,.0f} | {run.steady_tokens_per_s:,.0f} "
                      f"| {run.steady_tokens_per_s / twin.steady_tokens_per_s:.2f}x | {twin.steady_ms:.1f}; "
                      f"{run.steady_ms:.1f} | {twin_peak}; {peak} | {losses} |")
-    base = next((r for r in parallel if r.args["backend"] == "inductor"), None)
+    def collectives(r: RunResult) -> str:
+        return r.args.get("collectives", "nccl")
+
     for run in parallel:
-        if base is not None and run is not base and run.args["parallel"] == base.args["parallel"]:
-            lines.append(f"\n{_how(run.args)} / {_how(base.args)} under {run.args['parallel']} x {run.world_size}: "
-                         f"{run.steady_tokens_per_s / base.steady_tokens_per_s:.2f}x")
+        # against torch.compile with the same collectives (the same knobs for both), then against the same backend
+        # with the process group's own collectives
+        base = next((r for r in parallel if r.args["backend"] == "inductor" and collectives(r) == collectives(run)
+                     and r.args["parallel"] == run.args["parallel"]), None)
+        if base is not None and run is not base:
+            lines.append(f"\n{_label(run.args)} / {_label(base.args)} under {run.args['parallel']} x "
+                         f"{run.world_size}: {run.steady_tokens_per_s / base.steady_tokens_per_s:.2f}x")
+        own = next((r for r in parallel if collectives(r) == "nccl" and _how(r.args) == _how(run.args)
+                    and r.args["parallel"] == run.args["parallel"]), None)
+        if own is not None and collectives(run) != "nccl":
+            lines.append(f"\n{_label(run.args)} / {_label(own.args)} under {run.args['parallel']} x "
+                         f"{run.world_size}: {run.steady_tokens_per_s / own.steady_tokens_per_s:.2f}x")
     return "\n".join(lines)
 
 

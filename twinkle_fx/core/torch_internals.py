@@ -33,7 +33,7 @@ __all__ = [
     "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "quiet_fake_tensor_errors", "nn_sdpa", "nn_linear",
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
-    "foreach_zero", "set_gemm_sm_carveout", "capture_cuda_graph",
+    "foreach_zero", "set_gemm_sm_carveout", "capture_cuda_graph", "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
 ]
 
 
@@ -468,6 +468,34 @@ def foreach_zero(tensors: list[torch.Tensor]) -> None:
     """Zero ``tensors`` in place with one multi-tensor kernel per device and dtype
     (``torch._foreach_zero_``), where ``zero_()`` on each would launch one kernel per tensor."""
     torch._foreach_zero_(tensors)
+
+
+# --- FSDP2 and symmetric memory ------------------------------------------------------------------------
+
+
+def fsdp_unit(module: torch.nn.Module) -> tuple[torch.device, Any] | None:
+    """``(device, shard process group)`` of the FSDP2 unit ``module`` is (``fully_shard`` made it one and it holds
+    parameters of its own), else None. Under HSDP the shard group is the mesh's shard dimension."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    group = get_state()._fsdp_param_group if get_state is not None else None
+    if group is None:
+        return None
+    return group.device, group._all_gather_process_group
+
+
+def fsdp_comm_bases() -> tuple[type, type]:
+    """FSDP2's interfaces for a custom all-gather and reduce-scatter (``FSDPModule.set_custom_all_gather``)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+    return AllGather, ReduceScatter
+
+
+def symmetric_memory() -> types.ModuleType:
+    """``torch.distributed._symmetric_memory``: buffers every rank of a group maps (``get_mem_pool``,
+    ``rendezvous``)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    return symm_mem
 
 
 # --- CUDA graphs ------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ def _peers(buffers: list[torch.Tensor]):
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_gather_shards_pulls_every_peer_slice_into_place(world):
+    torch.manual_seed(world)
     n = 7
     shards = [torch.randn(n) for _ in range(world)]
     # each rank's output holds its own shard in its slice and garbage elsewhere, as FSDP2's copy-in leaves it
@@ -40,14 +41,16 @@ def test_gather_shards_pulls_every_peer_slice_into_place(world):
 @pytest.mark.parametrize("average", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reduce_chunks_sums_this_ranks_chunk_over_every_rank(world, average, dtype):
-    n = 5
+    torch.manual_seed(world)
+    n = 64
     grads = [torch.randn(world * n).to(dtype) for _ in range(world)]
     for rank in range(world):
         out = torch.empty(n, dtype=dtype)
         reduce_chunks(out, grads[rank], rank, world, _peers(grads), average=average)
         chunks = torch.stack([g[rank * n:(rank + 1) * n].float() for g in grads])
         expected = (chunks.mean(0) if average else chunks.sum(0)).to(dtype)  # fp32 accumulation, one rounding
-        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+        # fp32 sums of 3 or 4 in another order than the reference's: the last bit
+        torch.testing.assert_close(out, expected, rtol=2e-7 if dtype == torch.float32 and world > 2 else 0, atol=0)
 
 
 def test_a_model_without_fsdp2_units_is_refused():

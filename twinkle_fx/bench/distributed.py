@@ -438,7 +438,7 @@ def _communication(summary, device: torch.device) -> dict[str, Any] | None:
         return None
     from twinkle_fx.measure.overlap import communication_overlap, format_overlap, kernel_intervals
 
-    overlap = communication_overlap(kernel_intervals(summary.trace), steps=summary.steps)
+    overlap = communication_overlap(kernel_intervals(summary.trace, peer_copies=True), steps=summary.steps)
     with open(summary.report, "a") as f:
         f.write("\n" + format_overlap(overlap))
     return overlap.to_json()

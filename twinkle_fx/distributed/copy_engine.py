@@ -56,11 +56,23 @@ def reduce_chunks(output: torch.Tensor, input: torch.Tensor, rank: int, world: i
                   *, average: bool) -> None:
     """The reduce-scatter's transfers and sum: ``input`` (world x n elements, flat) is this rank's gradients,
     chunk ``p`` for rank ``p``; ``output`` (n) gets the sum (``average``: the mean) of chunk ``rank`` over all
-    ranks. The peers' chunks are pulled into a staging buffer beside this rank's own, then reduced in one
-    kernel that accumulates in fp32 and rounds once (as NCCL's sum of two bf16 values does)."""
+    ranks. The peers' chunks are pulled into a staging buffer, then reduced with this rank's own in one kernel
+    that computes in fp32 and rounds once (as NCCL's sum of two bf16 values does)."""
     n = output.numel()
+    own = input[rank * n:(rank + 1) * n]
+    if world == 2:  # one pointwise kernel on the two chunks: 3n elements of traffic
+        staged = torch.empty_like(output)
+        staged.copy_(peer_buffer(1 - rank, n, rank * n))
+        if average and own.element_size() == 2:
+            # bf16 / fp16: own + (peer - own) / 2 computed in fp32, where it is exact, and rounded once
+            torch.lerp(own, staged, 0.5, out=output)
+        else:
+            torch.add(own, staged, out=output)
+            if average:  # fp32: a lerp would round peer - own; halving the rounded sum is exact
+                output.mul_(0.5)
+        return
     staged = torch.empty((world, n), dtype=input.dtype, device=input.device)
-    staged[rank].copy_(input[rank * n:(rank + 1) * n])
+    staged[rank].copy_(own)
     for step in range(1, world):
         peer = (rank + step) % world
         staged[peer].copy_(peer_buffer(peer, n, rank * n))

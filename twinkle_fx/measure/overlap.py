@@ -1,11 +1,15 @@
 """Exposed communication: how much of a GPU's collective time no compute kernel hides.
 
 The input is the kernels one GPU ran, as ``(stream, name, start, end)`` intervals in microseconds
-(:func:`kernel_intervals` reads them from a ``torch.profiler`` Chrome trace). A kernel whose name has
-``nccl`` in it is communication; every other kernel is compute. Copies and fills on the copy engines
-are not kernels here: they take no SMs and hide nothing. A collective is *exposed* for the time in
-which no compute kernel runs on any stream of the same GPU: that time is on the step's critical path
-unless the host is the bottleneck.
+(:func:`kernel_intervals` reads them from a ``torch.profiler`` Chrome trace). Communication is a kernel
+whose name has ``nccl`` in it, and, for collectives that move their bytes with the copy engines
+(:mod:`twinkle_fx.distributed.copy_engine`), a copy from another GPU's memory (``Memcpy PtoP``,
+read with ``peer_copies=True``) and the symmetric-memory barrier kernel that waits for the peers;
+every other kernel is compute. Local copies and fills are not kernels here: they take no SMs and hide
+nothing. A collective is *exposed* for the time in which no compute kernel runs on any stream of the
+same GPU: that time is on the step's critical path unless the host is the bottleneck. The time in
+which nothing runs at all is the GPU waiting for the host; its largest gaps are listed with the
+kernels on either side, which say where in the step the host falls behind.
 
 The other half of the cost is what overlap does to compute: NCCL kernels occupy SMs, so a GEMM that
 runs beside an all-gather can take longer than the same GEMM alone. :func:`communication_overlap`
@@ -57,6 +61,9 @@ class CommunicationOverlap:
     slowdown_extra_ms: float = 0.0
     slowed: list[dict[str, Any]] = field(default_factory=list)  # the kernels behind most of the extra time
     streams: dict[str, list[int]] = field(default_factory=dict)  # the streams communication and compute ran on
+    # the longest stretches with nothing on the GPU, longest first: ms, and the kernels that end before and start
+    # after each
+    gaps: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def hidden_fraction(self) -> float | None:
@@ -69,15 +76,24 @@ class CommunicationOverlap:
         return {**asdict(self), "hidden_fraction": self.hidden_fraction}
 
 
+PEER_COPY = "Memcpy PtoP"  # torch.profiler's name for a copy between two GPUs' memories
+_BARRIER = "symmetric_memory::barrier"
+
+
 def is_communication(name: str) -> bool:
-    return "nccl" in name.lower()
+    return "nccl" in name.lower() or name.startswith(PEER_COPY) or _BARRIER in name
 
 
 _COLLECTIVE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 
 
 def collective(name: str) -> str:
-    """``ncclDevKernel_AllGather_RING_LL(...)`` -> ``AllGather``; a name of another form is kept (shortened)."""
+    """``ncclDevKernel_AllGather_RING_LL(...)`` -> ``AllGather``; a copy from a peer GPU -> ``PeerCopy``; the
+    symmetric-memory barrier -> ``PeerBarrier``; a name of another form is kept (shortened)."""
+    if name.startswith(PEER_COPY):
+        return "PeerCopy"
+    if _BARRIER in name:
+        return "PeerBarrier"
     found = _COLLECTIVE.search(name)
     return found[1] if found else name.split("(")[0][:60]
 
@@ -177,6 +193,7 @@ def communication_overlap(kernels: Iterable[Kernel | tuple[int, str, float, floa
     slowed.sort(key=lambda s: -s["extra_ms"])
     span = max((k.end for k in kernels), default=0.0) - min((k.start for k in kernels), default=0.0)
     return CommunicationOverlap(
+        gaps=_idle_gaps(kernels, top),
         steps=steps,
         communication_ms=_length(comm_union) / 1e3 / steps,
         exposed_ms=exposed / 1e3 / steps,
@@ -191,14 +208,33 @@ def communication_overlap(kernels: Iterable[Kernel | tuple[int, str, float, floa
     )
 
 
-def kernel_intervals(trace: str | Path | dict[str, Any], device: int | None = None) -> list[Kernel]:
+def _idle_gaps(kernels: list[Kernel], top: int) -> list[dict[str, Any]]:
+    """The ``top`` longest stretches between kernels with nothing running, with the kernel that ended last before
+    each and the first that starts after it."""
+    ordered = sorted(kernels, key=lambda k: k.start)
+    gaps = []
+    end, before = None, None
+    for k in ordered:
+        if end is not None and k.start > end:
+            gaps.append({"ms": (k.start - end) / 1e3, "before": before.name[:90], "after": k.name[:90]})
+        if end is None or k.end > end:
+            end, before = k.end, k
+    return sorted(gaps, key=lambda g: -g["ms"])[:top]
+
+
+def kernel_intervals(trace: str | Path | dict[str, Any], device: int | None = None, *,
+                     peer_copies: bool = False) -> list[Kernel]:
     """The kernels of a ``torch.profiler`` Chrome trace (``export_chrome_trace``): its events of category
-    ``kernel``, on GPU ``device`` (all GPUs when None), as :class:`Kernel` intervals."""
+    ``kernel``, on GPU ``device`` (all GPUs when None), as :class:`Kernel` intervals; with ``peer_copies`` also
+    its copies from another GPU's memory (category ``gpu_memcpy``, ``Memcpy PtoP``), the transfers of
+    copy-engine collectives."""
     if not isinstance(trace, dict):
         trace = json.loads(Path(trace).read_text())
     kernels = []
     for event in trace.get("traceEvents", []):
-        if event.get("cat") != "kernel" or event.get("ph") != "X":
+        category = event.get("cat")
+        peer_copy = peer_copies and category == "gpu_memcpy" and event.get("name", "").startswith(PEER_COPY)
+        if (category != "kernel" and not peer_copy) or event.get("ph") != "X":
             continue
         args = event.get("args", {})
         if device is not None and args.get("device", device) != device:
@@ -211,7 +247,7 @@ def kernel_intervals(trace: str | Path | dict[str, Any], device: int | None = No
 def format_overlap(overlap: CommunicationOverlap) -> str:
     """A few lines for a profile report."""
     hidden = overlap.hidden_fraction
-    lines = [f"communication per step (NCCL kernels, {overlap.steps} step(s)):",
+    lines = [f"communication per step (NCCL kernels, peer copies and barriers, {overlap.steps} step(s)):",
              f"  {overlap.communication_ms:8.2f} ms with a collective running, {overlap.exposed_ms:8.2f} ms of it exposed "
              f"(no compute kernel running){'' if hidden is None else f'; {hidden:.0%} hidden'}",
              f"  {overlap.compute_ms:8.2f} ms with a compute kernel running, {overlap.idle_ms:8.2f} ms with no kernel "
@@ -225,4 +261,7 @@ def format_overlap(overlap: CommunicationOverlap) -> str:
                   for s in overlap.slowed]
     lines.append(f"  streams: communication {overlap.streams.get('communication')}, "
                  f"compute {overlap.streams.get('compute')}")
+    if overlap.gaps:
+        lines.append("  longest stretches with nothing on the GPU (it waits for the host), in the profiled steps:")
+        lines += [f"    {g['ms']:7.2f} ms  after {g['before'][:60]}  before {g['after'][:60]}" for g in overlap.gaps]
     return "\n".join(lines) + "\n"

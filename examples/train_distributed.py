@@ -8,7 +8,9 @@
 
 The built-in kernels of the model's family (norms, MLP, rotary embedding, fused LM-head loss) are bound, then
 every decoder layer is compiled with ``backend="twinkle"`` (``compile_layers``: one graph the layers share)
-before DDP or ``fully_shard`` wraps the model. ``--replicate N`` runs FSDP2 on a 2-D device mesh (HSDP): N replicas of
+before DDP or ``fully_shard`` wraps the model. FSDP2 shards two decoder layers per unit (half the per-unit host work
+FSDP2 does in every step) and, on GPUs, moves its all-gathers and reduce-scatters with the copy engines
+(``use_copy_engine_collectives``: no SM taken from the GEMMs; ``--nccl-collectives`` keeps NCCL's). ``--replicate N`` runs FSDP2 on a 2-D device mesh (HSDP): N replicas of
 world/N ranks each, the parameters sharded within a replica and replicated across replicas; with N the number of
 hosts, the all-gathers and reduce-scatters stay on each host's fast links and only one all-reduce of the gradient
 shards crosses hosts. The steps train on random tokens; put your data loader there.
@@ -43,6 +45,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--replicate", type=int, default=1, metavar="N",
                         help="FSDP2 only: HSDP with N replicas (the number of hosts), each sharding over world/N ranks")
+    parser.add_argument("--nccl-collectives", action="store_true",
+                        help="FSDP2 on GPUs: keep NCCL's all-gathers and reduce-scatters instead of the copy engines'")
     return parser.parse_args()
 
 
@@ -90,9 +94,13 @@ def main() -> None:
                                     mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
-        for layer in layers:  # one all-gather / reduce-scatter group per decoder layer, the rest on the root
-            fully_shard(layer, mesh=mesh)
-        wrapped = fully_shard(model, mesh=mesh)
+        for first in range(0, len(layers), 2):  # one all-gather / reduce-scatter per two decoder layers
+            fully_shard(layers[first:first + 2], mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)  # the rest (embedding, final norm, head) on the root
+        if cuda and not args.nccl_collectives:
+            from twinkle_fx.distributed import use_copy_engine_collectives
+
+            use_copy_engine_collectives(wrapped)  # the shard groups are one host's GPUs (HSDP: replicas across)
     else:
         from torch.nn.parallel import DistributedDataParallel
 

@@ -18,9 +18,10 @@
 #   distributed  2 GPUs (NCCL): single-GPU baselines, DDP with per-layer CUDA graphs (plain and with DDP's recipe,
 #                then with the tied embedding reduced early), FSDP2 with and without graphs and the fused-loss head
 #   fsdp         2 GPUs (NCCL), the Llama-3.2-3B shape: 1 GPU then FSDP2 on 2, each as torch.compile regional,
-#                twinkle regional and twinkle regional + CUDA graphs, the FSDP2 runs with FSDP2's own defaults
-#                (they measured fastest, docs/distributed.md) and one of them profiled (exposed communication per
-#                rank); one JSON of all runs, fsdp-llama3b-<B>x1024-<gpu>.json, for docs/performance/
+#                twinkle regional and twinkle regional + CUDA graphs, the FSDP2 runs with two decoder layers per
+#                unit and otherwise FSDP2's own defaults (they measured fastest, docs/distributed.md) and one of
+#                them profiled (exposed communication per rank); one JSON of all runs,
+#                fsdp-llama3b-<B>x1024-<gpu>.json, for docs/performance/
 #                (each FSDP2 run with the copy engines' collectives and with NCCL's, FSDP_COLLECTIVES to pick;
 #                FSDP_BATCH sequences of 1024 per GPU, default 4; FSDP_EXTRA: more flags for the FSDP2 runs,
 #                e.g. "--prefetch 1 --reduce-dtype fp32" or "--nccl-ctas 16 --sm-carveout 16"; FSDP_PROFILE: the
@@ -241,11 +242,13 @@ job_fsdp() {
     wait $pid1 || status=1
     cat "$out/fsdp-lane0.txt" "$out/fsdp-lane1.txt"
   fi
-  # FSDP2's defaults: each layer resharded after its forward, FSDP2's own all-gather order, gradients reduced in
-  # their own bf16. On 2 H200s they beat every knob tried (docs/distributed.md has the sweep): keeping the last
-  # layer gathered, explicit prefetching, no resharding, NCCL on fewer CTAs, GEMMs leaving SMs to NCCL; fp32
-  # reduction (twice the reduce-scatter bytes) was the slowest, 1.51x against 1.66x
-  local fsdp=("${two[@]}" "${ex[@]}" --parallel fsdp2 ${FSDP_EXTRA:-})
+  # Two decoder layers per fully_shard unit: with one, the GPU waits for FSDP2's per-unit host work (its hooks,
+  # copy-in and copy-out) at 4 x 1024 on 2 H200s; two halve it (1.70x against 1.59x with NCCL's collectives, 1.78x
+  # against 1.62x with the copy engines'). Otherwise FSDP2's defaults: each unit resharded after its forward,
+  # FSDP2's own all-gather order, gradients reduced in their own bf16. On 2 H200s they beat every other knob tried
+  # (docs/distributed.md has the sweep): keeping the last layer gathered, explicit prefetching, no resharding, NCCL
+  # on fewer CTAs, GEMMs leaving SMs to NCCL; fp32 reduction (twice the reduce-scatter bytes) was the slowest
+  local fsdp=("${two[@]}" "${ex[@]}" --parallel fsdp2 --layers-per-unit 2 ${FSDP_EXTRA:-})
   # each FSDP2 run once per FSDP_COLLECTIVES entry (default both): FSDP2's NCCL collectives, and the copy engines'
   # (--collectives copy-engine, named -copy-engine), which leave the GEMMs every SM; the copy engines' first, so a
   # job that runs out of time has what it set out to compare

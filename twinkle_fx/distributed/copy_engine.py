@@ -196,9 +196,10 @@ def _check_group(group: dist.ProcessGroup, device: torch.device) -> None:
     hosts: list[str | None] = [None] * group.size()
     dist.all_gather_object(hosts, socket.gethostname(), group=group)
     if len(set(hosts)) > 1:
-        raise ValueError(f"use_copy_engine_collectives: the shard group spans hosts {sorted(set(hosts))}; copy "
-                         "engines reach the GPUs of one host only. Shard within each host and replicate across "
-                         "hosts (HSDP: fully_shard(..., mesh=init_device_mesh('cuda', (hosts, gpus_per_host))))")
+        raise ValueError(f"use_copy_engine_collectives: the shard group spans {len(set(hosts))} hosts\n"
+                         f"Its ranks run on {sorted(set(hosts))}; copy engines reach the GPUs of one host only. Shard "
+                         "within each host and replicate across hosts (HSDP: fully_shard(..., "
+                         "mesh=init_device_mesh('cuda', (hosts, gpus_per_host))))")
     all_gather, reduce_scatter = _comm_classes()
     rank, world, n = group.rank(), group.size(), 1000
     generator = torch.Generator(device=device).manual_seed(rank)
@@ -224,5 +225,5 @@ def _check_group(group: dist.ProcessGroup, device: torch.device) -> None:
             mismatches.append(f"reduce-scatter ({name}, largest difference {(out - reference).abs().max():.3g})")
     if mismatches:
         raise RuntimeError(f"use_copy_engine_collectives: on rank {rank} of {world} the copy-engine "
-                           f"{' and '.join(mismatches)} disagreed with NCCL's; keeping NCCL's collectives is the "
-                           "safe choice (leave this call out)")
+                           f"{' and '.join(mismatches)} disagreed with NCCL's\nKeeping NCCL's collectives (leaving "
+                           "this call out) is the safe choice")

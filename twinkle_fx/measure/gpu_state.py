@@ -146,7 +146,9 @@ class GpuStateSampler:
         True
     """
 
-    def __init__(self, device: torch.device, *, interval_ms: int = 100, command: Sequence[str] | None = None) -> None:
+    def __init__(self, device: torch.device | str, *, interval_ms: int = 100,
+                 command: Sequence[str] | None = None) -> None:
+        device = torch.device(device)
         self.state: GpuState | None = None
         self._command: list[str] | None = None
         if command is not None:

@@ -157,16 +157,17 @@ def use_copy_engine_collectives(model: nn.Module) -> int:
     the first forward. Each shard group is checked once first: on one host, on CUDA, and a small all-gather and
     reduce-scatter through the new path give NCCL's results. Returns the number of units.
 
-    >>> from torch import nn
-    >>> use_copy_engine_collectives(nn.Linear(2, 2))
-    Traceback (most recent call last):
-    ...
-    ValueError: use_copy_engine_collectives: Linear has no FSDP2 unit; call fully_shard on its layers and on it first
-
     Raises:
         ValueError: no FSDP2 unit in ``model``; a unit that is not on a CUDA device; a shard group that spans
             hosts (shard within a host and replicate across hosts: HSDP).
         RuntimeError: the check collectives disagree with NCCL's.
+
+    Examples:
+        >>> from torch import nn
+        >>> use_copy_engine_collectives(nn.Linear(2, 2))
+        Traceback (most recent call last):
+        ...
+        ValueError: use_copy_engine_collectives: Linear has no FSDP2 unit; call fully_shard on its layers and on it first
     """
     groups = [(name, module, unit) for name, module in model.named_modules()
               if (unit := fsdp_unit(module)) is not None]

@@ -23,6 +23,7 @@ hosts (HSDP), and the replicas' all-reduce stays NCCL's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 from collections.abc import Callable, Sequence
@@ -103,52 +104,49 @@ def _peer_buffer(handle: Any, dtype: torch.dtype) -> PeerBuffer:
     return lambda peer, numel, offset: handle.get_buffer(peer, (numel,), dtype, offset)
 
 
+@functools.cache
 def _comm_classes() -> tuple[type, type]:
     """The two collectives as subclasses of FSDP2's own interfaces (built on first use: the interfaces are private
     torch names, reached through :mod:`twinkle_fx.core.torch_internals`)."""
-    global _CLASSES
-    if _CLASSES is None:
-        all_gather_base, reduce_scatter_base = fsdp_comm_bases()
+    all_gather_base, reduce_scatter_base = fsdp_comm_bases()
 
-        class AllGather(_SymmetricBuffers, all_gather_base):
-            """FSDP2's all-gather (``FSDPModule.set_custom_all_gather``) as copy-engine pulls."""
+    class AllGather(_SymmetricBuffers, all_gather_base):
+        """FSDP2's all-gather (``FSDPModule.set_custom_all_gather``) as copy-engine pulls."""
 
-            def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                         async_op: bool = False) -> None:
-                handle = self._handle(output_tensor, group)
-                rank, world, n = group.rank(), group.size(), input_tensor.numel()
-                own = output_tensor[rank * n:(rank + 1) * n]
-                if input_tensor.data_ptr() != own.data_ptr():  # FSDP2 copies its shards in place; anyone else may not
-                    own.copy_(input_tensor)
-                handle.barrier(channel=0)  # every rank's slice is in place
-                gather_shards(output_tensor, rank, world, _peer_buffer(handle, output_tensor.dtype))
-                handle.barrier(channel=0)  # every peer has read this rank's slice
-                return None  # ordered on the stream FSDP2 runs it on: nothing to wait for
+        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                     async_op: bool = False) -> None:
+            handle = self._handle(output_tensor, group)
+            rank, world, n = group.rank(), group.size(), input_tensor.numel()
+            own = output_tensor[rank * n:(rank + 1) * n]
+            if input_tensor.data_ptr() != own.data_ptr():  # FSDP2 copies its shards in place; anyone else may not
+                own.copy_(input_tensor)
+            handle.barrier(channel=0)  # every rank's slice is in place
+            gather_shards(output_tensor, rank, world, _peer_buffer(handle, output_tensor.dtype))
+            handle.barrier(channel=0)  # every peer has read this rank's slice
+            return None  # ordered on the stream FSDP2 runs it on: nothing to wait for
 
-        class ReduceScatter(_SymmetricBuffers, reduce_scatter_base):
-            """FSDP2's reduce-scatter (``FSDPModule.set_custom_reduce_scatter``): copy-engine pulls of this
-            rank's chunk of every peer's gradients, then one sum or mean kernel."""
+    class ReduceScatter(_SymmetricBuffers, reduce_scatter_base):
+        """FSDP2's reduce-scatter (``FSDPModule.set_custom_reduce_scatter``): copy-engine pulls of this
+        rank's chunk of every peer's gradients, then one sum or mean kernel."""
 
-            def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                         op: Any, async_op: bool = False) -> None:
-                if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
-                    # FSDP2 asks for a pre-multiplied sum only with a custom gradient divide factor
-                    logger.warning("copy-engine reduce-scatter: reduce op %s is not a sum or an average; this one "
-                                   "runs as NCCL's", op)
-                    dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
-                    return None
-                handle = self._handle(input_tensor, group)
-                handle.barrier(channel=0)  # every rank's gradients are in place
-                reduce_chunks(output_tensor, input_tensor, group.rank(), group.size(),
-                              _peer_buffer(handle, input_tensor.dtype), average=op == dist.ReduceOp.AVG)
-                handle.barrier(channel=0)  # every peer has read its chunk of this rank's gradients
+        def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                     op: Any, async_op: bool = False) -> None:
+            if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                # FSDP2 asks for a pre-multiplied sum only with a custom gradient divide factor
+                if not getattr(self, "_told", False):
+                    logger.warning("copy-engine reduce-scatter: reduce op %s is not a sum or an average; these "
+                                   "reduce-scatters run as NCCL's", op)
+                    self._told = True
+                dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
                 return None
+            handle = self._handle(input_tensor, group)
+            handle.barrier(channel=0)  # every rank's gradients are in place
+            reduce_chunks(output_tensor, input_tensor, group.rank(), group.size(),
+                          _peer_buffer(handle, input_tensor.dtype), average=op == dist.ReduceOp.AVG)
+            handle.barrier(channel=0)  # every peer has read its chunk of this rank's gradients
+            return None
 
-        _CLASSES = (AllGather, ReduceScatter)
-    return _CLASSES
-
-
-_CLASSES: tuple[type, type] | None = None
+    return AllGather, ReduceScatter
 
 
 def use_copy_engine_collectives(model: nn.Module) -> int:

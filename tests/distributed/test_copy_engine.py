@@ -72,11 +72,9 @@ def test_units_off_cuda_are_refused(world_of_one):
         use_copy_engine_collectives(model)
 
 
-def test_the_bench_takes_the_collectives_for_fsdp2_only():
-    with pytest.raises(SystemExit):
-        distributed_bench.parse_args("--parallel ddp --collectives copy-engine".split())
+def test_the_bench_takes_the_collectives():
     args = distributed_bench.parse_args("--parallel fsdp2 --collectives copy-engine".split())
-    assert args.collectives == "copy-engine"
+    assert args.collectives == "copy-engine"  # test_distributed_bench checks it is refused without fsdp2
 
 
 def test_a_group_of_one_takes_the_collectives_unchecked(world_of_one, device):

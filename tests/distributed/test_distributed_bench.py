@@ -267,11 +267,12 @@ def test_cudagraphs_refuses_what_it_cannot_replay(extra, capsys):
 
 
 @pytest.mark.parametrize("flag", ["--no-reshard-after-forward", "--reshard-after-forward false",
-                                  "--reshard-after-forward 2", "--prefetch 1"])
+                                  "--reshard-after-forward 2", "--prefetch 1", "--collectives copy-engine"])
 def test_fsdp2_options_need_fsdp2(flag, capsys):
     with pytest.raises(SystemExit):
         distributed_bench.parse_args(f"--size tiny --parallel ddp {flag}".split())
-    assert "--prefetch, --layers-per-unit, --reduce-dtype and --replicate are FSDP2 options" in capsys.readouterr().err
+    assert ("--prefetch, --layers-per-unit, --reduce-dtype, --replicate and --collectives are FSDP2 options"
+            in capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(("value", "expected"), [("true", True), ("False", False), ("4", 4)])

@@ -474,8 +474,8 @@ def foreach_zero(tensors: list[torch.Tensor]) -> None:
 
 
 def fsdp_unit(module: torch.nn.Module) -> tuple[torch.device, Any] | None:
-    """``(device, shard process group)`` of the FSDP2 unit ``module`` is (``fully_shard`` made it one and it holds
-    parameters of its own), else None. Under HSDP the shard group is the mesh's shard dimension."""
+    """``(device, shard process group)`` of ``module`` when it is an FSDP2 unit (``fully_shard`` made it one and it
+    holds parameters of its own), else None. Under HSDP the shard group is the mesh's shard dimension."""
     get_state = getattr(module, "_get_fsdp_state", None)
     group = get_state()._fsdp_param_group if get_state is not None else None
     if group is None:

@@ -87,6 +87,19 @@ def _triton_interpret_as_it_was():
 
 
 @pytest.fixture(autouse=True)
+def _autograd_left_on():
+    """Autograd is on at the start of every test. One that leaves it off (a ``torch.set_grad_enabled(False)``
+    called outside a ``with``, a generator suspended inside ``torch.no_grad()``) fails here, by name, and the
+    mode is switched back, instead of every later test in the process failing with "does not require grad"."""
+    import torch
+
+    yield
+    if not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)  # called, not entered: it sets the mode at once
+        pytest.fail("this test left autograd off: torch.is_grad_enabled() was False after it", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_registry():
     """Every test gets its own registry, leaves no function patched and no process-wide cache
     filled (twinkle_fx.core.caches; the kernels' own in twinkle_triton): nothing leaks between tests."""

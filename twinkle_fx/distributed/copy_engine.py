@@ -105,6 +105,13 @@ def _peer_buffer(handle: Any, dtype: torch.dtype) -> PeerBuffer:
 
 
 @functools.cache
+def _tell_nccl_reduce_scatter(op: str) -> None:
+    """Once per reduce op in the process, not once per unit and step."""
+    logger.warning("copy-engine reduce-scatter: reduce op %s is not a sum or an average; these reduce-scatters run "
+                   "as NCCL's", op)
+
+
+@functools.cache
 def _comm_classes() -> tuple[type, type]:
     """The two collectives as subclasses of FSDP2's own interfaces (built on first use: the interfaces are private
     torch names, reached through :mod:`twinkle_fx.core.torch_internals`)."""
@@ -133,10 +140,7 @@ def _comm_classes() -> tuple[type, type]:
                      op: Any, async_op: bool = False) -> None:
             if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
                 # FSDP2 asks for a pre-multiplied sum only with a custom gradient divide factor
-                if not getattr(self, "_told", False):
-                    logger.warning("copy-engine reduce-scatter: reduce op %s is not a sum or an average; these "
-                                   "reduce-scatters run as NCCL's", op)
-                    self._told = True
+                _tell_nccl_reduce_scatter(str(op))
                 dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group)
                 return None
             handle = self._handle(input_tensor, group)

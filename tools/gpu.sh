@@ -13,8 +13,8 @@
 #   kernels      `twinkle-fx bench --micro`: every kernel and the fused loss against eager, Inductor, Liger, CCE
 #   matrix       `twinkle-fx bench --matrix`: training across model shapes (MODELS, comma-separated, default the
 #                command's six; BACKENDS likewise; MATRIX_ARGS: more flags, e.g. "--repeat-first --profile DIR"), one
-#                table; then tools/family_reference.py: every family at its published dimensions against the
-#                unswapped model
+#                table; then, when MODELS is unset, tools/family_reference.py: every family at its published
+#                dimensions against the unswapped model
 #   distributed  2 GPUs (NCCL): single-GPU baselines, DDP with per-layer CUDA graphs (plain and with DDP's recipe,
 #                then with the tied embedding reduced early), FSDP2 with and without graphs and the fused-loss head
 #   fsdp         2 GPUs (NCCL), the Llama-3.2-3B shape: 1 GPU then FSDP2 on 2, each as torch.compile regional,
@@ -128,6 +128,7 @@ job_matrix() {
     > "$out/matrix.txt" 2>&1 \
     || { status=1; tail -20 "$out/matrix.txt"; }
   sed -n '/^| model/,$p' "$out/matrix.txt"
+  [ -z "${MODELS:-}" ] || return 0  # a run of chosen models measures them, not the families
   timeout "${MATRIX_S:-400}" python3 tools/family_reference.py --out "$out/families.json" > "$out/families.txt" 2>&1 \
     || status=1
   tail -70 "$out/families.txt"

@@ -25,18 +25,22 @@ from ._checks import check_tensors
 from ._launch import accumulation_dtype, cdiv, compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
-# Backward tiling, swept on an H200 at 16384 x 4096 bf16 (kernel time; one row per step with 8
-# warps, the old kernel, took 144 us for rms_norm and 163-186 us for add_rms_norm):
-#   rms_norm:     2 rows x 8 warps 116 us (3.47 TB/s) | 4 rows x 16 warps 133 us | 2 x 16 172 us
-#   add_rms_norm: 4 rows x 16 warps 144 us (3.74 TB/s) | 2 rows x 8 warps 187 us | 1 x 16 159 us
-# Programs per SM (1, 2, 4, 8) changed little; 2 keeps the partial weight gradients small.
-# So a loop step holds 8K elements (rms_norm) or 16K with twice the warps (add_rms_norm, which
-# also reads the sum's gradient), at most 8 rows. The interpreter takes the same tiles: its CPU tests
-# then run the multi-row path (and are faster for it: fewer, wider numpy steps).
+# Backward tiling: a loop step of ROWS rows, its warps, programs per SM (see _bwd_tiling). Swept on an
+# H200 (triton 3.6, bf16), kernel and partial weight-gradient sum timed with the L2 flushed, at 4096 rows of
+# hidden 896, 1536, 2048, 3072 and 4096 (a training step of 4 x 1024 tokens), 8192 x 5120 and 16384 x 4096:
+#   rms_norm: 8K-element steps, row_block's warps, 2 programs an SM were within 2% of the best everywhere
+#     but at 8192 x 5120, where one 8192-wide row a step took 147 us against 108-112 for two; so two rows
+#     a step wherever they fit in 16K elements.
+#   add_rms_norm (also reads the sum's gradient): 16K-element steps with a warp per 2K elements and one
+#     program an SM were within 4% of the best everywhere. The 8-row, 16-warp, 2-per-SM steps tuned at
+#     16384 x 4096 alone (148 us there, as these) took 53.2 us at 4096 x 2048 against 30.9, 48.8 at
+#     4096 x 1536 against 27.0.
 BWD_TILE_ELEMENTS = 8192
 BWD_GRAD_SUM_TILE_ELEMENTS = 16384
 BWD_MAX_ROWS = 8
 BWD_PROGRAMS_PER_SM = 2
+BWD_GRAD_SUM_PROGRAMS_PER_SM = 1
+BWD_GRAD_SUM_ELEMENTS_PER_WARP = 2048
 
 
 @triton.jit
@@ -120,6 +124,20 @@ def _launch_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
     return out, summed
 
 
+def _bwd_tiling(n_cols: int, has_grad_sum: bool, op: str) -> tuple[int, int, int, int]:
+    """(BLOCK, ROWS, num_warps, programs per SM) of the backward kernel; the sweep is above BWD_TILE_ELEMENTS."""
+    block, num_warps = row_block(n_cols, op=op)
+    if has_grad_sum:
+        rows_per_tile = max(1, min(BWD_MAX_ROWS, BWD_GRAD_SUM_TILE_ELEMENTS // block))
+        if rows_per_tile > 1:
+            num_warps = max(4, min(16, rows_per_tile * block // BWD_GRAD_SUM_ELEMENTS_PER_WARP))
+        return block, rows_per_tile, num_warps, BWD_GRAD_SUM_PROGRAMS_PER_SM
+    rows_per_tile = max(1, min(BWD_MAX_ROWS, BWD_TILE_ELEMENTS // block))
+    if rows_per_tile == 1 and 2 * block <= BWD_GRAD_SUM_TILE_ELEMENTS:
+        rows_per_tile = 2
+    return block, rows_per_tile, num_warps, BWD_PROGRAMS_PER_SM
+
+
 def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor, eps: float, op: str):
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     x2, grad2 = rows(x), rows(grad)
@@ -127,12 +145,8 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
     if n_rows == 0:
         return grad_x, torch.zeros_like(weight)
     grad_sum2 = rows(grad_sum) if grad_sum is not None else grad2
-    block, num_warps = row_block(n_cols, op=op)
-    tile = BWD_TILE_ELEMENTS if grad_sum is None else BWD_GRAD_SUM_TILE_ELEMENTS
-    rows_per_tile = max(1, min(BWD_MAX_ROWS, tile // block))
-    if grad_sum is not None and rows_per_tile > 1:
-        num_warps = min(32, 2 * num_warps)
-    programs = persistent_programs(cdiv(n_rows, rows_per_tile), x.device, per_sm=BWD_PROGRAMS_PER_SM)
+    block, rows_per_tile, num_warps, per_sm = _bwd_tiling(n_cols, grad_sum is not None, op)
+    programs = persistent_programs(cdiv(n_rows, rows_per_tile), x.device, per_sm=per_sm)
     acc = accumulation_dtype(x.dtype)
     partial = torch.empty((programs, n_cols), dtype=acc, device=x.device)
     wrap_triton(_rms_norm_bwd_kernel)[(programs,)](

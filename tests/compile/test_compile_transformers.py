@@ -39,25 +39,25 @@ class TestQwen2(expecttest.TestCase):
         self.assertExpectedInline(twinkle_lines(graphs.after[0]), """\
 layer_rmsnorm: "f32[2, 8, 64]" = twinkle_layer_RMSNorm(v0, l_self_modules_model_modules_layers_modules_0_modules_input_layernorm_parameters_weight_)
 func_apply_rotary_pos_emb = twinkle_func_apply_rotary_pos_emb(v1, v2, v3, v4)
-layer_rmsnorm_1: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_1(v5, l_self_modules_model_modules_layers_modules_0_modules_post_attention_layernorm_parameters_weight_)
+add_rms_norm = twinkle_add_rms_norm(v0, v5, l_self_modules_model_modules_layers_modules_0_modules_post_attention_layernorm_parameters_weight_, 1e-06)
 layer_swi_glumlp: "f32[2, 8, 64]" = twinkle_layer_SwiGLUMLP(v6, l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_gate_proj_parameters_weight_, l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_up_proj_parameters_weight_, l_self_modules_model_modules_layers_modules_0_modules_mlp_modules_down_proj_parameters_weight_)
-layer_rmsnorm_2: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_2(v7, l_self_modules_model_modules_norm_parameters_weight_)
+layer_rmsnorm_2: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_1(v7, l_self_modules_model_modules_norm_parameters_weight_)
 """)
         if not kernels_inlined(self, graphs.forward[0]):
             self.assertExpectedInline(twinkle_lines(graphs.forward[0]), """\
 rms_norm: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v0, primals_4, 1e-06)
 apply_rotary_pos_emb = torch.ops.twinkle.apply_rotary_pos_emb.default(v1, v2, v3, v4, 1)
-rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v5, primals_12, 1e-06)
+add_rms_norm = torch.ops.twinkle.add_rms_norm.default(v0, v5, primals_12, 1e-06)
 silu_mul: "f32[2, 8, 128]" = torch.ops.twinkle.silu_mul.default(v6, v7)
-rms_norm_2: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v8, primals_16, 1e-06)
+rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v8, primals_16, 1e-06)
 """)
         if not kernels_inlined(self, graphs.backward[0]):
             self.assertExpectedInline(twinkle_lines(graphs.backward[0]), """\
 rms_norm_backward = torch.ops.twinkle.rms_norm_backward.default(v0, v1, primals_16, 1e-06)
 silu_mul_backward = torch.ops.twinkle.silu_mul_backward.default(v2, v3, v4)
-rms_norm_backward_1 = torch.ops.twinkle.rms_norm_backward.default(v5, v6, primals_12, 1e-06)
-apply_rotary_pos_emb_backward = torch.ops.twinkle.apply_rotary_pos_emb_backward.default(v7, v8, v9, v10, 1)
-rms_norm_backward_2 = torch.ops.twinkle.rms_norm_backward.default(v11, v12, primals_4, 1e-06)
+add_rms_norm_backward = torch.ops.twinkle.add_rms_norm_backward.default(v5, v6, v7, primals_12, 1e-06)
+apply_rotary_pos_emb_backward = torch.ops.twinkle.apply_rotary_pos_emb_backward.default(v8, v9, v10, v11, 1)
+rms_norm_backward_1 = torch.ops.twinkle.rms_norm_backward.default(v12, v13, primals_4, 1e-06)
 """)
 
     def test_report_lists_the_swaps(self):
@@ -75,7 +75,8 @@ rms_norm_backward_2 = torch.ops.twinkle.rms_norm_backward.default(v11, v12, prim
         self.assertExpectedInline("\n".join(region_lines), """\
   swapped 5 x layer Qwen2RMSNorm -> RMSNorm: RMSNorm [<device>, any] from impl RMSNorm (custom op call)  [model.layers.0.input_layernorm, model.layers.0.post_attention_layernorm, model.layers.1.input_layernorm, ... (5 in all)]
   swapped 2 x layer Qwen2MLP -> SwiGLUMLP: SwiGLUMLP [<device>, any] from impl SwiGLUMLP (custom op call)  [model.layers.0.mlp, model.layers.1.mlp]
-  swapped 2 x function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb: transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb [<device>, any] from impl apply_rotary_pos_emb (custom op call, matched a call)  [model.layers.0.self_attn (k_embed), model.layers.1.self_attn (k_embed_1)]""")
+  swapped 2 x function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb: transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb [<device>, any] from impl apply_rotary_pos_emb (custom op call, matched a call)  [model.layers.0.self_attn (k_embed), model.layers.1.self_attn (k_embed_1)]
+  swapped 3 x function residual add + RMSNorm layer: twinkle_triton.add_rms_norm (the add in the norm's kernel, forward and backward)  [model.layers.0.post_attention_layernorm (layer_rmsnorm_1), model.layers.1.input_layernorm (layer_rmsnorm_2), model.layers.1.post_attention_layernorm (layer_rmsnorm_3)]""")
         self.assertEqual(report.graph_count, 1)
         self.assertEqual(report.not_swapped, [])
 
@@ -104,15 +105,15 @@ class TestLlama(expecttest.TestCase):
         self.assertExpectedInline(twinkle_lines(graphs.after[0]), """\
 layer_rmsnorm: "f32[2, 8, 64]" = twinkle_layer_RMSNorm(v0, l_self_modules_model_modules_layers_modules_0_modules_input_layernorm_parameters_weight_)
 func_apply_rotary_pos_emb = twinkle_func_apply_rotary_pos_emb(v1, v2, v3, v4)
-layer_rmsnorm_1: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_1(v5, l_self_modules_model_modules_layers_modules_0_modules_post_attention_layernorm_parameters_weight_)
-layer_rmsnorm_2: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_2(v6, l_self_modules_model_modules_norm_parameters_weight_)
+add_rms_norm = twinkle_add_rms_norm(v0, v5, l_self_modules_model_modules_layers_modules_0_modules_post_attention_layernorm_parameters_weight_, 1e-06)
+layer_rmsnorm_2: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_1(v6, l_self_modules_model_modules_norm_parameters_weight_)
 """)
         if not kernels_inlined(self, graphs.forward[0]):
             self.assertExpectedInline(twinkle_lines(graphs.forward[0]), """\
 rms_norm: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v0, primals_4, 1e-06)
 apply_rotary_pos_emb = torch.ops.twinkle.apply_rotary_pos_emb.default(v1, v2, v3, v4, 1)
-rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v5, primals_9, 1e-06)
-rms_norm_2: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v6, primals_13, 1e-06)
+add_rms_norm = torch.ops.twinkle.add_rms_norm.default(v0, v5, primals_9, 1e-06)
+rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v6, primals_13, 1e-06)
 """)
 
     def test_training_numerics_aot_eager(self):

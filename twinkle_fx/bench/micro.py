@@ -110,15 +110,17 @@ def _rms_norm(tiny: bool, device, dtype) -> CaseInputs:
                       bytes_fwd=2 * n * h * e + h * e, bytes_bwd=3 * n * h * e + 2 * h * e)
 
 
-def _add_rms_norm(tiny: bool, device, dtype) -> CaseInputs:
-    n, h = (64, 128) if tiny else (16384, 4096)
-    x, residual = _randn(n, h, device=device, dtype=dtype), _randn(n, h, device=device, dtype=dtype)
-    weight = (1 + _randn(h, device=device, dtype=torch.float32, grad=False, scale=0.1)).to(dtype).requires_grad_()
-    e = x.element_size()
-    # fwd reads x, residual, writes normed and sum; bwd reads both output gradients and the saved
-    # sum and writes one input gradient (x's and residual's are equal)
-    return CaseInputs(f"x, residual {n} x {h}, eps 1e-6", (x, residual, weight, 1e-6),
-                      bytes_fwd=4 * n * h * e + h * e, bytes_bwd=4 * n * h * e + 2 * h * e)
+def _add_rms_norm(rows: int, hidden: int, name: str = "") -> Callable[[bool, torch.device, torch.dtype], CaseInputs]:
+    def make(tiny: bool, device, dtype) -> CaseInputs:
+        n, h = (64, 128) if tiny else (rows, hidden)
+        x, residual = _randn(n, h, device=device, dtype=dtype), _randn(n, h, device=device, dtype=dtype)
+        weight = (1 + _randn(h, device=device, dtype=torch.float32, grad=False, scale=0.1)).to(dtype).requires_grad_()
+        e = x.element_size()
+        # fwd reads x, residual, writes normed and sum; bwd reads both output gradients and the saved
+        # sum and writes one input gradient (x's and residual's are equal)
+        return CaseInputs(f"{name}x, residual {n} x {h}, eps 1e-6", (x, residual, weight, 1e-6),
+                          bytes_fwd=4 * n * h * e + h * e, bytes_bwd=4 * n * h * e + 2 * h * e)
+    return make
 
 
 def _rotary(tiny: bool, device, dtype) -> CaseInputs:
@@ -260,7 +262,12 @@ MICRO_CASES: tuple[MicroCase, ...] = (
     MicroCase("silu_and_mul", _silu_and_mul, liger="liger_swiglu"),
     MicroCase("silu_mul", _silu_mul, liger="liger_swiglu"),
     MicroCase("rms_norm", _rms_norm, liger="liger_rms_norm"),
-    MicroCase("add_rms_norm", _add_rms_norm, liger="liger_fused_add_rms_norm"),
+    MicroCase("add_rms_norm", _add_rms_norm(16384, 4096), liger="liger_fused_add_rms_norm"),
+    # a decoder layer's residual add + norm in the training matrix's steps (4 x 1024 tokens)
+    MicroCase("add_rms_norm", _add_rms_norm(4096, 2048, "Llama-3.2-1B: "), liger="liger_fused_add_rms_norm",
+              name="add_rms_norm llama1b"),
+    MicroCase("add_rms_norm", _add_rms_norm(4096, 3072, "Llama-3.2-3B: "), liger="liger_fused_add_rms_norm",
+              name="add_rms_norm llama3b"),
     MicroCase("apply_rotary_pos_emb", _rotary, liger="liger_rope"),
     MicroCase("add_gelu", _add_gelu),
     MicroCase("mul_add", _mul_add),

@@ -3,7 +3,7 @@
 >>> compiled = torch.compile(model, backend="twinkle",
 ...                          options={"compiler": "aot_eager", "mode": "train"})   # doctest: +SKIP
 
-The nine passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``, see
+The eleven passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``, see
 :mod:`.pipeline`; one file each in :mod:`.passes`, the region machinery they share in :mod:`.regions`):
 
 1. ``graph_breaks`` (analysis): a graph break inside a registered layer or function is reported;
@@ -17,8 +17,9 @@ The nine passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]``,
    one grouped-query attention kernel call;
 8. ``decode_gemv`` (rewrite): linears on a few rows (decode) become GEMV kernel calls, with the SwiGLU
    product and the residual add fused;
-9. ``decode_cache`` (rewrite): the rotary kernel and a static KV cache's two writes become one kernel call;
-10. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
+9. ``residual_norm`` (rewrite): a residual add read by a swapped RMSNorm joins the norm's kernel;
+10. ``decode_cache`` (rewrite): the rotary kernel and a static KV cache's two writes become one kernel call;
+11. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
 
 All but ``graph_breaks`` and ``compiled_root`` also run inside the bodies of activation-checkpoint
 calls (gradient checkpointing in transformers puts each decoder layer there); the calls stay, so
@@ -56,7 +57,7 @@ from .options import BackendOptions, parse_options
 from .passes import compiled_root, foreign_forwards, function_calls, graph_breaks
 from .pipeline import Pass, PassState, run_passes
 from .report import CompileReport, GraphReport, RegionReport, active_reports
-from .passes import attention, decode_cache, decode_gemv, function_patterns, gemm_fusion, layer_regions
+from .passes import attention, decode_cache, decode_gemv, function_patterns, gemm_fusion, layer_regions, residual_norms
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("foreign_forwards", foreign_forwards.run, rewrites=False),
     Pass("attention", attention.run, rewrites=True),
     Pass("decode_gemv", decode_gemv.run, rewrites=True),
+    Pass("residual_norm", residual_norms.run, rewrites=True),  # after decode_gemv: norms in GEMV prologues stay there
     Pass("decode_cache", decode_cache.run, rewrites=True),
     Pass("gemm_fusion", gemm_fusion.run, rewrites=True),  # last: sees the linears no kernel took
 )

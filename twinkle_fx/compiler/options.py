@@ -29,7 +29,8 @@ DECODE_CACHE = (True, False, "auto")
 class BackendOptions:
     """Options of the ``twinkle`` backend.
 
-    ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache`` and ``causal_mask`` choose among the graph rewrites
+    ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache``, ``causal_mask`` and ``residual_norm`` choose
+    among the graph rewrites
     the registry in effect has: one removed from it (``get_registry().remove_graph_rewrite("gqa_attention")``, names in
     :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever they say.
 
@@ -65,6 +66,8 @@ class BackendOptions:
         causal_mask (`bool`, defaults to `True`): SDPA given a causal mask that depends on no input
             (transformers materialises one under torch.compile) runs with ``is_causal=True`` instead,
             i.e. flash attention over the lower half, see :mod:`.passes.attention`.
+        residual_norm (`bool`, defaults to `True`): a residual add read by a swapped RMSNorm layer joins the
+            norm's kernel (``twinkle_triton.add_rms_norm``), forward and backward, see :mod:`.passes.residual_norms`.
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).
@@ -84,6 +87,7 @@ class BackendOptions:
     decode_gemv: bool | str = "auto"
     decode_cache: bool | str = "auto"
     causal_mask: bool = True
+    residual_norm: bool = True
     swap_policy: str = "always"
     dump_graphs: str | None = None
 
@@ -119,7 +123,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
     mode = options.get("mode")
     if mode is not None:
         mode = parse_mode(mode) | Mode.TORCH_COMPILE
-    for key in ("verify", "report", "cudagraphs", "causal_mask"):
+    for key in ("verify", "report", "cudagraphs", "causal_mask", "residual_norm"):
         default = getattr(BackendOptions, key)
         if not isinstance(options.get(key, default), bool):
             raise ValueError(f"twinkle backend option {key} must be True or False, got {options[key]!r}.")
@@ -139,7 +143,8 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
         inductor=_inductor_patches(options.get("inductor")), cudagraphs=options.get("cudagraphs", False),
         fuse_projections=options.get("fuse_projections", "auto"), gqa_attention=options.get("gqa_attention", "auto"),
         decode_gemv=options.get("decode_gemv", "auto"), decode_cache=options.get("decode_cache", "auto"),
-        causal_mask=options.get("causal_mask", True), swap_policy=policy,
+        causal_mask=options.get("causal_mask", True), residual_norm=options.get("residual_norm", True),
+        swap_policy=policy,
         dump_graphs=None if dump_graphs is None else os.fspath(dump_graphs),
     )
 

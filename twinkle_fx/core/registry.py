@@ -113,6 +113,7 @@ GRAPH_REWRITES: dict[str, str] = {
     "decode_cache": "the rotary kernel and a static KV cache's two index_copy_ writes (decode) -> "
                     "twinkle_triton.apply_rotary_pos_emb_to_cache; with the GQA attention that reads them and the "
                     "cache length's update -> twinkle_triton.rotary_cache_attention",
+    "residual_norm": "a residual add read by a swapped RMSNorm layer -> twinkle_triton.add_rms_norm",
 }
 
 

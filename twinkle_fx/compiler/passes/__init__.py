@@ -7,6 +7,9 @@ Rewrites, which change the graph:
 - :mod:`.function_patterns`: calls of registered functions (and copies of them) become one kernel call each;
 - :mod:`.attention`: SDPA with a constant causal mask becomes ``is_causal=True``, SDPA on repeated K/V
   with a short query one grouped-query attention kernel call;
+- :mod:`.decode_gemv`: linears on a few rows (decode) become GEMV kernel calls;
+- :mod:`.residual_norms`: a residual add read by a swapped RMSNorm joins the norm's kernel;
+- :mod:`.decode_cache`: rotary and a static KV cache's writes become one kernel call;
 - :mod:`.gemm_fusion`: linears reading the same input become one GEMM (when options ask for it).
 
 Analyses, which only report (all their outcomes :class:`~twinkle_fx.compiler.pipeline.Kept`):

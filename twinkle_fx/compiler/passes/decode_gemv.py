@@ -46,7 +46,7 @@ import torch.fx as fx
 from ...core.modes import Mode
 from ..graph.dynamo import common_provenance, example_value, set_example_value
 from ..pipeline import Outcome, PassState, Swapped
-from ..regions.region import LayerKernelCall
+from ..regions.region import LayerKernelCall, builtin_layer_call, layer_call_params
 from .function_patterns import region_location
 from .gemm_fusion import linear_args, rows_at_most
 
@@ -140,10 +140,10 @@ def run(state: PassState) -> list[Outcome]:
                 outcomes.append(_rewrite_group(group, rows, order))
     cuda_only = setting == "auto"
     for node in list(graph.nodes):
-        if (call := _layer_kernel(node, "SwiGLUMLP")) is not None:
+        if (call := builtin_layer_call(node, "SwiGLUMLP")) is not None:
             outcomes.extend(_open_mlp(node, call, max_rows, cuda_only))
     for node in list(graph.nodes):
-        if (call := _layer_kernel(node, "RMSNorm")) is not None:
+        if (call := builtin_layer_call(node, "RMSNorm")) is not None:
             outcomes.extend(_norm_into_prologues(node, call))
     if outcomes:
         graph.lint()
@@ -297,28 +297,12 @@ def _rewrite_group(group: list[fx.Node], rows: int, order: dict[fx.Node, int]) -
         "one launch, no weight concatenated" if len(group) > 1 else "one GEMV"))
 
 
-def _layer_kernel(node: fx.Node, name: str) -> LayerKernelCall | None:
-    """The call when ``node`` runs the built-in layer kernel ``twinkle_triton.layers.<name>`` for a live module
-    (one tensor out, the module's input first)."""
-    call = node.target
-    if node.op != "call_function" or not isinstance(call, LayerKernelCall) or not call.single or node.kwargs:
-        return None
-    from twinkle_triton import layers  # imported when a graph is rewritten, not with the backend
-
-    kernel = getattr(layers, name)
-    return call if call.forward is kernel.forward and call.module is not None and call.n_args == 1 else None
-
-
-def _params(node: fx.Node, call: LayerKernelCall) -> dict[str, object]:
-    return dict(zip(call.param_names, node.args[call.n_args:]))
-
-
 def _open_mlp(node: fx.Node, call: LayerKernelCall, max_rows: int, cuda_only: bool) -> list[Outcome]:
     """A SwiGLUMLP layer call -> ``gemv(gemv_swiglu(x, wg, wu), [wd], [bd], residual)`` where the layer itself
     would run those kernels on the input (its projections plain linears, the rows few enough)."""
     from twinkle_triton.layers import uses_decode_gemvs
 
-    x, params = node.args[0], _params(node, call)
+    x, params = node.args[0], layer_call_params(node, call)
     xv = _value(x)
     weights = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
     if xv is None or not set(weights) <= set(params) <= {*weights, "down_proj.bias"} or not rows_at_most(x, max_rows):
@@ -350,7 +334,7 @@ def _open_mlp(node: fx.Node, call: LayerKernelCall, max_rows: int, cuda_only: bo
 def _norm_into_prologues(node: fx.Node, call: LayerKernelCall) -> list[Outcome]:
     """An RMSNorm layer call read only as the input of GEMV calls -> ``norm_weight=`` of each of them."""
     users = list(node.users)
-    params = _params(node, call)
+    params = layer_call_params(node, call)
     x, out = node.args[0], _value(node)
     if not users or set(params) != {"weight"} or _value(x) is None or out is None or out.dtype != _value(x).dtype:
         return []

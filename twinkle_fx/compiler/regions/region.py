@@ -53,7 +53,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["KeepRegion", "region_outcome", "Region", "external_inputs", "external_outputs", "region_graph_module", "region_signature",
            "Binding", "bind", "outputs_read_outside", "StaticInputs", "static_inputs", "aten_outputs",
            "StructuralKeys", "reparametrized", "module_attributes", "KernelCall", "LayerKernelCall",
-           "FunctionKernelCall"]
+           "FunctionKernelCall", "builtin_layer_call", "layer_call_params"]
 
 
 Outcome = TypeVar("Outcome")  # the pass's Swapped or Kept
@@ -445,6 +445,23 @@ class LayerKernelCall(KernelCall):
         args, params = values[: self.n_args], values[self.n_args :]
         with reparametrized(module, dict(zip(self.param_names, params))), module_attributes(module, self.constants):
             return self._pick(self.forward(module, *args))
+
+
+def builtin_layer_call(node: fx.Node, name: str) -> LayerKernelCall | None:
+    """The call when ``node`` runs the built-in layer kernel ``twinkle_triton.layers.<name>`` for a live module
+    (one tensor out, the module's input first); passes that rewrite a swapped layer further find it so."""
+    call = node.target
+    if node.op != "call_function" or not isinstance(call, LayerKernelCall) or not call.single or node.kwargs:
+        return None
+    from twinkle_triton import layers  # imported when a graph is rewritten, not with the backend
+
+    kernel = getattr(layers, name)
+    return call if call.forward is kernel.forward and call.module is not None and call.n_args == 1 else None
+
+
+def layer_call_params(node: fx.Node, call: LayerKernelCall) -> dict[str, object]:
+    """The graph values ``node`` passes as ``call``'s module parameters, by name ("weight", "down_proj.bias")."""
+    return dict(zip(call.param_names, node.args[call.n_args:]))
 
 
 class FunctionKernelCall(KernelCall):

@@ -41,9 +41,10 @@ def _png(path: Path) -> None:
     assert path.is_file() and path.read_bytes()[:8] == PNG_MAGIC, f"{path} is not a PNG"
 
 
-def test_the_first_backend_runs_again_after_the_others_when_asked():
+def test_the_first_backend_runs_again_after_the_others_when_asked(tmp_path):
     options = ModelBenchOptions(model="qwen2", backends=["eager"], batch=1, seq=8, dtype=torch.float32, steps=1,
-                                warmup=0, device=torch.device("cpu"), tiny=True, repeat_first=True)
+                                warmup=0, device=torch.device("cpu"), tiny=True, repeat_first=True,
+                                profile_dir=tmp_path)
     lines = []
     result = run_model_bench(options, progress=lines.append)
     assert [row.backend for row in result.rows] == ["eager", "eager again"]
@@ -51,6 +52,10 @@ def test_the_first_backend_runs_again_after_the_others_when_asked():
     assert again.status == "ok" and again.first_loss == result.rows[0].first_loss
     assert again.vs_eager["throughput"] > 0  # compared with the first run of the same code
     assert any(line.startswith("[2/2] eager again:") for line in lines)
+    # each run keeps its own profile
+    assert [row.notes["profile"]["report"] for row in result.rows] == [
+        str(tmp_path / "eager" / "profile_report.txt"), str(tmp_path / "eager-again" / "profile_report.txt")]
+    assert all((tmp_path / d / "profile_trace.json").is_file() for d in ("eager", "eager-again"))
 
 
 @pytest.mark.slow

@@ -64,9 +64,10 @@ def _gib(n: int | None) -> float | None:
 
 
 def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tensor, torch.Tensor],
-                 clock: DeviceClock, progress: Callable[[str], None], step_progress: StepProgressFactory | None) -> ModelRow:
-    """One backend, start to finish; every error becomes a row. Everything it allocated is
-    unreachable when it returns, so the caller's cleanup can free it."""
+                 clock: DeviceClock, progress: Callable[[str], None], step_progress: StepProgressFactory | None,
+                 profile_name: str) -> ModelRow:
+    """One backend, start to finish; every error becomes a row; its profile (--profile) goes under
+    ``profile_name``. Everything it allocated is unreachable when it returns, so the caller's cleanup can free it."""
     workload = get_workload(options.model)
     try:
         model = build_model(workload, tiny=options.tiny, dtype=options.dtype, device=options.device, seed=options.seed)
@@ -92,7 +93,7 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
                 from .profile import profile_steps, summary_notes
 
                 profiled = summary_notes(profile_steps(
-                    _training_step(prepared.model, *batch), clock, options.profile_dir / name,
+                    _training_step(prepared.model, *batch), clock, options.profile_dir / profile_name,
                     steps=min(options.steps, 3), title=f"{name} ({options.model}, batch {options.batch} x {options.seq})"))
                 progress(f"    profile: {profiled['report']}")
         notes = prepared.notes  # complete only once the backend has exited (e.g. compile reports)
@@ -186,7 +187,8 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
         again = index > len(options.backends)
         progress(f"[{index}/{total}] {name}{' again' if again else ''}: {BACKENDS[name].description}; fresh model, "
                  f"first step, {options.warmup} warm-up + {options.steps} timed steps ...")
-        row = _run_backend(name, options, batch, clock, progress, step_progress)
+        # the repeated backend's profile beside the first one's, not over it
+        row = _run_backend(name, options, batch, clock, progress, step_progress, f"{name}-again" if again else name)
         if again:
             row.backend = f"{name} again"
         free_device_memory(options.device)

@@ -29,8 +29,8 @@ DECODE_CACHE = (True, False, "auto")
 class BackendOptions:
     """Options of the ``twinkle`` backend.
 
-    ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache``, ``causal_mask`` and ``residual_norm`` choose
-    among the graph rewrites
+    ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache``, ``causal_mask`` and
+    ``residual_norm`` choose among the graph rewrites
     the registry in effect has: one removed from it (``get_registry().remove_graph_rewrite("gqa_attention")``, names in
     :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever they say.
 

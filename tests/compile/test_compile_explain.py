@@ -17,8 +17,8 @@ def test_explain_reports_swaps_times_and_the_diff():
     assert "swapped 1 x layer SiluAndMul -> SiluAndMul: SiluAndMul [cpu, any] from impl SiluAndMulKernel (custom op call)  [act]" in text
     assert "+    layer_silu_and_mul = twinkle_layer_SiluAndMul(linear);  linear = None" in text
     assert list(report.graphs[0].pass_ms) == ["graph_breaks", "layer_regions", "function_patterns", "function_calls",
-                                              "compiled_root", "foreign_forwards", "attention", "decode_gemv", "decode_cache",
-                                              "gemm_fusion"]
+                                              "compiled_root", "foreign_forwards", "attention", "decode_gemv", "residual_norm",
+                                              "decode_cache", "gemm_fusion"]
 
 
 def test_a_container_root_reports_the_paths_under_it():

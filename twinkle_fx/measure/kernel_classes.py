@@ -111,7 +111,9 @@ def launch_shapes(trace: dict[str, Any], *, kind: str = "GEMM", steps: int = 1, 
 
     A library GEMM's name says its tile and layout, its grid how many tiles: two launches of one name and grid
     are one problem shape, so their µs a call compare across runs (two rows of a benchmark, two clocks), where
-    a kernel's total time mixes every shape it served.
+    a kernel's total time mixes every shape it served. Not for persistent kernels, whose grid is the SM count
+    whatever the shape (cuBLAS's ``nvjet_sm90_*`` on Hopper launch 2 x 66 CTAs on an H100 or H200): their
+    launches group by name only, and the calls a step then say which products they served.
 
     Examples:
         >>> def kernel(name, dur, grid):
@@ -137,7 +139,8 @@ def launch_shapes(trace: dict[str, Any], *, kind: str = "GEMM", steps: int = 1, 
 
 def format_launch_shapes(rows: list[dict[str, Any]], kind: str = "GEMM") -> str:
     """A few lines for a profile report: ms, calls and µs a call per step of each (kernel, grid)."""
-    lines = [f"{kind} kernels by launch grid (one grid of one kernel is one problem shape), per step:",
+    lines = [f"{kind} kernels by launch grid (one grid of one kernel is one problem shape, unless the kernel is "
+             "persistent: one CTA or pair an SM whatever the shape), per step:",
              f"{'ms':>9}  {'calls':>6}  {'us/call':>9}  grid            kernel"]
     lines += [f"{row['ms']:9.3f}  {row['calls']:6.1f}  {row['us_per_call']:9.1f}  "
               f"{'x'.join(map(str, row['grid'])):<15} {row['name'][:80]}" for row in rows]

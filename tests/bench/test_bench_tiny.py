@@ -103,6 +103,7 @@ def test_tiny_micro_bench_every_kernel_against_its_reference(tmp_path):
             assert twinkle["status"] == "ok", (twinkle["error"], twinkle["max_rel_error"])
             assert twinkle["max_rel_error"] <= 1e-4 and twinkle["ms"] > 0 and twinkle["host_us"] > 0
             assert (twinkle["host_bwd_us"] is None) == (phase == "fwd")
+            assert twinkle["kernel_ms"] is None and twinkle["kernel_vs_inductor"] is None  # GPU profiles only
             assert twinkle["vs_eager"] == pytest.approx(eager["ms"] / twinkle["ms"])
             if case.op in ("fused_linear_cross_entropy", "moe_swiglu_experts"):  # matmul-bound: TFLOP/s
                 assert twinkle["tflops"] > 0 and twinkle["gbps"] is None
@@ -239,6 +240,26 @@ def test_device_time_counts_kernels_not_the_ranges_around_them():
     operator = SimpleNamespace(device_type=torch.autograd.DeviceType.CPU, is_user_annotation=False,
                                self_device_time_total=250.0)
     assert [device_us(e) for e in (kernel, step, operator)] == [250.0, 0.0, 0.0]
+
+
+@pytest.mark.gpu
+def test_kernel_time_counts_the_kernels_without_the_host_or_the_cache_flush():
+    from twinkle_fx.bench.timing import kernel_ms, time_calls
+    from twinkle_fx.measure.clock import DeviceClock
+
+    clock = DeviceClock(torch.device("cuda"))
+    x = torch.ones(1024, device="cuda")
+
+    def small_launches():  # a few µs of host a launch for a µs or two of kernel
+        for _ in range(200):
+            x.add_(1)
+
+    interval, _ = time_calls(small_launches, clock, warmup=1, reps=3)
+    kernels = kernel_ms(small_launches, clock, reps=3)
+    assert 0 < kernels < interval
+    # the 256 MiB written before each call to cool the L2 is not the call's
+    assert kernel_ms(lambda: None, clock, reps=3) < 0.002
+    assert kernel_ms(small_launches, DeviceClock(torch.device("cpu")), reps=3) is None
 
 
 def test_inference_rows_say_whether_the_timed_steps_replayed_cuda_graphs():

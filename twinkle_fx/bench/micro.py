@@ -9,6 +9,11 @@ same process: that copy is the practical roofline of a streaming kernel on this 
 linear cross-entropy is matmul-bound and reports TFLOP/s (its three matmuls) and, above all, the
 extra memory it needs. Every implementation is checked against the reference once (outputs and
 input gradients); a disagreement marks the row WRONG.
+
+Each row's time runs from a CUDA event before the call to one after it, so a call whose host work outlasts
+its kernels (a small op's forward + backward through autograd) is timed by its host. On a GPU each row also
+has the call's kernel time alone (:func:`.timing.kernel_ms`, summed from the profiler): what a step replayed
+from a CUDA graph pays, and the measure a kernel and Inductor's code for the same region compare by.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from .model_bench import free_device_memory
 from .report import annotate_micro_rows
 from .results import BenchResult, MicroRow
 from ..measure.clock import DeviceClock
-from .timing import GIB, copy_ms, host_us, time_calls
+from .timing import GIB, copy_ms, host_us, kernel_ms, time_calls
 
 __all__ = ["MICRO_IMPLS", "MICRO_CASES", "MicroBenchOptions", "run_micro_bench"]
 
@@ -289,6 +294,8 @@ PHASES = ("fwd", "fwd+bwd")
 # Calls per host-time measurement (bench.timing.host_us): few enough that the device queue never
 # fills (then the host would wait on the device), enough to average the timer's resolution.
 HOST_CALLS = 20
+# Profiled calls per kernel-time measurement (bench.timing.kernel_ms): its sums need no median.
+KERNEL_REPS = 10
 # Forwards whose backwards one autograd.grad call runs (their saved tensors are alive together).
 HOST_BWD_CALLS = 8
 
@@ -389,6 +396,7 @@ class _Case:
 
             with torch.no_grad():
                 ms, extra = time_calls(call, self.clock, warmup=opts.warmup, reps=opts.reps)
+                kernels = kernel_ms(call, self.clock, reps=min(opts.reps, KERNEL_REPS))
                 host, host_bwd = host_us(call, self.clock, calls=self._host_calls()), None
             moved, flops = inputs.bytes_fwd, inputs.flops_fwd
         else:
@@ -399,6 +407,7 @@ class _Case:
                 torch.autograd.grad(_tensors(impl.fn(*impl.args)), wrt, grad_outputs)
 
             ms, extra = time_calls(call, self.clock, warmup=opts.warmup, reps=opts.reps)
+            kernels = kernel_ms(call, self.clock, reps=min(opts.reps, KERNEL_REPS))
             host, host_bwd = self._host_fwd_bwd(impl, grad_outputs)
             moved = None if inputs.bytes_fwd is None else inputs.bytes_fwd + inputs.bytes_bwd
             flops = None if inputs.flops_fwd is None else inputs.flops_fwd + inputs.flops_bwd
@@ -416,6 +425,7 @@ class _Case:
             max_rel_error=error,
             host_us=host,
             host_bwd_us=host_bwd,
+            kernel_ms=kernels,
         )
 
     def _host_calls(self) -> int:

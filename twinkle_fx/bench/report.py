@@ -79,6 +79,8 @@ def annotate_micro_rows(rows: Sequence[MicroRow]) -> None:
         for impl, attr in (("eager", "vs_eager"), ("inductor", "vs_inductor")):
             ref = _reference(rows, lambda r: (r.op, r.phase, r.impl) == (row.op, row.phase, impl))
             setattr(row, attr, None if ref is None else _ratio(ref.ms, row.ms))
+            if impl == "inductor" and ref is not None and ref.kernel_ms is not None and row.kernel_ms is not None:
+                row.kernel_vs_inductor = _ratio(ref.kernel_ms, row.kernel_ms)
 
 
 # ---------------------------------------------------------------- terminal table
@@ -173,7 +175,7 @@ def _compile_summary(notes: dict) -> str:
 
 def _micro_table(result: BenchResult) -> str:
     header = ["op", "phase", "impl", "ms", "GB/s", "of copy", "TFLOP/s", "extra GiB", "vs eager", "vs ind",
-              "host us", "rel err", "status"]
+              "kernel ms", "kern/ind", "host us", "rel err", "status"]
     body, shapes = [], {}
     for r in result.rows:
         shapes.setdefault(r.op, r.shape)
@@ -181,7 +183,8 @@ def _micro_table(result: BenchResult) -> str:
             r.op, r.phase, r.impl, _fmt(r.ms, ".3f"), _fmt(r.gbps, ",.0f"),
             _fmt(None if r.copy_fraction is None else 100 * r.copy_fraction, ".0f") + ("%" if r.copy_fraction is not None else ""),
             _fmt(r.tflops, ".1f"), _fmt(r.extra_gib, ".3f", "n/a" if r.ms is not None else "-"),
-            _fmt(r.vs_eager, ".2f"), _fmt(r.vs_inductor, ".2f"), _host_cell(r), _fmt(r.max_rel_error, ".1e"),
+            _fmt(r.vs_eager, ".2f"), _fmt(r.vs_inductor, ".2f"), _fmt(r.kernel_ms, ".3f"),
+            _fmt(r.kernel_vs_inductor, ".2f"), _host_cell(r), _fmt(r.max_rel_error, ".1e"),
             "WRONG" if r.status == "wrong" else r.status,
         ])
     problems: dict[tuple[str, str, str], list[str]] = {}  # one line per (impl, status, error)
@@ -192,7 +195,9 @@ def _micro_table(result: BenchResult) -> str:
     shape_lines = [f"  {op}: {shape}" for op, shape in shapes.items()]
     w = result.workload
     title = f"kernel microbenchmarks, {w['dtype']}; median of {w['reps']} after {w['warmup']} warm-up calls"
-    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(3, 12))),
+    text = "\n".join([title, _environment_line(result), "", _table(header, body, set(range(3, 14))),
+                      "  kernel ms (GPU): the call's kernels alone, from the profiler, cold L2: what a CUDA-graphed step "
+                      "pays; ms also holds any wait for the host to launch them",
                       "  host us: host time per call, device unsynchronised; fwd: no grad; fwd+bwd: forward "
                       "recording autograd + backward (per node of one autograd.grad over several calls)",
                       "", "shapes:", *shape_lines])

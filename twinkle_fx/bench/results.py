@@ -85,6 +85,10 @@ class MicroRow:
     max_rel_error: float | None = None  # vs eager: max over outputs and gradients of |a-b|/|b|
     vs_eager: float | None = None  # speed-up (eager ms / this ms)
     vs_inductor: float | None = None
+    # GPU: the call's kernels alone per call (bench.timing.kernel_ms), what a CUDA-graphed step pays, and the
+    # speed-up it gives over Inductor's kernels; ms above also holds any wait for the host to launch them
+    kernel_ms: float | None = None
+    kernel_vs_inductor: float | None = None
 
     def __str__(self) -> str:
         head = f"{self.op} {self.phase} {self.impl}"
@@ -93,6 +97,8 @@ class MicroRow:
         rate = (f"{self.gbps:,.0f} GB/s" if self.gbps is not None
                 else f"{self.tflops:.1f} TFLOP/s" if self.tflops is not None else "")
         text = f"{head}: {self.ms:.3f} ms {rate}".rstrip()
+        if self.kernel_ms is not None:
+            text += f", kernels {self.kernel_ms:.3f} ms"
         if self.host_us is not None:
             text += f", host {self.host_us:.1f} us" + (f" (bwd {self.host_bwd_us:.1f})" if self.host_bwd_us is not None else "")
         return text + (f"  WRONG (rel. error {self.max_rel_error:.2e})" if self.status == "wrong" else "")

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from ..measure.clock import DeviceClock
+from ..measure.clock import CACHE_FLUSH_BYTES, DeviceClock
 from ..measure.gpu_state import GpuState, GpuStateSampler
 
-__all__ = ["StepTiming", "time_training_steps", "time_calls", "copy_ms", "host_us", "GIB"]
+__all__ = ["StepTiming", "time_training_steps", "time_calls", "kernel_ms", "copy_ms", "host_us", "GIB"]
 
 GIB = float(1 << 30)
 
@@ -102,6 +102,30 @@ def time_calls(fn: Callable[[], Any], clock: DeviceClock, *, warmup: int, reps: 
     clock.reset_peak()
     fn()
     return median, max(clock.peak() - before, 0)
+
+
+def kernel_ms(fn: Callable[[], Any], clock: DeviceClock, *, reps: int) -> float | None:
+    """Device time of ``fn``'s kernels (copies and fills too) per call, summed from the profiler over ``reps``
+    calls, each starting with a cold L2 as in :func:`time_calls`; None off a GPU.
+
+    What the call costs the GPU where launches are not waited for (a CUDA graph's replay, a busy stream):
+    :func:`time_calls` times from the event before the call to the one after, so for small kernels behind a
+    slow host (a backward through autograd) it measures the host."""
+    if not clock.cuda:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..measure.profiler_events import device_us
+
+    flush = torch.empty(CACHE_FLUSH_BYTES, dtype=torch.uint8, device=clock.device)
+    fn()
+    clock.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(max(reps, 1)):
+            flush.bitwise_not_()  # the flush's kernel, told apart by its name below
+            fn()
+        clock.synchronize()
+    return sum(device_us(e) for e in prof.key_averages() if "bitwise_not" not in e.key) / max(reps, 1) / 1e3
 
 
 def copy_ms(clock: DeviceClock, n_bytes: int, *, warmup: int, reps: int) -> float:

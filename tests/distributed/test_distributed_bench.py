@@ -62,6 +62,7 @@ LAYERS = MODELS["qwen2"].sizes["tiny"]["num_hidden_layers"]
 ROTARY = "function transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb"
 RMSNORM = "layer Qwen2RMSNorm -> RMSNorm"
 MLP = "layer Qwen2MLP -> SwiGLUMLP"
+RESIDUAL = "function residual add + RMSNorm layer"  # a layer's attention residual joins its post-attention norm
 ATTENTION = "scaled_dot_product_attention"  # the backend's attention rewrites (which fire depends on transformers' masks)
 EAGER_SWAPS = {"kernelized Qwen2RMSNorm -> RMSNorm": 2 * LAYERS + 1, "kernelized Qwen2MLP -> SwiGLUMLP": LAYERS,
                "patched transformers.models.qwen2.modeling_qwen2.apply_rotary_pos_emb": 1}
@@ -113,7 +114,7 @@ def test_regional_swaps_in_the_shared_layer_graph(distributed):
                        ("ddp_tied_regional_accum", "Qwen2ForCausalLM")):
         for swaps in _swaps(distributed[name]):
             assert swaps["graphs"] == 1 and swaps["graph_breaks"] == 0, (name, swaps)
-            assert swaps["swapped"] == {RMSNORM: 2, MLP: 1, ROTARY: 1,
+            assert swaps["swapped"] == {RMSNORM: 2, MLP: 1, ROTARY: 1, RESIDUAL: 1,
                                         f"kernelized {head} -> CausalLMFusedLoss": 1}, (name, swaps)
             assert swaps["kept"] == {}, (name, swaps)
 
@@ -126,7 +127,7 @@ def test_llama_layers_compile_regionally_with_the_llama_kernels(distributed):
         assert swaps["graphs"] == 1 and swaps["graph_breaks"] == 0, swaps
         assert swaps["swapped"] == {"layer LlamaRMSNorm -> RMSNorm": 2, "layer LlamaMLP -> SwiGLUMLP": 1,
                                     "function transformers.models.llama.modeling_llama.apply_rotary_pos_emb": 1,
-                                    "kernelized FSDPLlamaForCausalLM -> CausalLMFusedLoss": 1}, swaps
+                                    RESIDUAL: 1, "kernelized FSDPLlamaForCausalLM -> CausalLMFusedLoss": 1}, swaps
         assert swaps["kept"] == {}, swaps
 
 
@@ -255,7 +256,8 @@ def test_fsdp2_twinkle_swaps_on_every_rank(distributed):
     assert {k: v for k, v in rank0.items() if k != "rank"} == {k: v for k, v in rank1.items() if k != "rank"}
     assert rank0["graphs"] > 1
     registered = {k: v for k, v in rank0["swapped"].items() if ATTENTION not in k}
-    assert registered == {RMSNORM: 2, MLP: 1, ROTARY: 1, "kernelized FSDPQwen2ForCausalLM -> CausalLMFusedLoss": 1}
+    assert registered == {RMSNORM: 2, MLP: 1, ROTARY: 1, RESIDUAL: 1,
+                          "kernelized FSDPQwen2ForCausalLM -> CausalLMFusedLoss": 1}
 
 
 @pytest.mark.parametrize("extra", ["--compiler aot_eager", "--backend eager"])

@@ -181,7 +181,7 @@ class KernelRegistry:
             >>> with scoped_registry() as registry:
             ...     registry.remove_graph_rewrite("gqa_attention")
             ...     registry.graph_rewrite_names()
-            ['causal_attention', 'fused_projections', 'decode_gemv', 'decode_cache']
+            ['causal_attention', 'fused_projections', 'decode_gemv', 'decode_cache', 'residual_norm']
         """
         with self._lock:
             _check_graph_rewrite(name)

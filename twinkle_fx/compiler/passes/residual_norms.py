@@ -96,7 +96,7 @@ def _fuse(norm: fx.Node, call, order: dict[fx.Node, int]) -> Swapped | None:
     weight = params.get("weight")
     if addends is None or set(params) != {"weight"} or len(add.users) < 2 or not isinstance(weight, fx.Node):
         return None
-    if order[weight] > order[add]:  # the call takes the add's place, which the weight must precede
+    if order.get(weight, len(order)) > order[add]:  # the call takes the add's place, which the weight must precede
         return None
     eps = float(call.constants.get("variance_epsilon", call.module.variance_epsilon))
     graph = norm.graph

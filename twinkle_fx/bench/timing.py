@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..measure.clock import CACHE_FLUSH_BYTES, DeviceClock
+from ..measure.clock import CACHE_FLUSH_KERNEL, DeviceClock
 from ..measure.gpu_state import GpuState, GpuStateSampler
 
 __all__ = ["StepTiming", "time_training_steps", "time_calls", "kernel_ms", "copy_ms", "host_us", "GIB"]
@@ -117,15 +117,15 @@ def kernel_ms(fn: Callable[[], Any], clock: DeviceClock, *, reps: int) -> float 
 
     from ..measure.profiler_events import device_us
 
-    flush = torch.empty(CACHE_FLUSH_BYTES, dtype=torch.uint8, device=clock.device)
+    flush = clock.cache_flusher()
     fn()
     clock.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(max(reps, 1)):
-            flush.bitwise_not_()  # the flush's kernel, told apart by its name below
+            flush()
             fn()
         clock.synchronize()
-    return sum(device_us(e) for e in prof.key_averages() if "bitwise_not" not in e.key) / max(reps, 1) / 1e3
+    return sum(device_us(e) for e in prof.key_averages() if CACHE_FLUSH_KERNEL not in e.key) / max(reps, 1) / 1e3
 
 
 def copy_ms(clock: DeviceClock, n_bytes: int, *, warmup: int, reps: int) -> float:

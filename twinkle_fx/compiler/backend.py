@@ -52,6 +52,7 @@ from .graph.dynamo import input_source, module_lookup, parse_source
 from .graph.recording import RecordedGraphs, active_recorders, readable
 from .graph.structure import checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break, graph_breaks_counted
 from .inner import verify as verification
+from .inner.embedding_grad import EMBEDDING_GRAD, rewrite_embedding_grads
 from .inner.inductor_options import compile_with_inductor, inductor_config_patches
 from .options import BackendOptions, parse_options
 from .passes import compiled_root, foreign_forwards, function_calls, graph_breaks
@@ -133,9 +134,11 @@ def twinkle_backend(
     for recorder in recorders:
         recorder.after.append(readable(gm))
     inference = Mode.TRAINING not in state.mode
-    compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders, inference)
+    embedding_grad = (opts.embedding_grad and state.registry.has_graph_rewrite(EMBEDDING_GRAD)
+                      and not kernels_disabled())
+    compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders, inference, embedding_grad)
     if state.scratch.baked_scalars and reference is not None and gm is not reference:
-        original = _inner_compile(reference, state.example_inputs, opts, mode, (), inference)
+        original = _inner_compile(reference, state.example_inputs, opts, mode, (), inference, False)
         compiled = _check_scalars(compiled, original, dict(state.scratch.baked_scalars), report)
     return _follow_registry(compiled, state.registry, report, opts, active_reports())
 
@@ -319,24 +322,27 @@ def _warn_if_nothing_swapped(report: GraphReport) -> None:
 
 def _inner_compile(
     gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions, mode: str | None,
-    recorders: tuple[RecordedGraphs, ...], inference: bool,
+    recorders: tuple[RecordedGraphs, ...], inference: bool, embedding_grad: bool,
 ) -> Callable[..., Any]:
+    """``gm`` compiled by the inner compiler; ``embedding_grad``: the backward graph's rewrite of that name."""
     if opts.compiler == "eager":
         return gm.forward
     if opts.compiler == "aot_eager":
         def recording(kind: str) -> Callable[..., Any]:
             def compiler(graph: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+                if kind == "backward" and embedding_grad and rewrite_embedding_grads(graph.graph):
+                    graph.recompile()
                 for recorder in recorders:
                     getattr(recorder, kind).append(readable(graph))
                 return boxed_nop(graph, inputs)
 
             return compiler
 
-        if not recorders:
+        if not recorders and not embedding_grad:
             return aot_eager(gm, example_inputs)
         return aot_eager(gm, example_inputs, fw_compiler=recording("forward"), bw_compiler=recording("backward"))
     # torch.compile's mode, options["cudagraphs"], options["inductor"]; CUDA-graph status recorded. Inference graphs
     # on CUDA (decode steps) launch Inductor's kernels as programmatic dependents, as the decode kernels are.
     patches = inductor_config_patches(mode, opts.cudagraphs, opts.inductor,
                                       dependent_launch=inference and _device(example_inputs) == "cuda")
-    return compile_with_inductor(gm, example_inputs, patches)
+    return compile_with_inductor(gm, example_inputs, patches, embedding_grad=embedding_grad)

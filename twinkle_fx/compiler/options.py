@@ -29,8 +29,8 @@ DECODE_CACHE = (True, False, "auto")
 class BackendOptions:
     """Options of the ``twinkle`` backend.
 
-    ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache``, ``causal_mask`` and
-    ``residual_norm`` choose among the graph rewrites
+    ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache``, ``causal_mask``,
+    ``residual_norm`` and ``embedding_grad`` choose among the graph rewrites
     the registry in effect has: one removed from it (``get_registry().remove_graph_rewrite("gqa_attention")``, names in
     :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever they say.
 
@@ -68,6 +68,9 @@ class BackendOptions:
             i.e. flash attention over the lower half, see :mod:`.passes.attention`.
         residual_norm (`bool`, defaults to `True`): a residual add read by a swapped RMSNorm layer joins the
             norm's kernel (``twinkle_triton.add_rms_norm``), forward and backward, see :mod:`.passes.residual_norms`.
+        embedding_grad (`bool`, defaults to `True`): in backward graphs, an embedding's weight gradient is
+            computed as the rows it changes (``twinkle_triton.embedding_grad_rows``), added straight into the
+            tied LM head's gradient, instead of a dense fp32 table, see :mod:`.inner.embedding_grad`.
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).
@@ -88,6 +91,7 @@ class BackendOptions:
     decode_cache: bool | str = "auto"
     causal_mask: bool = True
     residual_norm: bool = True
+    embedding_grad: bool = True
     swap_policy: str = "always"
     dump_graphs: str | None = None
 
@@ -123,7 +127,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
     mode = options.get("mode")
     if mode is not None:
         mode = parse_mode(mode) | Mode.TORCH_COMPILE
-    for key in ("verify", "report", "cudagraphs", "causal_mask", "residual_norm"):
+    for key in ("verify", "report", "cudagraphs", "causal_mask", "residual_norm", "embedding_grad"):
         default = getattr(BackendOptions, key)
         if not isinstance(options.get(key, default), bool):
             raise ValueError(f"twinkle backend option {key} must be True or False, got {options[key]!r}.")
@@ -144,6 +148,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
         fuse_projections=options.get("fuse_projections", "auto"), gqa_attention=options.get("gqa_attention", "auto"),
         decode_gemv=options.get("decode_gemv", "auto"), decode_cache=options.get("decode_cache", "auto"),
         causal_mask=options.get("causal_mask", True), residual_norm=options.get("residual_norm", True),
+        embedding_grad=options.get("embedding_grad", True),
         swap_policy=policy,
         dump_graphs=None if dump_graphs is None else os.fspath(dump_graphs),
     )

@@ -114,6 +114,8 @@ GRAPH_REWRITES: dict[str, str] = {
                     "twinkle_triton.apply_rotary_pos_emb_to_cache; with the GQA attention that reads them and the "
                     "cache length's update -> twinkle_triton.rotary_cache_attention",
     "residual_norm": "a residual add read by a swapped RMSNorm layer -> twinkle_triton.add_rms_norm",
+    "embedding_grad": "an embedding's dense weight gradient in a backward graph (plus a tied LM head's) -> "
+                      "twinkle_triton.embedding_grad_rows and an index_put of the rows it changes",
 }
 
 
@@ -180,8 +182,9 @@ class KernelRegistry:
         Examples:
             >>> with scoped_registry() as registry:
             ...     registry.remove_graph_rewrite("gqa_attention")
-            ...     registry.graph_rewrite_names()
-            ['causal_attention', 'fused_projections', 'decode_gemv', 'decode_cache', 'residual_norm']
+            ...     registry.graph_rewrite_names()  # doctest: +NORMALIZE_WHITESPACE
+            ['causal_attention', 'fused_projections', 'decode_gemv', 'decode_cache', 'residual_norm',
+             'embedding_grad']
         """
         with self._lock:
             _check_graph_rewrite(name)

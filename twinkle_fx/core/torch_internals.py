@@ -33,7 +33,8 @@ __all__ = [
     "fake_tensor_type", "fake_tensor_mode", "fake_tensor_logger", "quiet_fake_tensor_errors", "nn_sdpa", "nn_linear",
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
-    "foreach_zero", "set_gemm_sm_carveout", "capture_cuda_graph", "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
+    "foreach_zero", "set_gemm_sm_carveout", "POST_GRAD_PRE_PASS", "inductor_post_grad_pass", "inductor_pass_uuid",
+    "inductor_post_grad_pre_pass", "capture_cuda_graph", "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
 ]
 
 
@@ -52,6 +53,43 @@ def inductor_config_patch(patches: dict[str, Any]) -> contextlib.AbstractContext
     from torch._inductor import config
 
     return config.patch(patches)
+
+
+# Inductor's config key for passes on each graph after AOTAutograd (forward, backward, inference), before its own
+POST_GRAD_PRE_PASS = "post_grad_custom_pre_pass"
+
+
+def inductor_post_grad_pass(run: Callable[[torch.fx.Graph], None], uuid: Callable[[], Any]) -> Any:
+    """An Inductor ``CustomGraphPass`` (the value of :data:`POST_GRAD_PRE_PASS`): ``run(graph)`` rewrites a
+    graph in place; ``uuid()`` is the pass's part of Inductor's and AOTAutograd's cache keys, so a graph
+    compiled with the pass is never served to a compile without it (None: such graphs are not cached)."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class _Pass(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            run(graph)
+
+        def uuid(self) -> Any:
+            return uuid()
+
+    return _Pass()
+
+
+def inductor_pass_uuid(custom_pass: Any) -> Any:
+    """The cache-key part of a value of :data:`POST_GRAD_PRE_PASS` (a pass, a list of them, or None);
+    None where a pass is a plain callable, which Inductor does not cache."""
+    if isinstance(custom_pass, (list, tuple)):
+        uuids = tuple(inductor_pass_uuid(p) for p in custom_pass)
+        return None if None in uuids else uuids
+    uuid = getattr(custom_pass, "uuid", None)
+    return uuid() if callable(uuid) else None
+
+
+def inductor_post_grad_pre_pass() -> Any:
+    """The :data:`POST_GRAD_PRE_PASS` Inductor's config holds now (the user's own, or None)."""
+    from torch._inductor import config
+
+    return getattr(config, POST_GRAD_PRE_PASS)
 
 
 def inductor_cudagraphs_requested() -> bool:

@@ -1,0 +1,126 @@
+"""The embedding_grad rewrite of backward graphs: an embedding's dense weight gradient (plus a tied LM head's)
+becomes twinkle_triton.embedding_grad_rows and an index_put of the rows it changes, with the gradients of eager."""
+
+import logging
+import re
+
+import pytest
+import torch
+import transformers
+from tiny_models import TINY, input_ids
+
+import twinkle_fx
+from twinkle_fx.core.tolerances import tolerance
+from twinkle_fx.testing import record_graphs
+
+from device_under_test import DEVICE
+
+
+def _llama(tied: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model("llama", **{**TINY, "num_hidden_layers": 1},
+                                               tie_word_embeddings=tied)
+    return transformers.AutoModelForCausalLM.from_config(config).to(DEVICE)
+
+
+def assert_close(actual, expected, dtype, what):
+    tol = tolerance(dtype)
+    torch.testing.assert_close(actual, expected, rtol=tol.rtol, atol=tol.atol, msg=lambda m: f"{what}: {m}")
+
+
+def _base_of_rows(code: str) -> str:
+    """The line defining the tensor the rows are put into (the kernel call's first argument)."""
+    base = re.search(r"embedding_grad_rows\.default\((\w+),", code).group(1)
+    return next(line for line in code.splitlines() if line.strip().startswith(f"{base} ") or
+                line.strip().startswith(f"{base}:"))
+
+
+def _compiled_grads(model, ids, options=None):
+    """The backward graph's code and every gradient, from one step compiled with aot_eager."""
+    model.zero_grad()
+    with record_graphs() as graphs:
+        compiled = torch.compile(model, backend="twinkle", options={"compiler": "aot_eager", **(options or {})})
+        compiled(ids, labels=ids).loss.backward()
+    return graphs.backward[0], [p.grad.clone() for p in model.parameters()]
+
+
+def _eager_grads(model, ids):
+    model.zero_grad()
+    model(ids, labels=ids).loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("tied", (True, False))
+def test_the_weight_gradient_is_its_rows_put_into_the_head_gradient_or_zeros(tied):
+    model, ids = _llama(tied), input_ids()
+    code, grads = _compiled_grads(model, ids)
+    assert code.count("twinkle.embedding_grad_rows.default(") == 1
+    assert "embedding_dense_backward" not in code and code.count("aten.index_put.default(") == 1
+    # tied: the rows go into the head's gradient (no add of two tables); untied: into a table of zeros
+    assert ("aten.full.default" in _base_of_rows(code)) is not tied
+    for got, want in zip(grads, _eager_grads(model, ids)):
+        assert_close(got, want, torch.float32, "gradient")
+
+
+def test_the_option_and_the_registry_each_turn_it_off():
+    model, ids = _llama(True), input_ids()
+    code, _ = _compiled_grads(model, ids, {"embedding_grad": False})
+    assert "embedding_grad_rows" not in code and "embedding_dense_backward" in code
+    torch._dynamo.reset()
+    with twinkle_fx.scoped_registry() as registry:
+        registry.remove_graph_rewrite("embedding_grad")
+        code, _ = _compiled_grads(model, ids)
+    assert "embedding_grad_rows" not in code
+
+
+class _Tied(torch.nn.Module):
+    """An embedding whose weight an output projection shares, as a tied LM head does."""
+
+    def __init__(self, **embedding):
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, 32, **embedding)
+        self.mix = torch.nn.Linear(32, 32)
+
+    def forward(self, ids):
+        return (self.mix(self.embed(ids)) @ self.embed.weight.T).square().mean()
+
+
+def _module_grads(module, ids, compiler):
+    module.zero_grad()
+    with record_graphs() as graphs:
+        torch.compile(module, backend="twinkle", options={"compiler": compiler})(ids).backward()
+    return graphs.backward, [p.grad.clone() for p in module.parameters()]
+
+
+def test_the_padding_index_keeps_its_row_and_scaled_gradients_are_left_alone():
+    ids = torch.randint(0, 64, (3, 10), device=DEVICE)
+    ids[:, :4] = 5
+    module = _Tied(padding_idx=5).to(DEVICE)
+    backward, grads = _module_grads(module, ids, "aot_eager")
+    assert "embedding_grad_rows" in backward[0]
+    module.zero_grad()
+    module(ids).backward()
+    for got, p in zip(grads, module.parameters()):
+        assert_close(got, p.grad, torch.float32, "gradient")
+    torch._dynamo.reset()
+    backward, _ = _module_grads(_Tied(scale_grad_by_freq=True).to(DEVICE), ids, "aot_eager")
+    assert "embedding_grad_rows" not in backward[0] and "embedding_dense_backward" in backward[0]
+
+
+@pytest.mark.slow
+def test_inductors_decomposition_of_the_gradient_is_rewritten_too(caplog):
+    """Under Inductor the backward graph holds the decomposition (an fp32 table of zeros, a masked
+    accumulating index-put, a cast): it is rewritten as well, in bf16, with the gradients of eager."""
+    ids = torch.randint(0, 64, (3, 10), device=DEVICE)
+    module = _Tied().to(DEVICE, torch.bfloat16)
+    # compiled here, not loaded from the caches of an earlier run (which would log nothing)
+    with caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.embedding_grad"), \
+            torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        _, grads = _module_grads(module, ids, "inductor")
+    assert any(r.getMessage().startswith("1 embedding weight gradient(s) of a backward graph computed as the rows")
+               for r in caplog.records)
+    module.zero_grad()
+    module(ids).backward()
+    for got, p in zip(grads, module.parameters()):
+        assert_close(got, p.grad, torch.bfloat16, "gradient")

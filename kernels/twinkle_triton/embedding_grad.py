@@ -1,4 +1,4 @@
-"""An embedding's weight gradient as the rows it changes: ``embedding_grad_rows``.
+"""An embedding's weight gradient as one sum per looked-up row: ``embedding_grad_sums``.
 
 An embedding table's gradient is zero except in the rows of the looked-up indices. PyTorch's
 backward (``embedding_dense_backward``, and Inductor's decomposition of it) builds it as a dense
@@ -8,20 +8,18 @@ LM head shares) then adds that table to the head's gradient, one more pass over 
 Llama-3.2-1B's shape (128,256 x 2048, 4096 tokens) that is 0.73 ms of a training step on an H200 for
 16 MB of gradient rows: 224 us to zero the 1 GB buffer, 32 us to scatter, 475 us to cast and add.
 
-This op computes only the changed rows: ``rows, index = embedding_grad_rows(base, indices, grad,
-mask)`` gives, for each token in the order of its sorted index, ``base[index[i]]`` plus the fp32 sum
-of the gradient rows of every token with that index, rounded once to ``base``'s dtype, so that::
-
-    base.index_put((index,), rows)   ==   base + embedding_dense_backward(grad, indices, ...)
-
-(``base`` the head's gradient of a tied embedding, or zeros). Tokens that share an index all carry
-the same row, so the writes agree whichever lands last. ``mask`` (optional, the tokens' shape) drops
-tokens whose gradient the table does not take (the padding index); their rows count for nothing.
+This op computes only the sums: ``sums, slot = embedding_grad_sums(indices, grad, mask, num_embeddings)``
+holds, for each looked-up row, the fp32 sum of the gradient rows of its tokens, at ``sums[slot[row]]``
+(``slot`` is -1 for rows no token looked up). Whoever adds the gradient to something reads the sums
+through ``slot`` in the same pass (the backend's rewrite lets Inductor fuse that gather into the kernel
+that writes the head's gradient), and nothing of the vocabulary's size is zeroed, written or read twice.
+``mask`` (optional, the tokens' shape) drops tokens whose gradient the table does not take (the padding
+index).
 
 The kernel sums each index's tokens in one program, in the order of their positions (a stable sort),
 so the result does not depend on scheduling; it reads its tokens' gradient rows ``TOKENS`` at a time,
-so a frequent index (a padding token repeated over half a batch) costs a few loop steps, not one per
-token.
+so a frequent index (a padding token repeated over half a batch) costs a loop step per ``TOKENS``
+tokens in one program.
 """
 
 import torch
@@ -40,9 +38,8 @@ _BLOCK_H = 512
 
 
 @triton.jit
-def _embedding_grad_rows_kernel(
-    sorted_ptr, order_ptr, ends_ptr, mask_ptr, grad_ptr, base_ptr, rows_ptr,
-    hidden, grad_stride, base_stride,
+def _embedding_grad_sums_kernel(
+    sorted_ptr, order_ptr, ends_ptr, mask_ptr, grad_ptr, sums_ptr, hidden, grad_stride,
     HAS_MASK: tl.constexpr, TOKENS: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     i = tl.program_id(0)
@@ -62,12 +59,7 @@ def _embedding_grad_rows_kernel(
             g = tl.load(grad_ptr + token[:, None] * grad_stride + cols[None, :],
                         mask=taken[:, None] & in_row[None, :], other=0.0)
             acc += tl.sum(g.to(tl.float32), axis=0)
-        row = tl.load(base_ptr + index * base_stride + cols, mask=in_row, other=0.0).to(tl.float32) + acc
-        row = row.to(rows_ptr.dtype.element_ty)
-        for start in range(i, end, TOKENS):
-            offs = (start + tl.arange(0, TOKENS)).to(tl.int64)
-            tl.store(rows_ptr + offs[:, None] * hidden + cols[None, :], tl.broadcast_to(row[None, :], (TOKENS, BLOCK_H)),
-                     mask=(offs < end)[:, None] & in_row[None, :])
+        tl.store(sums_ptr + i.to(tl.int64) * hidden + cols, acc, mask=in_row)
 
 
 def _sorted_tokens(indices: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -79,57 +71,67 @@ def _sorted_tokens(indices: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor
     return torch.sort(flat, stable=True)
 
 
-def _embedding_grad_rows_impl(base: Tensor, indices: Tensor, grad: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    hidden = base.shape[-1]
+def _slots(sorted_indices: Tensor, num_embeddings: int) -> Tensor:
+    """``slot[row]``: the sorted position of the first token of ``row`` (whose sum it holds), -1 for none.
+    Every token of a row writes the same position, so the writes agree whichever lands last."""
+    heads = torch.searchsorted(sorted_indices, sorted_indices)
+    return torch.full((num_embeddings,), -1, dtype=torch.int64, device=sorted_indices.device).index_put_(
+        (sorted_indices,), heads)
+
+
+def _embedding_grad_sums_impl(indices: Tensor, grad: Tensor, mask: Tensor | None,
+                              num_embeddings: int) -> tuple[Tensor, Tensor]:
+    hidden = grad.shape[-1]
     sorted_indices, order = _sorted_tokens(indices, mask)
     tokens = sorted_indices.numel()
-    rows = base.new_empty((tokens, hidden))
+    sums = grad.new_zeros((tokens, hidden), dtype=torch.float32)
+    slot = _slots(sorted_indices, num_embeddings)
     if tokens == 0 or hidden == 0:
-        return rows, sorted_indices
+        return sums, slot
     grad = grad.reshape(tokens, hidden)
     if grad.stride(-1) != 1:
         grad = grad.contiguous()
-    base_rows = base if base.stride(-1) == 1 else base.contiguous()
     ends = torch.searchsorted(sorted_indices, sorted_indices, right=True)
     flags = mask.reshape(-1) if mask is not None else sorted_indices  # any tensor where there is no mask
     block = next_power_of_2(hidden) if interpreting() else min(_BLOCK_H, next_power_of_2(hidden))
-    wrap_triton(_embedding_grad_rows_kernel)[(tokens, cdiv(hidden, block))](
-        sorted_indices, order, ends, flags, grad, base_rows, rows, hidden, grad.stride(0), base_rows.stride(0),
+    wrap_triton(_embedding_grad_sums_kernel)[(tokens, cdiv(hidden, block))](
+        sorted_indices, order, ends, flags, grad, sums, hidden, grad.stride(0),
         HAS_MASK=mask is not None, TOKENS=_TOKENS, BLOCK_H=block, num_warps=4,
     )
-    return rows, sorted_indices
+    return sums, slot
 
 
-def _embedding_grad_rows_fake(base: Tensor, indices: Tensor, grad: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    tokens = indices.numel()
-    return base.new_empty((tokens, base.shape[-1])), indices.new_empty((tokens,), dtype=torch.int64)
+def _embedding_grad_sums_fake(indices: Tensor, grad: Tensor, mask: Tensor | None,
+                              num_embeddings: int) -> tuple[Tensor, Tensor]:
+    return (grad.new_empty((indices.numel(), grad.shape[-1]), dtype=torch.float32),
+            indices.new_empty((num_embeddings,), dtype=torch.int64))
 
 
 # No autograd: the op computes a gradient, inside a backward graph. Opaque to Inductor (a custom op, not a
 # triton_op): the backend inserts it into graphs AOTAutograd has already traced.
-_embedding_grad_rows_op = define_op(
-    "embedding_grad_rows", _embedding_grad_rows_impl, fake=_embedding_grad_rows_fake, inline_kernels=False,
-    reference=lambda *args: embedding_grad_rows_reference(*args),  # defined below
+_embedding_grad_sums_op = define_op(
+    "embedding_grad_sums", _embedding_grad_sums_impl, fake=_embedding_grad_sums_fake, inline_kernels=False,
+    reference=lambda *args: embedding_grad_sums_reference(*args),  # defined below
 )
 
 
-def embedding_grad_rows(base: Tensor, indices: Tensor, grad: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The rows an embedding's weight gradient changes, added to ``base``, and where they go.
+def embedding_grad_sums(indices: Tensor, grad: Tensor, mask: Tensor | None,
+                        num_embeddings: int) -> tuple[Tensor, Tensor]:
+    """An embedding's weight gradient as one fp32 sum per looked-up row, and where each row's sum is.
 
     Args:
-        base (`torch.Tensor`): ``[num_embeddings, hidden]``, what the gradient is added to (a tied LM
-            head's weight gradient, or zeros); its dtype is the rows'.
         indices (`torch.Tensor`): the looked-up indices, any shape, an integer dtype, each in
             ``[0, num_embeddings)`` where ``mask`` is true.
         grad (`torch.Tensor`): the lookup's output gradient, ``indices.shape + (hidden,)``, floating.
-        mask (`torch.Tensor`, *optional*): bool, ``indices``' shape (or with a trailing 1): the tokens
-            whose gradient the table takes (False for the padding index).
+        mask (`torch.Tensor` or None): bool, ``indices``' shape (or with a trailing 1): the tokens whose
+            gradient the table takes (False for the padding index); None for all.
+        num_embeddings (`int`): the table's rows.
 
     Returns:
-        `tuple[torch.Tensor, torch.Tensor]`: ``rows`` ``[tokens, hidden]`` in ``base``'s dtype and ``index``
-        ``[tokens]`` int64 (the indices sorted; masked tokens as 0), with
-        ``base.index_put((index,), rows)`` equal to ``base`` plus the embedding's dense weight gradient,
-        each row's sum kept in fp32 and rounded once.
+        `tuple[torch.Tensor, torch.Tensor]`: ``sums`` ``[tokens, hidden]`` fp32 and ``slot``
+        ``[num_embeddings]`` int64, with the dense weight gradient (``embedding_dense_backward``) equal to
+        ``sums[slot.clamp(min=0)] * (slot >= 0)[:, None]``: row ``r``'s gradient is ``sums[slot[r]]`` where
+        ``slot[r] >= 0`` and zero elsewhere. Rows of ``sums`` no slot names are zero.
 
     Raises:
         TypeError: a tensor of the wrong kind (``indices`` not integer, ``mask`` not bool).
@@ -137,33 +139,34 @@ def embedding_grad_rows(base: Tensor, indices: Tensor, grad: Tensor, mask: Tenso
 
     Example:
         ```python
-        rows, index = embedding_grad_rows(head_grad, input_ids, grad_embeds)
-        weight_grad = head_grad.index_put((index,), rows)   # head_grad + the embedding's gradient
+        sums, slot = embedding_grad_sums(input_ids, grad_embeds, None, weight.shape[0])
+        weight_grad = head_grad + (sums[slot.clamp(min=0)] * (slot >= 0)[:, None]).to(head_grad.dtype)
         ```
     """
-    check_tensors("embedding_grad_rows", min_dim=1, base=base, grad=grad)
-    check_tensors("embedding_grad_rows", dtypes=ANY_DTYPE, indices=indices, mask=mask, base=base)
+    check_tensors("embedding_grad_sums", min_dim=1, grad=grad)
+    check_tensors("embedding_grad_sums", dtypes=ANY_DTYPE, indices=indices, mask=mask, grad=grad)
     if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
-        raise TypeError(f"embedding_grad_rows: indices has dtype {indices.dtype}; pass integer indices.")
-    if base.dim() != 2 or tuple(grad.shape) != (*indices.shape, base.shape[1]):
-        raise ValueError(f"embedding_grad_rows: base {tuple(base.shape)}, indices {tuple(indices.shape)} and grad "
-                         f"{tuple(grad.shape)} do not match; pass base [num_embeddings, hidden] and grad "
-                         "indices.shape + (hidden,).")
+        raise TypeError(f"embedding_grad_sums: indices has dtype {indices.dtype}; pass integer indices.")
+    if tuple(grad.shape[:-1]) != tuple(indices.shape):
+        raise ValueError(f"embedding_grad_sums: indices {tuple(indices.shape)} and grad {tuple(grad.shape)} do not "
+                         "match; pass grad of shape indices.shape + (hidden,).")
     if mask is not None and (mask.dtype != torch.bool or mask.numel() != indices.numel()):
-        raise ValueError(f"embedding_grad_rows: mask is {mask.dtype} {tuple(mask.shape)}; pass a bool mask of "
+        raise ValueError(f"embedding_grad_sums: mask is {mask.dtype} {tuple(mask.shape)}; pass a bool mask of "
                          f"indices' shape {tuple(indices.shape)}.")
-    return _embedding_grad_rows_op(base, indices, grad, mask)
+    return _embedding_grad_sums_op(indices, grad, mask, int(num_embeddings))
 
 
-def embedding_grad_rows_reference(base: Tensor, indices: Tensor, grad: Tensor,
-                                  mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Plain PyTorch ``embedding_grad_rows``: the dense fp32 table, read at the sorted indices."""
+def embedding_grad_sums_reference(indices: Tensor, grad: Tensor, mask: Tensor | None,
+                                  num_embeddings: int) -> tuple[Tensor, Tensor]:
+    """Plain PyTorch ``embedding_grad_sums``: the dense fp32 table, read at each row's first sorted token."""
     sorted_indices, _ = _sorted_tokens(indices, mask)
-    rows = grad.reshape(-1, base.shape[-1]).float()
-    if mask is not None:
-        rows = rows * mask.reshape(-1, 1)
+    values = grad.reshape(-1, grad.shape[-1]).float()
     flat = indices.reshape(-1).long()
     if mask is not None:
+        values = values * mask.reshape(-1, 1)
         flat = torch.where(mask.reshape(-1), flat, 0)
-    table = base.float().index_add(0, flat, rows)
-    return table[sorted_indices].to(base.dtype), sorted_indices
+    table = values.new_zeros((num_embeddings, values.shape[-1])).index_add(0, flat, values)
+    heads = torch.ones_like(sorted_indices, dtype=torch.bool)
+    heads[1:] = sorted_indices[1:] != sorted_indices[:-1]
+    sums = torch.where(heads[:, None], table[sorted_indices], 0.0)
+    return sums, _slots(sorted_indices, num_embeddings)

@@ -58,7 +58,7 @@ silu_mul_backward = torch.ops.twinkle.silu_mul_backward.default(v2, v3, v4)
 add_rms_norm_backward = torch.ops.twinkle.add_rms_norm_backward.default(v5, v6, v7, primals_12, 1e-06)
 apply_rotary_pos_emb_backward = torch.ops.twinkle.apply_rotary_pos_emb_backward.default(v8, v9, v10, v11, 1)
 rms_norm_backward_1 = torch.ops.twinkle.rms_norm_backward.default(v12, v13, primals_4, 1e-06)
-embedding_grad_rows_default = torch.ops.twinkle.embedding_grad_rows.default(v14, primals_1, v15, None)
+embedding_grad_sums_default = torch.ops.twinkle.embedding_grad_sums.default(primals_1, v14, None, 128)
 """)
 
     def test_report_lists_the_swaps(self):

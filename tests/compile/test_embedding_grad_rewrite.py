@@ -1,5 +1,5 @@
 """The embedding_grad rewrite of backward graphs: an embedding's dense weight gradient (plus a tied LM head's)
-becomes twinkle_triton.embedding_grad_rows and an index_put of the rows it changes, with the gradients of eager."""
+becomes twinkle_triton.embedding_grad_sums and an index_put of the rows it changes, with the gradients of eager."""
 
 import logging
 import re
@@ -28,11 +28,12 @@ def assert_close(actual, expected, dtype, what):
     torch.testing.assert_close(actual, expected, rtol=tol.rtol, atol=tol.atol, msg=lambda m: f"{what}: {m}")
 
 
-def _base_of_rows(code: str) -> str:
-    """The line defining the tensor the rows are put into (the kernel call's first argument)."""
-    base = re.search(r"embedding_grad_rows\.default\((\w+),", code).group(1)
-    return next(line for line in code.splitlines() if line.strip().startswith(f"{base} ") or
-                line.strip().startswith(f"{base}:"))
+def _gathered_sums_added(code: str) -> bool:
+    """Whether the row sums gathered through the slots (``index`` of the sums, times ``slot >= 0``) are added
+    to something (a tied head's gradient) rather than being the weight's gradient themselves."""
+    gather = re.search(r"(\w+)(?::[^=]*)? = torch\.ops\.aten\.index\.Tensor\(", code).group(1)
+    masked = re.search(rf"(\w+)(?::[^=]*)? = torch\.ops\.aten\.mul\.Tensor\({gather}, ", code).group(1)
+    return re.search(rf"aten\.add\.Tensor\(\w+, {masked}\)", code) is not None
 
 
 def _compiled_grads(model, ids, options=None):
@@ -54,10 +55,9 @@ def _eager_grads(model, ids):
 def test_the_weight_gradient_is_its_rows_put_into_the_head_gradient_or_zeros(tied):
     model, ids = _llama(tied), input_ids()
     code, grads = _compiled_grads(model, ids)
-    assert code.count("twinkle.embedding_grad_rows.default(") == 1
-    assert "embedding_dense_backward" not in code and code.count("aten.index_put.default(") == 1
-    # tied: the rows go into the head's gradient (no add of two tables); untied: into a table of zeros
-    assert ("aten.full.default" in _base_of_rows(code)) is not tied
+    assert code.count("twinkle.embedding_grad_sums.default(") == 1 and "embedding_dense_backward" not in code
+    # tied: the sums are added to the head's gradient where it is written; untied: they are the gradient
+    assert _gathered_sums_added(code) is tied
     for got, want in zip(grads, _eager_grads(model, ids)):
         assert_close(got, want, torch.float32, "gradient")
 
@@ -65,12 +65,12 @@ def test_the_weight_gradient_is_its_rows_put_into_the_head_gradient_or_zeros(tie
 def test_the_option_and_the_registry_each_turn_it_off():
     model, ids = _llama(True), input_ids()
     code, _ = _compiled_grads(model, ids, {"embedding_grad": False})
-    assert "embedding_grad_rows" not in code and "embedding_dense_backward" in code
+    assert "embedding_grad_sums" not in code and "embedding_dense_backward" in code
     torch._dynamo.reset()
     with twinkle_fx.scoped_registry() as registry:
         registry.remove_graph_rewrite("embedding_grad")
         code, _ = _compiled_grads(model, ids)
-    assert "embedding_grad_rows" not in code
+    assert "embedding_grad_sums" not in code
 
 
 class _Tied(torch.nn.Module):
@@ -97,14 +97,14 @@ def test_the_padding_index_keeps_its_row_and_scaled_gradients_are_left_alone():
     ids[:, :4] = 5
     module = _Tied(padding_idx=5).to(DEVICE)
     backward, grads = _module_grads(module, ids, "aot_eager")
-    assert "embedding_grad_rows" in backward[0]
+    assert "embedding_grad_sums" in backward[0]
     module.zero_grad()
     module(ids).backward()
     for got, p in zip(grads, module.parameters()):
         assert_close(got, p.grad, torch.float32, "gradient")
     torch._dynamo.reset()
     backward, _ = _module_grads(_Tied(scale_grad_by_freq=True).to(DEVICE), ids, "aot_eager")
-    assert "embedding_grad_rows" not in backward[0] and "embedding_dense_backward" in backward[0]
+    assert "embedding_grad_sums" not in backward[0] and "embedding_dense_backward" in backward[0]
 
 
 @pytest.mark.slow
@@ -118,7 +118,7 @@ def test_inductors_decomposition_of_the_gradient_is_rewritten_too(caplog):
             torch._inductor.config.patch(fx_graph_cache=False), \
             torch._functorch.config.patch(enable_autograd_cache=False):
         _, grads = _module_grads(module, ids, "inductor")
-    assert any(r.getMessage().startswith("1 embedding weight gradient(s) of a backward graph computed as the rows")
+    assert any(r.getMessage().startswith("1 embedding weight gradient(s) of a backward graph computed from the rows looked up")
                for r in caplog.records)
     module.zero_grad()
     module(ids).backward()

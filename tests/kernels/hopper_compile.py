@@ -164,9 +164,8 @@ def _cases():
         "rotary_cache_attention": rotary_cache_attention,
         "gemv": gemvs,
         "moe_swiglu_experts": moe,
-        "embedding_grad_rows": lambda: tt.embedding_grad_rows(
-            _rand(1000, hidden, grad=False), torch.randint(0, 1000, (64,)), _rand(64, hidden, grad=False),
-            torch.ones(64, dtype=torch.bool)),
+        "embedding_grad_sums": lambda: tt.embedding_grad_sums(
+            torch.randint(0, 1000, (64,)), _rand(64, hidden, grad=False), torch.ones(64, dtype=torch.bool), 1000),
     }
 
 

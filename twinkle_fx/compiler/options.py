@@ -69,8 +69,8 @@ class BackendOptions:
         residual_norm (`bool`, defaults to `True`): a residual add read by a swapped RMSNorm layer joins the
             norm's kernel (``twinkle_triton.add_rms_norm``), forward and backward, see :mod:`.passes.residual_norms`.
         embedding_grad (`bool`, defaults to `True`): in backward graphs, an embedding's weight gradient is
-            computed as the rows it changes (``twinkle_triton.embedding_grad_rows``), added straight into the
-            tied LM head's gradient, instead of a dense fp32 table, see :mod:`.inner.embedding_grad`.
+            summed per looked-up row (``twinkle_triton.embedding_grad_sums``) and gathered into the kernel that
+            writes the tied LM head's gradient, instead of a dense fp32 table, see :mod:`.inner.embedding_grad`.
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).

@@ -115,7 +115,7 @@ GRAPH_REWRITES: dict[str, str] = {
                     "cache length's update -> twinkle_triton.rotary_cache_attention",
     "residual_norm": "a residual add read by a swapped RMSNorm layer -> twinkle_triton.add_rms_norm",
     "embedding_grad": "an embedding's dense weight gradient in a backward graph (plus a tied LM head's) -> "
-                      "twinkle_triton.embedding_grad_rows and an index_put of the rows it changes",
+                      "twinkle_triton.embedding_grad_sums, gathered where the gradient is written",
 }
 
 

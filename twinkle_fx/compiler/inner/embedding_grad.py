@@ -12,17 +12,19 @@ small models, Gemma) the weight is also the LM head's, and one more kernel adds 
 
 After this rewrite::
 
-    rows, index = twinkle_triton.embedding_grad_rows(head_grad, ids, grad, mask)
-    weight_grad = index_put(head_grad, [index], rows)
+    sums, slot = twinkle_triton.embedding_grad_sums(ids, grad, mask, V)   # [tokens, hidden] fp32, [V]
+    weight_grad = (head_grad.float() + sums[slot.clamp(min=0)] * (slot >= 0)[:, None]).to(head_grad.dtype)
 
-Only the looked-up rows are read and written. Inductor turns the index-put into an in-place write into
-``head_grad`` (nothing reads that buffer after the add). An untied embedding gets the same with a table
-of zeros in the weight's dtype as the base. Measured on one H200 at Llama-3.2-1B's shape (vocabulary
-128,256 x 2048, 4096 tokens, bf16), the dense table and the add took 0.73 ms a training step (224 us
-zeroing the fp32 buffer, 32 us scattering, 475 us casting and adding) for 16 MB of gradient rows.
+The op sums each looked-up row's tokens (tens of MB); the gather of those sums through ``slot`` is
+pointwise, so Inductor fuses it into the one kernel that writes the weight's gradient, together with
+what computes the head's gradient (the fused loss scales its saved gradient by the loss's there). No
+vocabulary-sized buffer is zeroed or read besides the head's gradient. An untied embedding gets the
+same without the head's term. Measured on one H200 at Llama-3.2-1B's shape (vocabulary 128,256 x
+2048, 4096 tokens, bf16), the dense table and the add took 0.73 ms a training step (224 us zeroing the
+fp32 buffer, 32 us scattering, 475 us casting and adding) for 16 MB of gradient rows.
 
-Each row's tokens are summed in fp32 and the row rounded once, after adding it to the base: the dense
-path rounds the table and then the sum, so results agree within one rounding. Sums of duplicate
+Each row's tokens are summed in fp32 and the row rounded once, after adding the head's gradient: the
+dense path rounds the table and then the sum, so results agree within one rounding. Sums of duplicate
 indices are deterministic (a stable sort; see ``twinkle_triton.embedding_grad``), where Inductor's
 index-put accumulates with atomics.
 
@@ -60,7 +62,8 @@ _aten = torch.ops.aten
 _CONVERT = torch.ops.prims.convert_element_type.default
 # the ops of the dense gradient the rewrite replaces, erased once nothing reads them
 _DENSE_PATH = (_aten.embedding_dense_backward.default, _aten._unsafe_masked_index_put_accumulate.default,
-               _aten.index_put.default, _aten._unsafe_index_put.default, _aten.full.default, _aten.add.Tensor, _CONVERT)
+               _aten.index_put.default, _aten._unsafe_index_put.default, _aten.full.default, _aten.add.Tensor,
+               _CONVERT)
 
 
 @dataclass
@@ -89,8 +92,8 @@ def rewrite_embedding_grads(graph: fx.Graph) -> int:
         rewritten += 1
     if rewritten:
         graph.lint()
-        logger.info("%d embedding weight gradient(s) of a backward graph computed as the rows they change "
-                    "(twinkle_triton.embedding_grad_rows)", rewritten)
+        logger.info("%d embedding weight gradient(s) of a backward graph computed from the rows looked up "
+                    "(twinkle_triton.embedding_grad_sums)", rewritten)
     return rewritten
 
 
@@ -141,7 +144,7 @@ def _chained_uuid(existing: Any) -> Any:
 def _kernels():
     """``twinkle_triton._library`` with the op defined, or None where the kernels do not import."""
     try:
-        from twinkle_triton import _library, embedding_grad  # noqa: F401  (defines twinkle::embedding_grad_rows)
+        from twinkle_triton import _library, embedding_grad  # noqa: F401  (defines twinkle::embedding_grad_sums)
     except ImportError as e:  # the backend works without the kernel package, only without this rewrite
         logger.debug("embedding_grad rewrite off: twinkle_triton does not import (%s)", e)
         return None
@@ -191,25 +194,32 @@ def _is_zeros(node) -> bool:
 
 def _rewrite(graph: fx.Graph, found: _DenseGrad) -> None:
     table = found.table
-    target, base = table, None
+    val = _val(table)
+    target, head = table, None
     if len(table.users) == 1:  # tied: the head's gradient plus this table
         add = next(iter(table.users))
         if add.target is _aten.add.Tensor and not add.kwargs and len(add.args) == 2:
             other = add.args[1] if add.args[0] is table else add.args[0]
             if isinstance(other, fx.Node) and _same_tensor_type(other, table) and other is not table:
-                target, base = add, other
+                target, head = add, other
     with graph.inserting_before(target):
-        if base is None:
-            val = _val(table)
-            base = _node(graph, _aten.full.default, (list(val.shape), 0),
-                         {"dtype": val.dtype, "layout": torch.strided, "device": val.device, "pin_memory": False})
         mask = found.mask
         if mask is None and found.padding_idx >= 0:
             mask = _node(graph, _aten.ne.Scalar, (found.indices, found.padding_idx))
-        pair = _node(graph, torch.ops.twinkle.embedding_grad_rows.default, (base, found.indices, found.grad, mask))
-        rows = _node(graph, operator.getitem, (pair, 0))
-        index = _node(graph, operator.getitem, (pair, 1))
-        out = _node(graph, _aten.index_put.default, (base, [index], rows, False))
+        pair = _node(graph, torch.ops.twinkle.embedding_grad_sums.default,
+                     (found.indices, found.grad, mask, val.shape[0]))
+        sums = _node(graph, operator.getitem, (pair, 0))
+        slot = _node(graph, operator.getitem, (pair, 1))
+        # each row's sum gathered through its slot, zero where no token looked it up: pointwise ops Inductor fuses
+        # into the kernel that writes the result, with the head's gradient and whatever computes it
+        gathered = _node(graph, _aten.index.Tensor, (sums, [_node(graph, _aten.clamp_min.default, (slot, 0))]))
+        looked_up = _node(graph, _aten.unsqueeze.default, (_node(graph, _aten.ge.Scalar, (slot, 0)), 1))
+        out = _node(graph, _aten.mul.Tensor, (gathered, looked_up))  # fp32
+        if head is not None:
+            head32 = head if val.dtype == torch.float32 else _node(graph, _CONVERT, (head, torch.float32))
+            out = _node(graph, _aten.add.Tensor, (head32, out))
+        if val.dtype != torch.float32:
+            out = _node(graph, _CONVERT, (out, val.dtype))
     target.replace_all_uses_with(out)
     _erase_unused(graph, target)
 

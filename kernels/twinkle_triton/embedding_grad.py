@@ -16,10 +16,10 @@ that writes the head's gradient), and nothing of the vocabulary's size is zeroed
 ``mask`` (optional, the tokens' shape) drops tokens whose gradient the table does not take (the padding
 index).
 
-The kernel sums each index's tokens in one program, in the order of their positions (a stable sort),
-so the result does not depend on scheduling; it reads its tokens' gradient rows ``TOKENS`` at a time,
-so a frequent index (a padding token repeated over half a batch) costs a loop step per ``TOKENS``
-tokens in one program.
+The kernel sums each index's tokens in the order of their positions (a stable sort), so the result does
+not depend on scheduling: one program sums up to ``_SEGMENT`` of them, reading their gradient rows
+``_TOKENS`` at a time, and a second kernel adds the segments' sums of an index with more tokens than that
+(a padding token repeated over half a batch), in order.
 """
 
 import torch
@@ -33,32 +33,55 @@ from ._library import define_op, wrap_triton
 
 # Tokens of one index a loop step reads: independent row loads in flight per program.
 _TOKENS = 16
+# Tokens of one index one program sums: an index looked up more often (a padding token over most of a batch)
+# is summed by several programs, then their sums added in order, so no program walks thousands of tokens.
+_SEGMENT = 256
 # Columns of the hidden dimension one program covers (the GPU; the interpreter takes the whole row).
 _BLOCK_H = 512
 
 
 @triton.jit
 def _embedding_grad_sums_kernel(
-    sorted_ptr, order_ptr, ends_ptr, mask_ptr, grad_ptr, sums_ptr, hidden, grad_stride,
-    HAS_MASK: tl.constexpr, TOKENS: tl.constexpr, BLOCK_H: tl.constexpr,
+    sorted_ptr, order_ptr, heads_ptr, ends_ptr, mask_ptr, grad_ptr, sums_ptr, partial_ptr, hidden, grad_stride,
+    SEGMENT: tl.constexpr, HAS_MASK: tl.constexpr, TOKENS: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
+    # Program i sums the tokens [i, i + SEGMENT) of its index when i starts a segment of the index's tokens
+    # (the index's first token, or SEGMENT tokens after a segment's start); the other programs do nothing.
     i = tl.program_id(0)
-    index = tl.load(sorted_ptr + i)
-    previous = tl.load(sorted_ptr + i - 1, mask=i > 0, other=-1)
-    if previous != index:  # the first token of its index sums all of them; the others have nothing to do
+    head = tl.load(heads_ptr + i)
+    if (i - head) % SEGMENT == 0:
         end = tl.load(ends_ptr + i)
+        stop = tl.minimum(end, i + SEGMENT)
         cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         in_row = cols < hidden
         acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        for start in range(i, end, TOKENS):
+        for start in range(i, stop, TOKENS):
             offs = start + tl.arange(0, TOKENS)
-            taken = offs < end
+            taken = offs < stop
             token = tl.load(order_ptr + offs, mask=taken, other=0)
             if HAS_MASK:
                 taken = taken & (tl.load(mask_ptr + token, mask=taken, other=0) != 0)
             g = tl.load(grad_ptr + token[:, None] * grad_stride + cols[None, :],
                         mask=taken[:, None] & in_row[None, :], other=0.0)
             acc += tl.sum(g.to(tl.float32), axis=0)
+        # an index of one segment has its sum; the segments of a longer one are summed by the next kernel
+        out = sums_ptr if end - head <= SEGMENT else partial_ptr
+        tl.store(out + i.to(tl.int64) * hidden + cols, acc, mask=in_row)
+
+
+@triton.jit
+def _embedding_grad_segments_kernel(heads_ptr, ends_ptr, partial_ptr, sums_ptr, hidden,
+                                    SEGMENT: tl.constexpr, BLOCK_H: tl.constexpr):
+    # The first token's program of an index with more than SEGMENT tokens adds its segments' sums, in order.
+    i = tl.program_id(0)
+    end = tl.load(ends_ptr + i)
+    if (tl.load(heads_ptr + i) == i) & (end - i > SEGMENT):
+        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        in_row = cols < hidden
+        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for start in range(i, end, SEGMENT):
+            row = i.to(tl.int64) + (start - i)  # 64-bit offsets (the loop's counter is 32-bit)
+            acc += tl.load(partial_ptr + row * hidden + cols, mask=in_row, other=0.0)
         tl.store(sums_ptr + i.to(tl.int64) * hidden + cols, acc, mask=in_row)
 
 
@@ -71,10 +94,9 @@ def _sorted_tokens(indices: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor
     return torch.sort(flat, stable=True)
 
 
-def _slots(sorted_indices: Tensor, num_embeddings: int) -> Tensor:
-    """``slot[row]``: the sorted position of the first token of ``row`` (whose sum it holds), -1 for none.
+def _slots(sorted_indices: Tensor, heads: Tensor, num_embeddings: int) -> Tensor:
+    """``slot[row]``: the sorted position of the first token of ``row`` (``heads``, each token's), -1 for none.
     Every token of a row writes the same position, so the writes agree whichever lands last."""
-    heads = torch.searchsorted(sorted_indices, sorted_indices)
     return torch.full((num_embeddings,), -1, dtype=torch.int64, device=sorted_indices.device).index_put_(
         (sorted_indices,), heads)
 
@@ -85,18 +107,24 @@ def _embedding_grad_sums_impl(indices: Tensor, grad: Tensor, mask: Tensor | None
     sorted_indices, order = _sorted_tokens(indices, mask)
     tokens = sorted_indices.numel()
     sums = grad.new_zeros((tokens, hidden), dtype=torch.float32)
-    slot = _slots(sorted_indices, num_embeddings)
+    heads = torch.searchsorted(sorted_indices, sorted_indices)
+    slot = _slots(sorted_indices, heads, num_embeddings)
     if tokens == 0 or hidden == 0:
         return sums, slot
     grad = grad.reshape(tokens, hidden)
     if grad.stride(-1) != 1:
         grad = grad.contiguous()
     ends = torch.searchsorted(sorted_indices, sorted_indices, right=True)
+    partial = torch.empty_like(sums)  # the segments' sums of indices with more than _SEGMENT tokens
     flags = mask.reshape(-1) if mask is not None else sorted_indices  # any tensor where there is no mask
     block = next_power_of_2(hidden) if interpreting() else min(_BLOCK_H, next_power_of_2(hidden))
-    wrap_triton(_embedding_grad_sums_kernel)[(tokens, cdiv(hidden, block))](
-        sorted_indices, order, ends, flags, grad, sums, hidden, grad.stride(0),
-        HAS_MASK=mask is not None, TOKENS=_TOKENS, BLOCK_H=block, num_warps=4,
+    grid = (tokens, cdiv(hidden, block))
+    wrap_triton(_embedding_grad_sums_kernel)[grid](
+        sorted_indices, order, heads, ends, flags, grad, sums, partial, hidden, grad.stride(0),
+        SEGMENT=_SEGMENT, HAS_MASK=mask is not None, TOKENS=_TOKENS, BLOCK_H=block, num_warps=4,
+    )
+    wrap_triton(_embedding_grad_segments_kernel)[grid](
+        heads, ends, partial, sums, hidden, SEGMENT=_SEGMENT, BLOCK_H=block, num_warps=4,
     )
     return sums, slot
 
@@ -169,4 +197,4 @@ def embedding_grad_sums_reference(indices: Tensor, grad: Tensor, mask: Tensor | 
     heads = torch.ones_like(sorted_indices, dtype=torch.bool)
     heads[1:] = sorted_indices[1:] != sorted_indices[:-1]
     sums = torch.where(heads[:, None], table[sorted_indices], 0.0)
-    return sums, _slots(sorted_indices, num_embeddings)
+    return sums, _slots(sorted_indices, torch.searchsorted(sorted_indices, sorted_indices), num_embeddings)

@@ -42,6 +42,22 @@ def test_an_index_repeated_past_one_loop_step_sums_every_token():
     assert_close(_table(indices, grad, vocab), _dense(indices, grad, vocab), torch.float32, "weight gradient")
 
 
+def test_an_index_over_several_segments_adds_their_sums(monkeypatch):
+    """More tokens of one index than one program sums: segments summed apart, then added in order."""
+    from twinkle_triton import embedding_grad
+
+    monkeypatch.setattr(embedding_grad, "_SEGMENT", 32)
+    vocab, hidden = 20, 16
+    indices = torch.randint(0, vocab, (2, 64))
+    indices[:, 20:] = 3  # 88 tokens: three segments, the last one partial
+    indices[1, :10] = 5
+    grad = torch.randn(2, 64, hidden)
+    mask = indices != 5
+    assert_close(_table(indices, grad, vocab, mask), _dense(indices, grad, vocab, 5), torch.float32, "weight gradient")
+    first, second = (tt.embedding_grad_sums(indices, grad, mask, vocab) for _ in range(2))
+    assert torch.equal(first[0], second[0])
+
+
 def test_masked_tokens_add_nothing():
     """The padding index's tokens: masked, as embedding_dense_backward leaves their row at zero."""
     vocab, hidden, padding_idx = 30, 24, 4

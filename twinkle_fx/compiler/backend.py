@@ -21,6 +21,10 @@ The eleven passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]`
 10. ``decode_cache`` (rewrite): the rotary kernel and a static KV cache's two writes become one kernel call;
 11. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
 
+Backward graphs, which AOTAutograd traces after these passes, get one rewrite of their own,
+``embedding_grad`` (:mod:`.inner.embedding_grad`): an embedding's weight gradient from the looked-up rows'
+sums instead of a dense table.
+
 All but ``graph_breaks`` and ``compiled_root`` also run inside the bodies of activation-checkpoint
 calls (gradient checkpointing in transformers puts each decoder layer there); the calls stay, so
 the layers are still recomputed in backward (see :mod:`.pipeline`).

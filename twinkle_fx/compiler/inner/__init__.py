@@ -1,3 +1,4 @@
 """What the backend changes about the inner compiler it hands the rewritten graph to: Inductor's config
 patches and CUDA-graph status (:mod:`.inductor_options`), the memo of Triton's front end (:mod:`.ttir_memo`),
-and the compile-time check that the rewrite kept the graph's results (:mod:`.verify`)."""
+the compile-time check that the rewrite kept the graph's results (:mod:`.verify`), and the rewrite of the
+backward graphs AOTAutograd traces (:mod:`.embedding_grad`)."""

@@ -35,7 +35,8 @@ does not run on. The backend runs it on every backward graph, unless ``options={
 or the registry's graph rewrite ``embedding_grad`` is removed: for Inductor as its first post-grad pass
 (:func:`with_embedding_grad_pass`, a ``CustomGraphPass`` whose uuid keeps Inductor's and AOTAutograd's
 caches from serving a graph compiled with it to a compile without it, and the reverse), for ``aot_eager``
-on the backward graph it is handed.
+on the backward graph it is handed. Under ``aot_eager`` the gather and the add run as separate eager ops
+(fp32 temporaries of the table's size): that path checks the numbers; Inductor's is the fast one.
 """
 
 from __future__ import annotations

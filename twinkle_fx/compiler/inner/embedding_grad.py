@@ -29,8 +29,7 @@ indices are deterministic (a stable sort; see ``twinkle_triton.embedding_grad``)
 index-put accumulates with atomics.
 
 Rewritten: ``aten.embedding_dense_backward`` (graphs for ``aot_eager``) and Inductor's decomposition
-of it (``_unsafe_masked_index_put_accumulate`` or an accumulating ``index_put`` into a ``full`` of
-zeros, then a cast); left alone: ``scale_grad_by_freq=True``, a sum of two dtypes, devices the kernel
+of it (``_unsafe_masked_index_put_accumulate`` of rows into a ``full`` of zeros, then a cast); left alone: ``scale_grad_by_freq=True``, a sum of two dtypes, devices the kernel
 does not run on. The backend runs it on every backward graph, unless ``options={"embedding_grad": False}``
 or the registry's graph rewrite ``embedding_grad`` is removed: for Inductor as its first post-grad pass
 (:func:`with_embedding_grad_pass`, a ``CustomGraphPass`` whose uuid keeps Inductor's and AOTAutograd's
@@ -63,8 +62,7 @@ _aten = torch.ops.aten
 _CONVERT = torch.ops.prims.convert_element_type.default
 # the ops of the dense gradient the rewrite replaces, erased once nothing reads them
 _DENSE_PATH = (_aten.embedding_dense_backward.default, _aten._unsafe_masked_index_put_accumulate.default,
-               _aten.index_put.default, _aten._unsafe_index_put.default, _aten.full.default, _aten.add.Tensor,
-               _CONVERT)
+               _aten.full.default, _aten.add.Tensor, _CONVERT)
 
 
 @dataclass
@@ -169,14 +167,16 @@ def _dense_grad(node: fx.Node) -> _DenseGrad | None:
         if scale_by_freq:
             return None
         return _DenseGrad(node, indices, grad, None, int(padding_idx))
-    if node.target is _aten._unsafe_masked_index_put_accumulate.default:
-        zeros, mask, indices, values = node.args
-    elif node.target in (_aten.index_put.default, _aten._unsafe_index_put.default) and len(node.args) == 4 \
-            and node.args[3] is True:
-        (zeros, indices, values, _), mask = node.args, None
-    else:
+    if node.target is not _aten._unsafe_masked_index_put_accumulate.default:
         return None
+    zeros, mask, indices, values = node.args
     if not (_is_zeros(zeros) and len(zeros.users) == 1 and len(indices) == 1 and isinstance(indices[0], fx.Node)):
+        return None
+    index_shape, value, mask_value = _shape(indices[0]), _val(values), _val(mask)
+    # rows of the table's width, one per index, and one mask entry per index: the embedding's gradient
+    if index_shape is None or value is None or mask_value is None or mask_value.dtype != torch.bool \
+            or tuple(value.shape) != (*index_shape, _val(zeros).shape[1]) \
+            or tuple(mask_value.shape) not in (index_shape, (*index_shape, 1)):
         return None
     # the decomposition casts the gradient to fp32 first; the kernel reads it as it is and sums in fp32
     if isinstance(values, fx.Node) and values.target is _CONVERT and len(values.users) == 1 \
@@ -250,6 +250,11 @@ def _node(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None) -> f
 
 def _val(node):
     return node.meta.get("val") if isinstance(node, fx.Node) else node
+
+
+def _shape(node) -> tuple[int, ...] | None:
+    value = _val(node)
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
 def _dtype(node) -> torch.dtype | None:

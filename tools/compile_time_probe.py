@@ -92,12 +92,12 @@ def _without_ttir_memo():
 
 def _first_training_step(workload, name: str, device: torch.device, dtype: torch.dtype, args) -> tuple[float, float]:
     """Seconds of the first forward + backward with labels (and of its forward alone), compile included."""
-    from twinkle_fx.bench.backends import BACKENDS
+    from twinkle_fx.bench.backends import backend
     from twinkle_fx.bench.workloads import build_model, make_batch
 
     model = build_model(workload, tiny=False, dtype=dtype, device=device, seed=0).train()
     input_ids, labels = make_batch(workload, tiny=False, batch=args.batch, seq=args.seq, device=device, seed=0)
-    with BACKENDS[name].prepare(model, workload.family, device) as prepared:
+    with backend(name).prepare(model, workload.family, device) as prepared:
         _sync(device)
         start = time.perf_counter()
         loss = prepared.model(input_ids=input_ids, labels=labels).loss

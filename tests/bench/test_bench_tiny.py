@@ -335,3 +335,22 @@ def test_without_eager_the_matrix_checks_losses_against_the_first_backend():
     assert [r.status for r in rows] == ["ok", "ok", "wrong"]
     assert rows[0].loss_check is None and "vs inductor+cudagraphs 12.000000" in rows[1].loss_check
     assert rows[1].vs_reference == {"throughput": 1.5, "memory": 0.5, "first_step": 1.2}
+
+
+def test_a_twinkle_backend_without_one_graph_rewrite():
+    """``<twinkle backend>-<rewrite>``: the backend with that rewrite off in its registry scope, and only there."""
+    import twinkle_fx
+    from twinkle_fx.bench.backends import backend
+
+    assert parse_backends("twinkle+cudagraphs,twinkle+cudagraphs-embedding_grad") == [
+        "twinkle+cudagraphs", "twinkle+cudagraphs-embedding_grad"]
+    for name in ("inductor-embedding_grad", "twinkle+cudagraphs-no_such_rewrite"):
+        with pytest.raises(ValueError, match="a twinkle backend followed by -<graph rewrite>"):
+            parse_backends(name)
+    ablated = backend("twinkle-residual_norm")
+    assert ablated.name == "twinkle-residual_norm" and ablated.description.endswith("without the residual_norm rewrite")
+    model = torch.nn.Linear(4, 4)
+    with ablated.prepare(model, "qwen2", torch.device("cpu")):  # Dynamo compiles at the first call: nothing here
+        assert not twinkle_fx.get_registry().has_graph_rewrite("residual_norm")
+        assert twinkle_fx.get_registry().has_graph_rewrite("embedding_grad")
+    assert twinkle_fx.get_registry().has_graph_rewrite("residual_norm")

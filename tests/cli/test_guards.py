@@ -105,6 +105,10 @@ def test_the_names_checked_before_import_are_the_library_tables():
     from twinkle_fx.checklist.checklist import _DTYPE_NAMES
 
     assert names.MODEL_BACKENDS == tuple(BACKENDS)
+    from twinkle_fx.bench.backends import _TWINKLE
+    from twinkle_fx.core.registry import GRAPH_REWRITES
+
+    assert names.TWINKLE_BACKENDS == tuple(_TWINKLE) and names.GRAPH_REWRITES == tuple(GRAPH_REWRITES)
     assert names.INFERENCE_BACKENDS == tuple(INFERENCE_BACKENDS)
     assert names.MICRO_IMPLS == tuple(MICRO_IMPLS)
     assert names.MICRO_OPS == tuple(dict.fromkeys(case.op for case in MICRO_CASES))

@@ -25,6 +25,10 @@ liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(mo
 liger+inductor     the same, then ``torch.compile``
 =================  ==========================================================================
 
+A twinkle backend followed by ``-<graph rewrite>`` (``twinkle+cudagraphs-embedding_grad``) is that backend
+with the rewrite removed from its registry scope (:data:`twinkle_fx.core.registry.GRAPH_REWRITES`): beside
+the backend itself in one run, the two rows measure what the one rewrite does, at the run's clocks.
+
 For a model in eval mode (``--inference``) the kernelize modes are "inference" and "compile".
 
 A backend whose optional package is missing (liger-kernel not installed) raises
@@ -43,7 +47,7 @@ from typing import Any, ContextManager
 
 import torch
 
-__all__ = ["Backend", "BackendUnavailable", "Prepared", "BACKENDS", "parse_backends"]
+__all__ = ["Backend", "BackendUnavailable", "Prepared", "BACKENDS", "backend", "parse_backends"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -137,7 +141,7 @@ def _inductor_cudagraphs(model: torch.nn.Module, family: str, device: torch.devi
         yield prepared
 
 
-def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
+def _twinkle(kernelize_first: bool, rewrites_off: tuple[str, ...] = (), **compile_kwargs: Any):
     @contextlib.contextmanager
     def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
         import twinkle_fx
@@ -146,6 +150,8 @@ def _twinkle(kernelize_first: bool, **compile_kwargs: Any):
 
         # the registry scope stays open for the whole run: Dynamo compiles at the first call
         with _builtin_kernels(family, device) as bound, collect_reports() as report:
+            for rewrite in rewrites_off:
+                twinkle_fx.get_registry().remove_graph_rewrite(rewrite)
             if kernelize_first:
                 # every registered layer swapped eagerly, the fused-loss head included, then the backend
                 kernelize_model(model, mode="train+compile" if model.training else "compile", device=device)
@@ -257,31 +263,78 @@ def _liger(compiled: bool):
     return prepare
 
 
+# the twinkle backends: (description, kernelize first, compile arguments); a name with "-<graph rewrite>" after
+# one of them is resolved by backend()
+_TWINKLE: dict[str, tuple[str, bool, dict[str, Any]]] = {
+    "twinkle": ("twinkle_fx.compile(model): fused-loss head + backend=\"twinkle\", built-in kernels", False, {}),
+    "kernelize+twinkle": ('kernelize_model(model, mode="train+compile"), then backend="twinkle"', True, {}),
+    "twinkle+cudagraphs": ('backend="twinkle", mode="reduce-overhead"', False, {"mode": "reduce-overhead"}),
+    "twinkle+gemm-fusion": ('backend="twinkle", options={"fuse_projections": True}', False,
+                            {"options": {"fuse_projections": True}}),
+    "twinkle-all-swaps": ('backend="twinkle", options={"swap_policy": "always"}', False,
+                          {"options": {"swap_policy": "always"}}),
+}
+
+
+def _twinkle_backend(name: str, rewrites_off: tuple[str, ...] = ()) -> Backend:
+    description, kernelize_first, kwargs = _TWINKLE[name]
+    if rewrites_off:
+        name = "-".join((name, *rewrites_off))
+        description += f", without the {', '.join(rewrites_off)} rewrite"
+    return Backend(name, description, _twinkle(kernelize_first, rewrites_off, **kwargs))
+
+
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("eager", "the transformers model as built", _eager),
         Backend("inductor", "torch.compile(model)", _inductor),
-        Backend("twinkle", "twinkle_fx.compile(model): fused-loss head + backend=\"twinkle\", built-in kernels",
-                _twinkle(False)),
-        Backend("kernelize+twinkle", 'kernelize_model(model, mode="train+compile"), then backend="twinkle"',
-                _twinkle(True)),
+        _twinkle_backend("twinkle"),
+        _twinkle_backend("kernelize+twinkle"),
         Backend("kernelize", 'kernelize_model(model, mode="train"), built-in kernels', _kernelize()),
         Backend("kernelize+cudagraphs", 'kernelize_model(model, mode="train", cuda_graphs=True), built-in kernels',
                 _kernelize(cuda_graphs=True)),
         Backend("liger", "apply_liger_kernel_to_<model>(model=model)", _liger(compiled=False)),
         # CUDA graphs and horizontal GEMM fusion in the training step
         Backend("inductor+cudagraphs", 'torch.compile(model, mode="reduce-overhead")', _inductor_cudagraphs),
-        Backend("twinkle+cudagraphs", 'backend="twinkle", mode="reduce-overhead"', _twinkle(False, mode="reduce-overhead")),
+        _twinkle_backend("twinkle+cudagraphs"),
         Backend("inductor+cudagraphs+cce", 'torch.compile(model, mode="reduce-overhead"), the loss by Cut Cross-Entropy',
                 _inductor_cudagraphs_cce),
-        Backend("twinkle+gemm-fusion", 'backend="twinkle", options={"fuse_projections": True}',
-                _twinkle(False, options={"fuse_projections": True})),
-        Backend("twinkle-all-swaps", 'backend="twinkle", options={"swap_policy": "always"}',
-                _twinkle(False, options={"swap_policy": "always"})),
+        _twinkle_backend("twinkle+gemm-fusion"),
+        _twinkle_backend("twinkle-all-swaps"),
         Backend("liger+inductor", "Liger, then torch.compile(model)", _liger(compiled=True)),
     )
 }
+
+
+def backend(name: str) -> Backend:
+    """The backend ``name``: one of :data:`BACKENDS`, or a twinkle backend without one graph rewrite,
+    ``<twinkle backend>-<rewrite>`` (see the module docstring).
+
+    Raises:
+        KeyError: neither (the message lists the names).
+
+    Examples:
+        >>> backend("twinkle+cudagraphs-embedding_grad").description
+        'backend="twinkle", mode="reduce-overhead", without the embedding_grad rewrite'
+    """
+    if name in BACKENDS:
+        return BACKENDS[name]
+    from twinkle_fx.core.registry import GRAPH_REWRITES
+
+    base, _, rewrite = name.rpartition("-")
+    if base not in _TWINKLE or rewrite not in GRAPH_REWRITES:
+        raise KeyError(f"unknown backend {name!r}; backends: {', '.join(BACKENDS)}, and a twinkle backend "
+                       f"({', '.join(_TWINKLE)}) followed by -<graph rewrite> ({', '.join(GRAPH_REWRITES)})")
+    return _twinkle_backend(base, (rewrite,))
+
+
+def _resolves(name: str) -> bool:
+    try:
+        backend(name)
+    except KeyError:
+        return False
+    return True
 
 
 def parse_backends(text: str, known: dict[str, Any] | None = None) -> list[str]:
@@ -294,11 +347,12 @@ def parse_backends(text: str, known: dict[str, Any] | None = None) -> list[str]:
         >>> parse_backends("eager, inductor")
         ['eager', 'inductor']
     """
-    known = BACKENDS if known is None else known
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
         raise ValueError("--backends is empty; give a comma-separated list.")
-    unknown = [name for name in names if name not in known]
+    unknown = [name for name in names if (name not in known if known is not None else not _resolves(name))]
     if unknown:
-        raise ValueError(f"Unknown backend(s) {', '.join(map(repr, unknown))}; valid: {', '.join(known)}.")
+        more = "" if known is not None else ", or a twinkle backend followed by -<graph rewrite>"
+        raise ValueError(f"Unknown backend(s) {', '.join(map(repr, unknown))}; valid: "
+                         f"{', '.join(known if known is not None else BACKENDS)}{more}.")
     return list(dict.fromkeys(names))

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .backends import BACKENDS, BackendUnavailable
+from .backends import BackendUnavailable, backend
 from ..measure.environment import describe_environment
 from .report import annotate_model_rows
 from .results import BenchResult, ModelRow
@@ -79,7 +79,7 @@ def _run_backend(name: str, options: ModelBenchOptions, batch: tuple[torch.Tenso
             if step_progress is not None:
                 bar = step_progress(options.warmup + options.steps, f"    {name}")
 
-        with BACKENDS[name].prepare(model, workload.family, options.device) as prepared:
+        with backend(name).prepare(model, workload.family, options.device) as prepared:
             try:
                 timing = time_training_steps(
                     _training_step(prepared.model, *batch), clock, warmup=options.warmup, steps=options.steps,
@@ -185,7 +185,7 @@ def run_model_bench(options: ModelBenchOptions, progress: Callable[[str], None] 
     warm_compiler(options.device, options.backends, progress)
     for index, name in enumerate(runs, 1):
         again = index > len(options.backends)
-        progress(f"[{index}/{total}] {name}{' again' if again else ''}: {BACKENDS[name].description}; fresh model, "
+        progress(f"[{index}/{total}] {name}{' again' if again else ''}: {backend(name).description}; fresh model, "
                  f"first step, {options.warmup} warm-up + {options.steps} timed steps ...")
         # the repeated backend's profile beside the first one's, not over it
         row = _run_backend(name, options, batch, clock, progress, step_progress, f"{name}-again" if again else name)

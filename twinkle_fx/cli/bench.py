@@ -63,7 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                                                           "default: Qwen2-0.5B shape; every family of the built-in "
                                                           "mapping is one, see twinkle_fx.bench.workloads)")
     parser.add_argument("--backends", type=comma_list, help=f"comma-separated; default {_MODEL_BACKENDS} "
-                                           f"(--tiny: {_TINY_MODEL_BACKENDS}; --micro: {_MICRO_BACKENDS})")
+                                           f"(--tiny: {_TINY_MODEL_BACKENDS}; --micro: {_MICRO_BACKENDS}); a "
+                                           "twinkle backend followed by -<graph rewrite> runs without that rewrite "
+                                           "(twinkle+cudagraphs-embedding_grad), a row to set beside the backend's")
     parser.add_argument("--batch", type=positive_int, help="sequences per step (default 4; --tiny 2)")
     parser.add_argument("--seq", type=positive_int, help="tokens per sequence (default 1024; --tiny 32)")
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default bf16 (--tiny fp32)")
@@ -163,8 +165,13 @@ def _check_arguments(args: argparse.Namespace) -> None:
         return
     check_names("--model", [args.model], names.WORKLOADS, "model")
     check_names("--models", args.models or (), names.WORKLOADS, "model")
-    check_names("--backends", args.backends or (), names.INFERENCE_BACKENDS if args.inference else names.MODEL_BACKENDS,
-                "backend")
+    if args.inference:
+        check_names("--backends", args.backends or (), names.INFERENCE_BACKENDS, "backend")
+    elif unknown := [name for name in args.backends or () if not names.is_model_backend(name)]:
+        raise CommandError(f"--backends: unknown backend(s) {', '.join(map(repr, unknown))}; valid: "
+                           f"{', '.join(names.MODEL_BACKENDS)}, and a twinkle backend followed by -<graph rewrite>\n"
+                           f"(twinkle+cudagraphs-embedding_grad: that backend without the rewrite; twinkle backends: "
+                           f"{', '.join(names.TWINKLE_BACKENDS)}; rewrites: {', '.join(names.GRAPH_REWRITES)})")
     if args.twinkle_options is not None:
         if not args.inference:
             raise CommandError("--twinkle-options sets the twinkle rows of --inference; add --inference or leave it out")

@@ -5,7 +5,8 @@ runs from (named beside it); tests/cli check that they agree.
 
 from __future__ import annotations
 
-__all__ = ["BUILTIN_FAMILIES", "WORKLOADS", "MODEL_BACKENDS", "MATRIX_MODELS", "MATRIX_BACKENDS",
+__all__ = ["BUILTIN_FAMILIES", "WORKLOADS", "MODEL_BACKENDS", "TWINKLE_BACKENDS", "GRAPH_REWRITES", "is_model_backend",
+           "MATRIX_MODELS", "MATRIX_BACKENDS",
            "TINY_MATRIX_BACKENDS", "INFERENCE_BACKENDS", "MICRO_IMPLS", "MICRO_OPS", "DTYPES"]
 
 # twinkle_fx.builtin.BUILTIN_MODELS
@@ -20,6 +21,23 @@ WORKLOADS = ("qwen2", "qwen3", "llama", "mistral", "llama1b", "qwen3_1_7b", "lla
 MODEL_BACKENDS = ("eager", "inductor", "twinkle", "kernelize+twinkle", "kernelize", "kernelize+cudagraphs", "liger",
                   "inductor+cudagraphs", "twinkle+cudagraphs", "inductor+cudagraphs+cce", "twinkle+gemm-fusion",
                   "twinkle-all-swaps", "liger+inductor")
+# twinkle_fx.bench.backends._TWINKLE: the backends a "-<graph rewrite>" may follow
+TWINKLE_BACKENDS = ("twinkle", "kernelize+twinkle", "twinkle+cudagraphs", "twinkle+gemm-fusion", "twinkle-all-swaps")
+# twinkle_fx.core.registry.GRAPH_REWRITES
+GRAPH_REWRITES = ("causal_attention", "gqa_attention", "fused_projections", "decode_gemv", "decode_cache",
+                  "residual_norm", "embedding_grad")
+
+
+def is_model_backend(name: str) -> bool:
+    """One of :data:`MODEL_BACKENDS`, or a twinkle backend without a graph rewrite
+    (``twinkle+cudagraphs-embedding_grad``).
+
+    Examples:
+        >>> is_model_backend("twinkle+cudagraphs-residual_norm"), is_model_backend("inductor-residual_norm")
+        (True, False)
+    """
+    base, _, rewrite = name.rpartition("-")
+    return name in MODEL_BACKENDS or (base in TWINKLE_BACKENDS and rewrite in GRAPH_REWRITES)
 # twinkle_fx.bench.matrix: MATRIX_MODELS, MATRIX_BACKENDS, TINY_MATRIX_BACKENDS
 MATRIX_MODELS = ("qwen2", "llama1b", "qwen3_1_7b", "llama3b", "qwen3_moe", "mixtral")
 MATRIX_BACKENDS = ("inductor+cudagraphs", "inductor+cudagraphs+cce", "liger+inductor", "twinkle+cudagraphs",

@@ -124,3 +124,26 @@ def test_inductors_decomposition_of_the_gradient_is_rewritten_too(caplog):
     module(ids).backward()
     for got, p in zip(grads, module.parameters()):
         assert_close(got, p.grad, torch.bfloat16, "gradient")
+
+
+def test_a_table_looked_up_twice_sums_both_gradients():
+    """Two lookups of one table (shared encoder/decoder embeddings): AOTAutograd adds their dense gradients; each
+    becomes its sums, and the weight's gradient is still both."""
+
+    class TwoLookups(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(64, 32)
+
+        def forward(self, a, b):
+            return (self.embed(a) * self.embed(b).flip(1)).square().mean()
+
+    module = TwoLookups().to(DEVICE)
+    a, b = torch.randint(0, 64, (2, 9), device=DEVICE), torch.randint(0, 64, (2, 9), device=DEVICE)
+    with record_graphs() as graphs:
+        torch.compile(module, backend="twinkle", options={"compiler": "aot_eager"})(a, b).backward()
+    assert graphs.backward[0].count("twinkle.embedding_grad_sums.default(") == 2
+    got = module.embed.weight.grad.clone()
+    module.zero_grad()
+    module(a, b).backward()
+    assert_close(got, module.embed.weight.grad, torch.float32, "gradient")

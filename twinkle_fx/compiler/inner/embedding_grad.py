@@ -84,6 +84,8 @@ def rewrite_embedding_grads(graph: fx.Graph) -> int:
         return 0
     rewritten = 0
     for node in list(graph.nodes):
+        if getattr(node, "_erased", False):  # a node an earlier rewrite in this loop erased
+            continue
         found = _dense_grad(node)
         if found is None or not _runs_kernels(found.table, kernels):
             continue

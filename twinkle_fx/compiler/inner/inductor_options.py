@@ -35,9 +35,9 @@ from typing import Any
 import torch.fx as fx
 
 from ...core.torch_internals import (POST_GRAD_PRE_PASS, clear_static_input, cudagraph_tree_manager,
-                                    cudagraphs_logger, dynamo_source, inductor_compile, inductor_config_patch, inductor_config_values,
-                                    inductor_cudagraphs_requested, inductor_inner_compiler, inductor_mode_options,
-                                    inductor_post_grad_pre_pass, is_static_input)
+                                    cudagraphs_logger, dynamo_source, inductor_compile, inductor_config_patch,
+                                    inductor_config_values, inductor_cudagraphs_requested, inductor_inner_compiler,
+                                    inductor_mode_options, inductor_post_grad_pre_pass, is_static_input)
 from . import ttir_memo
 from .embedding_grad import with_embedding_grad_pass
 
@@ -222,8 +222,8 @@ def _from_fsdp_module(source: Any) -> bool:
 def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any], patches: dict[str, Any], *,
                           embedding_grad: bool = False) -> Callable[..., Any]:
     """``compile_fx`` with ``patches`` applied, recording each compiled graph's CUDA-graph status;
-    ``embedding_grad``: backward graphs' embedding weight gradients as their rows (:mod:`.embedding_grad`), a
-    post-grad pass run before any the user set."""
+    ``embedding_grad``: backward graphs' embedding weight gradients from the looked-up rows' sums
+    (:mod:`.embedding_grad`), a post-grad pass run before any the user set."""
     if embedding_grad:
         with inductor_config_patch(patches):
             existing = inductor_post_grad_pre_pass()

@@ -90,14 +90,10 @@ def test_profiled_communication_has_a_row_per_rank():
     assert "| communication ms/step, rank 1 (profiled) | 10.0 with a collective, 4.0 exposed (AllGather 4.0)" in text
 
 
-def test_a_gpu_profile_adds_its_exposed_communication_to_the_report(tmp_path):
-    """On a GPU the profiled steps' trace is read for its kernels (the CPU has none: no summary there)."""
-    import torch
+def test_a_gpu_profile_reports_its_exposed_communication():
+    """On a GPU the profiled steps' trace, parsed once, also gives the exposed communication (the CPU has none)."""
+    from twinkle_fx.bench.profile import exposed_communication
 
-    from twinkle_fx.bench.distributed import _communication
-    from twinkle_fx.bench.profile import ProfileSummary
-
-    trace, report = tmp_path / "profile_trace.json", tmp_path / "profile_report.txt"
     events = [{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", "ts": 0, "dur": 9000,
                "args": {"device": 1, "stream": 24}},
               {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 3000, "args": {"device": 1, "stream": 7}},
@@ -108,18 +104,13 @@ def test_a_gpu_profile_adds_its_exposed_communication_to_the_report(tmp_path):
                "args": {"device": 1, "stream": 30}},
               {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 13000, "dur": 1000,
                "args": {"device": 1, "stream": 7}}]
-    trace.write_text(json.dumps({"traceEvents": events}))
-    report.write_text("top kernels\n")
-    summary = ProfileSummary(steps=3, host_ms_per_step=1.0, device_ms_per_step=1.0, launches_per_step=1.0,
-                             trace=str(trace), report=str(report))
-    assert _communication(summary, torch.device("cpu")) is None
-    comm = _communication(summary, torch.device("cuda", 1))
+    comm, text = exposed_communication({"traceEvents": events}, 3)
     # 6 ms of the reduce-scatter, the barrier's 0.5 and the copy's 1 with no compute beside them, over 3 steps; the
     # local copy is not communication
     assert comm["exposed_ms"] == pytest.approx(2.5) and comm["collectives"]["ReduceScatter"]["calls"] == pytest.approx(1 / 3)
     assert set(comm["collectives"]) == {"ReduceScatter", "PeerBarrier", "PeerCopy"}
     assert comm["gaps"] == [{"ms": 2.5, "before": "c10d::symmetric_memory::barrier_kernel(unsigned int**)",
                              "after": "Memcpy PtoP (Device -> Device)"}]
-    text = report.read_text()
-    assert text.startswith("top kernels\n\ncommunication per step (NCCL kernels, peer copies and barriers, 3 step(s)):")
+    # the report's section, after a blank line
+    assert text.startswith("\ncommunication per step (NCCL kernels, peer copies and barriers, 3 step(s)):")
     assert "   2.50 ms  after c10d::symmetric_memory::barrier_kernel(unsigned int**)  before Memcpy PtoP" in text

@@ -397,8 +397,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device)
 
                 micro = batches(args.steps)
                 summary = profile_steps(lambda: one_step(micro), DeviceClock(device), Path(args.profile) / f"rank{rank}",
-                                        steps=3, title=describe_args(args, world, device))
-                communication = _communication(summary, device)
+                                        steps=3, title=describe_args(args, world, device), communication=True)
+                communication = summary.communication  # None on the CPU: gloo runs no kernels
                 if rank == 0:
                     print(Path(summary.report).read_text(), flush=True)
             # recorded, never recorded, re-recorded (a parameter at a new address each step would re-record
@@ -429,19 +429,6 @@ def _sharding(model: torch.nn.Module) -> str:
     names = mesh.mesh_dim_names or ("",) * mesh.ndim
     dims = ", ".join(f"{name} {size}".strip() for name, size in zip(names, mesh.shape))
     return f"{tuple(param.placements)} on mesh ({dims})"
-
-
-def _communication(summary, device: torch.device) -> dict[str, Any] | None:
-    """The profiled steps' exposed communication (GPU kernels only; gloo on the CPU has none), appended to the
-    rank's profile report."""
-    if device.type != "cuda":
-        return None
-    from twinkle_fx.measure.overlap import communication_overlap, format_overlap, kernel_intervals
-
-    overlap = communication_overlap(kernel_intervals(summary.trace, peer_copies=True), steps=summary.steps)
-    with open(summary.report, "a") as f:
-        f.write("\n" + format_overlap(overlap))
-    return overlap.to_json()
 
 
 def _sync(device: torch.device) -> None:

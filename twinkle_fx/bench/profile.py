@@ -23,10 +23,10 @@ import torch
 from ..measure.clock import DeviceClock
 from ..measure.kernel_classes import (KernelClasses, format_kernel_classes, format_launch_shapes, kernel_classes,
                                       launch_shapes)
-from ..measure.overlap import kernel_intervals
+from ..measure.overlap import communication_overlap, format_overlap, kernel_intervals
 from ..measure.profiler_events import device_us
 
-__all__ = ["ProfileSummary", "profile_steps"]
+__all__ = ["ProfileSummary", "profile_steps", "exposed_communication"]
 
 # runtime calls that start work on the GPU (one per kernel; a CUDA graph replay is one launch)
 _LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
@@ -51,10 +51,15 @@ class ProfileSummary:
     gemms: list[dict[str, Any]] = field(default_factory=list)
     trace: str = ""
     report: str = ""
+    # GPU only, with communication=True: the exposed communication per step (CommunicationOverlap.to_json)
+    communication: dict[str, Any] | None = None
 
 
-def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *, steps: int, title: str) -> ProfileSummary:
-    """Run ``step`` ``steps`` times under the profiler; write the trace and the report into ``out_dir``."""
+def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *, steps: int, title: str,
+                  communication: bool = False) -> ProfileSummary:
+    """Run ``step`` ``steps`` times under the profiler; write the trace and the report into ``out_dir``.
+    ``communication``: on a GPU, also the steps' collectives and how much of them no compute hides
+    (:func:`exposed_communication`), in the report and the summary."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -81,18 +86,29 @@ def profile_steps(step: Callable[[], Any], clock: DeviceClock, out_dir: Path, *,
                    if e.self_cpu_time_total > 0 and not e.key.startswith("step ")]
         device_ms = launches = kernels_run = None
     kernels.sort(key=lambda k: -k[2])
-    classes, gemms = None, []
+    classes, gemms, exposed, section = None, [], None, ""
     if clock.cuda:
         events = json.loads(trace.read_text())  # read once: a profile of a large model's steps is tens of MB
         classes = kernel_classes(kernel_intervals(events), steps=steps).to_json()
         gemms = launch_shapes(events, steps=steps)
+        if communication:
+            exposed, section = exposed_communication(events, steps)
     summary = ProfileSummary(
         steps=steps, host_ms_per_step=sum(walls) / steps, device_ms_per_step=device_ms, launches_per_step=launches,
         kernels_per_step=kernels_run, top=[{"name": name, "calls": calls, "ms": ms} for name, calls, ms in kernels[:_TOP]],
         classes=classes, gemms=gemms, trace=str(trace), report=str(out_dir / "profile_report.txt"),
+        communication=exposed,
     )
-    Path(summary.report).write_text(format_profile(summary, title=title, device=clock.device))
+    Path(summary.report).write_text(format_profile(summary, title=title, device=clock.device) + section)
     return summary
+
+
+def exposed_communication(events: dict[str, Any], steps: int) -> tuple[dict[str, Any], str]:
+    """The exposed communication of ``steps`` profiled steps (a Chrome trace's events, parsed): collectives'
+    kernels, peer copies and barriers, and how much of them no compute hides (:mod:`twinkle_fx.measure.overlap`),
+    as JSON and as the report's section."""
+    overlap = communication_overlap(kernel_intervals(events, peer_copies=True), steps=steps)
+    return overlap.to_json(), "\n" + format_overlap(overlap)
 
 
 def format_profile(summary: ProfileSummary, *, title: str, device: torch.device) -> str:

@@ -29,8 +29,8 @@ indices are deterministic (a stable sort; see ``twinkle_triton.embedding_grad``)
 index-put accumulates with atomics.
 
 Rewritten: ``aten.embedding_dense_backward`` (graphs for ``aot_eager``) and Inductor's decomposition
-of it (``_unsafe_masked_index_put_accumulate`` of rows into a ``full`` of zeros, then a cast); left alone: ``scale_grad_by_freq=True``, a sum of two dtypes, devices the kernel
-does not run on. The backend runs it on every backward graph, unless ``options={"embedding_grad": False}``
+of it (``_unsafe_masked_index_put_accumulate`` of rows into a ``full`` of zeros, then a cast); left
+alone: ``scale_grad_by_freq=True``, a sum of two dtypes, devices the kernel does not run on. The backend runs it on every backward graph, unless ``options={"embedding_grad": False}``
 or the registry's graph rewrite ``embedding_grad`` is removed: for Inductor as its first post-grad pass
 (:func:`with_embedding_grad_pass`, a ``CustomGraphPass`` whose uuid keeps Inductor's and AOTAutograd's
 caches from serving a graph compiled with it to a compile without it, and the reverse), for ``aot_eager``
@@ -93,8 +93,8 @@ def rewrite_embedding_grads(graph: fx.Graph) -> int:
         rewritten += 1
     if rewritten:
         graph.lint()
-        logger.info("%d embedding weight gradient(s) of a backward graph computed from the rows looked up "
-                    "(twinkle_triton.embedding_grad_sums)", rewritten)
+        logger.info("embedding_grad: %d embedding weight gradient(s) of a backward graph from the looked-up rows' "
+                    "sums (twinkle_triton.embedding_grad_sums)", rewritten)
     return rewritten
 
 

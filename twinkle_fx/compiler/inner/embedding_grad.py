@@ -30,8 +30,9 @@ index-put accumulates with atomics.
 
 Rewritten: ``aten.embedding_dense_backward`` (graphs for ``aot_eager``) and Inductor's decomposition
 of it (``_unsafe_masked_index_put_accumulate`` of rows into a ``full`` of zeros, then a cast); left
-alone: ``scale_grad_by_freq=True``, a sum of two dtypes, devices the kernel does not run on. The backend runs it on every backward graph, unless ``options={"embedding_grad": False}``
-or the registry's graph rewrite ``embedding_grad`` is removed: for Inductor as its first post-grad pass
+alone: ``scale_grad_by_freq=True``, a sum of two dtypes, devices the kernel does not run on. The
+backend runs it on every backward graph, unless ``options={"embedding_grad": False}`` or the
+registry's graph rewrite ``embedding_grad`` is removed: for Inductor as its first post-grad pass
 (:func:`with_embedding_grad_pass`, a ``CustomGraphPass`` whose uuid keeps Inductor's and AOTAutograd's
 caches from serving a graph compiled with it to a compile without it, and the reverse), for ``aot_eager``
 on the backward graph it is handed. Under ``aot_eager`` the gather and the add run as separate eager ops
@@ -79,17 +80,19 @@ class _DenseGrad:
 def rewrite_embedding_grads(graph: fx.Graph) -> int:
     """Rewrite every dense embedding weight gradient of ``graph`` in place (see the module docstring) and
     return how many; the caller recompiles its module. Logged at INFO."""
-    kernels = _kernels()
-    if kernels is None:
+    if _kernel_module() is None:
         return 0
+    fake_mode = None
     rewritten = 0
     for node in list(graph.nodes):
         if getattr(node, "_erased", False):  # a node an earlier rewrite in this loop erased
             continue
         found = _dense_grad(node)
-        if found is None or not _runs_kernels(found.table, kernels):
+        if found is None or not _runs_kernels(found.table):
             continue
-        _rewrite(graph, found)
+        if fake_mode is None:  # the graph's fake tensors, once: the new nodes' values are computed under it
+            fake_mode = next((v.fake_mode for v in map(_val, graph.nodes) if hasattr(v, "fake_mode")), False)
+        _rewrite(graph, found, fake_mode or None)
         rewritten += 1
     if rewritten:
         graph.lint()
@@ -123,18 +126,10 @@ def _uuid() -> str:
     import hashlib
 
     digest = hashlib.sha256(Path(__file__).read_bytes())
-    kernel = _kernel_source()
+    kernel = _kernel_module()
     if kernel is not None:
-        digest.update(kernel.read_bytes())
+        digest.update(Path(kernel.__file__).read_bytes())
     return f"twinkle_fx.embedding_grad:{digest.hexdigest()}"
-
-
-def _kernel_source() -> Path | None:
-    try:
-        from twinkle_triton import embedding_grad
-    except ImportError:
-        return None
-    return Path(embedding_grad.__file__)
 
 
 def _chained_uuid(existing: Any) -> Any:
@@ -142,23 +137,26 @@ def _chained_uuid(existing: Any) -> Any:
     return None if theirs is None else (_uuid(), theirs)
 
 
-def _kernels():
-    """``twinkle_triton._library`` with the op defined, or None where the kernels do not import."""
+def _kernel_module():
+    """``twinkle_triton.embedding_grad`` (importing it defines ``twinkle::embedding_grad_sums``), or None where
+    the kernels do not import."""
     try:
-        from twinkle_triton import _library, embedding_grad  # noqa: F401  (defines twinkle::embedding_grad_sums)
+        from twinkle_triton import embedding_grad
     except ImportError as e:  # the backend works without the kernel package, only without this rewrite
         logger.debug("embedding_grad rewrite off: twinkle_triton does not import (%s)", e)
         return None
-    return _library
+    return embedding_grad
 
 
-def _runs_kernels(node: fx.Node, library) -> bool:
+def _runs_kernels(node: fx.Node) -> bool:
     """Whether the kernel runs where ``node`` lives (CUDA; the CPU under Triton's interpreter); elsewhere
     the op would run its dense reference, no gain."""
+    from twinkle_triton._library import KERNELS_RUN_ON_CPU
+
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor):
         return False
-    return value.device.type == "cuda" or (value.device.type == "cpu" and library.KERNELS_RUN_ON_CPU)
+    return value.device.type == "cuda" or (value.device.type == "cpu" and KERNELS_RUN_ON_CPU)
 
 
 def _dense_grad(node: fx.Node) -> _DenseGrad | None:
@@ -195,7 +193,7 @@ def _is_zeros(node) -> bool:
             and _val(node) is not None and _val(node).dim() == 2)
 
 
-def _rewrite(graph: fx.Graph, found: _DenseGrad) -> None:
+def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> None:
     table = found.table
     val = _val(table)
     target, head = table, None
@@ -205,24 +203,25 @@ def _rewrite(graph: fx.Graph, found: _DenseGrad) -> None:
             other = add.args[1] if add.args[0] is table else add.args[0]
             if isinstance(other, fx.Node) and _same_tensor_type(other, table) and other is not table:
                 target, head = add, other
+    def call(op, *args) -> fx.Node:
+        return _node(graph, fake_mode, op, args)
+
     with graph.inserting_before(target):
         mask = found.mask
         if mask is None and found.padding_idx >= 0:
-            mask = _node(graph, _aten.ne.Scalar, (found.indices, found.padding_idx))
-        pair = _node(graph, torch.ops.twinkle.embedding_grad_sums.default,
-                     (found.indices, found.grad, mask, val.shape[0]))
-        sums = _node(graph, operator.getitem, (pair, 0))
-        slot = _node(graph, operator.getitem, (pair, 1))
+            mask = call(_aten.ne.Scalar, found.indices, found.padding_idx)
+        pair = call(torch.ops.twinkle.embedding_grad_sums.default, found.indices, found.grad, mask, val.shape[0])
+        sums, slot = call(operator.getitem, pair, 0), call(operator.getitem, pair, 1)
         # each row's sum gathered through its slot, zero where no token looked it up: pointwise ops Inductor fuses
         # into the kernel that writes the result, with the head's gradient and whatever computes it
-        gathered = _node(graph, _aten.index.Tensor, (sums, [_node(graph, _aten.clamp_min.default, (slot, 0))]))
-        looked_up = _node(graph, _aten.unsqueeze.default, (_node(graph, _aten.ge.Scalar, (slot, 0)), 1))
-        out = _node(graph, _aten.mul.Tensor, (gathered, looked_up))  # fp32
+        gathered = call(_aten.index.Tensor, sums, [call(_aten.clamp_min.default, slot, 0)])
+        looked_up = call(_aten.unsqueeze.default, call(_aten.ge.Scalar, slot, 0), 1)
+        out = call(_aten.mul.Tensor, gathered, looked_up)  # fp32
         if head is not None:
-            head32 = head if val.dtype == torch.float32 else _node(graph, _CONVERT, (head, torch.float32))
-            out = _node(graph, _aten.add.Tensor, (head32, out))
+            head32 = head if val.dtype == torch.float32 else call(_CONVERT, head, torch.float32)
+            out = call(_aten.add.Tensor, head32, out)
         if val.dtype != torch.float32:
-            out = _node(graph, _CONVERT, (out, val.dtype))
+            out = call(_CONVERT, out, val.dtype)
     target.replace_all_uses_with(out)
     _erase_unused(graph, target)
 
@@ -239,14 +238,13 @@ def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
             _erase_unused(graph, value)
 
 
-def _node(graph: fx.Graph, target, args: tuple, kwargs: dict | None = None) -> fx.Node:
-    """A call node with its ``meta["val"]`` computed on the graph's fake tensors (Inductor's passes read it)."""
-    node = graph.call_function(target, args, kwargs or {})
-    mode = next((v.fake_mode for v in map(_val, graph.nodes) if hasattr(v, "fake_mode")), None)
-    if mode is not None:
-        fake_args, fake_kwargs = fx.node.map_arg((args, kwargs or {}), _val)
-        with mode:
-            node.meta["val"] = target(*fake_args, **fake_kwargs)
+def _node(graph: fx.Graph, fake_mode: Any, target, args: tuple) -> fx.Node:
+    """A call node with its ``meta["val"]`` computed on the graph's fake tensors (Inductor's passes read it);
+    none where the graph has no fake values (``fake_mode`` None)."""
+    node = graph.call_function(target, args)
+    if fake_mode is not None:
+        with fake_mode:
+            node.meta["val"] = target(*fx.node.map_arg(args, _val))
     return node
 
 

@@ -85,10 +85,16 @@ def _embedding_grad_segments_kernel(heads_ptr, ends_ptr, partial_ptr, sums_ptr, 
         tl.store(sums_ptr + i.to(tl.int64) * hidden + cols, acc, mask=in_row)
 
 
-def _sorted_tokens(indices: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+def _flat_indices(indices: Tensor, num_embeddings: int) -> Tensor:
+    """The indices as one int64 row, a negative index counted from the table's end (as ``index_put`` does)."""
+    flat = indices.reshape(-1).long()
+    return torch.where(flat < 0, flat + num_embeddings, flat)
+
+
+def _sorted_tokens(indices: Tensor, mask: Tensor | None, num_embeddings: int) -> tuple[Tensor, Tensor]:
     """The tokens' indices in sorted order (masked tokens as index 0, which they add nothing to) and the
     tokens in that order; a stable sort keeps each index's tokens in their positions' order."""
-    flat = indices.reshape(-1).long()
+    flat = _flat_indices(indices, num_embeddings)
     if mask is not None:
         flat = torch.where(mask.reshape(-1), flat, torch.zeros_like(flat))
     return torch.sort(flat, stable=True)
@@ -104,7 +110,7 @@ def _slots(sorted_indices: Tensor, heads: Tensor, num_embeddings: int) -> Tensor
 def _embedding_grad_sums_impl(indices: Tensor, grad: Tensor, mask: Tensor | None,
                               num_embeddings: int) -> tuple[Tensor, Tensor]:
     hidden = grad.shape[-1]
-    sorted_indices, order = _sorted_tokens(indices, mask)
+    sorted_indices, order = _sorted_tokens(indices, mask, num_embeddings)
     tokens = sorted_indices.numel()
     sums = grad.new_zeros((tokens, hidden), dtype=torch.float32)
     heads = torch.searchsorted(sorted_indices, sorted_indices)
@@ -149,7 +155,8 @@ def embedding_grad_sums(indices: Tensor, grad: Tensor, mask: Tensor | None,
 
     Args:
         indices (`torch.Tensor`): the looked-up indices, any shape, an integer dtype, each in
-            ``[0, num_embeddings)`` where ``mask`` is true.
+            ``[-num_embeddings, num_embeddings)`` where ``mask`` is true; a negative index counts from the
+            table's end, as in ``index_put``.
         grad (`torch.Tensor`): the lookup's output gradient, ``indices.shape + (hidden,)``, floating.
         mask (`torch.Tensor` or None): bool, ``indices``' shape (or with a trailing 1): the tokens whose
             gradient the table takes (False for the padding index); None for all.
@@ -187,9 +194,9 @@ def embedding_grad_sums(indices: Tensor, grad: Tensor, mask: Tensor | None,
 def embedding_grad_sums_reference(indices: Tensor, grad: Tensor, mask: Tensor | None,
                                   num_embeddings: int) -> tuple[Tensor, Tensor]:
     """Plain PyTorch ``embedding_grad_sums``: the dense fp32 table, read at each row's first sorted token."""
-    sorted_indices, _ = _sorted_tokens(indices, mask)
+    sorted_indices, _ = _sorted_tokens(indices, mask, num_embeddings)
     values = grad.reshape(-1, grad.shape[-1]).float()
-    flat = indices.reshape(-1).long()
+    flat = _flat_indices(indices, num_embeddings)
     if mask is not None:
         values = values * mask.reshape(-1, 1)
         flat = torch.where(mask.reshape(-1), flat, 0)

@@ -147,3 +147,36 @@ def test_a_table_looked_up_twice_sums_both_gradients():
     module.zero_grad()
     module(a, b).backward()
     assert_close(got, module.embed.weight.grad, torch.float32, "gradient")
+
+
+def _torch_2_11_decomposition(grad, indices, head):
+    """torch 2.11's decomposition of embedding_dense_backward (padding index 3), added to a tied head's gradient:
+    the padding rows zeroed by masked_fill, then an accumulating index-put with no mask."""
+    rows = grad.float().masked_fill((indices == 3).unsqueeze(-1), 0)
+    table = rows.new_zeros((head.shape[0], rows.shape[-1]))
+    return head + torch.ops.aten._unsafe_index_put(table, [indices], rows, True).to(grad.dtype)
+
+
+def _installed_decomposition(grad, indices, head):
+    return head + torch.ops.aten.embedding_dense_backward(grad, indices, head.shape[0], 3, False)
+
+
+@pytest.mark.parametrize("form", (_torch_2_11_decomposition, _installed_decomposition), ids=("torch-2.11", "installed"))
+def test_both_forms_of_the_dense_gradients_decomposition_are_rewritten(form):
+    """The graph Inductor's post-grad pass sees, in the form of torch 2.11 and in the installed torch's, whatever
+    the installed version: each becomes the sums, with the padding tokens left out, and the same gradient."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from twinkle_fx.compiler.inner.embedding_grad import rewrite_embedding_grads
+
+    torch.manual_seed(0)
+    grad = torch.randn(3, 7, 16, device=DEVICE, dtype=torch.bfloat16)
+    indices = torch.randint(0, 40, (3, 7), device=DEVICE)
+    indices[:, :2] = 3  # the padding index
+    head = torch.randn(40, 16, device=DEVICE, dtype=torch.bfloat16)
+    traced = make_fx(form, decomposition_table=select_decomp_table(), tracing_mode="fake")(grad, indices, head)
+    assert rewrite_embedding_grads(traced.graph) == 1
+    traced.recompile()
+    assert "embedding_grad_sums" in traced.code and "index_put" not in traced.code
+    assert_close(traced(grad, indices, head), form(grad, indices, head), torch.bfloat16, "gradient")

@@ -58,6 +58,19 @@ def test_an_index_over_several_segments_adds_their_sums(monkeypatch):
     assert torch.equal(first[0], second[0])
 
 
+def test_negative_indices_count_from_the_end_as_in_index_put():
+    """The rewrite also replaces an accumulating index_put (torch 2.11's decomposition), whose negative indices wrap."""
+    vocab, hidden = 30, 24
+    indices = torch.randint(-vocab, vocab, (4, 9))
+    grad = torch.randn(4, 9, hidden)
+    want = torch.zeros(vocab, hidden).index_put_((indices,), grad, accumulate=True)
+    assert_close(_table(indices, grad, vocab), want, torch.float32, "weight gradient")
+    sums, slot = tt.embedding_grad_sums(indices, grad, None, vocab)
+    want_sums, want_slot = tt.embedding_grad_sums_reference(indices, grad, None, vocab)
+    assert torch.equal(slot, want_slot)
+    assert_close(sums, want_sums, torch.float32, "sums")
+
+
 def test_masked_tokens_add_nothing():
     """The padding index's tokens: masked, as embedding_dense_backward leaves their row at zero."""
     vocab, hidden, padding_idx = 30, 24, 4

@@ -29,7 +29,8 @@ indices are deterministic (a stable sort; see ``twinkle_triton.embedding_grad``)
 index-put accumulates with atomics.
 
 Rewritten: ``aten.embedding_dense_backward`` (graphs for ``aot_eager``) and Inductor's decomposition
-of it (``_unsafe_masked_index_put_accumulate`` of rows into a ``full`` of zeros, then a cast); left
+of it (``_unsafe_masked_index_put_accumulate`` of rows into a ``full`` of zeros, then a cast; in torch
+2.11 an accumulating ``_unsafe_index_put`` of rows a ``where`` zeroed at the padding index); left
 alone: ``scale_grad_by_freq=True``, a sum of two dtypes, devices the kernel does not run on. The
 backend runs it on every backward graph, unless ``options={"embedding_grad": False}`` or the
 registry's graph rewrite ``embedding_grad`` is removed: for Inductor as its first post-grad pass
@@ -63,7 +64,8 @@ _aten = torch.ops.aten
 _CONVERT = torch.ops.prims.convert_element_type.default
 # the ops of the dense gradient the rewrite replaces, erased once nothing reads them
 _DENSE_PATH = (_aten.embedding_dense_backward.default, _aten._unsafe_masked_index_put_accumulate.default,
-               _aten.full.default, _aten.add.Tensor, _CONVERT)
+               _aten._unsafe_index_put.default, _aten.index_put.default, _aten.where.self, _aten.full.default,
+               _aten.add.Tensor, _CONVERT)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class _DenseGrad:
     grad: fx.Node
     mask: fx.Node | None  # a bool node, or None
     padding_idx: int  # for embedding_dense_backward: a mask to build; -1 for none
+    mask_drops: bool = False  # the mask is True for the tokens to leave out (the kernel's keeps them)
 
 
 def rewrite_embedding_grads(graph: fx.Graph) -> int:
@@ -167,16 +170,26 @@ def _dense_grad(node: fx.Node) -> _DenseGrad | None:
         if scale_by_freq:
             return None
         return _DenseGrad(node, indices, grad, None, int(padding_idx))
-    if node.target is not _aten._unsafe_masked_index_put_accumulate.default:
+    if node.target is _aten._unsafe_masked_index_put_accumulate.default:
+        zeros, mask, indices, values = node.args
+        dropped = None
+    elif node.target in (_aten._unsafe_index_put.default, _aten.index_put.default) and len(node.args) == 4 \
+            and node.args[3] is True:
+        # torch 2.11 decomposes without a mask: the padding tokens' rows zeroed by a where, then an
+        # accumulating index-put (negative indices count from the end; the kernel does the same)
+        (zeros, indices, values, _), mask, dropped = node.args, None, _padding_where(node.args[2])
+        if dropped is not None:
+            values, mask = dropped.args[2], dropped.args[0]
+    else:
         return None
-    zeros, mask, indices, values = node.args
     if not (_is_zeros(zeros) and len(zeros.users) == 1 and len(indices) == 1 and isinstance(indices[0], fx.Node)):
         return None
     index_shape, value, mask_value = _shape(indices[0]), _val(values), _val(mask)
     # rows of the table's width, one per index, and one mask entry per index: the embedding's gradient
-    if index_shape is None or value is None or mask_value is None or mask_value.dtype != torch.bool \
-            or tuple(value.shape) != (*index_shape, _val(zeros).shape[1]) \
-            or tuple(mask_value.shape) not in (index_shape, (*index_shape, 1)):
+    if index_shape is None or value is None or tuple(value.shape) != (*index_shape, _val(zeros).shape[1]):
+        return None
+    if mask is not None and (mask_value is None or mask_value.dtype != torch.bool
+                             or tuple(mask_value.shape) not in (index_shape, (*index_shape, 1))):
         return None
     # the decomposition casts the gradient to fp32 first; the kernel reads it as it is and sums in fp32
     if isinstance(values, fx.Node) and values.target is _CONVERT and len(values.users) == 1 \
@@ -185,7 +198,20 @@ def _dense_grad(node: fx.Node) -> _DenseGrad | None:
     table = node
     if len(node.users) == 1 and (cast := next(iter(node.users))).target is _CONVERT:
         table = cast
-    return _DenseGrad(table, indices[0], values, mask, -1)
+    return _DenseGrad(table, indices[0], values, mask, -1, mask_drops=dropped is not None)
+
+
+def _padding_where(values) -> fx.Node | None:
+    """``where(mask, 0, rows)`` (a ``masked_fill`` of the rows of ``mask``'s tokens), or None."""
+    if not (isinstance(values, fx.Node) and values.target is _aten.where.self and len(values.users) == 1):
+        return None
+    zero = values.args[1]
+    if not isinstance(zero, fx.Node) or _shape(zero) != ():
+        return None
+    if (zero.target is _aten.scalar_tensor.default and zero.args[0] == 0) \
+            or (zero.target is _aten.full.default and zero.args[1] == 0):
+        return values
+    return None
 
 
 def _is_zeros(node) -> bool:
@@ -208,6 +234,8 @@ def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> None:
 
     with graph.inserting_before(target):
         mask = found.mask
+        if mask is not None and found.mask_drops:
+            mask = call(_aten.logical_not.default, mask)
         if mask is None and found.padding_idx >= 0:
             mask = call(_aten.ne.Scalar, found.indices, found.padding_idx)
         pair = call(torch.ops.twinkle.embedding_grad_sums.default, found.indices, found.grad, mask, val.shape[0])

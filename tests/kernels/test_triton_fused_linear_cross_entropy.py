@@ -213,6 +213,20 @@ def test_default_chunk_size_fits_the_reference_workload_budget():
     assert default_chunk_size(10**9, torch.float32) == 16
 
 
+@pytest.mark.parametrize("rows", (4096, 4095, 8192, 1300, 100_000))
+def test_default_chunks_split_the_rows_evenly_within_the_budget(rows):
+    """Llama's 128256 entries allow 1280 rows a chunk: 4096 rows become four chunks of 1024, not three of 1280 and
+    a fourth of 256; no chunk is larger than the budget's, none far smaller than the others."""
+    budget = default_chunk_size(128256, torch.bfloat16)
+    chunk = default_chunk_size(128256, torch.bfloat16, rows)
+    assert chunk <= budget
+    chunks = -(-rows // chunk)
+    assert chunks == -(-rows // budget)  # no more chunks than the budget needs
+    assert rows - (chunks - 1) * chunk >= chunk - chunks  # the last chunk is as large as the others, within a row each
+    assert default_chunk_size(128256, torch.bfloat16, 4096) == 1024
+    assert default_chunk_size(128256, torch.bfloat16, 600) == budget  # one chunk: the budget's size
+
+
 def test_gradcheck_fp64():
     x, weight, target, bias = _inputs((4,), 3, torch.float64, bias=True, ignore_every=4)
     weight = weight[:7].contiguous()

@@ -11,7 +11,7 @@ Three strategies compute it, one module each:
   computes the logits of ``chunk_size`` tokens into one reused buffer, a Triton row kernel turns them
   into the loss and, in place, into d(loss)/d(logits); cuBLAS then writes grad_x and accumulates
   grad_W. Gradients are computed in the forward (like Liger), exact, but the logits chunk costs
-  ``chunk_size * vocab * itemsize`` bytes (``LOGITS_CHUNK_BYTES``, 320 MiB by default). It supports
+  ``chunk_size * vocab * itemsize`` bytes (``LOGITS_CHUNK_BYTES``, 512 MiB by default). It supports
   ``reduction`` mean/sum without the options above.
 - ``strategy="vocab_chunked"`` (:mod:`.fused_linear_cross_entropy_vocab_chunked`; exact, low memory,
   the default when an option the chunked strategy lacks is asked for without ``filter_eps``): the
@@ -57,7 +57,7 @@ from ._library import define_op
 from .fused_linear_cross_entropy_tiled import row_loss_reference, tiled_op
 from .fused_linear_cross_entropy_vocab_chunked import default_vocab_chunk, vocab_chunked_op
 
-LOGITS_CHUNK_BYTES = 320 * 1024 * 1024
+LOGITS_CHUNK_BYTES = 512 * 1024 * 1024
 # Columns per loop step over the vocabulary: 8K fp32 over 16 warps is 16 values a thread in
 # flight; untuned (see README.md).
 _VOCAB_BLOCK = 8192
@@ -106,12 +106,15 @@ def _fused_linear_cross_entropy_fwd_kernel(
 #     chunk rows   128     256     512     1024    2048    4096
 #     ms           13.62   8.85    7.12    6.55    6.66    6.29
 #     extra GiB    0.297   0.333   0.405   0.550   0.840   1.420
+# The budget, 512 MiB, over 320 (H200, torch 2.11, 4096 tokens, fwd+bwd, chunk rows: ms): at Llama-3.2-1B's head
+# (2048 -> 128256) 1280: 11.76, 2048: 11.13; at Llama-3.2-3B's (3072) 1280: 17.28, 2048: 16.95; at Qwen2-0.5B's
+# 1024: 7.10 (0.55 GiB extra), 1366: 7.00 (0.65 GiB). Fewer chunks: fewer grad_W updates, each a pass over grad_W.
 def default_chunk_size(vocab_size: int, dtype: torch.dtype, n_rows: int | None = None) -> int:
     """Rows per chunk so that one logits chunk stays within ``LOGITS_CHUNK_BYTES`` (whole 256-row
     tiles when at least one fits, else a multiple of 16, at least 16). Given the ``n_rows`` to split:
-    as many chunks as that takes, of equal size (the last one a few rows smaller). 4096 rows at vocab
-    128256 make four chunks of 1024, not three of 1280 and a last one of 256: every chunk's grad_W update
-    reads and writes all of grad_W, and at 256 rows that update ran at half the matmul speed (H200)."""
+    as many chunks as that takes, of equal size (the last one a few rows smaller). Under a 320 MiB budget 4096
+    rows at vocab 128256 made three chunks of 1280 and a last one of 256 rows, whose grad_W update (a pass over
+    all of grad_W, like every chunk's) ran at half the matmul speed of the others (H200)."""
     rows = LOGITS_CHUNK_BYTES // max(1, vocab_size * torch.empty((), dtype=dtype).element_size())
     rows = rows // 256 * 256 if rows >= 256 else max(16, rows // 16 * 16)
     if isinstance(n_rows, int) and n_rows > rows:  # a symbolic row count keeps the budget's size
@@ -331,9 +334,9 @@ def fused_linear_cross_entropy(
             chunked (exact, and as fast as Inductor); vocab_chunked (exact) when an option chunked lacks
             is asked for (``label_smoothing``, ``z_loss``, ``softcap``, ``reduction="none"``); tiled when
             ``filter_eps`` or ``fp32_accumulation`` is given. See the module docstring.
-        chunk_size (`int`, *optional*): chunked strategy: tokens per logits chunk (default: one chunk
-            within 320 MiB); vocab_chunked: vocabulary entries per chunk (default: one chunk of fp32
-            logits and their gradient within ``VOCAB_CHUNK_BYTES``, 96 MiB).
+        chunk_size (`int`, *optional*): chunked strategy: tokens per logits chunk (default: chunks of
+            equal size within 512 MiB each); vocab_chunked: vocabulary entries per chunk (default: one chunk
+            of fp32 logits and their gradient within ``VOCAB_CHUNK_BYTES``, 96 MiB).
         filter_eps (`float` or `"auto"` or `None`, defaults to `None`): tiled strategy: skip the
             gradient products of a tile whose d(loss)/d(logits) entries are all below this (``"auto"``:
             2^-12 in bf16, Cut Cross-Entropy's default); `None` is exact. Filtering is fast (4.7 ms

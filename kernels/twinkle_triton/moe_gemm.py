@@ -42,7 +42,7 @@ transformers' grouped_mm path rounds its intermediates. Routing weights may have
 (transformers' routers give fp32 or the hidden dtype); they are read in fp32 and their gradient is
 returned in their dtype.
 
-Block sizes (:data:`CONFIGS`, per kernel): the forward's from an H200 sweep, the backward's untuned;
+Block sizes (:data:`CONFIGS`, per kernel): each kernel's from an H200 sweep of its own time;
 ``tools/moe_gemm_sweep.py`` times them against transformers' ``grouped_mm`` experts and sweeps them on the
 GPU. Under the Triton interpreter each kernel takes few, large tiles (``_launch.loop_block``).
 """
@@ -60,16 +60,18 @@ __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 
 # Per kernel on the GPU: BLOCK_M (sorted rows a tile; for "weight_grad" the weight's rows), BLOCK_N,
 # BLOCK_K (the reduction step; for "weight_grad" rows of the expert a step), num_warps, num_stages.
-# gate_up holds two accumulators (gate and up): its 128 x 128 tiles take 8 warps. Measured (tools/moe_gemm_sweep.py,
-# H200, bf16, 4096 tokens; docs/performance/moe-gemm-sweep-h200.json) against the first 64 x 64, 4-warp tiles: the
-# forward 10.20 -> 7.20 ms at Mixtral-8x7B's layer, 1.045 -> 1.010 ms at Qwen3-30B-A3B's; down's sweep found no
-# setting more than 5% faster than its own. The backward kernels are untuned.
+# gate_up holds two accumulators (gate and up): its 128 x 128 tiles take 8 warps. Each kernel tuned on its own
+# profiled time (tools/moe_gemm_sweep.py --per-kernel, H200, bf16, 4096 tokens, every gradient checked per setting;
+# docs/performance/moe-gemm-per-kernel-h200.json), ms at Qwen3-30B-A3B's layer / Mixtral-8x7B's, the earlier
+# 64-row, 4-warp tiles -> these: down 0.296 -> 0.274 / 2.576 -> 1.713; grad_act 0.437 -> 0.417 / 3.421 -> 2.712;
+# grad_input 0.525 -> 0.404 / 6.028 -> 2.883; weight_grad 1.925 -> 1.936 / 14.167 -> 11.583 (its best at Qwen3's
+# layer, 256 columns, ran 12.86 at Mixtral's). One more pipeline stage took gate_up 0.543 -> 0.526 / 4.335 -> 4.262.
 CONFIGS = {
-    "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
-    "down": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
-    "grad_act": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
-    "grad_input": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
-    "weight_grad": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3},
+    "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
+    "down": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
+    "grad_act": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
+    "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
+    "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 5},
 }
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

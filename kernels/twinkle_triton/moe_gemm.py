@@ -76,14 +76,17 @@ CONFIGS = {
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _blocks(name: str, m: int, n: int, k: int) -> dict:
+def _blocks(name: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
     """The launch options of kernel ``name`` for tiles over ``m`` rows, ``n`` columns and a reduction
-    over ``k``: :data:`CONFIGS` on the GPU, few large tiles under the interpreter; every block at least
-    16 (``tl.dot``'s smallest) and at most ``_launch.BLOCK_LIMIT`` beyond that."""
+    over ``k`` of ``dtype`` operands: :data:`CONFIGS` on the GPU, few large tiles under the interpreter;
+    every block at least 16 (``tl.dot``'s smallest) and at most ``_launch.BLOCK_LIMIT`` beyond that.
+    CONFIGS were swept with 2-byte operands: 4-byte ones take half the reduction step, so that a pipeline
+    stage holds as many bytes (a 128 x 256 fp32 tile 64 deep needs 288 KiB of shared memory in 3 stages)."""
     cfg = CONFIGS[name]
     block_m = cfg["BLOCK_M"] if not interpreting() else min(64, next_power_of_2(m))
+    block_k = cfg["BLOCK_K"] * 2 // max(2, torch.empty((), dtype=dtype).element_size())
     return {"BLOCK_M": max(16, loop_block(block_m, block_m)), "BLOCK_N": max(16, loop_block(n, cfg["BLOCK_N"])),
-            "BLOCK_K": max(16, loop_block(k, cfg["BLOCK_K"])), "num_warps": cfg["num_warps"],
+            "BLOCK_K": max(16, loop_block(k, block_k)), "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"]}
 
 
@@ -116,7 +119,7 @@ def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, i
     tokens, top_k = top_k_index.shape
     (num_experts, k), (order, offsets) = (weight.shape[0], a.shape[1]), routing
     rows = a.new_empty((tokens, top_k, n))
-    blocks = _blocks(name, cdiv(a.shape[0], num_experts), n, k)
+    blocks = _blocks(name, cdiv(a.shape[0], num_experts), n, k, a.dtype)
     tile_expert, tile_start, tiles = _tiles(offsets, a.shape[0], blocks["BLOCK_M"])
     n_blocks = cdiv(n, blocks["BLOCK_N"])
     wrap_triton(_rows_to_pairs_kernel)[(tiles * n_blocks,)](
@@ -140,7 +143,7 @@ def _moe_swiglu_experts_impl(hidden_states: Tensor, gate_up_proj: Tensor, down_p
     gate_up = hidden_states.new_empty((pairs if save_for_backward else 0, 2 * inter))
     if pairs == 0:
         return hidden_states.new_zeros((tokens, hidden)), gate_up, h
-    blocks = _blocks("gate_up", cdiv(pairs, num_experts), inter, hidden)
+    blocks = _blocks("gate_up", cdiv(pairs, num_experts), inter, hidden, hidden_states.dtype)
     routing = order, offsets = _routing(top_k_index, num_experts)
     tile_expert, tile_start, tiles = _tiles(offsets, pairs, blocks["BLOCK_M"])
     n_blocks = cdiv(inter, blocks["BLOCK_N"])
@@ -181,7 +184,7 @@ def _moe_swiglu_experts_backward_impl(
         return (torch.zeros_like(hidden_states), grad_gate_up_proj.zero_(), grad_down_proj.zero_(),
                 torch.zeros_like(top_k_weights))
     weights = top_k_weights.reshape(-1)
-    cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden)
+    cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden, dtype)
     routing = order, offsets = _routing(top_k_index, num_experts)
     tile_expert, tile_start, tiles = _tiles(offsets, pairs, cfg["BLOCK_M"])
     n_blocks = cdiv(inter, cfg["BLOCK_N"])
@@ -201,7 +204,7 @@ def _moe_swiglu_experts_backward_impl(
     for out, a, b, a_gather, scale in ((grad_gate_up_proj, d_gate_up, hidden_states, False, None),
                                        (grad_down_proj, grad, h, True, weights)):
         m, n = out.shape[1], out.shape[2]
-        cfg = _blocks("weight_grad", m, n, cdiv(pairs, num_experts))
+        cfg = _blocks("weight_grad", m, n, cdiv(pairs, num_experts), dtype)
         n_blocks = cdiv(n, cfg["BLOCK_N"])
         wrap_triton(_weight_grad_kernel)[(cdiv(m, cfg["BLOCK_M"]) * n_blocks, num_experts)](
             a, b, scale if scale is not None else a, out, order, offsets, top_k, m, n, n_blocks,

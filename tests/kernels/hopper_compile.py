@@ -90,11 +90,11 @@ def _cases():
         cos, sin = _rand(2, 16, rotated, grad=False), _rand(2, 16, rotated, grad=False)
         _call(fn, q, k, cos, sin)
 
-    def moe():
+    def moe(dtype=bf16):  # fp32 too: the tiles were tuned for 2-byte operands, 4-byte ones need twice the bytes
         experts, top_k, h, i, tokens = 8, 2, 1024, 768, 64
         weights, index = torch.randn(tokens, experts).softmax(-1).topk(top_k, dim=-1)
-        _call(tt.moe_swiglu_experts, _rand(tokens, h), _rand(experts, 2 * i, h), _rand(experts, h, i), index,
-              weights.to(bf16).requires_grad_())
+        _call(tt.moe_swiglu_experts, _rand(tokens, h, dtype=dtype), _rand(experts, 2 * i, h, dtype=dtype),
+              _rand(experts, h, i, dtype=dtype), index, weights.to(dtype).requires_grad_())
 
     def flce(**options):
         x, weight = _rand(64, 896), _rand(4096, 896)
@@ -164,6 +164,7 @@ def _cases():
         "rotary_cache_attention": rotary_cache_attention,
         "gemv": gemvs,
         "moe_swiglu_experts": moe,
+        "moe_swiglu_experts fp32": lambda: moe(torch.float32),
         "embedding_grad_sums": lambda: tt.embedding_grad_sums(
             torch.randint(0, 1000, (64,)), _rand(64, hidden, grad=False), torch.ones(64, dtype=torch.bool), 1000),
     }

@@ -52,7 +52,8 @@ def test_every_launch_fits_the_shared_memory_of_an_h100(compiled):
 
 def test_the_gemm_kernels_use_tensor_cores_and_asynchronous_loads_without_spilling(compiled):
     for kernel in GEMMS:
-        launches = [c for c in compiled["compiled"] if c["kernel"] == kernel]
+        # fp32 operands take IEEE dots (no tensor cores); that case checks that the launch fits the shared memory
+        launches = [c for c in compiled["compiled"] if c["kernel"] == kernel and not c["case"].endswith(" fp32")]
         assert launches, kernel
         for c in launches:
             assert c["wgmma"] > 0 and c["async_copies"] > 0, c

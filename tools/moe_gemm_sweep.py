@@ -22,9 +22,13 @@ launches are told apart by their order in a call: ``LAUNCHES``). One run then fi
 setting at each shape, and times the five together against ``grouped_mm``, forward and forward + backward.
 Without knob flags each kernel tries its own ``CANDIDATES`` (settings that compile for sm_90 without spilling).
 
+``--weight-grad triton,grouped_mm`` times each way the backward can compute the weight gradients
+(``moe_gemm.WEIGHT_GRAD``), every gradient checked against transformers' experts for each.
+
     python tools/moe_gemm_sweep.py --out moe.json
     python tools/moe_gemm_sweep.py --out moe-fwd.json --kernels gate_up --block-m 64,128 --block-n 64,128 --warps 4,8
     python tools/moe_gemm_sweep.py --out moe-kernels.json --per-kernel --block-m 64,128 --block-n 64,128 --warps 4,8
+    python tools/moe_gemm_sweep.py --out moe-wgrad.json --weight-grad triton,grouped_mm
 """
 
 from __future__ import annotations
@@ -237,7 +241,16 @@ def main() -> None:
     parser.add_argument("--per-kernel", action="store_true",
                         help="tune each kernel on its own time under the profiler (see the module docstring)")
     parser.add_argument("--calls", type=int, default=5, help="--per-kernel: profiled calls per setting")
+    parser.add_argument("--weight-grad", default=moe_gemm.WEIGHT_GRAD,
+                        help=f"comma-separated, of {', '.join(moe_gemm.WEIGHT_GRADS)}: how the backward computes the "
+                             "weight gradients (moe_gemm.WEIGHT_GRAD)")
     args = parser.parse_args()
+    variants = args.weight_grad.split(",")
+    if set(variants) - set(moe_gemm.WEIGHT_GRADS):
+        parser.error(f"--weight-grad: unknown {', '.join(sorted(set(variants) - set(moe_gemm.WEIGHT_GRADS)))}; "
+                     f"known: {', '.join(moe_gemm.WEIGHT_GRADS)}")
+    if args.per_kernel and variants != ["triton"]:
+        parser.error("--per-kernel times the Triton kernels, the weight gradients' too: pass --weight-grad triton")
     for what, given, known in (("--shapes", args.shapes, SHAPES), ("--kernels", args.kernels, moe_gemm.CONFIGS)):
         unknown = sorted(set(given.split(",")) - set(known))
         if unknown:
@@ -247,8 +260,9 @@ def main() -> None:
     settings = [{}]
     for key, values in axes:
         settings = [{**s, key: v} for s in settings for v in values]
-    defaults = copy.deepcopy(moe_gemm.CONFIGS)
+    defaults, default_weight_grad = copy.deepcopy(moe_gemm.CONFIGS), moe_gemm.WEIGHT_GRAD
     if args.per_kernel:
+        moe_gemm.WEIGHT_GRAD = "triton"
         rows = per_kernel(args, kernels, settings, defaults)
         moe_gemm.CONFIGS.clear()
         moe_gemm.CONFIGS.update(defaults)
@@ -267,23 +281,28 @@ def main() -> None:
             ours, theirs = cases[mode]
             mode_flops = flops * (3 if mode == "forward+backward" else 1)
             t_theirs = do_bench(theirs)
-            for setting in settings:
+            for variant, setting in [(v, s) for v in variants for s in settings]:
+                moe_gemm.WEIGHT_GRAD = variant
                 moe_gemm.CONFIGS.clear()
                 moe_gemm.CONFIGS.update(copy.deepcopy(defaults))
                 for kernel in kernels:
                     moe_gemm.CONFIGS[kernel].update(setting)
                 label = ",".join(f"{k}={v}" for k, v in setting.items()) or "defaults"
+                if len(variants) > 1:
+                    label += f" wgrad={variant}"
                 try:
                     if mode == "forward":
                         torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
+                    else:
+                        _gradients_agree(cases["gradients"][0](), cases["gradients"][1]())
                     t_ours = do_bench(ours)
                 except Exception as e:  # noqa: BLE001  a configuration the GPU cannot run: report, go on
                     print(f"{name:14s} {mode:17s} {label:40s} failed: {type(e).__name__}: {str(e)[:120]}")
                     results.append({"shape": name, "mode": mode, "setting": setting, "kernels": kernels,
-                                    "error": f"{type(e).__name__}: {e}"})
+                                    "weight_grad": variant, "error": f"{type(e).__name__}: {e}"})
                     continue
                 results.append({"shape": name, "mode": mode, "setting": setting, "kernels": kernels,
-                                "grouped_mm_ms": t_theirs, "fused_ms": t_ours, "speedup": t_theirs / t_ours,
+                                "weight_grad": variant, "grouped_mm_ms": t_theirs, "fused_ms": t_ours, "speedup": t_theirs / t_ours,
                                 "fused_tflops": mode_flops / t_ours / 1e9})
                 print(f"{name:14s} {mode:17s} {label:40s} {t_theirs:13.3f} {mode_flops / t_theirs / 1e9:8.1f} | "
                       f"{t_ours:8.3f} {mode_flops / t_ours / 1e9:8.1f} | {t_theirs / t_ours:6.2f}x", flush=True)
@@ -291,7 +310,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     moe_gemm.CONFIGS.clear()
     moe_gemm.CONFIGS.update(defaults)
-    if len(settings) > 1:
+    moe_gemm.WEIGHT_GRAD = default_weight_grad
+    if len(settings) * len(variants) > 1:
         print(f"\nfastest setting of {', '.join(kernels)} per shape and mode:")
         best = {}
         for r in results:
@@ -299,7 +319,8 @@ def main() -> None:
             if "fused_ms" in r and (key not in best or r["fused_ms"] < best[key]["fused_ms"]):
                 best[key] = r
         for (name, mode), r in best.items():
-            print(f"{name:14s} {mode:17s} {r['setting']}  {r['fused_ms']:.3f} ms, {r['speedup']:.2f}x grouped_mm")
+            print(f"{name:14s} {mode:17s} {r['setting']} wgrad={r['weight_grad']}  {r['fused_ms']:.3f} ms, "
+                  f"{r['speedup']:.2f}x grouped_mm")
     with open(args.out, "w") as f:
         json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16", "tokens": args.tokens,
                    "defaults": defaults, "rows": results}, f, indent=1)

@@ -74,6 +74,13 @@ CONFIGS = {
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 5},
 }
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# How the backward computes the experts' weight gradients: "triton", ``_weight_grad_kernel`` with the rows gathered
+# in its operand loads; or "grouped_mm", ``torch._grouped_mm`` (cuBLAS's grouped GEMM on a GPU) over copies of the
+# gathered rows in sorted order, which costs two ``[S, H]`` copies (one scaled by the routing weights) and runs
+# where that op takes the operands (bf16, rows a multiple of 16 bytes), else the Triton kernel.
+# ``tools/moe_gemm_sweep.py --weight-grad triton,grouped_mm`` times both.
+WEIGHT_GRAD = "triton"
+WEIGHT_GRADS = ("triton", "grouped_mm")
 
 
 def _blocks(name: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
@@ -178,10 +185,8 @@ def _moe_swiglu_experts_backward_impl(
     if gate_up.shape[0] != pairs:  # a forward told to save nothing: recompute the projections
         _, gate_up, h = _moe_swiglu_experts_impl(hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,
                                                  True)
-    grad_gate_up_proj = torch.empty(gate_up_proj.shape, dtype=dtype, device=grad.device)
-    grad_down_proj = torch.empty(down_proj.shape, dtype=dtype, device=grad.device)
     if pairs == 0:
-        return (torch.zeros_like(hidden_states), grad_gate_up_proj.zero_(), grad_down_proj.zero_(),
+        return (torch.zeros_like(hidden_states), torch.zeros_like(gate_up_proj), torch.zeros_like(down_proj),
                 torch.zeros_like(top_k_weights))
     weights = top_k_weights.reshape(-1)
     cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden, dtype)
@@ -201,6 +206,23 @@ def _moe_swiglu_experts_backward_impl(
     grad_x = _rows_to_pairs(d_gate_up, gate_up_proj, hidden, gate_up_proj.stride(), None, top_k_index, routing,
                             "grad_input")
     # per expert: d_gate_up^T @ x[tokens] -> [2I, H];  (w * grad[tokens])^T @ h -> [H, I]
+    if WEIGHT_GRAD == "grouped_mm" and _grouped_mm_takes(hidden_states, inter):
+        grad_gate_up_proj, grad_down_proj = _weight_grads_grouped_mm(d_gate_up, hidden_states, grad, h, weights,
+                                                                     routing, top_k)
+    else:
+        grad_gate_up_proj, grad_down_proj = _weight_grads_triton(
+            d_gate_up, hidden_states, grad, h, weights, routing, top_k, gate_up_proj.shape, down_proj.shape)
+    return grad_x, grad_gate_up_proj, grad_down_proj, grad_weights
+
+
+def _weight_grads_triton(d_gate_up: Tensor, hidden_states: Tensor, grad: Tensor, h: Tensor, weights: Tensor,
+                         routing: tuple[Tensor, Tensor], top_k: int, gate_up_shape: torch.Size,
+                         down_shape: torch.Size) -> tuple[Tensor, Tensor]:
+    """The weight gradients by ``_weight_grad_kernel``: one program per (expert, weight tile), the rows gathered."""
+    (order, offsets), dtype = routing, hidden_states.dtype
+    num_experts, pairs = offsets.shape[0] - 1, order.shape[0]
+    grad_gate_up_proj = torch.empty(gate_up_shape, dtype=dtype, device=grad.device)
+    grad_down_proj = torch.empty(down_shape, dtype=dtype, device=grad.device)
     for out, a, b, a_gather, scale in ((grad_gate_up_proj, d_gate_up, hidden_states, False, None),
                                        (grad_down_proj, grad, h, True, weights)):
         m, n = out.shape[1], out.shape[2]
@@ -211,7 +233,31 @@ def _moe_swiglu_experts_backward_impl(
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), *out.stride(),
             A_GATHER=a_gather, B_GATHER=not a_gather, HAS_SCALE=scale is not None, **cfg, **_dot(dtype),
         )
-    return grad_x, grad_gate_up_proj, grad_down_proj, grad_weights
+    return grad_gate_up_proj, grad_down_proj
+
+
+def _grouped_mm_takes(hidden_states: Tensor, inter: int) -> bool:
+    """Whether ``torch._grouped_mm`` takes the weight gradients' operands: bf16, on a GPU of compute capability 9.0
+    or later or on the CPU, every row of ``hidden`` and ``inter`` elements a multiple of 16 bytes."""
+    device = hidden_states.device
+    if not hasattr(torch, "_grouped_mm") or hidden_states.dtype != torch.bfloat16:
+        return False
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    return device.type in ("cuda", "cpu") and hidden_states.shape[1] % 8 == 0 and inter % 8 == 0
+
+
+def _weight_grads_grouped_mm(d_gate_up: Tensor, hidden_states: Tensor, grad: Tensor, h: Tensor, weights: Tensor,
+                             routing: tuple[Tensor, Tensor], top_k: int) -> tuple[Tensor, Tensor]:
+    """The weight gradients by ``torch._grouped_mm``, each expert's rows a group of the reduction: the tokens' rows
+    copied in sorted order (``grad``'s times the routing weight, in fp32, rounded once)."""
+    order, offsets = routing
+    rows_token = order // top_k
+    ends = offsets[1:].to(torch.int32)
+    x_rows = hidden_states.index_select(0, rows_token)
+    scaled = (grad.index_select(0, rows_token).float() * weights.index_select(0, order).float()[:, None]).to(grad.dtype)
+    return (torch._grouped_mm(d_gate_up.t(), x_rows, offs=ends),  # [E, 2I, H]
+            torch._grouped_mm(scaled.t(), h, offs=ends))  # [E, H, I]
 
 
 def _moe_swiglu_experts_backward_fake(grad, hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,

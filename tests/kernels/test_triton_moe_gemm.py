@@ -46,6 +46,23 @@ def test_matches_reference(top_k, dtype):
     _check(x, gate_up, down, index, weights, dtype, f"moe_swiglu_experts top-{top_k}")
 
 
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_weight_gradients_by_grouped_mm(top_k, monkeypatch):
+    """The weight gradients by torch._grouped_mm over the rows copied in sorted order (an expert with no rows among
+    the groups): every gradient as the reference's, and the path taken."""
+    from twinkle_triton import moe_gemm
+
+    calls = []
+    grouped = moe_gemm._weight_grads_grouped_mm
+    monkeypatch.setattr(moe_gemm, "WEIGHT_GRAD", "grouped_mm")
+    monkeypatch.setattr(moe_gemm, "_weight_grads_grouped_mm", lambda *args: calls.append(1) or grouped(*args))
+    x, gate_up, down, index, weights = _inputs(torch.bfloat16, top_k)
+    _check(x, gate_up, down, index, weights, torch.bfloat16, f"moe_swiglu_experts top-{top_k}, grouped_mm")
+    assert calls
+    # where the op cannot take the operands (fp32; rows not a multiple of 16 bytes) the Triton kernel runs
+    assert not moe_gemm._grouped_mm_takes(x.float(), INTER) and not moe_gemm._grouped_mm_takes(x, INTER + 4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_matches_reference_in_small_tiles(dtype, small_blocks):
     # 16-row tiles, 16-column blocks, 16-wide K steps: several M tiles per expert, a partial last tile,

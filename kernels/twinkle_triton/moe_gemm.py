@@ -32,9 +32,11 @@ For T tokens each routed to ``k`` of E experts (transformers' ``*Experts`` layou
   partial sums are added by torch) and, times the weight, the SwiGLU derivative on the saved
   projections: ``d gate_up`` ``[S, 2I]`` in sorted order. ``_rows_to_pairs_kernel`` then multiplies
   it by ``gate_up_proj[e]`` into the ``[T, k, H]`` buffer, summed over k like the forward: the
-  input's gradient. ``_weight_grad_kernel`` gives each weight's gradient per expert, one program per
-  (expert, weight tile) summing all the expert's rows in one fp32 accumulator (gathering ``x`` for
-  ``gate_up_proj``, and the weighted ``grad`` for ``down_proj``): no atomics, no partial sums.
+  input's gradient. Each weight's gradient per expert: ``torch._grouped_mm`` over the expert's rows,
+  ``x`` and the weighted ``grad`` copied in sorted order (:data:`WEIGHT_GRAD`), or, where that op
+  does not take the operands, ``_weight_grad_kernel``, one program per (expert, weight tile) summing
+  all the expert's rows in one fp32 accumulator (gathering ``x`` for ``gate_up_proj``, and the
+  weighted ``grad`` for ``down_proj``): no atomics, no partial sums.
 
 Precision: ``tl.dot`` with fp32 accumulation (fp32 inputs in IEEE fp32, not TF32); ``h``, the saved
 projections, ``d gate_up`` and the ``[T, k, H]`` rows are rounded to the input dtype once each, as
@@ -74,12 +76,14 @@ CONFIGS = {
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 5},
 }
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# How the backward computes the experts' weight gradients: "triton", ``_weight_grad_kernel`` with the rows gathered
-# in its operand loads; or "grouped_mm", ``torch._grouped_mm`` (cuBLAS's grouped GEMM on a GPU) over copies of the
-# gathered rows in sorted order, which costs two ``[S, H]`` copies (one scaled by the routing weights) and runs
-# where that op takes the operands (bf16, rows a multiple of 16 bytes), else the Triton kernel.
-# ``tools/moe_gemm_sweep.py --weight-grad triton,grouped_mm`` times both.
-WEIGHT_GRAD = "triton"
+# How the backward computes the experts' weight gradients: "grouped_mm", ``torch._grouped_mm`` (cuBLAS's grouped GEMM
+# on a GPU) over copies of the gathered rows in sorted order, which costs two ``[S, H]`` copies (one scaled by the
+# routing weights) and runs where that op takes the operands (bf16, rows a multiple of 16 bytes); elsewhere, or as
+# "triton", ``_weight_grad_kernel`` with the rows gathered in its operand loads. ``tools/moe_gemm_sweep.py
+# --weight-grad triton,grouped_mm`` times both: forward + backward on an H200 (bf16, 4096 tokens,
+# docs/performance/moe-weight-grad-h200.json) 3.99 -> 3.45 ms at Qwen3-30B-A3B's layer, 24.57 -> 18.66 at
+# Mixtral-8x7B's, where the gathering kernel ran the weight gradients at about 250 TFLOP/s.
+WEIGHT_GRAD = "grouped_mm"
 WEIGHT_GRADS = ("triton", "grouped_mm")
 
 

@@ -90,11 +90,18 @@ def _cases():
         cos, sin = _rand(2, 16, rotated, grad=False), _rand(2, 16, rotated, grad=False)
         _call(fn, q, k, cos, sin)
 
-    def moe(dtype=bf16):  # fp32 too: the tiles were tuned for 2-byte operands, 4-byte ones need twice the bytes
+    def moe(dtype=bf16, weight_grad=None):  # fp32 too: the tiles were tuned for 2-byte operands, 4-byte ones need
+        # twice the bytes; and the Triton weight-gradient kernel, which bf16 runs where torch._grouped_mm does not
+        from twinkle_triton import moe_gemm
+
         experts, top_k, h, i, tokens = 8, 2, 1024, 768, 64
         weights, index = torch.randn(tokens, experts).softmax(-1).topk(top_k, dim=-1)
-        _call(tt.moe_swiglu_experts, _rand(tokens, h, dtype=dtype), _rand(experts, 2 * i, h, dtype=dtype),
-              _rand(experts, h, i, dtype=dtype), index, weights.to(dtype).requires_grad_())
+        default, moe_gemm.WEIGHT_GRAD = moe_gemm.WEIGHT_GRAD, weight_grad or moe_gemm.WEIGHT_GRAD
+        try:
+            _call(tt.moe_swiglu_experts, _rand(tokens, h, dtype=dtype), _rand(experts, 2 * i, h, dtype=dtype),
+                  _rand(experts, h, i, dtype=dtype), index, weights.to(dtype).requires_grad_())
+        finally:
+            moe_gemm.WEIGHT_GRAD = default
 
     def flce(**options):
         x, weight = _rand(64, 896), _rand(4096, 896)
@@ -165,6 +172,7 @@ def _cases():
         "gemv": gemvs,
         "moe_swiglu_experts": moe,
         "moe_swiglu_experts fp32": lambda: moe(torch.float32),
+        "moe_swiglu_experts, Triton weight gradients": lambda: moe(weight_grad="triton"),
         "embedding_grad_sums": lambda: tt.embedding_grad_sums(
             torch.randint(0, 1000, (64,)), _rand(64, hidden, grad=False), torch.ones(64, dtype=torch.bool), 1000),
     }

@@ -46,18 +46,20 @@ def test_matches_reference(top_k, dtype):
     _check(x, gate_up, down, index, weights, dtype, f"moe_swiglu_experts top-{top_k}")
 
 
+@pytest.mark.parametrize("weight_grad", ["grouped_mm", "triton"])
 @pytest.mark.parametrize("top_k", [1, 3])
-def test_weight_gradients_by_grouped_mm(top_k, monkeypatch):
-    """The weight gradients by torch._grouped_mm over the rows copied in sorted order (an expert with no rows among
-    the groups): every gradient as the reference's, and the path taken."""
+def test_weight_gradients_either_way(top_k, weight_grad, monkeypatch):
+    """The weight gradients by torch._grouped_mm over the rows copied in sorted order and by the Triton kernel that
+    gathers them (an expert with no rows among the groups): every gradient as the reference's, and the path taken."""
     from twinkle_triton import moe_gemm
 
     calls = []
-    grouped = moe_gemm._weight_grads_grouped_mm
-    monkeypatch.setattr(moe_gemm, "WEIGHT_GRAD", "grouped_mm")
-    monkeypatch.setattr(moe_gemm, "_weight_grads_grouped_mm", lambda *args: calls.append(1) or grouped(*args))
+    path = {"grouped_mm": "_weight_grads_grouped_mm", "triton": "_weight_grads_triton"}[weight_grad]
+    taken = getattr(moe_gemm, path)
+    monkeypatch.setattr(moe_gemm, "WEIGHT_GRAD", weight_grad)
+    monkeypatch.setattr(moe_gemm, path, lambda *args: calls.append(1) or taken(*args))
     x, gate_up, down, index, weights = _inputs(torch.bfloat16, top_k)
-    _check(x, gate_up, down, index, weights, torch.bfloat16, f"moe_swiglu_experts top-{top_k}, grouped_mm")
+    _check(x, gate_up, down, index, weights, torch.bfloat16, f"moe_swiglu_experts top-{top_k}, {weight_grad}")
     assert calls
     # where the op cannot take the operands (fp32; rows not a multiple of 16 bytes) the Triton kernel runs
     assert not moe_gemm._grouped_mm_takes(x.float(), INTER) and not moe_gemm._grouped_mm_takes(x, INTER + 4)
@@ -225,6 +227,7 @@ def test_the_sweep_tool_knows_the_launch_order(monkeypatch):
         return wrap(kernel)
 
     monkeypatch.setattr(moe_gemm, "wrap_triton", recording)
+    monkeypatch.setattr(moe_gemm, "WEIGHT_GRAD", "triton")  # as --per-kernel sets it
     x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2)
     params = [t.requires_grad_() for t in (x, gate_up, down, weights)]
     torch.autograd.grad(tt.moe_swiglu_experts(x, gate_up, down, index, weights), params, torch.randn_like(x))

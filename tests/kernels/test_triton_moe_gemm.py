@@ -173,11 +173,30 @@ def test_refuses_modules_it_does_not_compute():
     assert applies_to(experts) == "it has no down_proj"
 
 
-def test_opcheck():
-    x, gate_up, down, index, weights = _inputs(torch.float32, 2, tokens=6, experts=3, hidden=16, inter=16)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the weight gradients by torch._grouped_mm
+def test_opcheck(dtype):
+    x, gate_up, down, index, weights = _inputs(dtype, 2, tokens=6, experts=3, hidden=16, inter=16)
     args = [t.requires_grad_() for t in (x, gate_up, down)] + [index, weights.requires_grad_()]
     for save in (True, False):
         torch.library.opcheck(torch.ops.twinkle.moe_swiglu_experts.default, (*args, save))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor compiles the op's kernels itself on a GPU only")
+def test_inductor_compiles_the_grouped_mm_weight_gradients():
+    """On a GPU AOTAutograd traces the backward's torch._grouped_mm calls into the graph with the kernels' launches:
+    Inductor's code computes the same gradients as eager."""
+    x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2, tokens=64, experts=4, hidden=64, inter=48)
+
+    def grads(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, gate_up, down, weights)]
+        out = fn(*leaves)
+        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    def fn(x, gate_up, down, weights):
+        return tt.moe_swiglu_experts(x, gate_up, down, index, weights)
+
+    for got, want in zip(grads(torch.compile(fn, fullgraph=True)), grads(fn)):
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
 def test_compiles_with_aot_eager():

@@ -302,8 +302,8 @@ def main() -> None:
                                     "weight_grad": variant, "error": f"{type(e).__name__}: {e}"})
                     continue
                 results.append({"shape": name, "mode": mode, "setting": setting, "kernels": kernels,
-                                "weight_grad": variant, "grouped_mm_ms": t_theirs, "fused_ms": t_ours, "speedup": t_theirs / t_ours,
-                                "fused_tflops": mode_flops / t_ours / 1e9})
+                                "weight_grad": variant, "grouped_mm_ms": t_theirs, "fused_ms": t_ours,
+                                "speedup": t_theirs / t_ours, "fused_tflops": mode_flops / t_ours / 1e9})
                 print(f"{name:14s} {mode:17s} {label:40s} {t_theirs:13.3f} {mode_flops / t_theirs / 1e9:8.1f} | "
                       f"{t_ours:8.3f} {mode_flops / t_ours / 1e9:8.1f} | {t_theirs / t_ours:6.2f}x", flush=True)
         del module, cases

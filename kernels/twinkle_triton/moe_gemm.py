@@ -3,7 +3,8 @@
 For T tokens each routed to ``k`` of E experts (transformers' ``*Experts`` layout: ``gate_up_proj``
 ``[E, 2I, H]`` with gate rows first, ``down_proj`` ``[E, H, I]``), token t's output is
 ``sum_j w[t, j] * down[e_j] @ (silu(gate[e_j] @ x[t]) * (up[e_j] @ x[t]))``. Four Triton kernels
-(``_moe_gemm_kernels.py``) compute it and its gradients, without a permuted copy of the tokens:
+(``_moe_gemm_kernels.py``) compute it and its gradients, the forward without a permuted copy of the
+tokens (the weight gradients, by default, from copies: :data:`WEIGHT_GRAD`):
 
 - **schedule.** The ``S = T * k`` (token, slot) pairs are sorted by expert (``torch.sort``, stable,
   once in the forward and once in the backward: :func:`_routing`); ``order[r]`` is the pair of sorted

@@ -14,7 +14,7 @@ import torch
 from torch._library.triton import is_wrap_triton_enabled
 
 __all__ = ["current_cuda_device", "current_cuda_raw_stream", "dispatch_modes_active", "functorch_transforms_active",
-           "is_wrap_triton_enabled", "plain_linear"]
+           "grouped_mm", "is_wrap_triton_enabled", "plain_linear"]
 
 
 def _without_cuda(*args: Any) -> Any:
@@ -31,6 +31,10 @@ current_cuda_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _withou
 dispatch_modes_active = torch._C._len_torch_dispatch_stack
 # whether a functorch transform (vmap, grad) is active: then too
 functorch_transforms_active = torch._C._are_functorch_transforms_active
+# the grouped GEMM transformers' grouped_mm experts use (cuBLAS's on a GPU): ``grouped_mm(a, b, offs=ends)``, with
+# ``a`` [M, K] and ``b`` [K, N] 2-D, the K rows cut into groups at ``ends``, gives ``[groups, M, N]``; None where
+# this torch has none
+grouped_mm = getattr(torch, "_grouped_mm", None)
 
 
 def plain_linear(module: torch.nn.Module) -> bool:

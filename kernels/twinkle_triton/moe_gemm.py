@@ -58,6 +58,7 @@ from ._checks import ANY_DTYPE, check_tensors
 from ._launch import cdiv, dot_options, interpreting, loop_block, next_power_of_2
 from ._library import define_differentiable_op, wrap_triton
 from ._moe_gemm_kernels import _gate_up_kernel, _grad_act_kernel, _rows_to_pairs_kernel, _weight_grad_kernel
+from ._torch_internals import grouped_mm
 
 __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 
@@ -79,9 +80,9 @@ CONFIGS = {
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # How the backward computes the experts' weight gradients: "grouped_mm", ``torch._grouped_mm`` (cuBLAS's grouped GEMM
 # on a GPU) over copies of the gathered rows in sorted order, which costs two ``[S, H]`` copies (one scaled by the
-# routing weights) and runs where that op takes the operands (bf16, rows a multiple of 16 bytes); elsewhere, or as
-# "triton", ``_weight_grad_kernel`` with the rows gathered in its operand loads. ``tools/moe_gemm_sweep.py
-# --weight-grad triton,grouped_mm`` times both: forward + backward on an H200 (bf16, 4096 tokens,
+# routing weights) and runs where that op takes the operands (bf16, rows a multiple of 16 bytes, Hopper or the CPU:
+# :func:`_grouped_mm_takes`); elsewhere, or as "triton", ``_weight_grad_kernel`` with the rows gathered in its
+# operand loads. ``tools/moe_gemm_sweep.py --weight-grad triton,grouped_mm`` times both: forward + backward on an H200 (bf16, 4096 tokens,
 # docs/performance/moe-weight-grad-h200.json) 3.99 -> 3.45 ms at Qwen3-30B-A3B's layer, 24.57 -> 18.66 at
 # Mixtral-8x7B's, where the gathering kernel ran the weight gradients at about 250 TFLOP/s.
 WEIGHT_GRAD = "grouped_mm"
@@ -242,12 +243,14 @@ def _weight_grads_triton(d_gate_up: Tensor, hidden_states: Tensor, grad: Tensor,
 
 
 def _grouped_mm_takes(hidden_states: Tensor, inter: int) -> bool:
-    """Whether ``torch._grouped_mm`` takes the weight gradients' operands: bf16, on a GPU of compute capability 9.0
-    or later or on the CPU, every row of ``hidden`` and ``inter`` elements a multiple of 16 bytes."""
+    """Whether ``torch._grouped_mm`` (:data:`._torch_internals.grouped_mm`) takes the weight gradients' operands:
+    bf16, on a Hopper GPU (compute capability 9.x) or the CPU, every row of ``hidden`` and ``inter`` elements a
+    multiple of 16 bytes. Not on Blackwell: there the gradient of an expert no token chose comes out nonzero
+    (pytorch/pytorch#172439), where Hopper's and the CPU's are zero."""
     device = hidden_states.device
-    if not hasattr(torch, "_grouped_mm") or hidden_states.dtype != torch.bfloat16:
+    if grouped_mm is None or hidden_states.dtype != torch.bfloat16:
         return False
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] != 9:
         return False
     return device.type in ("cuda", "cpu") and hidden_states.shape[1] % 8 == 0 and inter % 8 == 0
 
@@ -261,8 +264,8 @@ def _weight_grads_grouped_mm(d_gate_up: Tensor, hidden_states: Tensor, grad: Ten
     ends = offsets[1:].to(torch.int32)
     x_rows = hidden_states.index_select(0, rows_token)
     scaled = (grad.index_select(0, rows_token).float() * weights.index_select(0, order).float()[:, None]).to(grad.dtype)
-    return (torch._grouped_mm(d_gate_up.t(), x_rows, offs=ends),  # [E, 2I, H]
-            torch._grouped_mm(scaled.t(), h, offs=ends))  # [E, H, I]
+    return (grouped_mm(d_gate_up.t(), x_rows, offs=ends),  # [E, 2I, H]
+            grouped_mm(scaled.t(), h, offs=ends))  # [E, H, I]
 
 
 def _moe_swiglu_experts_backward_fake(grad, hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,

@@ -45,3 +45,13 @@ def test_functorch_transforms_active_inside_vmap_only():
 
 def test_is_wrap_triton_enabled_answers_outside_a_trace():
     assert isinstance(ti.is_wrap_triton_enabled(), bool)
+
+
+def test_grouped_mm_cuts_the_reduction_into_groups():
+    if ti.grouped_mm is None:
+        pytest.skip("this torch has no _grouped_mm")
+    a, b = torch.randn(16, 24, dtype=torch.bfloat16), torch.randn(24, 8, dtype=torch.bfloat16)
+    ends = torch.tensor([10, 10, 24], dtype=torch.int32)  # the second group is empty
+    out = ti.grouped_mm(a, b, offs=ends)
+    want = torch.stack([a[:, :10] @ b[:10], torch.zeros(16, 8, dtype=torch.bfloat16), a[:, 10:] @ b[10:]])
+    torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -115,7 +115,7 @@ def default_chunk_size(vocab_size: int, dtype: torch.dtype, n_rows: int | None =
     as many chunks as that takes, of equal size (the last one a few rows smaller). Under a 320 MiB budget 4096
     rows at vocab 128256 made three chunks of 1280 and a last one of 256 rows, whose grad_W update (a pass over
     all of grad_W, like every chunk's) ran at half the matmul speed of the others (H200)."""
-    rows = LOGITS_CHUNK_BYTES // max(1, vocab_size * torch.empty((), dtype=dtype).element_size())
+    rows = LOGITS_CHUNK_BYTES // max(1, vocab_size * dtype.itemsize)
     rows = rows // 256 * 256 if rows >= 256 else max(16, rows // 16 * 16)
     if isinstance(n_rows, int) and n_rows > rows:  # a symbolic row count keeps the budget's size
         chunks = -(-n_rows // rows)

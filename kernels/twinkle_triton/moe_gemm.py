@@ -82,9 +82,9 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # on a GPU) over copies of the gathered rows in sorted order, which costs two ``[S, H]`` copies (one scaled by the
 # routing weights) and runs where that op takes the operands (bf16, rows a multiple of 16 bytes, Hopper or the CPU:
 # :func:`_grouped_mm_takes`); elsewhere, or as "triton", ``_weight_grad_kernel`` with the rows gathered in its
-# operand loads. ``tools/moe_gemm_sweep.py --weight-grad triton,grouped_mm`` times both: forward + backward on an H200 (bf16, 4096 tokens,
-# docs/performance/moe-weight-grad-h200.json) 3.99 -> 3.45 ms at Qwen3-30B-A3B's layer, 24.57 -> 18.66 at
-# Mixtral-8x7B's, where the gathering kernel ran the weight gradients at about 250 TFLOP/s.
+# operand loads. ``tools/moe_gemm_sweep.py --weight-grad triton,grouped_mm`` times both: forward + backward on an
+# H200 (bf16, 4096 tokens, docs/performance/moe-weight-grad-h200.json) 3.99 -> 3.45 ms at Qwen3-30B-A3B's layer,
+# 24.57 -> 18.66 at Mixtral-8x7B's, where the gathering kernel ran the weight gradients at about 250 TFLOP/s.
 WEIGHT_GRAD = "grouped_mm"
 WEIGHT_GRADS = ("triton", "grouped_mm")
 
@@ -97,7 +97,7 @@ def _blocks(name: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
     stage holds as many bytes (a 128 x 256 fp32 tile 64 deep needs 288 KiB of shared memory in 3 stages)."""
     cfg = CONFIGS[name]
     block_m = cfg["BLOCK_M"] if not interpreting() else min(64, next_power_of_2(m))
-    block_k = cfg["BLOCK_K"] * 2 // max(2, torch.empty((), dtype=dtype).element_size())
+    block_k = cfg["BLOCK_K"] * 2 // max(2, dtype.itemsize)
     return {"BLOCK_M": max(16, loop_block(block_m, block_m)), "BLOCK_N": max(16, loop_block(n, cfg["BLOCK_N"])),
             "BLOCK_K": max(16, loop_block(k, block_k)), "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"]}

@@ -229,6 +229,7 @@ def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> None:
             other = add.args[1] if add.args[0] is table else add.args[0]
             if isinstance(other, fx.Node) and _same_tensor_type(other, table) and other is not table:
                 target, head = add, other
+
     def call(op, *args) -> fx.Node:
         return _node(graph, fake_mode, op, args)
 

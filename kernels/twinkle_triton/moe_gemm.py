@@ -56,7 +56,7 @@ from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
 from ._launch import cdiv, dot_options, interpreting, loop_block, next_power_of_2
-from ._library import define_differentiable_op, wrap_triton
+from ._library import define_differentiable_op, define_op, wrap_triton
 from ._moe_gemm_kernels import _gate_up_kernel, _grad_act_kernel, _rows_to_pairs_kernel, _weight_grad_kernel
 from ._torch_internals import grouped_mm
 
@@ -261,11 +261,33 @@ def _weight_grads_grouped_mm(d_gate_up: Tensor, hidden_states: Tensor, grad: Ten
     copied in sorted order (``grad``'s times the routing weight, in fp32, rounded once)."""
     order, offsets = routing
     rows_token = order // top_k
-    ends = offsets[1:].to(torch.int32)
     x_rows = hidden_states.index_select(0, rows_token)
     scaled = (grad.index_select(0, rows_token).float() * weights.index_select(0, order).float()[:, None]).to(grad.dtype)
+    return _grouped_weight_grads_op(d_gate_up, x_rows, scaled, h, offsets[1:].to(torch.int32))
+
+
+def _grouped_weight_grads_impl(d_gate_up: Tensor, x_rows: Tensor, scaled: Tensor, h: Tensor,
+                               ends: Tensor) -> tuple[Tensor, Tensor]:
+    # The reduction runs down the rows of row-major operands: then CUDA takes groups of any size. Cut along a
+    # contiguous dimension (Inductor laid the transposed operand out row-major when it saw these calls in its graph),
+    # it asks for groups of a multiple of 16 bytes, and an expert's row count is whatever the router chose.
+    d_gate_up, x_rows, scaled, h = (t.contiguous() for t in (d_gate_up, x_rows, scaled, h))
     return (grouped_mm(d_gate_up.t(), x_rows, offs=ends),  # [E, 2I, H]
             grouped_mm(scaled.t(), h, offs=ends))  # [E, H, I]
+
+
+def _grouped_weight_grads_fake(d_gate_up: Tensor, x_rows: Tensor, scaled: Tensor, h: Tensor,
+                               ends: Tensor) -> tuple[Tensor, Tensor]:
+    experts = ends.shape[0]
+    return (d_gate_up.new_empty((experts, d_gate_up.shape[1], x_rows.shape[1])),
+            scaled.new_empty((experts, scaled.shape[1], h.shape[1])))
+
+
+# Opaque to Inductor (a custom_op): it hands the operands over with the layouts above.
+_grouped_weight_grads_op = define_op(
+    "moe_grouped_weight_grads", _grouped_weight_grads_impl, fake=_grouped_weight_grads_fake, inline_kernels=False,
+    reference=_grouped_weight_grads_impl,  # no Triton kernel in it: the same call on any device
+)
 
 
 def _moe_swiglu_experts_backward_fake(grad, hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,

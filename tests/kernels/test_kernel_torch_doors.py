@@ -50,7 +50,9 @@ def test_is_wrap_triton_enabled_answers_outside_a_trace():
 def test_grouped_mm_cuts_the_reduction_into_groups():
     if ti.grouped_mm is None:
         pytest.skip("this torch has no _grouped_mm")
-    a, b = torch.randn(16, 24, dtype=torch.bfloat16), torch.randn(24, 8, dtype=torch.bfloat16)
+    # the MoE weight gradients' layout: the reduction runs down both operands' rows (a transposed view, b row-major),
+    # where groups of any size are allowed; cut along a contiguous dimension, CUDA asks for 16-byte group sizes
+    a, b = torch.randn(24, 16, dtype=torch.bfloat16).t(), torch.randn(24, 8, dtype=torch.bfloat16)
     ends = torch.tensor([10, 10, 24], dtype=torch.int32)  # the second group is empty
     out = ti.grouped_mm(a, b, offs=ends)
     want = torch.stack([a[:, :10] @ b[:10], torch.zeros(16, 8, dtype=torch.bfloat16), a[:, 10:] @ b[10:]])

@@ -39,6 +39,9 @@
 #                (MOE_ARGS: more flags, e.g. "--kernels gate_up --block-m 64,128 --block-n 64,128 --warps 4,8", or
 #                "--per-kernel": each kernel tuned on its own profiled time over its own candidates, or over
 #                the knobs given, e.g. "--per-kernel --shapes mixtral-8x7b --kernels grad_act --warps 4,8")
+#   flce         tools/flce_chunked_sweep.py: the default (chunked) fused loss at the matrix's LM heads, rows per
+#                logits chunk and the row kernel's settings, every setting checked (FLCE_ARGS: more flags, e.g.
+#                "--shapes llama1b --chunk-mib 512,1024 --row-kernels default,row-16w-8k")
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference
@@ -48,7 +51,7 @@
 # that replaces one in docs/performance/ keeps that file's name. Wheels in .whl/ (git-ignored) are installed
 # first, for packages the GPU image lacks (kernels, expecttest, pytest-xdist, liger-kernel, cut-cross-entropy).
 # Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S,
-# CHECK_S, GEMV_S, ATTENTION_S, MOE_S;
+# CHECK_S, GEMV_S, ATTENTION_S, MOE_S, FLCE_S;
 # each run of the distributed and fsdp jobs by RUN_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -301,6 +304,12 @@ job_moe() {
   cat "$out/moe.txt"
 }
 
+job_flce() {
+  timeout "${FLCE_S:-300}" python3 tools/flce_chunked_sweep.py --out "$out/flce-chunked.json" ${FLCE_ARGS:-} \
+    > "$out/flce-chunked.txt" 2>&1 || status=1
+  sed -n '/^| head/,$p' "$out/flce-chunked.txt"; grep -E "Error|error" "$out/flce-chunked.txt" | tail -5
+}
+
 job_check() {
   timeout "${CHECK_S:-400}" python3 -m twinkle_fx check --out "$out/check.json" > "$out/check.txt" 2>&1 || status=1
   tail -40 "$out/check.txt"
@@ -308,7 +317,7 @@ job_check() {
 
 SECONDS=0
 for job in "${jobs[@]}"; do
-  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention moe"; exit 2; fi
+  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention moe flce"; exit 2; fi
   echo "=== $job (${SECONDS} s)"
   "job_$job"
 done

@@ -52,52 +52,77 @@ from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
 from ._flce_autograd import gradient_buffers
-from ._launch import accumulation_dtype, compute_dtype, interpreting, loop_block, next_power_of_2
+from ._launch import (
+    accumulation_dtype,
+    compute_dtype,
+    interpreting,
+    loop_block,
+    multiprocessor_count,
+    next_power_of_2,
+)
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import row_loss_reference, tiled_op
-from .fused_linear_cross_entropy_vocab_chunked import default_vocab_chunk, vocab_chunked_op
+from .fused_linear_cross_entropy_vocab_chunked import (
+    default_vocab_chunk,
+    vocab_chunked_op,
+)
 
 LOGITS_CHUNK_BYTES = 512 * 1024 * 1024
-# Columns per loop step over the vocabulary: 8K fp32 over 16 warps is 16 values a thread in
-# flight; untuned (see README.md).
-_VOCAB_BLOCK = 8192
-_VOCAB_WARPS = 16
-
+# The row kernel: columns per loop step over the vocabulary, warps, whether the gradient pass walks the row
+# backwards (its first reads are then the columns the max/sum pass read last, still in L2), and programs per SM
+# (0: a program per row; n: n per SM, each looping over rows). One H200, bf16, 4096 rows, the kernel alone in GB/s
+# of its three passes over the logits (tools/flce_chunked_sweep.py, docs/performance/flce-chunked-h200.json), at
+# Llama-3.2-1B's head in 2048-row chunks: a program a row with 16 warps and 8K columns 2674; the gradient pass
+# reversed 2833; two programs per SM 2731; 32 warps and 16K columns, reversed, two per SM 3176 (the same +15-20% at
+# Qwen2-0.5B's and Llama-3.2-3B's heads, and with one program per SM).
+ROW_KERNEL = {"block": 16384, "warps": 32, "reverse": True, "programs_per_sm": 2}
 
 @triton.jit
 def _fused_linear_cross_entropy_fwd_kernel(
-    logits_ptr, target_ptr, loss_ptr, scale_ptr, logits_row_stride, n_cols, ignore_index,
-    COMPUTE_GRAD: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    logits_ptr, target_ptr, loss_ptr, scale_ptr, logits_row_stride, n_rows, n_cols, ignore_index,
+    COMPUTE_GRAD: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, REVERSE: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = logits_ptr + row * logits_row_stride
-    target = tl.load(target_ptr + row).to(tl.int64)
-    valid = target != ignore_index
-    # Per-lane running max and sum of exp; lanes are merged once after the loop.
-    m = tl.full([BLOCK], float("-inf"), COMPUTE_DTYPE)
-    d = tl.zeros([BLOCK], COMPUTE_DTYPE)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf")).to(COMPUTE_DTYPE)
-        m_new = tl.maximum(m, x)
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: avoid inf - inf
-        d = d * tl.exp(m - shift) + tl.exp(x - shift)
-        m = m_new
-    row_max = tl.max(m, axis=0)
-    lse = row_max + tl.log(tl.sum(d * tl.exp(m - row_max), axis=0))
-    in_range = valid & (target >= 0) & (target < n_cols)
-    target_logit = tl.load(row_ptr + target, mask=in_range, other=0.0).to(COMPUTE_DTYPE)
-    tl.store(loss_ptr + row, tl.where(valid, lse - target_logit, 0.0))
-    if COMPUTE_GRAD:
-        # scale is 1 (sum) or 1 / n_valid (mean, inf when nothing is valid: then no row is valid
-        # and every row is multiplied by 0, never by inf).
-        scale = tl.where(valid, tl.load(scale_ptr).to(COMPUTE_DTYPE), 0.0)
+    for row32 in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(row32, tl.int64)
+        row_ptr = logits_ptr + row * logits_row_stride
+        target = tl.load(target_ptr + row).to(tl.int64)
+        valid = target != ignore_index
+        # Per-lane running max and sum of exp; lanes are merged once after the loop.
+        m = tl.full([BLOCK], float("-inf"), COMPUTE_DTYPE)
+        d = tl.zeros([BLOCK], COMPUTE_DTYPE)
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            mask = cols < n_cols
-            x = tl.load(row_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-            grad = (tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)) * scale
-            tl.store(row_ptr + cols, grad.to(logits_ptr.dtype.element_ty), mask=mask)
+            x = tl.load(row_ptr + cols, mask=cols < n_cols, other=float("-inf")).to(COMPUTE_DTYPE)
+            m_new = tl.maximum(m, x)
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: avoid inf - inf
+            d = d * tl.exp(m - shift) + tl.exp(x - shift)
+            m = m_new
+        row_max = tl.max(m, axis=0)
+        lse = row_max + tl.log(tl.sum(d * tl.exp(m - row_max), axis=0))
+        in_range = valid & (target >= 0) & (target < n_cols)
+        target_logit = tl.load(row_ptr + target, mask=in_range, other=0.0).to(COMPUTE_DTYPE)
+        tl.store(loss_ptr + row, tl.where(valid, lse - target_logit, 0.0))
+        if COMPUTE_GRAD:
+            # scale is 1 (sum) or 1 / n_valid (mean, inf when nothing is valid: then no row is valid
+            # and every row is multiplied by 0, never by inf).
+            scale = tl.where(valid, tl.load(scale_ptr).to(COMPUTE_DTYPE), 0.0)
+            n_blocks = tl.cdiv(n_cols, BLOCK)
+            for block in range(n_blocks):
+                start = ((n_blocks - 1 - block) if REVERSE else block) * BLOCK
+                cols = start + tl.arange(0, BLOCK)
+                mask = cols < n_cols
+                x = tl.load(row_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+                grad = (tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)) * scale
+                tl.store(row_ptr + cols, grad.to(logits_ptr.dtype.element_ty), mask=mask)
+
+
+def _row_programs(n_rows: int, device: torch.device) -> int:
+    per_sm = ROW_KERNEL["programs_per_sm"]
+    if not per_sm:
+        return max(n_rows, 1)
+    # under the interpreter as if on two SMs: its programs loop over rows as on a GPU
+    sms = multiprocessor_count(device) if device.type == "cuda" and not interpreting() else 2
+    return max(1, min(n_rows, per_sm * sms))
 
 
 # Chunk size of the chunked strategy: extra memory is grad_W plus one logits chunk, ``chunk_size *
@@ -143,8 +168,8 @@ def _fused_linear_cross_entropy_impl(
     scale = (1.0 / n_valid.to(loss_dtype)) if reduction == "mean" else torch.ones((), dtype=loss_dtype, device=x.device)
     grad_bias_acc = torch.zeros(vocab, dtype=loss_dtype, device=x.device) if compute_grad_bias else None
     logits_buffer = x.new_empty((min(chunk_size, n_rows), vocab))
-    block = loop_block(vocab, min(next_power_of_2(vocab), _VOCAB_BLOCK))
-    num_warps = 1 if interpreting() else _VOCAB_WARPS
+    block = loop_block(vocab, min(next_power_of_2(vocab), ROW_KERNEL["block"]))
+    num_warps = 1 if interpreting() else ROW_KERNEL["warps"]
     for start in range(0, n_rows, chunk_size):
         end = min(start + chunk_size, n_rows)
         x_chunk = x2[start:end]
@@ -153,9 +178,10 @@ def _fused_linear_cross_entropy_impl(
             torch.mm(x_chunk, weight.t(), out=logits)
         else:
             torch.addmm(bias, x_chunk, weight.t(), out=logits)
-        _fused_linear_cross_entropy_fwd_kernel[(end - start,)](
-            logits, target1[start:end], row_loss[start:end], scale, logits.stride(0), vocab, ignore_index,
-            COMPUTE_GRAD=compute_grad, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=num_warps,
+        _fused_linear_cross_entropy_fwd_kernel[(_row_programs(end - start, x.device),)](
+            logits, target1[start:end], row_loss[start:end], scale, logits.stride(0), end - start, vocab, ignore_index,
+            COMPUTE_GRAD=compute_grad, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
+            REVERSE=ROW_KERNEL["reverse"], num_warps=num_warps,
         )
         if not compute_grad:
             continue

@@ -145,6 +145,21 @@ def test_bias_and_chunk_sizes(chunk_size):
     _check(x, weight, target, bias, torch.float32, chunk_size=chunk_size, what=f"flce bias chunk={chunk_size}")
 
 
+@pytest.mark.parametrize("row_kernel", [
+    {"block": 32, "warps": 4, "reverse": False, "programs_per_sm": 0},  # a program a row, blocks in order
+    {"block": 32, "warps": 4, "reverse": True, "programs_per_sm": 0},  # the gradient pass from the row's end
+    {"block": 32, "warps": 4, "reverse": True, "programs_per_sm": 1},  # fewer programs than rows, each loops
+])
+def test_row_kernel_settings_agree(row_kernel, monkeypatch):
+    """Every layout of the row kernel's work gives the reference: a program a row or programs looping over rows,
+    the gradient pass forwards or backwards over the vocabulary (blocks of 32 here: 123 columns make a partial
+    last block, which the reversed pass meets first)."""
+    monkeypatch.setattr(flce, "ROW_KERNEL", row_kernel)
+    monkeypatch.setattr(flce, "loop_block", lambda n, gpu_block: gpu_block)
+    x, weight, target, bias = _inputs((3, 7), 16, torch.float32, bias=False)
+    _check(x, weight, target, bias, torch.float32, chunk_size=8, what=f"flce {row_kernel}")
+
+
 def test_non_contiguous_x_and_weight():
     x = torch.randn(16, 10).t()  # [10, 16], transposed
     weight = torch.randn(16, 2 * VOCAB).t()[::2]  # [123, 16], strided rows

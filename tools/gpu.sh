@@ -42,6 +42,8 @@
 #   flce         tools/flce_chunked_sweep.py: the default (chunked) fused loss at the matrix's LM heads, rows per
 #                logits chunk and the row kernel's settings, every setting checked (FLCE_ARGS: more flags, e.g.
 #                "--shapes llama1b --chunk-mib 512,1024 --row-kernels default,row-16w-8k")
+#   norm         tools/rms_norm_bwd_sweep.py: the RMSNorm backward's tiling at 4096 rows of hidden 896, 2048, 3072, with
+#                and without the residual sum's gradient, every setting checked (NORM_ARGS: more flags)
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference
@@ -51,7 +53,7 @@
 # that replaces one in docs/performance/ keeps that file's name. Wheels in .whl/ (git-ignored) are installed
 # first, for packages the GPU image lacks (kernels, expecttest, pytest-xdist, liger-kernel, cut-cross-entropy).
 # Each job is bounded by a timeout (seconds): SUITE_S, TRAIN_S, INFERENCE_S, GENERATE_S, KERNELS_S, MATRIX_S, DIST_S,
-# CHECK_S, GEMV_S, ATTENTION_S, MOE_S, FLCE_S;
+# CHECK_S, GEMV_S, ATTENTION_S, MOE_S, FLCE_S, NORM_S;
 # each run of the distributed and fsdp jobs by RUN_S.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -310,6 +312,12 @@ job_flce() {
   sed -n '/^| head/,$p' "$out/flce-chunked.txt"; grep -E "Error|error" "$out/flce-chunked.txt" | tail -5
 }
 
+job_norm() {
+  timeout "${NORM_S:-300}" python3 tools/rms_norm_bwd_sweep.py --out "$out/rms-norm-bwd.json" ${NORM_ARGS:-} \
+    > "$out/rms-norm-bwd.txt" 2>&1 || status=1
+  tail -60 "$out/rms-norm-bwd.txt"
+}
+
 job_check() {
   timeout "${CHECK_S:-400}" python3 -m twinkle_fx check --out "$out/check.json" > "$out/check.txt" 2>&1 || status=1
   tail -40 "$out/check.txt"
@@ -317,7 +325,7 @@ job_check() {
 
 SECONDS=0
 for job in "${jobs[@]}"; do
-  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention moe flce"; exit 2; fi
+  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention moe flce norm"; exit 2; fi
   echo "=== $job (${SECONDS} s)"
   "job_$job"
 done

@@ -43,7 +43,8 @@
 #                logits chunk and the row kernel's settings, every setting checked (FLCE_ARGS: more flags, e.g.
 #                "--shapes llama1b --chunk-mib 512,1024 --row-kernels default,row-16w-8k")
 #   norm         tools/rms_norm_bwd_sweep.py: the RMSNorm backward's tiling at 4096 rows of hidden 896, 2048, 3072, with
-#                and without the residual sum's gradient, every setting checked (NORM_ARGS: more flags)
+#                and without the residual sum's gradient, every setting checked (NORM_ARGS: more flags, e.g.
+#                "--launches": the kernel launched eagerly against Inductor's launch of it)
 #
 # Usage, from the repository root:
 #   COMMIT=$(git rev-parse --short HEAD) bash tools/gpu.sh suite train inference

@@ -34,7 +34,8 @@ SHAPES = {  # name: (hidden, vocab) of the LM head
     "llama1b": (2048, 128256),
     "llama3b": (3072, 128256),
 }
-ROW_KERNELS = {  # name: ROW_KERNEL; "row": a program a row, "2sm": two programs an SM; "rev": the gradient pass reversed
+# name: ROW_KERNEL; "row": a program a row, "2sm": two programs an SM, "rev": the gradient pass reversed
+ROW_KERNELS = {
     "default": dict(flce.ROW_KERNEL),
     "row-16w-8k": {"block": 8192, "warps": 16, "reverse": False, "programs_per_sm": 0},
     "row-16w-8k-rev": {"block": 8192, "warps": 16, "reverse": True, "programs_per_sm": 0},

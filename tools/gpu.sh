@@ -326,7 +326,11 @@ job_check() {
 
 SECONDS=0
 for job in "${jobs[@]}"; do
-  if ! declare -F "job_$job" >/dev/null; then echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention moe flce norm"; exit 2; fi
+  if ! declare -F "job_$job" >/dev/null; then
+    echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention moe" \
+      "flce norm"
+    exit 2
+  fi
   echo "=== $job (${SECONDS} s)"
   "job_$job"
 done

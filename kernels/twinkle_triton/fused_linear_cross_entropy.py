@@ -52,20 +52,11 @@ from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
 from ._flce_autograd import gradient_buffers
-from ._launch import (
-    accumulation_dtype,
-    compute_dtype,
-    interpreting,
-    loop_block,
-    multiprocessor_count,
-    next_power_of_2,
-)
+from ._launch import (accumulation_dtype, compute_dtype, interpreting, loop_block, multiprocessor_count,
+                      next_power_of_2)
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import row_loss_reference, tiled_op
-from .fused_linear_cross_entropy_vocab_chunked import (
-    default_vocab_chunk,
-    vocab_chunked_op,
-)
+from .fused_linear_cross_entropy_vocab_chunked import default_vocab_chunk, vocab_chunked_op
 
 LOGITS_CHUNK_BYTES = 512 * 1024 * 1024
 # The row kernel: columns per loop step over the vocabulary, warps, whether the gradient pass walks the row
@@ -73,9 +64,10 @@ LOGITS_CHUNK_BYTES = 512 * 1024 * 1024
 # (0: a program per row; n: n per SM, each looping over rows). One H200, bf16, 4096 rows, the kernel alone in GB/s
 # of its three passes over the logits (tools/flce_chunked_sweep.py, docs/performance/flce-chunked-h200.json), at
 # Llama-3.2-1B's head in 2048-row chunks: a program a row with 16 warps and 8K columns 2674; the gradient pass
-# reversed 2833; two programs per SM 2731; 32 warps and 16K columns, reversed, two per SM 3176 (the same +15-20% at
-# Qwen2-0.5B's and Llama-3.2-3B's heads, and with one program per SM).
+# reversed 2833; reversed, two programs per SM 2731; 32 warps and 16K columns, reversed, two per SM 3176 (+13-19% over
+# the first at Qwen2-0.5B's, Llama-3.2-1B's and Llama-3.2-3B's heads; one program per SM measured the same).
 ROW_KERNEL = {"block": 16384, "warps": 32, "reverse": True, "programs_per_sm": 2}
+
 
 @triton.jit
 def _fused_linear_cross_entropy_fwd_kernel(

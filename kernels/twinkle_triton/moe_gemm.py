@@ -269,8 +269,9 @@ def _weight_grads_grouped_mm(d_gate_up: Tensor, hidden_states: Tensor, grad: Ten
 def _grouped_weight_grads_impl(d_gate_up: Tensor, x_rows: Tensor, scaled: Tensor, h: Tensor,
                                ends: Tensor) -> tuple[Tensor, Tensor]:
     # The reduction runs down the rows of row-major operands: then CUDA takes groups of any size. Cut along a
-    # contiguous dimension (Inductor laid the transposed operand out row-major when it saw these calls in its graph),
-    # it asks for groups of a multiple of 16 bytes, and an expert's row count is whatever the router chose.
+    # contiguous dimension, it asks for groups of a multiple of 16 bytes (a device-side assert), which an expert's
+    # row count, whatever the router chose, is not. Inductor, given these calls in its graph, met that assert: they
+    # sit in an op of their own, which it runs as it is.
     d_gate_up, x_rows, scaled, h = (t.contiguous() for t in (d_gate_up, x_rows, scaled, h))
     return (grouped_mm(d_gate_up.t(), x_rows, offs=ends),  # [E, 2I, H]
             grouped_mm(scaled.t(), h, offs=ends))  # [E, H, I]

@@ -58,11 +58,15 @@ def _eager_binaries() -> list[dict]:
     return out
 
 
-def _inductor_binaries() -> list[dict]:
+def _compiled_modules() -> list:
     from torch._inductor.codecache import PyCodeCache
 
+    return list(getattr(PyCodeCache, "modules", []))
+
+
+def _inductor_binaries(modules: list) -> list[dict]:
     out = []
-    for module in list(getattr(PyCodeCache, "modules", [])):
+    for module in modules:
         for name in dir(module):
             tuner = getattr(module, name)
             if KERNEL in name and hasattr(tuner, "launchers"):
@@ -85,13 +89,15 @@ def compare_launches(args, device: torch.device) -> list[dict]:
             op, inputs = torch.ops.twinkle.rms_norm_backward.default, (grad, x, weight, 1e-6)
         torch._dynamo.reset()
         compiled = torch.compile(lambda *a, op=op: op(*a), fullgraph=True)
-        eager_out, compiled_out = rms._launch_bwd(grad, grad_sum if has_sum else None, x, weight, 1e-6, "rms_norm"), \
-            compiled(*inputs)
+        eager_out = rms._launch_bwd(grad, grad_sum if has_sum else None, x, weight, 1e-6, "rms_norm")
+        known = len(_compiled_modules())
+        compiled_out = compiled(*inputs)
         err = max(float((a.float() - b.float()).norm() / a.float().norm()) for a, b in zip(eager_out, compiled_out))
         row = {"hidden": hidden, "grad_sum": has_sum, "tiling": rms._bwd_tiling(hidden, has_sum, "rms_norm"),
                "eager_us": _kernel_us(lambda op=op, inputs=inputs: op(*inputs), args.reps),
                "inductor_us": _kernel_us(lambda inputs=inputs, fn=compiled: fn(*inputs), args.reps),
-               "max_rel_err": err, "eager_binaries": _eager_binaries(), "inductor_binaries": _inductor_binaries()}
+               "max_rel_err": err, "eager_binaries": _eager_binaries(),
+               "inductor_binaries": _inductor_binaries(_compiled_modules()[known:])}
         print(json.dumps(row), flush=True)
         results.append(row)
     return results

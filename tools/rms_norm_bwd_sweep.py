@@ -36,17 +36,17 @@ rms = importlib.import_module("twinkle_triton.rms_norm")
 KERNEL = "_rms_norm_bwd_kernel"
 
 
-def _kernel_us(fn, reps: int) -> float:
+def _kernel_us(fn, clock: DeviceClock, reps: int) -> float:
     """Median device µs of the backward kernel itself over ``reps`` calls of ``fn``, each after an L2 flush."""
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = clock.cache_flusher()
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
+    clock.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            flush.bitwise_not_()
+            flush()
             fn()
-        torch.cuda.synchronize()
+        clock.synchronize()
     return statistics.median(e.device_time for e in prof.events() if KERNEL in e.name and e.device_time > 0)
 
 
@@ -76,9 +76,9 @@ def _inductor_binaries(modules: list) -> list[dict]:
     return out
 
 
-def compare_launches(args, device: torch.device) -> list[dict]:
+def compare_launches(args, clock: DeviceClock) -> list[dict]:
     """The default tiling's kernel launched eagerly and by Inductor, at each shape."""
-    results = []
+    device, results = clock.device, []
     for hidden, has_sum in itertools.product((int(h) for h in args.hidden.split(",")), (False, True)):
         torch.manual_seed(0)
         x, grad, grad_sum = (torch.randn(args.rows, hidden, device=device, dtype=torch.bfloat16) for _ in range(3))
@@ -94,8 +94,8 @@ def compare_launches(args, device: torch.device) -> list[dict]:
         compiled_out = compiled(*inputs)
         err = max(float((a.float() - b.float()).norm() / a.float().norm()) for a, b in zip(eager_out, compiled_out))
         row = {"hidden": hidden, "grad_sum": has_sum, "tiling": rms._bwd_tiling(hidden, has_sum, "rms_norm"),
-               "eager_us": _kernel_us(lambda op=op, inputs=inputs: op(*inputs), args.reps),
-               "inductor_us": _kernel_us(lambda inputs=inputs, fn=compiled: fn(*inputs), args.reps),
+               "eager_us": _kernel_us(lambda op=op, inputs=inputs: op(*inputs), clock, args.reps),
+               "inductor_us": _kernel_us(lambda inputs=inputs, fn=compiled: fn(*inputs), clock, args.reps),
                "max_rel_err": err, "eager_binaries": _eager_binaries(),
                "inductor_binaries": _inductor_binaries(_compiled_modules()[known:])}
         print(json.dumps(row), flush=True)
@@ -119,7 +119,7 @@ def main() -> None:
     if args.launches:
         with open(args.out, "w") as f:
             json.dump({"environment": describe_environment(device), "rows": args.rows, "dtype": "bf16",
-                       "launches": compare_launches(args, device)}, f, indent=1)
+                       "launches": compare_launches(args, clock)}, f, indent=1)
         return
     default_tiling = rms._bwd_tiling
     results = []
@@ -142,7 +142,6 @@ def main() -> None:
                 got = rms._launch_bwd(grad, summed, x, weight, 1e-6, "rms_norm")
                 err = max(float((g.float() - w.float()).norm() / w.float().norm()) for g, w in zip(got, want))
                 call = (grad, summed, x, weight, 1e-6, "rms_norm")
-                rms._launch_bwd(*call)
                 ms = kernel_ms(lambda call=call: rms._launch_bwd(*call), clock, reps=args.reps)
             except Exception as e:  # noqa: BLE001 - a setting that does not compile is a row of the sweep
                 rows.append({"hidden": hidden, "grad_sum": has_sum, "setting": setting, "error": str(e)[:300]})

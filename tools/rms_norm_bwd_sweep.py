@@ -16,10 +16,15 @@ where the eager launch times 30.
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
 import itertools
 import json
+import os
+import pathlib
+import re
 import statistics
+import tempfile
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -76,6 +81,22 @@ def _inductor_binaries(modules: list) -> list[dict]:
     return out
 
 
+def _cached_builds() -> list[dict]:
+    """Every build of the kernel in Triton's and Inductor's caches: the argument hints its TTIR was compiled with
+    (divisibility, equal-to-1) and how its PTX loads global memory (vector widths), to tell the two launches apart."""
+    roots = [os.environ.get("TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache")),
+             os.path.join(tempfile.gettempdir(), "torchinductor_*")]
+    out = []
+    for ttir in sorted({p for root in roots for p in glob.glob(f"{root}/**/{KERNEL}.ttir", recursive=True)}):
+        text = pathlib.Path(ttir).read_text()
+        ptx_path = pathlib.Path(ttir[: -len(".ttir")] + ".ptx")
+        ptx = ptx_path.read_text() if ptx_path.exists() else ""
+        out.append({"path": ttir, "signature": next((ln.strip() for ln in text.splitlines() if "tt.func" in ln), ""),
+                    **{f"{op}_global_{name}": len(re.findall(rf"{op}\.global[\w.]*{suffix}\b", ptx))
+                       for op in ("ld", "st") for name, suffix in (("v4", ".v4"), ("v2", ".v2"), ("all", ""))}})
+    return out
+
+
 def compare_launches(args, clock: DeviceClock) -> list[dict]:
     """The default tiling's kernel launched eagerly and by Inductor, at each shape."""
     device, results = clock.device, []
@@ -117,9 +138,13 @@ def main() -> None:
     device = torch.device("cuda")
     clock = DeviceClock(device)
     if args.launches:
+        launches = compare_launches(args, clock)
+        builds = _cached_builds()
+        for build in builds:
+            print(json.dumps(build), flush=True)
         with open(args.out, "w") as f:
             json.dump({"environment": describe_environment(device), "rows": args.rows, "dtype": "bf16",
-                       "launches": compare_launches(args, clock)}, f, indent=1)
+                       "launches": launches, "builds": builds}, f, indent=1)
         return
     default_tiling = rms._bwd_tiling
     results = []

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._float_args import fp32
 from ._launch import cdiv, compute_dtype, elementwise_block, loop_block, rows
 from ._library import wrap_triton
 from .add_gelu import gelu_terms
@@ -68,6 +69,7 @@ def _gated_act_fwd_kernel(
     gate_ptr, up_ptr, out_ptr, gate_row_stride, up_row_stride, n_cols, alpha, limit,
     ACTIVATION: tl.constexpr, IN_COL_STRIDE: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
+    alpha, limit = fp32(alpha), fp32(limit)
     # Grid (rows, column blocks): rows on axis 0, whose limit is 2**31 - 1 (axis 1 allows 65535).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -85,6 +87,7 @@ def _gated_act_bwd_kernel(
     grad_row_stride, gate_row_stride, up_row_stride, grad_gate_row_stride, grad_up_row_stride, n_cols, alpha, limit,
     ACTIVATION: tl.constexpr, IN_COL_STRIDE: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
+    alpha, limit = fp32(alpha), fp32(limit)
     # gate, up, grad_gate and grad_up at IN_COL_STRIDE; grad at 1
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from ._dependent_launch import wait_for_inputs
+from ._float_args import fp32
 
 # The kernels compute exp(x) as exp2(x * 1.4426950408889634), log2(e) (one MUFU.EX2 on NVIDIA GPUs).
 
@@ -20,13 +21,6 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     else:
         result = tl.dot(a, b, input_precision=PRECISION)
     return result
-
-
-@triton.jit
-def _as_fp32(scale):
-    """The scale as fp32 whatever the caller passes: Inductor types a Python float argument fp64, which
-    would make the scores fp64 and the running max change type inside the loop (a compile error)."""
-    return tl.full([1], scale, tl.float32)
 
 
 @triton.jit
@@ -127,7 +121,7 @@ def _gqa_fwd_kernel(
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_inputs(PDL)  # a decode step's query and cache row come from the kernel just before
-    scale = _as_fp32(scale)
+    scale = fp32(scale)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -198,7 +192,7 @@ def _gqa_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
-    scale = _as_fp32(scale)
+    scale = fp32(scale)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     b, hk = _batch_and_kv_head(pid_bh, n_kv_heads)
@@ -250,7 +244,7 @@ def _gqa_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
-    scale = _as_fp32(scale)
+    scale = fp32(scale)
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b, hk = _batch_and_kv_head(pid_bh, n_kv_heads)

@@ -28,6 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
+from ._float_args import fp32
 from ._launch import accumulation_dtype, compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
@@ -37,6 +38,7 @@ def _fp32_norm_fwd_kernel(
     x_ptr, weight_ptr, bias_ptr, out_ptr, x_row_stride, weight_stride, bias_stride, n_cols, eps, offset,
     CENTER: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
+    eps, offset = fp32(eps), fp32(offset)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -57,6 +59,7 @@ def _fp32_norm_bwd_kernel(
     grad_row_stride, x_row_stride, weight_stride, n_rows, n_cols, eps, offset,
     CENTER: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
+    eps, offset = fp32(eps), fp32(offset)
     pid = tl.program_id(0).to(tl.int64)
     n_programs = tl.num_programs(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)

@@ -31,6 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._flce_autograd import backward_fake, input_gradients, keep_for_backward
+from ._float_args import fp32
 from ._launch import accumulation_dtype, compute_dtype, dot_options, interpreting, multiprocessor_count
 from ._library import define_op
 
@@ -110,6 +111,7 @@ def _flce_tiled_fwd_kernel(
     """Per (token tile, vocab range): each row's max, sum of exp(logit - max), target logit and
     (label smoothing) sum of logits over the range, into part[range, 0..3, row]; and each tile's
     largest logit into tile_max[token tile, vocab tile] (the backward's bound for skipping tiles)."""
+    softcap = fp32(softcap)
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     n_valid = tl.load(n_valid_ptr)
@@ -197,6 +199,7 @@ def _flce_tiled_bwd_kernel(
 ):
     """One (token tile, vocab tile): recompute the logits, form d(loss)/d(logits), add its products
     into grad_x, grad_W (and grad_bias)."""
+    softcap, smoothing, z_loss, filter_eps = fp32(softcap), fp32(smoothing), fp32(z_loss), fp32(filter_eps)
     pid = tl.program_id(0)
     # token tiles vary fastest: the programs running together share one W tile (read once from
     # HBM) and x (a few MiB) stays in L2

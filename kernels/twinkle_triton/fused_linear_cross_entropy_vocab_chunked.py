@@ -20,6 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._flce_autograd import backward_fake, input_gradients, keep_for_backward
+from ._float_args import fp32
 from ._launch import accumulation_dtype, compute_dtype, interpreting, loop_block
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import row_loss_reference, stable_tanh, tiled_forward
@@ -52,6 +53,7 @@ def _flce_chunk_stats_kernel(
     """One row of one logits chunk (columns col0.. of the vocabulary): the row's max, sum of
     exp(logit - max), target logit (0 unless the target is in the chunk) and sum of logits, after
     soft-capping, into part[0..3, row]."""
+    softcap = fp32(softcap)
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * row_stride
     target = tl.load(target_ptr + row).to(tl.int64) - col0
@@ -88,6 +90,7 @@ def _flce_chunk_grad_kernel(
     """One row x BLOCK columns of an fp32 logits chunk become d(loss)/d(logits) in grad's dtype
     (grad may be the logits chunk itself): (softmax * (1 + 2 z_loss lse) - (1 - smoothing) onehot
     - smoothing / V) * dloss[row] (times 1 - tanh^2 of the cap with soft-capping); 0 for an ignored row."""
+    softcap, smoothing, z_loss = fp32(softcap), fp32(smoothing), fp32(z_loss)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from ._checks import check_tensors
 from ._dependent_launch import launch_options, wait_for_inputs
+from ._float_args import fp32
 from ._launch import cdiv, compute_dtype, loop_block, next_power_of_2
 from ._library import define_op, wrap_triton
 
@@ -157,6 +158,7 @@ def _gemv_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, b0_ptr, b1_ptr, b2_ptr, r_ptr, g
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
                  PREFETCH: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
+    eps = fp32(eps)
     # programs [0, P0) compute weight 0's columns, [P0, P0 + P1) weight 1's, the rest weight 2's
     pid = tl.program_id(0)
     if pid < P0:
@@ -175,6 +177,7 @@ def _gemv_kernel(x_ptr, w0_ptr, w1_ptr, w2_ptr, b0_ptr, b1_ptr, b2_ptr, r_ptr, g
 def _gemv_swiglu_kernel(x_ptr, g_ptr, u_ptr, n_ptr, y_ptr, M, N, K, sxm, sxk, sgn, sgk, sun, suk, sym, snk, eps,
                         HAS_NORM: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, ACC: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    eps = fp32(eps)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < N
     m = tl.arange(0, BLOCK_M)

@@ -22,6 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._checks import check_tensors
+from ._float_args import fp32
 from ._launch import accumulation_dtype, cdiv, compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
 
@@ -52,6 +53,7 @@ def _rms_norm_fwd_kernel(
     x_row_stride, residual_row_stride, weight_stride, n_cols, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
+    eps = fp32(eps)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -74,6 +76,7 @@ def _rms_norm_bwd_kernel(
     grad_row_stride, grad_sum_row_stride, x_row_stride, weight_stride, n_rows, n_cols, eps,
     HAS_GRAD_SUM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
+    eps = fp32(eps)
     # Persistent: each program walks tiles of ROWS rows (strided by the grid) and keeps its share
     # of the weight gradient in registers. Every load of a tile is issued before the first
     # reduction, so a program has 2-3 rows' worth of bytes in flight, not one.

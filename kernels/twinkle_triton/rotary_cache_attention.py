@@ -36,7 +36,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ._dependent_launch import launch_options, wait_for_inputs
-from ._gqa_attention_kernels import _as_fp32, _attend_keys, _batch_and_kv_head, _group_rows, _store_split
+from ._float_args import fp32
+from ._gqa_attention_kernels import _attend_keys, _batch_and_kv_head, _group_rows, _store_split
 from ._launch import compute_dtype, dot_options, next_power_of_2
 from ._library import define_op, wrap_triton
 from .gqa_attention import _blocks, _check, _mask_layout, _num_splits, combine_splits, gqa_attention_reference
@@ -71,7 +72,7 @@ def _rotary_cache_attention_kernel(
 ):
     # COUNTER: rows_ptr is the cache length (the new positions' rows follow it), else the rows themselves.
     wait_for_inputs(PDL)  # q, k, v come from the projection just before
-    scale = _as_fp32(scale)
+    scale = fp32(scale)
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)

@@ -6,7 +6,8 @@ options and block sizes as on a GPU). Triton's own launch path binds and special
 ints equal to 1, the 16-divisible values and pointers), then compiles it for sm_90 and launches nothing:
 ``triton.runtime.driver`` is a stand-in that names the target. OUT gets each compile (kernel, shared memory,
 warps, stages, whether its dot products became wgmma and its loads asynchronous copies, registers and spilled
-bytes) and each failure.
+bytes, the fp64 arithmetic of the kernel compiled with its float arguments typed as Inductor types them) and each
+failure.
 
 What the Triton interpreter cannot show: a kernel that does not compile for the GPU (a type the interpreter
 tolerates, a layout the compiler rejects) or a launch configuration past the GPU's shared memory. The outputs
@@ -60,6 +61,31 @@ def resource_usage(cubin: bytes) -> dict[str, int] | None:
         dump = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", dump)
     return None if found is None else dict(zip(("registers", "stack", "local"), map(int, found.groups())))
+
+
+def fp64_arithmetic(kernel, fn) -> list[str]:
+    """The kernel compiled again with its float arguments typed fp64, as Inductor types a Python float when it
+    launches the kernel from a compiled graph: the TTIR lines that compute in fp64 (every line naming f64 but
+    the signature and the conversion of a float argument to fp32)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = kernel.src
+    floats = [name for name, kind in src.signature.items() if kind == "fp32"]
+    if not floats:
+        return []
+    typed = ASTSource(fn, {name: "fp64" if name in floats else kind for name, kind in src.signature.items()},
+                      attrs=src.attrs)
+    typed.constants = dict(src.constants)
+    def frozen(value):  # the metadata's lists back to the options' tuples
+        return tuple(frozen(v) for v in value) if isinstance(value, list) else value
+
+    options = {key: frozen(value) for key, value in kernel.metadata._asdict().items()}
+    ttir = triton.compile(typed, target=GPUTarget(*TARGET), options=options).asm["ttir"]
+    conversion = re.compile(rf"arith\.truncf %({'|'.join(floats)}) : f64 to f32")
+    return [line.strip() for line in ttir.splitlines()
+            if "f64" in line and "tt.func" not in line and not conversion.search(line)]
 
 
 def _grads(out, inputs):
@@ -217,7 +243,8 @@ def main(out: Path) -> None:
                          "mma": len(re.findall(r"\bmma\.sync", ptx)),
                          "async_copies": len(re.findall(r"cp\.async", ptx)),
                          "dependent_launch": "griddepcontrol" in ptx,
-                         "resources": resource_usage(kernel.asm["cubin"])})
+                         "resources": resource_usage(kernel.asm["cubin"]),
+                         "fp64_arithmetic": fp64_arithmetic(kernel, self)})
         return kernel
 
     JITFunction.run = compile_only

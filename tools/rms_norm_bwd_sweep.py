@@ -6,8 +6,9 @@ Prints the best settings per shape and writes JSON.
 
 ``--launches``: the default tiling launched eagerly and by Inductor (the op compiled alone: Inductor then launches
 the kernel from its own code, as in a compiled training step), the kernel's device time and its compiled binary
-(warps, registers, spills) for each; inside a compiled Llama-3.2-1B step the kernel took 51 us a call at hidden 2048,
-where the eager launch times 30.
+(warps, registers, spills) for each, and every build of the kernel in Triton's and Inductor's caches (the argument
+types and hints it was compiled with, its vector loads and stores). It found Inductor typing ``eps`` fp64, which
+made the kernel's arithmetic fp64 (1.6-20x slower) until the kernels converted their float arguments to fp32.
 
     python tools/rms_norm_bwd_sweep.py --out rms-norm-bwd.json
     python tools/rms_norm_bwd_sweep.py --out rms-norm-launches.json --launches

@@ -83,12 +83,14 @@ def _gated_act_fwd_kernel(
 
 @triton.jit
 def _gated_act_bwd_kernel(
-    grad_ptr, gate_ptr, up_ptr, grad_gate_ptr, grad_up_ptr,
+    grad_ptr, gate_ptr, up_ptr, grad_gate_ptr, grad_up_ptr, value_ptr,
     grad_row_stride, gate_row_stride, up_row_stride, grad_gate_row_stride, grad_up_row_stride, n_cols, alpha, limit,
-    ACTIVATION: tl.constexpr, IN_COL_STRIDE: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    ACTIVATION: tl.constexpr, IN_COL_STRIDE: tl.constexpr, WRITE_VALUE: tl.constexpr, BLOCK: tl.constexpr,
+    COMPUTE_DTYPE: tl.constexpr,
 ):
     alpha, limit = fp32(alpha), fp32(limit)
-    # gate, up, grad_gate and grad_up at IN_COL_STRIDE; grad at 1
+    # gate, up, grad_gate and grad_up at IN_COL_STRIDE; grad at 1; WRITE_VALUE: the forward's output again, into
+    # value (contiguous), the same arithmetic as the forward kernel's, so the same bits
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     in_cols = cols * IN_COL_STRIDE
@@ -102,6 +104,8 @@ def _gated_act_bwd_kernel(
              (grad * factor * slope).to(grad_gate_ptr.dtype.element_ty), mask=mask)
     tl.store(grad_up_ptr + row * grad_up_row_stride + in_cols,
              (grad * value * up_slope).to(grad_up_ptr.dtype.element_ty), mask=mask)
+    if WRITE_VALUE:
+        tl.store(value_ptr + row * n_cols + cols, (value * factor).to(value_ptr.dtype.element_ty), mask=mask)
 
 
 def _row_grid(n_rows: int, n_cols: int) -> tuple[tuple[int, int], int, int]:
@@ -135,19 +139,22 @@ def launch_fwd(gate: Tensor, up: Tensor, out: Tensor, activation: int, alpha: fl
 def launch_bwd(
     grad: Tensor, gate: Tensor, up: Tensor, grad_gate: Tensor, grad_up: Tensor,
     grad_gate_row_stride: int, grad_up_row_stride: int, activation: int, alpha: float = 0.0, limit: float = 0.0,
+    value: Tensor | None = None,
 ) -> None:
     """grad: 2D with unit last stride; gate, up: 2D with one last stride (1, or 2 when interleaved);
     grad_gate/grad_up: rows at the given row strides and gate's last stride (they may be the two
-    halves, or the even and odd columns, of one tensor)."""
+    halves, or the even and odd columns, of one tensor); value: None, or contiguous ``rows x d`` that gets the
+    forward's output again (what a following projection's weight gradient reads, so the forward need not keep it)."""
     n_rows, n_cols = gate.shape
     if n_rows == 0 or n_cols == 0:
         return
     grid, block, num_warps = _row_grid(n_rows, n_cols)
+    # without a value, value_ptr gets a tensor the kernel only reads (never an output twice)
     wrap_triton(_gated_act_bwd_kernel)[grid](
-        grad, gate, up, grad_gate, grad_up,
+        grad, gate, up, grad_gate, grad_up, value if value is not None else grad,
         grad.stride(0), gate.stride(0), up.stride(0), grad_gate_row_stride, grad_up_row_stride, n_cols, alpha, limit,
-        ACTIVATION=activation, IN_COL_STRIDE=_col_stride(gate), BLOCK=block, COMPUTE_DTYPE=compute_dtype(gate.dtype),
-        num_warps=num_warps,
+        ACTIVATION=activation, IN_COL_STRIDE=_col_stride(gate), WRITE_VALUE=value is not None, BLOCK=block,
+        COMPUTE_DTYPE=compute_dtype(gate.dtype), num_warps=num_warps,
     )
 
 
@@ -172,6 +179,16 @@ def separate_backward_impl(grad: Tensor, gate: Tensor, up: Tensor, activation: i
         n = gate.shape[-1]
         launch_bwd(rows(grad), rows(gate), rows(up), grad_gate, grad_up, n, n, activation)
     return grad_gate, grad_up
+
+
+def separate_backward_with_value_impl(grad: Tensor, gate: Tensor, up: Tensor, activation: int
+                                      ) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`separate_backward_impl`'s gradients and ``act(gate) * up`` again (contiguous), from one kernel."""
+    grad_gate, grad_up, value = gate.new_empty(gate.shape), up.new_empty(up.shape), gate.new_empty(gate.shape)
+    if gate.numel():
+        n = gate.shape[-1]
+        launch_bwd(rows(grad), rows(gate), rows(up), grad_gate, grad_up, n, n, activation, value=value)
+    return grad_gate, grad_up, value
 
 
 def packed_impl(x: Tensor, activation: int) -> Tensor:

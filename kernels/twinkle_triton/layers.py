@@ -28,7 +28,7 @@ from ._torch_internals import plain_linear
 # transformers' MoE *Experts: the SiLU·mul kernel; GPT-OSS's clamped SwiGLU; the fused grouped GEMMs
 from .moe_experts import ClampedSwiGLUExperts, FusedSwiGLUExperts, SwiGLUExperts  # noqa: F401
 from .rms_norm import add_rms_norm, rms_norm
-from .silu_and_mul import silu_and_mul, silu_mul
+from .silu_and_mul import silu_and_mul, silu_mul, silu_mul_linear
 
 
 def _declares(applies_to):
@@ -130,6 +130,8 @@ class SwiGLUMLP(nn.Module):
 
     The projections are called as submodules (so LoRA adapters and hooks on them keep working);
     only the activation is fused (:func:`silu_mul`). Applies only where the module's ``act_fn`` is SiLU.
+    With gradients on, a down projection that is a plain ``nn.Linear`` without bias, of the activation's dtype,
+    runs with the activation as one op (:func:`silu_mul_linear`), which keeps one tensor less for the backward.
     A decode step (at most ``gemv.DECODE_ROWS`` rows) through plain ``nn.Linear`` projections runs two GEMV
     kernels instead: :func:`gemv_swiglu` (gate, up and the product) and :func:`gemv` (down).
     """
@@ -143,7 +145,10 @@ class SwiGLUMLP(nn.Module):
             down = self.down_proj
             return gemv(gemv_swiglu(x, self.gate_proj.weight, self.up_proj.weight), [down.weight],
                         None if down.bias is None else [down.bias])
-        return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+        gate, up, down = self.gate_proj(x), self.up_proj(x), self.down_proj
+        if torch.is_grad_enabled() and plain_linear(down) and down.bias is None and down.weight.dtype == gate.dtype:
+            return silu_mul_linear(gate, up, down.weight)
+        return down(silu_mul(gate, up))
 
 
 def _geglu_mlp_applies_to(module: nn.Module) -> str | None:

@@ -118,7 +118,9 @@ def test_recomputed_kernels_in_the_backward_graph():
         torch.compile(model, backend="twinkle", options={"compiler": "aot_eager"})(ids, labels=ids).loss.backward()
     layer_forward, = [g for g in graphs.forward if "twinkle" in g]
     backward = "\n".join(graphs.backward)
-    assert backward.count("torch.ops.twinkle.silu_mul.default(") == 2  # one recompute per layer
+    # the MLP's op runs again where the backward reads its output (a residual sum's), not for its own backward,
+    # which reads gate and up: once or twice for two layers, as the partitioner places the sums
+    assert 1 <= backward.count("torch.ops.twinkle.silu_mul_linear.default(") <= 2
     assert backward.count("torch.ops.twinkle.apply_rotary_pos_emb.default(") == 2
     returned = layer_forward.split("return (", 1)[1]
     assert "silu_mul" not in returned and "apply_rotary_pos_emb" not in returned  # recomputed, not saved

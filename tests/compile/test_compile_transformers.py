@@ -48,17 +48,17 @@ layer_rmsnorm_2: "f32[2, 8, 64]" = twinkle_layer_RMSNorm_1(v7, l_self_modules_mo
 rms_norm: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v0, primals_4, 1e-06)
 apply_rotary_pos_emb = torch.ops.twinkle.apply_rotary_pos_emb.default(v1, v2, v3, v4, 1)
 add_rms_norm = torch.ops.twinkle.add_rms_norm.default(v0, v5, primals_12, 1e-06)
-silu_mul: "f32[2, 8, 128]" = torch.ops.twinkle.silu_mul.default(v6, v7)
+silu_mul_linear: "f32[2, 8, 64]" = torch.ops.twinkle.silu_mul_linear.default(v6, v7, primals_15)
 rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v8, primals_16, 1e-06)
 """)
         if not kernels_inlined(self, graphs.backward[0]):
             self.assertExpectedInline(twinkle_lines(graphs.backward[0]), """\
 rms_norm_backward = torch.ops.twinkle.rms_norm_backward.default(v0, v1, primals_16, 1e-06)
-silu_mul_backward = torch.ops.twinkle.silu_mul_backward.default(v2, v3, v4)
-add_rms_norm_backward = torch.ops.twinkle.add_rms_norm_backward.default(v5, v6, v7, primals_12, 1e-06)
-apply_rotary_pos_emb_backward = torch.ops.twinkle.apply_rotary_pos_emb_backward.default(v8, v9, v10, v11, 1)
-rms_norm_backward_1 = torch.ops.twinkle.rms_norm_backward.default(v12, v13, primals_4, 1e-06)
-embedding_grad_sums_default = torch.ops.twinkle.embedding_grad_sums.default(primals_1, v14, None, 128)
+silu_mul_linear_backward = torch.ops.twinkle.silu_mul_linear_backward.default(v2, v3, v4, primals_15)
+add_rms_norm_backward = torch.ops.twinkle.add_rms_norm_backward.default(v5, v2, v6, primals_12, 1e-06)
+apply_rotary_pos_emb_backward = torch.ops.twinkle.apply_rotary_pos_emb_backward.default(v7, v8, v9, v10, 1)
+rms_norm_backward_1 = torch.ops.twinkle.rms_norm_backward.default(v11, v12, primals_4, 1e-06)
+embedding_grad_sums_default = torch.ops.twinkle.embedding_grad_sums.default(primals_1, v13, None, 128)
 """)
 
     def test_report_lists_the_swaps(self):

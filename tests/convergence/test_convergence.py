@@ -179,7 +179,7 @@ def test_compiled_kernels_follow_the_reference_trajectory(family):
     # 5 RMSNorms (3 of them with their residual add), 2 MLPs, 2 rotary calls, forward and backward. (The
     # CausalLMFusedLoss binding of the compiled root module itself is not swapped by the backend, and not
     # reported: Dynamo's nn_module_stack has no entry for the root, so the loss here is PyTorch's.)
-    for op, count in (("rms_norm", 2), ("add_rms_norm", 3), ("silu_mul", 2), ("apply_rotary_pos_emb", 2)):
+    for op, count in (("rms_norm", 2), ("add_rms_norm", 3), ("silu_mul_linear", 2), ("apply_rotary_pos_emb", 2)):
         assert sum(f"twinkle.{op}.default" in line for line in kernel_calls) == count, (op, kernel_calls)
         assert sum(f"twinkle.{op}_backward.default" in line for line in kernel_calls) == count, (op, kernel_calls)
 

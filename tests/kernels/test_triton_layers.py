@@ -69,6 +69,22 @@ def test_swiglu_mlp_calls_projections_that_are_not_plain_linears():
     assert not layers.uses_decode_gemvs(mlp, torch.randn(1, 16)) and not layers.uses_decode_gemvs(mlp, torch.randn(2, 16))
 
 
+def test_swiglu_mlp_in_training_runs_the_down_projection_with_the_activation(monkeypatch):
+    """With gradients on and a plain down projection, one op keeps only gate and up for the backward; a hook on
+    down_proj, a bias, or no gradients keep the module call (the hook still runs)."""
+    mlp = Qwen2MLP(Qwen2Config(hidden_size=16, intermediate_size=40, hidden_act="silu"))
+    calls = []
+    monkeypatch.setattr(layers, "silu_mul_linear", lambda *args: calls.append(1) or tt.silu_mul_linear(*args))
+    _compare_swapped(mlp, layers.SwiGLUMLP, torch.randn(2, 3, 16), "SwiGLUMLP fused down projection")
+    assert len(calls) == 1
+    with torch.no_grad():
+        mlp(torch.randn(2, 3, 16))
+    seen = []
+    mlp.down_proj.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    mlp(torch.randn(2, 3, 16))
+    assert len(calls) == 1 and seen == [(2, 3, 16)]
+
+
 def test_silu_and_mul_layer():
     x = torch.randn(3, 10)
     assert_close(layers.SiluAndMul()(x), tt.silu_and_mul_reference(x), torch.float32, "SiluAndMul")

@@ -63,3 +63,81 @@ def test_rejects_bad_shapes_with_a_useful_message():
         tt.silu_and_mul(torch.randn(2, 7))
     with pytest.raises(ValueError, match="does not broadcast"):
         tt.silu_mul(torch.randn(2, 8), torch.randn(8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [s[:-1] + (123,) for s in SHAPES])
+def test_silu_mul_linear_is_the_linear_of_silu_mul(shape, dtype):
+    """Forward and every gradient as the unfused ``F.linear(silu_mul(gate, up), weight)`` computes them (the same
+    product, bit for bit, and the same projections); silu_mul's own tests hold the product to the truth."""
+    gate, up = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    weight = torch.randn(37, 123, dtype=dtype)
+    fused = [t.clone().requires_grad_() for t in (gate, up, weight)]
+    unfused = [t.clone().requires_grad_() for t in (gate, up, weight)]
+    out = tt.silu_mul_linear(*fused)
+    want = torch.nn.functional.linear(tt.silu_mul(*unfused[:2]), unfused[2])
+    assert_close(out, want, dtype, "silu_mul_linear output")
+    grad = torch.randn_like(want)
+    for name, got, expected in zip(("gate", "up", "weight"), torch.autograd.grad(out, fused, grad),
+                                   torch.autograd.grad(want, unfused, grad)):
+        assert_close(got, expected, dtype, f"silu_mul_linear grad of {name}")
+
+
+@pytest.mark.parametrize("shape", [(5, 123), (3, 7, 123)])
+def test_silu_mul_linear_matches_reference(shape):
+    check_forward_backward(tt.silu_mul_linear, tt.silu_mul_linear_reference,
+                           (torch.randn(shape), torch.randn(shape), torch.randn(37, 123)), torch.float32,
+                           "silu_mul_linear")
+
+
+def test_silu_mul_linear_on_strided_inputs():
+    wide = torch.randn(4, 300)
+    check_forward_backward(tt.silu_mul_linear, tt.silu_mul_linear_reference,
+                           (wide[:, :123], torch.randn(123, 4).t(), torch.randn(123, 37).t()), torch.float32,
+                           "silu_mul_linear strided")
+
+
+def test_silu_mul_linear_keeps_gate_and_up_not_the_product():
+    gate, up = (torch.randn(6, 40, requires_grad=True) for _ in range(2))
+    weight = torch.randn(16, 40, requires_grad=True)
+
+    def saved_by(fn):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            fn()
+        return {t.untyped_storage().data_ptr() for t in saved}
+
+    inputs = {t.untyped_storage().data_ptr() for t in (gate, up, weight)}
+    assert saved_by(lambda: tt.silu_mul_linear(gate, up, weight)) == inputs
+    unfused = saved_by(lambda: torch.nn.functional.linear(tt.silu_mul(gate, up), weight))
+    assert inputs < unfused and len(unfused - inputs) == 1  # the product, rows x 40
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_backward_writes_the_forwards_product_again_bit_for_bit(dtype):
+    from twinkle_triton._gated import SILU, separate_backward_with_value_impl, separate_impl
+
+    gate, up, grad = (3 * torch.randn(5, 7, 130, dtype=dtype) for _ in range(3))
+    *_, again = separate_backward_with_value_impl(grad, gate, up, SILU)
+    assert torch.equal(again, separate_impl(gate, up, SILU))
+
+
+def test_silu_mul_linear_opcheck():
+    g, u, w = torch.randn(3, 8, requires_grad=True), torch.randn(3, 8, requires_grad=True), torch.randn(5, 8)
+    torch.library.opcheck(torch.ops.twinkle.silu_mul_linear.default, (g, u, w.requires_grad_()))
+    torch.library.opcheck(torch.ops.twinkle.silu_mul_linear_backward.default,
+                          (torch.randn(3, 5), g.detach(), u.detach(), w.detach()))
+
+
+def test_silu_mul_linear_rejects_a_weight_that_does_not_fit():
+    gate = torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"pass a 2-D \[n, 8\] weight"):
+        tt.silu_mul_linear(gate, gate, torch.randn(8, 5))
+    with pytest.raises(ValueError, match="of gate's dtype"):
+        tt.silu_mul_linear(gate, gate, torch.randn(5, 8, dtype=torch.float64))
+
+
+def test_silu_mul_linear_gradcheck_fp64():
+    g, u = (torch.randn(3, 5, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradcheck(tt.silu_mul_linear, (g, u, torch.randn(4, 5, dtype=torch.float64,
+                                                                             requires_grad=True)))

@@ -52,8 +52,8 @@ from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
 from ._flce_autograd import gradient_buffers
-from ._launch import (accumulation_dtype, compute_dtype, interpreting, loop_block, multiprocessor_count,
-                      next_power_of_2)
+from ._launch import (accumulation_dtype, compute_dtype, interpreting, loop_block, next_power_of_2,
+                      persistent_programs)
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import row_loss_reference, tiled_op
 from .fused_linear_cross_entropy_vocab_chunked import default_vocab_chunk, vocab_chunked_op
@@ -110,11 +110,7 @@ def _fused_linear_cross_entropy_fwd_kernel(
 
 def _row_programs(n_rows: int, device: torch.device) -> int:
     per_sm = ROW_KERNEL["programs_per_sm"]
-    if not per_sm:
-        return max(n_rows, 1)
-    # under the interpreter as if on two SMs: its programs loop over rows as on a GPU
-    sms = multiprocessor_count(device) if device.type == "cuda" and not interpreting() else 2
-    return max(1, min(n_rows, per_sm * sms))
+    return persistent_programs(n_rows, device, per_sm=per_sm) if per_sm else max(n_rows, 1)
 
 
 # Chunk size of the chunked strategy: extra memory is grad_W plus one logits chunk, ``chunk_size *

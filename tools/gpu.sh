@@ -328,8 +328,7 @@ job_check() {
 SECONDS=0
 for job in "${jobs[@]}"; do
   if ! declare -F "job_$job" >/dev/null; then
-    echo "unknown job '$job'; jobs: suite train inference generate kernels matrix distributed fsdp check gemv attention moe" \
-      "flce norm"
+    echo "unknown job '$job'; jobs:" $(compgen -A function job_ | sed 's/^job_//')
     exit 2
   fi
   echo "=== $job (${SECONDS} s)"

@@ -55,6 +55,8 @@ def test_generate_refuses_before_it_runs(argv, expected, tmp_path, capsys):
     ("--out {tmp}", "--out {tmp}: is a directory; give the file to write (e.g. {tmp}/distributed.json)"),
     ("--out {tmp}/missing/run.json", "the folder {tmp}/missing does not exist"),
     ("--profile {tmp}/file", "--profile {tmp}/file: is a file, and the results go into a directory"),
+    ("--backend inductor --swap-policy always", "--swap-policy is the twinkle backend's option: use it with "
+                                                "--backend twinkle or kernelize+twinkle, not inductor"),
 ])
 def test_distributed_refuses_before_it_runs(flags, expected, tmp_path, capsys):
     (tmp_path / "file").write_text("")

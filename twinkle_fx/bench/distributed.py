@@ -243,7 +243,8 @@ def compile_model(model: torch.nn.Module, wrapped: torch.nn.Module, args: argpar
     import twinkle_fx
     from twinkle_fx.compiler import compile_layers
 
-    options = {"compiler": args.compiler, **({"cudagraphs": True} if args.cudagraphs else {})}
+    options = {"compiler": args.compiler, **({"cudagraphs": True} if args.cudagraphs else {}),
+               **({"swap_policy": args.swap_policy} if args.swap_policy else {})}
     inductor_mode = {"mode": "reduce-overhead"} if args.cudagraphs else {}
     if args.regional:
         # the layers are compiled in place (nn.Module.compile): the wrappers keep working on them

@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                         help="inner compiler of the twinkle backends (default inductor)")
     parser.add_argument("--regional", action="store_true",
                         help="compile each decoder layer instead of the whole model (compiled backends)")
+    parser.add_argument("--swap-policy", choices=("measured", "always"), default=None,
+                        help="the twinkle backends' swap_policy option (default: twinkle_fx.compile's, \"measured\" "
+                             "in training: Inductor's code kept where the per-op table measured it faster)")
     parser.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
                         help="leave the LM head + loss unswapped (bind no fused-loss head)")
     parser.add_argument("--steps", type=int, default=10)
@@ -168,6 +171,9 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
     if args.regional and not compiled:
         parser.error(f"--regional compiles decoder layers: it needs a compiled --backend ({', '.join(COMPILED)}), "
                      f"not {args.backend}")
+    if args.swap_policy is not None and not args.backend.endswith("twinkle"):
+        parser.error(f"--swap-policy is the twinkle backend's option: use it with --backend twinkle or "
+                     f"kernelize+twinkle, not {args.backend}")
     if args.mixed_precision and args.parallel != "fsdp2":
         parser.error("--mixed-precision is FSDP2's MixedPrecisionPolicy: use it with --parallel fsdp2 "
                      "(DDP and none train in --dtype)")

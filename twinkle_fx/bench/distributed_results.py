@@ -113,6 +113,7 @@ def _describe(a: dict[str, Any], world: int, device: str) -> str:
     where += f" (HSDP: {replicas} replicas x {world // replicas} shards)" if replicas > 1 else ""
     where = f"{a.get('model', 'qwen2')} {a['size']} · {where}"
     backend = a["backend"] + (f" ({a['compiler']})" if a["backend"].endswith("twinkle") else "")
+    backend += f", swap_policy {a['swap_policy']}" if a.get("swap_policy") else ""
     backend += ", regional" if a["regional"] else ""
     backend += ", CUDA graphs" if a.get("cudagraphs") else ""
     backend += "" if a["fused_loss"] else ", no fused-loss head"

@@ -196,3 +196,27 @@ def _weight_grad_kernel(
         acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
     tl.store(out_ptr + expert.to(tl.int64) * soe + ms[:, None] * som + ns[None, :] * son,
              acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _gather_token_rows_kernel(
+    x_ptr, g_ptr, scale_ptr, order_ptr, x_out_ptr, g_out_ptr, rows, top_k, H, sxt, sxk, sgt, sgk, sxo, sgo,
+    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """For sorted rows r (p = order[r] its pair, t = p // top_k its token): ``x_out[r] = x[t]`` and
+    ``g_out[r] = g[t] * scale[p]``, the product in fp32 rounded once to ``g_out``'s dtype."""
+    pid = tl.program_id(0)
+    r = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    r_mask = r < rows
+    pair = tl.load(order_ptr + r, mask=r_mask, other=0)
+    token = pair // top_k
+    scale = tl.load(scale_ptr + pair, mask=r_mask, other=0.0).to(tl.float32)
+    cols = tl.arange(0, BLOCK_H)
+    for h0 in range(0, H, BLOCK_H):
+        c = h0 + cols
+        mask = r_mask[:, None] & (c < H)[None, :]
+        x = tl.load(x_ptr + token[:, None] * sxt + c[None, :] * sxk, mask=mask)
+        tl.store(x_out_ptr + r[:, None] * sxo + c[None, :], x, mask=mask)
+        g = tl.load(g_ptr + token[:, None] * sgt + c[None, :] * sgk, mask=mask).to(tl.float32)
+        tl.store(g_out_ptr + r[:, None] * sgo + c[None, :], (g * scale[:, None]).to(g_out_ptr.dtype.element_ty),
+                 mask=mask)

@@ -34,7 +34,7 @@ tokens (the weight gradients, by default, from copies: :data:`WEIGHT_GRAD`):
   projections: ``d gate_up`` ``[S, 2I]`` in sorted order. ``_rows_to_pairs_kernel`` then multiplies
   it by ``gate_up_proj[e]`` into the ``[T, k, H]`` buffer, summed over k like the forward: the
   input's gradient. Each weight's gradient per expert: ``torch._grouped_mm`` over the expert's rows,
-  ``x`` and the weighted ``grad`` copied in sorted order (:data:`WEIGHT_GRAD`), or, where that op
+  ``x`` and the weighted ``grad`` copied in sorted order by one kernel (:data:`WEIGHT_GRAD`), or, where that op
   does not take the operands, ``_weight_grad_kernel``, one program per (expert, weight tile) summing
   all the expert's rows in one fp32 accumulator (gathering ``x`` for ``gate_up_proj``, and the
   weighted ``grad`` for ``down_proj``): no atomics, no partial sums.
@@ -57,7 +57,8 @@ from torch import Tensor
 from ._checks import ANY_DTYPE, check_tensors
 from ._launch import cdiv, dot_options, interpreting, loop_block, next_power_of_2
 from ._library import define_differentiable_op, define_op, wrap_triton
-from ._moe_gemm_kernels import _gate_up_kernel, _grad_act_kernel, _rows_to_pairs_kernel, _weight_grad_kernel
+from ._moe_gemm_kernels import (_gate_up_kernel, _gather_token_rows_kernel, _grad_act_kernel, _rows_to_pairs_kernel,
+                                _weight_grad_kernel)
 from ._torch_internals import grouped_mm
 
 __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
@@ -258,12 +259,27 @@ def _grouped_mm_takes(hidden_states: Tensor, inter: int) -> bool:
 def _weight_grads_grouped_mm(d_gate_up: Tensor, hidden_states: Tensor, grad: Tensor, h: Tensor, weights: Tensor,
                              routing: tuple[Tensor, Tensor], top_k: int) -> tuple[Tensor, Tensor]:
     """The weight gradients by ``torch._grouped_mm``, each expert's rows a group of the reduction: the tokens' rows
-    copied in sorted order (``grad``'s times the routing weight, in fp32, rounded once)."""
+    copied in sorted order (``grad``'s times the routing weight, in fp32, rounded once) by one kernel."""
     order, offsets = routing
-    rows_token = order // top_k
-    x_rows = hidden_states.index_select(0, rows_token)
-    scaled = (grad.index_select(0, rows_token).float() * weights.index_select(0, order).float()[:, None]).to(grad.dtype)
+    x_rows, scaled = _gather_token_rows(hidden_states, grad, weights, order, top_k)
     return _grouped_weight_grads_op(d_gate_up, x_rows, scaled, h, offsets[1:].to(torch.int32))
+
+
+def _gather_token_rows(hidden_states: Tensor, grad: Tensor, weights: Tensor, order: Tensor,
+                       top_k: int) -> tuple[Tensor, Tensor]:
+    """(``hidden_states[order // top_k]``, ``(grad[order // top_k].float() * weights[order, None].float())`` rounded
+    to ``grad``'s dtype), contiguous, in one pass. As torch's two ``index_select``, casts and product they took
+    0.60 ms of the op's 3.37 ms forward + backward on an H200 at Qwen3-30B-A3B's layer (4096 tokens, bf16)."""
+    rows, hidden = order.shape[0], hidden_states.shape[1]
+    x_rows = hidden_states.new_empty((rows, hidden))
+    scaled = grad.new_empty((rows, hidden))
+    block_r = 32 if interpreting() else 8
+    wrap_triton(_gather_token_rows_kernel)[(cdiv(rows, block_r),)](
+        hidden_states, grad, weights, order, x_rows, scaled, rows, top_k, hidden, *hidden_states.stride(),
+        *grad.stride(), x_rows.stride(0), scaled.stride(0), BLOCK_R=block_r, BLOCK_H=loop_block(hidden, 512),
+        num_warps=4,
+    )
+    return x_rows, scaled
 
 
 def _grouped_weight_grads_impl(d_gate_up: Tensor, x_rows: Tensor, scaled: Tensor, h: Tensor,

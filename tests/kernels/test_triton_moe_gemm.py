@@ -65,6 +65,28 @@ def test_weight_gradients_either_way(top_k, weight_grad, monkeypatch):
     assert not moe_gemm._grouped_mm_takes(x.float(), INTER) and not moe_gemm._grouped_mm_takes(x, INTER + 4)
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_rows_gathered_for_the_weight_gradients_are_torchs_bits(weight_dtype):
+    """The grouped_mm path's operands, gathered and scaled by one kernel: the bits of torch's index_select and fp32
+    product rounded once (on a GPU; the interpreter rounds to bf16 by truncation: within one bf16 step there),
+    from strided tokens and gradients, routing weights in either dtype."""
+    from twinkle_triton import _launch, moe_gemm
+
+    top_k = 3
+    x = torch.full((TOKENS, 2 * HIDDEN), float("nan"), dtype=torch.bfloat16)[:, ::2].copy_(torch.randn(TOKENS, HIDDEN))
+    grad = torch.randn(HIDDEN, TOKENS, dtype=torch.bfloat16).t()
+    weights = torch.rand(TOKENS * top_k, dtype=weight_dtype)
+    order = torch.randperm(TOKENS * top_k)
+    x_rows, scaled = moe_gemm._gather_token_rows(x, grad, weights, order, top_k)
+    tokens = order // top_k
+    assert torch.equal(x_rows, x[tokens]) and x_rows.is_contiguous()
+    product = grad[tokens].float() * weights[order].float()[:, None]
+    if _launch.interpreting():
+        torch.testing.assert_close(scaled.float(), product, rtol=2**-7, atol=0)
+    else:
+        assert torch.equal(scaled, product.to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_matches_reference_in_small_tiles(dtype, small_blocks):
     # 16-row tiles, 16-column blocks, 16-wide K steps: several M tiles per expert, a partial last tile,

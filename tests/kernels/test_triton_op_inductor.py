@@ -105,12 +105,17 @@ def test_op_kind_follows_device_and_override(monkeypatch):
         _library._use_triton_op()
 
 
+# kernels of an op that its case above does not launch: the rows gathered for torch._grouped_mm's weight gradients,
+# a path the case's intermediate size keeps out
+NOT_LAUNCHED_BY_THE_CASE = {"moe_swiglu_experts": ("_gather_token_rows_kernel",)}
+
+
 @pytest.mark.parametrize("name", sorted(INLINE_OPS))
 def test_kernels_are_known_to_torch_for_cache_keys(name):
     # torch hashes these kernels' source into AOTAutograd's cache key (triton_op only).
     kernels = {k.fn.__name__ for op in (name, f"{name}_backward")
                for k in torch._library.triton.get_triton_kernels_for_op(f"twinkle::{op}")}
-    expected = set(INLINE_OPS[name][2]) if ON_GPU else set()
+    expected = {*INLINE_OPS[name][2], *NOT_LAUNCHED_BY_THE_CASE.get(name, ())} if ON_GPU else set()
     assert kernels == expected
 
 

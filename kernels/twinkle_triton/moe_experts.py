@@ -24,7 +24,8 @@ GPT-OSS's ``GptOssExperts`` has the same structure with another gate: gate and u
 :class:`FusedSwiGLUExperts` replaces the implementation instead: routing, both projections, the SwiGLU
 and the weighted sum over the k experts of a token run as the grouped GEMM kernels of
 :mod:`.moe_gemm` (no permuted copy of the tokens, no host sync), forward and backward. twinkle_fx's
-built-in mapping does not bind it (it binds :class:`SwiGLUExperts`); bind it by name::
+built-in mapping binds :class:`SwiGLUExperts` by default and this layer when asked
+(``use_builtin_kernels(fused_experts=True)``); bound by name, it is::
 
     register_layer_kernel(kernel_name="FusedSwiGLUExperts", layer=twinkle_triton.layers.FusedSwiGLUExperts,
                           device="cuda", binds_by_tag=False)

@@ -178,20 +178,19 @@ def test_experts_gate_runs_the_kernel_in_every_experts_implementation(implementa
                                                  "silu_and_mul")
 
 
-def test_fused_experts_layer_trains_like_the_model_where_bound(device):
-    """FusedSwiGLUExperts is not in the built-in mapping; bound by name, it computes a Qwen3-MoE experts
-    module whole (moe_swiglu_experts forward and backward) and trains like transformers' grouped_mm."""
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
-
-    use_builtin_kernels(devices=(device,), models=("qwen3_moe",), fused_loss=False)
-    twinkle_fx.register_layer_kernel(kernel_name="FusedSwiGLUExperts", layer=twinkle_triton.layers.FusedSwiGLUExperts,
-                                     device=device, binds_by_tag=False)
-    twinkle_fx.register_external_layer(Qwen3MoeExperts, "FusedSwiGLUExperts")
-    model = tiny_model("qwen3_moe").train()
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "ernie4_5_moe"])
+def test_fused_experts_train_like_the_model_where_asked_for(family, device):
+    """use_builtin_kernels(fused_experts=True) binds the SiLU-gated experts to FusedSwiGLUExperts, which computes
+    the experts module whole (moe_swiglu_experts forward and backward) and trains like transformers' grouped_mm;
+    GPT-OSS's clamped experts keep their own kernel."""
+    bound = use_builtin_kernels(devices=(device,), models=(family, "gpt_oss"), fused_loss=False, fused_experts=True)
+    assert "GptOssExperts -> ClampedSwiGLUExperts" in bound
+    model = tiny_model(family).train()
+    experts = next(m for m in model.modules() if type(m).__name__.endswith("Experts"))
+    assert f"{type(experts).__name__} -> FusedSwiGLUExperts" in bound
     model.config._experts_implementation = "grouped_mm"
     ids = torch.randint(3, 128, (2, 9), device=device)
-    _assert_experts_kernel_trains_like_the_model(model, ids, model.model.layers[1].mlp.experts, "FusedSwiGLUExperts",
-                                                 "moe_swiglu_experts")
+    _assert_experts_kernel_trains_like_the_model(model, ids, experts, "FusedSwiGLUExperts", "moe_swiglu_experts")
 
 
 def _assert_experts_kernel_trains_like_the_model(model, ids, experts, layer: str, op: str) -> None:

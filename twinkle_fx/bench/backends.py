@@ -21,6 +21,8 @@ inductor+cudagraphs+cce  the same, the loss computed by Cut Cross-Entropy from t
 twinkle+cudagraphs ``twinkle_fx.compile(model, mode="reduce-overhead")``: the same through the backend,
                    fused-loss head included, every region swapped (``swap_policy="always"``: under CUDA
                    graphs a launch costs no host time, only device time counts)
+twinkle+cudagraphs+fused-experts  the same with ``use_builtin_kernels(fused_experts=True)``: a MoE model's
+                   experts computed whole by ``twinkle_triton.moe_swiglu_experts``
 liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(model=model)``
 liger+inductor     the same, then ``torch.compile``
 =================  ==========================================================================
@@ -141,7 +143,8 @@ def _inductor_cudagraphs(model: torch.nn.Module, family: str, device: torch.devi
         yield prepared
 
 
-def _twinkle(kernelize_first: bool, rewrites_off: tuple[str, ...] = (), **compile_kwargs: Any):
+def _twinkle(kernelize_first: bool, rewrites_off: tuple[str, ...] = (), builtin: dict[str, Any] | None = None,
+             **compile_kwargs: Any):
     @contextlib.contextmanager
     def prepare(model: torch.nn.Module, family: str, device: torch.device) -> Iterator[Prepared]:
         import twinkle_fx
@@ -149,7 +152,7 @@ def _twinkle(kernelize_first: bool, rewrites_off: tuple[str, ...] = (), **compil
         from twinkle_fx.compiler import collect_reports
 
         # the registry scope stays open for the whole run: Dynamo compiles at the first call
-        with _builtin_kernels(family, device) as bound, collect_reports() as report:
+        with _builtin_kernels(family, device, **(builtin or {})) as bound, collect_reports() as report:
             for rewrite in rewrites_off:
                 twinkle_fx.get_registry().remove_graph_rewrite(rewrite)
             if kernelize_first:
@@ -263,9 +266,9 @@ def _liger(compiled: bool):
     return prepare
 
 
-# the twinkle backends: (description, kernelize first, compile arguments); a name with "-<graph rewrite>" after
-# one of them is resolved by backend()
-_TWINKLE: dict[str, tuple[str, bool, dict[str, Any]]] = {
+# the twinkle backends: (description, kernelize first, compile arguments[, use_builtin_kernels' options]); a name
+# with "-<graph rewrite>" after one of them is resolved by backend()
+_TWINKLE: dict[str, tuple[str, bool, dict[str, Any]] | tuple[str, bool, dict[str, Any], dict[str, Any]]] = {
     "twinkle": ("twinkle_fx.compile(model): fused-loss head + backend=\"twinkle\", built-in kernels", False, {}),
     "kernelize+twinkle": ('kernelize_model(model, mode="train+compile"), then backend="twinkle"', True, {}),
     "twinkle+cudagraphs": ('backend="twinkle", mode="reduce-overhead"', False, {"mode": "reduce-overhead"}),
@@ -273,15 +276,18 @@ _TWINKLE: dict[str, tuple[str, bool, dict[str, Any]]] = {
                             {"options": {"fuse_projections": True}}),
     "twinkle-all-swaps": ('backend="twinkle", options={"swap_policy": "always"}', False,
                           {"options": {"swap_policy": "always"}}),
+    "twinkle+cudagraphs+fused-experts": ('backend="twinkle", mode="reduce-overhead", '
+                                         "use_builtin_kernels(fused_experts=True)", False, {"mode": "reduce-overhead"},
+                                         {"fused_experts": True}),
 }
 
 
 def _twinkle_backend(name: str, rewrites_off: tuple[str, ...] = ()) -> Backend:
-    description, kernelize_first, kwargs = _TWINKLE[name]
+    description, kernelize_first, kwargs, *builtin = _TWINKLE[name]
     if rewrites_off:
         name = "-".join((name, *rewrites_off))
         description += f", without the {', '.join(rewrites_off)} rewrite"
-    return Backend(name, description, _twinkle(kernelize_first, rewrites_off, **kwargs))
+    return Backend(name, description, _twinkle(kernelize_first, rewrites_off, *builtin, **kwargs))
 
 
 BACKENDS: dict[str, Backend] = {
@@ -302,6 +308,7 @@ BACKENDS: dict[str, Backend] = {
                 _inductor_cudagraphs_cce),
         _twinkle_backend("twinkle+gemm-fusion"),
         _twinkle_backend("twinkle-all-swaps"),
+        _twinkle_backend("twinkle+cudagraphs+fused-experts"),
         Backend("liger+inductor", "Liger, then torch.compile(model)", _liger(compiled=True)),
     )
 }

@@ -288,10 +288,18 @@ def define_differentiable_op(
         ctx.others = others
         if statistics:
             ctx.mark_non_differentiable(*(output[i] for i in statistics))
+            # autograd would fill a tensor of zeros as each statistic's gradient, which nothing reads (the
+            # projections of the MoE experts: 150 MB a layer); a differentiable output the loss does not use
+            # gets its zeros in autograd_backward instead
+            ctx.set_materialize_grads(False)
+            ctx.gradient_like = [(o.shape, o.dtype, o.device) for i, o in enumerate(output) if i not in statistics]
 
     def autograd_backward(ctx, *output_gradients):
         if statistics:
-            output_gradients = [g for i, g in enumerate(output_gradients) if i not in statistics]
+            output_gradients = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                                for g, (shape, dtype, device) in zip(
+                                    (g for i, g in enumerate(output_gradients) if i not in statistics),
+                                    ctx.gradient_like)]
         tensors, others = iter(ctx.saved_tensors), iter(ctx.others)
         values = [next(tensors) if as_tensor else next(others) for _, _, as_tensor in layout]
         results = backward_op(*output_gradients, *values)

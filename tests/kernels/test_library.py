@@ -92,3 +92,47 @@ def test_a_non_differentiable_name_that_is_no_output_is_refused():
             "test_library_bad_statistic", lambda x: (x, x), fake=lambda x: (x, x),
             backward=lambda grad, x: grad, backward_fake=lambda grad, x: grad, saved=("x",), non_differentiable=("x",),
         )
+
+
+def _scales_impl(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return x * 2, x * 3, x.abs().amax()
+
+
+def _scales_fake(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(x), torch.empty_like(x), x.new_empty(())
+
+
+def _scales_backward(grad_double: Tensor, grad_triple: Tensor) -> Tensor:
+    return grad_double * 2 + grad_triple * 3
+
+
+def _scales_backward_fake(grad_double: Tensor, grad_triple: Tensor) -> Tensor:
+    return torch.empty_like(grad_double)
+
+
+# two differentiable outputs and a statistic nothing differentiates
+_scales = define_differentiable_op(
+    "test_library_scales", _scales_impl, fake=_scales_fake, backward=_scales_backward,
+    backward_fake=_scales_backward_fake, saved=(), non_differentiable=("output[2]",),
+)
+
+
+class _Ops(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_gradient_is_made_for_a_statistic_and_an_unused_output_gets_zeros():
+    x = torch.randn(3, 5, requires_grad=True)
+    out, norm = _normalize(x)
+    with _Ops() as ops:
+        torch.autograd.grad(out.sum(), x)
+    assert not [op for op in ops.seen if "zeros" in op or "fill" in op or "full" in op], ops.seen
+    double, _, _ = _scales(x)  # the triple is not in the loss: its gradient comes in as zeros
+    (grad,) = torch.autograd.grad(double.sum(), x)
+    assert torch.equal(grad, torch.full_like(x, 2.0))

@@ -7,7 +7,7 @@ For T tokens each routed to ``k`` of E experts (transformers' ``*Experts`` layou
 tokens (the weight gradients, by default, from copies: :data:`WEIGHT_GRAD`):
 
 - **schedule.** The ``S = T * k`` (token, slot) pairs are sorted by expert (``torch.sort``, stable,
-  once in the forward and once in the backward: :func:`_routing`); ``order[r]`` is the pair of sorted
+  once in the forward, whose order the backward reuses: :func:`_routing`); ``order[r]`` is the pair of sorted
   row r. Each expert's rows are cut into M tiles of ``BLOCK_M``, and a table built on the device
   (``searchsorted`` over the per-expert counts and tile counts, :func:`_tiles`) says which expert and
   rows a tile has. The grid is fixed from shapes alone, ``min(S, (S + E * (BLOCK_M - 1)) // BLOCK_M)`` tiles (each expert adds at most one partial tile;
@@ -149,16 +149,19 @@ def _dot(dtype: torch.dtype) -> dict:
 
 
 def _moe_swiglu_experts_impl(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
-                             top_k_weights: Tensor, save_for_backward: bool) -> tuple[Tensor, Tensor, Tensor]:
+                             top_k_weights: Tensor, save_for_backward: bool
+                             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(output, the projections when ``save_for_backward`` (else no rows), ``h``, ``order``, ``offsets``): all
+    but the output are the backward's inputs."""
     tokens, hidden = hidden_states.shape
     num_experts, inter = gate_up_proj.shape[0], down_proj.shape[2]
     pairs = top_k_index.numel()
     h = hidden_states.new_empty((pairs, inter))
     gate_up = hidden_states.new_empty((pairs if save_for_backward else 0, 2 * inter))
-    if pairs == 0:
-        return hidden_states.new_zeros((tokens, hidden)), gate_up, h
-    blocks = _blocks("gate_up", cdiv(pairs, num_experts), inter, hidden, hidden_states.dtype)
     routing = order, offsets = _routing(top_k_index, num_experts)
+    if pairs == 0:
+        return hidden_states.new_zeros((tokens, hidden)), gate_up, h, order, offsets
+    blocks = _blocks("gate_up", cdiv(pairs, num_experts), inter, hidden, hidden_states.dtype)
     tile_expert, tile_start, tiles = _tiles(offsets, pairs, blocks["BLOCK_M"])
     n_blocks = cdiv(inter, blocks["BLOCK_N"])
     wrap_triton(_gate_up_kernel)[(tiles * n_blocks,)](
@@ -170,34 +173,36 @@ def _moe_swiglu_experts_impl(hidden_states: Tensor, gate_up_proj: Tensor, down_p
     weights = top_k_weights.reshape(-1)
     out = _rows_to_pairs(h, down_proj, hidden, (down_proj.stride(0), down_proj.stride(2), down_proj.stride(1)),
                          weights, top_k_index, routing, "down")
-    return out, gate_up, h
+    return out, gate_up, h, order, offsets
 
 
 def _moe_swiglu_experts_fake(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
-                             top_k_weights: Tensor, save_for_backward: bool) -> tuple[Tensor, Tensor, Tensor]:
+                             top_k_weights: Tensor, save_for_backward: bool
+                             ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     pairs, inter = top_k_index.numel(), down_proj.shape[2]
     return (hidden_states.new_empty(hidden_states.shape), hidden_states.new_empty((pairs if save_for_backward else 0,
                                                                                     2 * inter)),
-            hidden_states.new_empty((pairs, inter)))
+            hidden_states.new_empty((pairs, inter)), top_k_index.new_empty((pairs,), dtype=torch.int64),
+            top_k_index.new_empty((gate_up_proj.shape[0] + 1,)))
 
 
 def _moe_swiglu_experts_backward_impl(
     grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
-    top_k_weights: Tensor, gate_up: Tensor, h: Tensor,
+    top_k_weights: Tensor, gate_up: Tensor, h: Tensor, order: Tensor, offsets: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     tokens, top_k = top_k_index.shape
     pairs, (num_experts, inter2, hidden) = top_k_index.numel(), gate_up_proj.shape
     inter = inter2 // 2
     dtype = hidden_states.dtype
     if gate_up.shape[0] != pairs:  # a forward told to save nothing: recompute the projections
-        _, gate_up, h = _moe_swiglu_experts_impl(hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,
-                                                 True)
+        _, gate_up, h, order, offsets = _moe_swiglu_experts_impl(hidden_states, gate_up_proj, down_proj, top_k_index,
+                                                                 top_k_weights, True)
     if pairs == 0:
         return (torch.zeros_like(hidden_states), torch.zeros_like(gate_up_proj), torch.zeros_like(down_proj),
                 torch.zeros_like(top_k_weights))
     weights = top_k_weights.reshape(-1)
     cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden, dtype)
-    routing = order, offsets = _routing(top_k_index, num_experts)
+    routing = order, offsets  # the forward's sort
     tile_expert, tile_start, tiles = _tiles(offsets, pairs, cfg["BLOCK_M"])
     n_blocks = cdiv(inter, cfg["BLOCK_N"])
     d_gate_up = hidden_states.new_empty((pairs, inter2))
@@ -308,7 +313,7 @@ _grouped_weight_grads_op = define_op(
 
 
 def _moe_swiglu_experts_backward_fake(grad, hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,
-                                      gate_up, h):
+                                      gate_up, h, order, offsets):
     return (hidden_states.new_empty(hidden_states.shape), gate_up_proj.new_empty(gate_up_proj.shape),
             down_proj.new_empty(down_proj.shape), top_k_weights.new_empty(top_k_weights.shape))
 
@@ -316,11 +321,13 @@ def _moe_swiglu_experts_backward_fake(grad, hidden_states, gate_up_proj, down_pr
 _moe_swiglu_experts_op = define_differentiable_op(
     "moe_swiglu_experts", _moe_swiglu_experts_impl, fake=_moe_swiglu_experts_fake,
     backward=_moe_swiglu_experts_backward_impl, backward_fake=_moe_swiglu_experts_backward_fake,
-    saved=("hidden_states", "gate_up_proj", "down_proj", "top_k_index", "top_k_weights", "output[1]", "output[2]"),
-    non_differentiable=("output[1]", "output[2]"),  # the projections and h: the backward's inputs
+    saved=("hidden_states", "gate_up_proj", "down_proj", "top_k_index", "top_k_weights", "output[1]", "output[2]",
+           "output[3]", "output[4]"),
+    # the projections, h and the sorted order with the experts' offsets: the backward's inputs
+    non_differentiable=("output[1]", "output[2]", "output[3]", "output[4]"),
     gradients=lambda grads, _: (grads[0], grads[1], grads[2], None, grads[3], None),  # none for the indices
     # the saved intermediates are the kernels' own (for their backward): none without them
-    reference=lambda *args: (moe_swiglu_experts_reference(*args[:5]), None, None),  # defined below
+    reference=lambda *args: (moe_swiglu_experts_reference(*args[:5]), None, None, None, None),  # defined below
 )
 
 

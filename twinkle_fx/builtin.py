@@ -160,8 +160,9 @@ def use_builtin_kernels(
             experts computation as the fused grouped GEMMs of ``twinkle_triton.moe_swiglu_experts`` rather than
             transformers' implementation with the gate as one kernel. On one H200 (bf16, 4096 tokens, forward +
             backward, against transformers' ``grouped_mm`` experts) it measured 1.32x at Qwen3-30B-A3B's layer
-            (128 experts, top-8, intermediate 768) and 0.91x at Mixtral-8x7B's (8 experts, top-2, 14336), where
-            cuBLAS's grouped GEMM runs faster than these kernels: hence off by default.
+            (128 experts, top-8, intermediate 768) and 0.91x at Mixtral-8x7B's (8 experts, top-2, 14336), whose
+            large GEMMs CUTLASS's grouped GEMM (``torch._grouped_mm``) runs faster than these kernels: hence off by
+            default.
 
     Returns:
         What was bound, one string per class or function (``"GemmaMLP -> GeGLUMLP"``).
@@ -187,6 +188,7 @@ def use_builtin_kernels(
     if unknown:
         raise ValueError(f"Unknown model family {unknown[0]!r}; built-in families: {', '.join(BUILTIN_MODELS)}.")
     families = [BUILTIN_MODELS[m] for m in models]
+
     def kernel_of(spec: tuple[tuple[str, ...], str]) -> str:
         return "FusedSwiGLUExperts" if fused_experts and spec[1] == _EXPERTS else spec[1]
 

@@ -79,7 +79,7 @@ CONFIGS = {
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 5},
 }
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# How the backward computes the experts' weight gradients: "grouped_mm", ``torch._grouped_mm`` (cuBLAS's grouped GEMM
+# How the backward computes the experts' weight gradients: "grouped_mm", ``torch._grouped_mm`` (CUTLASS's grouped GEMM
 # on a GPU) over copies of the gathered rows in sorted order, which costs two ``[S, H]`` copies (one scaled by the
 # routing weights) and runs where that op takes the operands (bf16, rows a multiple of 16 bytes, Hopper or the CPU:
 # :func:`_grouped_mm_takes`); elsewhere, or as "triton", ``_weight_grad_kernel`` with the rows gathered in its

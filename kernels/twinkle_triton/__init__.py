@@ -33,8 +33,8 @@ from .rotary_variants import (
     apply_rotary_pos_emb_partial,
     apply_rotary_pos_emb_partial_reference,
 )
-from .silu_and_mul import (silu_and_mul, silu_and_mul_reference, silu_mul, silu_mul_linear,
-                           silu_mul_linear_reference, silu_mul_reference)
+from .silu_and_mul import (silu_and_mul, silu_and_mul_linear, silu_and_mul_linear_reference, silu_and_mul_reference,
+                           silu_mul, silu_mul_linear, silu_mul_linear_reference, silu_mul_reference)
 
 # The names of the custom-kernel quick-start guide: the same ops (one op, two spellings).
 fused_add_gelu = add_gelu
@@ -91,6 +91,8 @@ __all__ = [
     "rms_norm_fp32",
     "rms_norm_fp32_reference",
     "silu_and_mul",
+    "silu_and_mul_linear",
+    "silu_and_mul_linear_reference",
     "silu_and_mul_reference",
     "silu_mul",
     "silu_mul_linear",
@@ -102,8 +104,8 @@ __all__ = [
 # twinkle_fx): each has a backward, and each is a custom op with a fake implementation, so
 # torch.compile traces it without breaking the graph.
 for _kernel in (add_gelu, add_rms_norm, apply_rotary_pos_emb, fused_linear_cross_entropy, mul_add, rms_norm,
-                silu_and_mul, silu_mul, silu_mul_linear, gelu_mul, gelu_and_mul, rms_norm_fp32, layer_norm,
-                apply_rotary_pos_emb_partial, apply_rotary_pos_emb_interleaved_partial,
+                silu_and_mul, silu_and_mul_linear, silu_mul, silu_mul_linear, gelu_mul, gelu_and_mul, rms_norm_fp32,
+                layer_norm, apply_rotary_pos_emb_partial, apply_rotary_pos_emb_interleaved_partial,
                 apply_rotary_pos_emb_interleaved, apply_rotary_pos_emb_half_angle, apply_rotary_pos_emb_deinterleave,
                 clamped_swiglu, gqa_attention, moe_swiglu_experts):
     _kernel.has_backward = True

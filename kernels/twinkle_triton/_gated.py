@@ -200,13 +200,24 @@ def packed_impl(x: Tensor, activation: int) -> Tensor:
     return out
 
 
-def packed_backward_impl(grad: Tensor, x: Tensor, activation: int) -> Tensor:
+def _packed_backward(grad: Tensor, x: Tensor, activation: int, value: Tensor | None) -> Tensor:
     grad_x = x.new_empty(x.shape)
     if x.numel():
         gate, up = halves(x)
         grad_gate, grad_up = halves(grad_x)
-        launch_bwd(rows(grad), gate, up, grad_gate, grad_up, x.shape[-1], x.shape[-1], activation)
+        launch_bwd(rows(grad), gate, up, grad_gate, grad_up, x.shape[-1], x.shape[-1], activation, value=value)
     return grad_x
+
+
+def packed_backward_impl(grad: Tensor, x: Tensor, activation: int) -> Tensor:
+    return _packed_backward(grad, x, activation, None)
+
+
+def packed_backward_with_value_impl(grad: Tensor, x: Tensor, activation: int) -> tuple[Tensor, Tensor]:
+    """:func:`packed_backward_impl`'s gradient and ``act(x[..., :d]) * x[..., d:]`` again (contiguous), from one
+    kernel."""
+    value = x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+    return _packed_backward(grad, x, activation, value), value
 
 
 def interleaved_impl(x: Tensor, activation: int, alpha: float, limit: float) -> Tensor:

@@ -28,7 +28,7 @@ from ._torch_internals import plain_linear
 # transformers' MoE *Experts: the SiLU·mul kernel; GPT-OSS's clamped SwiGLU; the fused grouped GEMMs
 from .moe_experts import ClampedSwiGLUExperts, FusedSwiGLUExperts, SwiGLUExperts  # noqa: F401
 from .rms_norm import add_rms_norm, rms_norm
-from .silu_and_mul import silu_and_mul, silu_mul, silu_mul_linear
+from .silu_and_mul import silu_and_mul, silu_and_mul_linear, silu_mul, silu_mul_linear
 
 
 def _declares(applies_to):
@@ -183,14 +183,20 @@ def _fused_swiglu_mlp_applies_to(module: nn.Module) -> str | None:
 
 class FusedSwiGLUMLP(nn.Module):
     """Phi3/GLM4-shaped MLP with one fused projection: ``gate, up = gate_up_proj(h).chunk(2)``,
-    ``down_proj(up * silu(gate))``; the activation is :func:`silu_and_mul`."""
+    ``down_proj(up * silu(gate))``; the activation is :func:`silu_and_mul`.
+
+    With gradients on, a down projection that is a plain ``nn.Linear`` without bias, of the activation's dtype, runs
+    with the activation as one op (:func:`silu_and_mul_linear`), which keeps one tensor less for the backward."""
 
     has_backward = True
     can_torch_compile = True
 
     @_declares(_fused_swiglu_mlp_applies_to)
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden_states)))
+        gate_up, down = self.gate_up_proj(hidden_states), self.down_proj
+        if torch.is_grad_enabled() and plain_linear(down) and down.bias is None and down.weight.dtype == gate_up.dtype:
+            return silu_and_mul_linear(gate_up, down.weight)
+        return down(silu_and_mul(gate_up))
 
 
 def _gemma_rms_norm_applies_to(module: nn.Module) -> str | None:

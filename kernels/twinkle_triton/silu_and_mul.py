@@ -1,4 +1,5 @@
-"""SwiGLU activation: ``silu_and_mul(x)`` (vLLM's packed form) and ``silu_mul(gate, up)``.
+"""SwiGLU activation: ``silu_and_mul(x)`` (vLLM's packed form) and ``silu_mul(gate, up)``; each with the down
+projection as one op that keeps no product for the backward: ``silu_and_mul_linear`` and ``silu_mul_linear``.
 
 ``silu_and_mul(x) = silu(x[..., :d]) * x[..., d:]`` for ``x`` of last dim ``2d`` (one fused
 gate_up projection); ``silu_mul(gate, up) = silu(gate) * up`` for the two separate projections of
@@ -13,8 +14,8 @@ with GeGLU (:mod:`.gelu_mul`).
 import torch
 from torch import Tensor
 
-from ._gated import (SILU, packed_backward_impl, packed_impl, separate_backward_impl, separate_backward_with_value_impl,
-                     separate_impl)
+from ._gated import (SILU, packed_backward_impl, packed_backward_with_value_impl, packed_impl, separate_backward_impl,
+                     separate_backward_with_value_impl, separate_impl)
 from ._checks import check_tensors
 from ._library import define_differentiable_op
 
@@ -212,3 +213,78 @@ def silu_mul_linear(gate: Tensor, up: Tensor, weight: Tensor) -> Tensor:
 def silu_mul_linear_reference(gate: Tensor, up: Tensor, weight: Tensor) -> Tensor:
     """Plain PyTorch ``silu_mul_linear``."""
     return torch.nn.functional.linear(silu_mul_reference(gate, up), weight)
+
+
+# ----------------------------------------------------------------------------- silu_and_mul_linear
+
+
+def _silu_and_mul_linear_impl(x: Tensor, weight: Tensor) -> Tensor:
+    # the product is a temporary: the backward's kernel writes it again for the weight's gradient
+    return torch.nn.functional.linear(packed_impl(x, SILU), weight)
+
+
+def _silu_and_mul_linear_fake(x: Tensor, weight: Tensor) -> Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _silu_and_mul_linear_backward_impl(grad: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    grad2 = grad.reshape(-1, grad.shape[-1])
+    grad_product = (grad2 @ weight).view(*x.shape[:-1], x.shape[-1] // 2)
+    grad_x, product = packed_backward_with_value_impl(grad_product, x, SILU)
+    return grad_x, grad2.t() @ product.view(-1, product.shape[-1])
+
+
+def _silu_and_mul_linear_backward_fake(grad: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+_silu_and_mul_linear_op = define_differentiable_op(
+    "silu_and_mul_linear", _silu_and_mul_linear_impl, fake=_silu_and_mul_linear_fake,
+    backward=_silu_and_mul_linear_backward_impl, backward_fake=_silu_and_mul_linear_backward_fake,
+    saved=("x", "weight"),
+    reference=lambda *args: silu_and_mul_linear_reference(*args),  # defined below
+)
+
+
+def silu_and_mul_linear(x: Tensor, weight: Tensor) -> Tensor:
+    """``F.linear(silu_and_mul(x), weight)``: the activation and down projection of an MLP with one fused gate/up
+    projection (Phi-3, GLM-4), keeping for the backward only what the activation's gradient reads (``x``).
+
+    Autograd would keep the product too, for the weight's gradient: one more ``rows x d`` tensor a layer. Here the
+    backward's activation kernel writes the product again from the ``x`` it reads anyway, in the forward kernel's
+    arithmetic (the same bits), as :func:`silu_mul_linear` does for two separate projections.
+
+    Args:
+        x (`torch.Tensor`): ``[..., 2d]``, gate then up; rows may be strided.
+        weight (`torch.Tensor`): ``[n, d]``, the down projection's (``nn.Linear`` without a bias), x's dtype.
+
+    Returns:
+        `torch.Tensor`: ``[..., n]`` in x's dtype.
+
+    Raises:
+        TypeError: a tensor argument is not a floating-point tensor (the error names it).
+        ValueError: an odd last dimension, or a weight whose shape, dtype or device does not fit.
+
+    Example:
+        ```python
+        out = silu_and_mul_linear(gate_up_proj(x), down_proj.weight)
+        ```
+    """
+    check_tensors("silu_and_mul_linear", min_dim=1, x=x, weight=weight)
+    if x.dim() == 0 or x.shape[-1] % 2:
+        raise ValueError(
+            f"silu_and_mul_linear: x has shape {tuple(x.shape)}; its last dimension must be even "
+            "(gate and up halves). For two separate tensors use silu_mul_linear(gate, up, weight)."
+        )
+    d = x.shape[-1] // 2
+    if weight.dim() != 2 or weight.shape[1] != d or weight.dtype != x.dtype:
+        raise ValueError(
+            f"silu_and_mul_linear: weight is {tuple(weight.shape)} {weight.dtype} for x {tuple(x.shape)} {x.dtype}; "
+            f"pass a 2-D [n, {d}] weight of x's dtype (a down projection's)."
+        )
+    return _silu_and_mul_linear_op(x, weight)
+
+
+def silu_and_mul_linear_reference(x: Tensor, weight: Tensor) -> Tensor:
+    """Plain PyTorch ``silu_and_mul_linear``."""
+    return torch.nn.functional.linear(silu_and_mul_reference(x), weight)

@@ -173,6 +173,7 @@ def _cases():
         "silu_mul": lambda: _call(tt.silu_mul, _rand(rows, inter), _rand(rows, inter)),
         "silu_mul_linear": lambda: _call(tt.silu_mul_linear, _rand(rows, inter), _rand(rows, inter),
                                          _rand(hidden, inter)),
+        "silu_and_mul_linear": lambda: _call(tt.silu_and_mul_linear, _rand(rows, 2 * inter), _rand(hidden, inter)),
         "gelu_mul": lambda: _call(tt.gelu_mul, _rand(rows, inter), _rand(rows, inter)),
         "gelu_and_mul": lambda: _call(tt.gelu_and_mul, _rand(rows, 2 * inter)),
         "clamped_swiglu": lambda: _call(tt.clamped_swiglu, _rand(rows, 2 * 2880), 1.702, 7.0),

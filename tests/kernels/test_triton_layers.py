@@ -85,6 +85,25 @@ def test_swiglu_mlp_in_training_runs_the_down_projection_with_the_activation(mon
     assert len(calls) == 1 and seen == [(2, 3, 16)]
 
 
+def test_fused_swiglu_mlp_in_training_runs_the_down_projection_with_the_activation(monkeypatch):
+    """Phi-3's packed gate/up MLP: with gradients on and a plain down projection, one op keeps only the packed
+    projection for the backward; a hook on down_proj or no gradients keep the module call."""
+    from transformers import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+    mlp = Phi3MLP(Phi3Config(hidden_size=16, intermediate_size=40, hidden_act="silu"))
+    calls = []
+    monkeypatch.setattr(layers, "silu_and_mul_linear", lambda *args: calls.append(1) or tt.silu_and_mul_linear(*args))
+    _compare_swapped(mlp, layers.FusedSwiGLUMLP, torch.randn(2, 3, 16), "FusedSwiGLUMLP fused down projection")
+    assert len(calls) == 1
+    with torch.no_grad():
+        mlp(torch.randn(2, 3, 16))
+    seen = []
+    mlp.down_proj.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    mlp(torch.randn(2, 3, 16))
+    assert len(calls) == 1 and seen == [(2, 3, 16)]
+
+
 def test_silu_and_mul_layer():
     x = torch.randn(3, 10)
     assert_close(layers.SiluAndMul()(x), tt.silu_and_mul_reference(x), torch.float32, "SiluAndMul")

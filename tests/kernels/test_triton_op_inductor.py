@@ -49,6 +49,11 @@ INLINE_OPS = {
                     torch.randn(96, 384, dtype=dt) / 16),
         ("_gated_act_fwd_kernel", "_gated_act_bwd_kernel"),
     ),
+    "silu_and_mul_linear": (
+        tt.silu_and_mul_linear,
+        lambda dt: (torch.randn(4, 64, 768, dtype=dt), torch.randn(96, 384, dtype=dt) / 16),
+        ("_gated_act_fwd_kernel", "_gated_act_bwd_kernel"),
+    ),
     "silu_and_mul": (
         tt.silu_and_mul,
         lambda dt: (torch.randn(4, 64, 768, dtype=dt),),

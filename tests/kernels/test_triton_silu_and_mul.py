@@ -141,3 +141,71 @@ def test_silu_mul_linear_gradcheck_fp64():
     g, u = (torch.randn(3, 5, dtype=torch.float64, requires_grad=True) for _ in range(2))
     assert torch.autograd.gradcheck(tt.silu_mul_linear, (g, u, torch.randn(4, 5, dtype=torch.float64,
                                                                              requires_grad=True)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_silu_and_mul_linear_is_the_linear_of_silu_and_mul(shape, dtype):
+    """The packed form: forward and both gradients as the unfused ``F.linear(silu_and_mul(x), weight)``."""
+    x, weight = torch.randn(shape, dtype=dtype), torch.randn(37, 123, dtype=dtype)
+    fused = [t.clone().requires_grad_() for t in (x, weight)]
+    unfused = [t.clone().requires_grad_() for t in (x, weight)]
+    out = tt.silu_and_mul_linear(*fused)
+    want = torch.nn.functional.linear(tt.silu_and_mul(unfused[0]), unfused[1])
+    assert_close(out, want, dtype, "silu_and_mul_linear output")
+    grad = torch.randn_like(want)
+    for name, got, expected in zip(("x", "weight"), torch.autograd.grad(out, fused, grad),
+                                   torch.autograd.grad(want, unfused, grad)):
+        assert_close(got, expected, dtype, f"silu_and_mul_linear grad of {name}")
+
+
+def test_silu_and_mul_linear_matches_reference_on_strided_rows():
+    wide = torch.randn(4, 300)
+    check_forward_backward(tt.silu_and_mul_linear, tt.silu_and_mul_linear_reference,
+                           (wide[:, :246], torch.randn(123, 37).t()), torch.float32, "silu_and_mul_linear strided")
+    check_forward_backward(tt.silu_and_mul_linear, tt.silu_and_mul_linear_reference,
+                           (torch.randn(3, 7, 246), torch.randn(37, 123)), torch.float32, "silu_and_mul_linear 3-D")
+
+
+def test_silu_and_mul_linear_keeps_x_not_the_product():
+    x = torch.randn(6, 80, requires_grad=True)
+    weight = torch.randn(16, 40, requires_grad=True)
+
+    def saved_by(fn):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            fn()
+        return {t.untyped_storage().data_ptr() for t in saved}
+
+    inputs = {t.untyped_storage().data_ptr() for t in (x, weight)}
+    assert saved_by(lambda: tt.silu_and_mul_linear(x, weight)) == inputs
+    unfused = saved_by(lambda: torch.nn.functional.linear(tt.silu_and_mul(x), weight))
+    assert inputs < unfused and len(unfused - inputs) == 1  # the product, rows x 40
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_packed_backward_writes_the_forwards_product_again_bit_for_bit(dtype):
+    from twinkle_triton._gated import SILU, packed_backward_impl, packed_backward_with_value_impl, packed_impl
+
+    x, grad = 3 * torch.randn(5, 7, 260, dtype=dtype), 3 * torch.randn(5, 7, 130, dtype=dtype)
+    grad_x, again = packed_backward_with_value_impl(grad, x, SILU)
+    assert torch.equal(again, packed_impl(x, SILU)) and torch.equal(grad_x, packed_backward_impl(grad, x, SILU))
+
+
+def test_silu_and_mul_linear_opcheck_and_gradcheck():
+    x, w = torch.randn(3, 16, requires_grad=True), torch.randn(5, 8, requires_grad=True)
+    torch.library.opcheck(torch.ops.twinkle.silu_and_mul_linear.default, (x, w))
+    torch.library.opcheck(torch.ops.twinkle.silu_and_mul_linear_backward.default,
+                          (torch.randn(3, 5), x.detach(), w.detach()))
+    x64 = torch.randn(3, 10, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(tt.silu_and_mul_linear, (x64, torch.randn(4, 5, dtype=torch.float64,
+                                                                               requires_grad=True)))
+
+
+def test_silu_and_mul_linear_rejects_what_does_not_fit():
+    with pytest.raises(ValueError, match="its last dimension must be even"):
+        tt.silu_and_mul_linear(torch.randn(2, 7), torch.randn(5, 3))
+    with pytest.raises(ValueError, match=r"pass a 2-D \[n, 4\] weight"):
+        tt.silu_and_mul_linear(torch.randn(2, 8), torch.randn(4, 5))
+    with pytest.raises(ValueError, match="of x's dtype"):
+        tt.silu_and_mul_linear(torch.randn(2, 8), torch.randn(5, 4, dtype=torch.float64))

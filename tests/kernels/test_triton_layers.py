@@ -69,32 +69,26 @@ def test_swiglu_mlp_calls_projections_that_are_not_plain_linears():
     assert not layers.uses_decode_gemvs(mlp, torch.randn(1, 16)) and not layers.uses_decode_gemvs(mlp, torch.randn(2, 16))
 
 
-def test_swiglu_mlp_in_training_runs_the_down_projection_with_the_activation(monkeypatch):
-    """With gradients on and a plain down projection, one op keeps only gate and up for the backward; a hook on
+def _mlp(family):
+    """(a transformers MLP, the twinkle layer bound to it, the name of the op it runs with the down projection)."""
+    if family == "phi3":  # one packed gate/up projection
+        from transformers import Phi3Config
+        from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+        return (Phi3MLP(Phi3Config(hidden_size=16, intermediate_size=40, hidden_act="silu")), layers.FusedSwiGLUMLP,
+                "silu_and_mul_linear")
+    return Qwen2MLP(Qwen2Config(hidden_size=16, intermediate_size=40, hidden_act="silu")), layers.SwiGLUMLP, \
+        "silu_mul_linear"
+
+
+@pytest.mark.parametrize("family", ["qwen2", "phi3"])
+def test_mlp_in_training_runs_the_down_projection_with_the_activation(family, monkeypatch):
+    """With gradients on and a plain down projection, one op keeps only the projections for the backward; a hook on
     down_proj, a bias, or no gradients keep the module call (the hook still runs)."""
-    mlp = Qwen2MLP(Qwen2Config(hidden_size=16, intermediate_size=40, hidden_act="silu"))
+    mlp, layer, op = _mlp(family)
     calls = []
-    monkeypatch.setattr(layers, "silu_mul_linear", lambda *args: calls.append(1) or tt.silu_mul_linear(*args))
-    _compare_swapped(mlp, layers.SwiGLUMLP, torch.randn(2, 3, 16), "SwiGLUMLP fused down projection")
-    assert len(calls) == 1
-    with torch.no_grad():
-        mlp(torch.randn(2, 3, 16))
-    seen = []
-    mlp.down_proj.register_forward_hook(lambda module, args, out: seen.append(out.shape))
-    mlp(torch.randn(2, 3, 16))
-    assert len(calls) == 1 and seen == [(2, 3, 16)]
-
-
-def test_fused_swiglu_mlp_in_training_runs_the_down_projection_with_the_activation(monkeypatch):
-    """Phi-3's packed gate/up MLP: with gradients on and a plain down projection, one op keeps only the packed
-    projection for the backward; a hook on down_proj or no gradients keep the module call."""
-    from transformers import Phi3Config
-    from transformers.models.phi3.modeling_phi3 import Phi3MLP
-
-    mlp = Phi3MLP(Phi3Config(hidden_size=16, intermediate_size=40, hidden_act="silu"))
-    calls = []
-    monkeypatch.setattr(layers, "silu_and_mul_linear", lambda *args: calls.append(1) or tt.silu_and_mul_linear(*args))
-    _compare_swapped(mlp, layers.FusedSwiGLUMLP, torch.randn(2, 3, 16), "FusedSwiGLUMLP fused down projection")
+    monkeypatch.setattr(layers, op, lambda *args: calls.append(1) or getattr(tt, op)(*args))
+    _compare_swapped(mlp, layer, torch.randn(2, 3, 16), f"{layer.__name__} fused down projection")
     assert len(calls) == 1
     with torch.no_grad():
         mlp(torch.randn(2, 3, 16))

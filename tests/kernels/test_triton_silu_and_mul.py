@@ -97,19 +97,20 @@ def test_silu_mul_linear_on_strided_inputs():
                            "silu_mul_linear strided")
 
 
+def _saved_by(fn) -> set[int]:
+    """The storages autograd keeps for the backward of what ``fn`` computes."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        fn()
+    return {t.untyped_storage().data_ptr() for t in saved}
+
+
 def test_silu_mul_linear_keeps_gate_and_up_not_the_product():
     gate, up = (torch.randn(6, 40, requires_grad=True) for _ in range(2))
     weight = torch.randn(16, 40, requires_grad=True)
-
-    def saved_by(fn):
-        saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-            fn()
-        return {t.untyped_storage().data_ptr() for t in saved}
-
     inputs = {t.untyped_storage().data_ptr() for t in (gate, up, weight)}
-    assert saved_by(lambda: tt.silu_mul_linear(gate, up, weight)) == inputs
-    unfused = saved_by(lambda: torch.nn.functional.linear(tt.silu_mul(gate, up), weight))
+    assert _saved_by(lambda: tt.silu_mul_linear(gate, up, weight)) == inputs
+    unfused = _saved_by(lambda: torch.nn.functional.linear(tt.silu_mul(gate, up), weight))
     assert inputs < unfused and len(unfused - inputs) == 1  # the product, rows x 40
 
 
@@ -170,16 +171,9 @@ def test_silu_and_mul_linear_matches_reference_on_strided_rows():
 def test_silu_and_mul_linear_keeps_x_not_the_product():
     x = torch.randn(6, 80, requires_grad=True)
     weight = torch.randn(16, 40, requires_grad=True)
-
-    def saved_by(fn):
-        saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-            fn()
-        return {t.untyped_storage().data_ptr() for t in saved}
-
     inputs = {t.untyped_storage().data_ptr() for t in (x, weight)}
-    assert saved_by(lambda: tt.silu_and_mul_linear(x, weight)) == inputs
-    unfused = saved_by(lambda: torch.nn.functional.linear(tt.silu_and_mul(x), weight))
+    assert _saved_by(lambda: tt.silu_and_mul_linear(x, weight)) == inputs
+    unfused = _saved_by(lambda: torch.nn.functional.linear(tt.silu_and_mul(x), weight))
     assert inputs < unfused and len(unfused - inputs) == 1  # the product, rows x 40
 
 

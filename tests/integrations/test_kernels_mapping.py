@@ -5,6 +5,8 @@ named in the compile report."""
 from __future__ import annotations
 
 import logging
+import sys
+import types
 from pathlib import Path
 
 import kernels
@@ -18,7 +20,9 @@ import twinkle_fx
 from twinkle_fx import kernelize_model, register_layer_kernel, undo_kernelize
 from twinkle_fx.core.reasons import ReasonKind
 from twinkle_fx.core.swaps import foreign_forward, swapped_forward
-from twinkle_fx.integrations.kernels_mapping import layer_registrations
+from twinkle_fx.core.errors import KernelLoadError
+from twinkle_fx.integrations import hub
+from twinkle_fx.integrations.kernels_mapping import active_kernels_mapping, layer_registrations
 
 REPO = Path(__file__).resolve().parents[2] / "kernels" / "twinkle_triton"
 
@@ -112,3 +116,16 @@ def test_the_compile_report_names_layers_kernels_kernelize_replaced(model):
     assert len(kept) == 5, report.summary()
     assert kept[0].reason.kind is ReasonKind.FOREIGN_FORWARD and "kernels.kernelize" in str(kept[0].reason)
     assert "no registered layer or function found" not in report.summary()
+
+
+def test_a_kernels_folder_imported_in_the_packages_place_is_no_mapping_and_no_package(monkeypatch):
+    """Without the Hugging Face package, ``import kernels`` finds a ``kernels/`` folder on sys.path (this repository's,
+    from its root) as a namespace package, and transformers' availability check imports it: kernel selection goes
+    on without a mapping, and a Hub kernel says which folder was found instead of the package."""
+    folder = types.ModuleType("kernels")
+    folder.__path__ = [str(REPO.parent)]
+    monkeypatch.setitem(sys.modules, "kernels", folder)
+    assert hub.is_namespace_folder(folder) and not hub.is_namespace_folder(kernels)
+    assert active_kernels_mapping() == {}
+    with pytest.raises(KernelLoadError, match=r"found the folder .*kernels instead .*pip install 'kernels"):
+        hub._kernels_package("register_layer_kernel(repo_id='kernels-community/activation')")

@@ -12,16 +12,27 @@ from types import ModuleType
 
 from ..core.errors import KernelLoadError
 
-__all__ = ["load_hub_kernel", "load_local_hf_kernel", "publish_to_hub_cache"]
+__all__ = ["is_namespace_folder", "load_hub_kernel", "load_local_hf_kernel", "publish_to_hub_cache"]
+
+
+def is_namespace_folder(module: ModuleType) -> bool:
+    """Whether ``module`` is a folder without ``__init__.py`` imported as a namespace package, not an installed
+    package: where the Hugging Face ``kernels`` is not installed, ``import kernels`` finds any ``kernels/`` folder on
+    ``sys.path`` that way (this repository's, or a project's), and transformers' availability check imports it."""
+    return getattr(module, "__file__", None) is None and hasattr(module, "__path__")
 
 
 def _kernels_package(where: str):
+    install = "pip install 'kernels>=0.17,<0.18'"
     try:
         import kernels
     except ImportError as e:
+        raise KernelLoadError(f"{where}: the Hugging Face `kernels` package is needed for this kernel; {install}.") from e
+    if is_namespace_folder(kernels):
         raise KernelLoadError(
-            f"{where}: the Hugging Face `kernels` package is needed for this kernel; pip install 'kernels>=0.17,<0.18'."
-        ) from e
+            f"{where}: the Hugging Face `kernels` package is needed for this kernel, and `import kernels` found the "
+            f"folder {', '.join(map(str, kernels.__path__))} instead (no __init__.py: not the package); {install}."
+        )
     return kernels
 
 

@@ -39,21 +39,24 @@ from ..core.devices import ANY_DEVICE, registration_keys
 from ..core.modes import Mode, parse_mode
 from ..core.registry import LayerRegistration
 from ..core.sources import RepoObjectSource
+from .hub import is_namespace_folder
 
 __all__ = ["active_kernels_mapping", "layer_names", "layer_registrations"]
 
 
 def active_kernels_mapping() -> dict[str, Any]:
     """The ``kernels`` layer mapping in effect in this context (layer name -> device type ->
-    ``kernels`` DeviceRepos); empty when ``kernels`` was never imported or its mapping is disabled."""
-    if "kernels" not in sys.modules or os.environ.get("DISABLE_KERNEL_MAPPING", "0") not in ("", "0"):
+    ``kernels`` DeviceRepos); empty when ``kernels`` was never imported (a ``kernels/`` folder imported in its
+    place holds no mapping) or its mapping is disabled."""
+    module = sys.modules.get("kernels")
+    if module is None or is_namespace_folder(module) or os.environ.get("DISABLE_KERNEL_MAPPING", "0") not in ("", "0"):
         return {}
     globals_module = sys.modules.get("kernels.layer.globals")
     mapping_var = getattr(globals_module, "_KERNEL_MAPPING", None)
     if mapping_var is None:
         # kernels 0.17 keeps the mapping in kernels.layer.globals._KERNEL_MAPPING (a ContextVar of
         # a dict); a release that moves it must not fail silently
-        version = getattr(sys.modules["kernels"], "__version__", "?")
+        version = getattr(module, "__version__", "?")
         raise RuntimeError(
             f"twinkle_fx cannot read the layer mapping of kernels {version} (kernels.layer.globals._KERNEL_MAPPING "
             "is gone; twinkle_fx reads kernels 0.17);\nregister the kernels with twinkle_fx instead "

@@ -173,22 +173,24 @@ def separate_impl(gate: Tensor, up: Tensor, activation: int) -> Tensor:
     return out
 
 
-def separate_backward_impl(grad: Tensor, gate: Tensor, up: Tensor, activation: int) -> tuple[Tensor, Tensor]:
+def _separate_backward(grad: Tensor, gate: Tensor, up: Tensor, activation: int,
+                       value: Tensor | None) -> tuple[Tensor, Tensor]:
     grad_gate, grad_up = gate.new_empty(gate.shape), up.new_empty(up.shape)
     if gate.numel():
         n = gate.shape[-1]
-        launch_bwd(rows(grad), rows(gate), rows(up), grad_gate, grad_up, n, n, activation)
+        launch_bwd(rows(grad), rows(gate), rows(up), grad_gate, grad_up, n, n, activation, value=value)
     return grad_gate, grad_up
+
+
+def separate_backward_impl(grad: Tensor, gate: Tensor, up: Tensor, activation: int) -> tuple[Tensor, Tensor]:
+    return _separate_backward(grad, gate, up, activation, None)
 
 
 def separate_backward_with_value_impl(grad: Tensor, gate: Tensor, up: Tensor, activation: int
                                       ) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`separate_backward_impl`'s gradients and ``act(gate) * up`` again (contiguous), from one kernel."""
-    grad_gate, grad_up, value = gate.new_empty(gate.shape), up.new_empty(up.shape), gate.new_empty(gate.shape)
-    if gate.numel():
-        n = gate.shape[-1]
-        launch_bwd(rows(grad), rows(gate), rows(up), grad_gate, grad_up, n, n, activation, value=value)
-    return grad_gate, grad_up, value
+    value = gate.new_empty(gate.shape)
+    return (*_separate_backward(grad, gate, up, activation, value), value)
 
 
 def packed_impl(x: Tensor, activation: int) -> Tensor:

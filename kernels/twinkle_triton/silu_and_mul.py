@@ -11,6 +11,8 @@ one kernel writes both from one read of grad, g and u. The kernels are :mod:`._g
 with GeGLU (:mod:`.gelu_mul`).
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -149,12 +151,21 @@ def _silu_mul_linear_fake(gate: Tensor, up: Tensor, weight: Tensor) -> Tensor:
     return gate.new_empty((*gate.shape[:-1], weight.shape[0]))
 
 
+def _down_projection_backward(grad: Tensor, weight: Tensor, product_shape: tuple[int, ...],
+                              activation_backward: Callable[[Tensor], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    """The backward of ``F.linear(product, weight)`` whose product is not kept: ``activation_backward`` takes the
+    product's gradient and returns the activation inputs' gradients and the product written again; returned are
+    those gradients and the weight's."""
+    grad2 = grad.reshape(-1, grad.shape[-1])
+    *grads, product = activation_backward((grad2 @ weight).view(product_shape))
+    return (*grads, grad2.t() @ product.view(-1, product.shape[-1]))
+
+
 def _silu_mul_linear_backward_impl(grad: Tensor, gate: Tensor, up: Tensor, weight: Tensor
                                    ) -> tuple[Tensor, Tensor, Tensor]:
-    grad2 = grad.reshape(-1, grad.shape[-1])
-    grad_product = (grad2 @ weight).view(gate.shape)
-    grad_gate, grad_up, product = separate_backward_with_value_impl(grad_product, gate, up, SILU)
-    return grad_gate, grad_up, grad2.t() @ product.view(-1, product.shape[-1])
+    return _down_projection_backward(grad, weight, gate.shape,
+                                     lambda grad_product: separate_backward_with_value_impl(grad_product, gate, up,
+                                                                                            SILU))
 
 
 def _silu_mul_linear_backward_fake(grad: Tensor, gate: Tensor, up: Tensor, weight: Tensor
@@ -228,10 +239,8 @@ def _silu_and_mul_linear_fake(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def _silu_and_mul_linear_backward_impl(grad: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-    grad2 = grad.reshape(-1, grad.shape[-1])
-    grad_product = (grad2 @ weight).view(*x.shape[:-1], x.shape[-1] // 2)
-    grad_x, product = packed_backward_with_value_impl(grad_product, x, SILU)
-    return grad_x, grad2.t() @ product.view(-1, product.shape[-1])
+    return _down_projection_backward(grad, weight, (*x.shape[:-1], x.shape[-1] // 2),
+                                     lambda grad_product: packed_backward_with_value_impl(grad_product, x, SILU))
 
 
 def _silu_and_mul_linear_backward_fake(grad: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -27,17 +27,18 @@ def _mma(acc, a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC_IN_DOT: t
 
 
 @triton.jit
-def _tile(expert, pid_m, pid_n, tile_start_ptr, offsets_ptr, order_ptr, N, BLOCK_M: tl.constexpr,
-          BLOCK_N: tl.constexpr):
-    """M tile ``pid_m`` (the expert's ``pid_m - tile_start[expert]``-th) and N tile ``pid_n``: (sorted rows,
-    their mask, their (token, slot) pairs, columns, their mask)."""
-    first = tl.load(offsets_ptr + expert)
-    end = tl.load(offsets_ptr + expert + 1)
-    row0 = first + (pid_m - tl.load(tile_start_ptr + expert)) * BLOCK_M
-    rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
-    row_mask = rows < end
+def _tile(first, end, expert_tile0, pid_m, pid_n, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """M tile ``pid_m`` (the expert's ``pid_m - expert_tile0``-th; its sorted rows run from ``first`` to
+    ``end``) and N tile ``pid_n``: (sorted rows, their mask, columns, their mask).
+
+    The caller loads ``first``, ``end`` and ``expert_tile0`` (and the rows' pairs): torch's mutation
+    analysis of a launch (``identify_mutated_tensors``) follows a stored-to pointer back through the
+    arguments of any call it was computed from, stopping only at loads in the kernel's own body. Had this
+    helper loaded them, the tables it read would count as written, and AOTAutograd would copy them before
+    each launch and treat the saved routing order as changed by the backward."""
+    rows = (first + (pid_m - expert_tile0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    return rows, row_mask, tl.load(order_ptr + rows, mask=row_mask, other=0), cols, cols < N
+    return rows, rows < end, cols, cols < N
 
 
 @triton.jit
@@ -73,8 +74,9 @@ def _gate_up_kernel(
     expert = tl.load(tile_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    rows, row_mask, pair, cols, col_mask = _tile(expert, pid_m, pid_n, tile_start_ptr, offsets_ptr, order_ptr, N,
-                                                 BLOCK_M, BLOCK_N)
+    rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
+                                           tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
+    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
     token = pair // top_k
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
@@ -114,8 +116,9 @@ def _rows_to_pairs_kernel(
     expert = tl.load(tile_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    rows, row_mask, pair, cols, col_mask = _tile(expert, pid_m, pid_n, tile_start_ptr, offsets_ptr, order_ptr, N,
-                                                 BLOCK_M, BLOCK_N)
+    rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
+                                           tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
+    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
     acc = _gemm_tile(a_ptr, rows, row_mask, sar, sak, w_ptr, expert, swe, swk, swn, cols, col_mask, K,
                      BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
     if HAS_SCALE:
@@ -139,8 +142,9 @@ def _grad_act_kernel(
     expert = tl.load(tile_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    rows, row_mask, pair, cols, col_mask = _tile(expert, pid_m, pid_n, tile_start_ptr, offsets_ptr, order_ptr, N,
-                                                 BLOCK_M, BLOCK_N)
+    rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
+                                           tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
+    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
     token = pair // top_k
     acc = _gemm_tile(dout_ptr, token, row_mask, sdt, sdk, w_ptr, expert, swe, swk, swn, cols, col_mask, K,
                      BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)

@@ -6,8 +6,8 @@ options and block sizes as on a GPU). Triton's own launch path binds and special
 ints equal to 1, the 16-divisible values and pointers), then compiles it for sm_90 and launches nothing:
 ``triton.runtime.driver`` is a stand-in that names the target. OUT gets each compile (kernel, shared memory,
 warps, stages, whether its dot products became wgmma and its loads asynchronous copies, registers and spilled
-bytes, the fp64 arithmetic of the kernel compiled with its float arguments typed as Inductor types them) and each
-failure.
+bytes, the fp64 arithmetic of the kernel compiled with its float arguments typed as Inductor types them, the
+arguments torch's analysis of the launch counts as written) and each failure.
 
 What the Triton interpreter cannot show: a kernel that does not compile for the GPU (a type the interpreter
 tolerates, a layout the compiler rejects) or a launch configuration past the GPU's shared memory. The outputs
@@ -86,6 +86,22 @@ def fp64_arithmetic(kernel, fn) -> list[str]:
     conversion = re.compile(rf"arith\.truncf %({'|'.join(floats)}) : f64 to f32")
     return [line.strip() for line in ttir.splitlines()
             if "f64" in line and "tt.func" not in line and not conversion.search(line)]
+
+
+def written_arguments(kernel, args: tuple, kwargs: dict) -> list[str]:
+    """The arguments of a launch that torch counts as written when the launch is recorded in a compiled graph
+    (``triton_kernel_wrap.identify_mutated_tensors``, torch 2.11; ``identify_accessed_tensors``' writes, 2.13).
+    AOTAutograd copies each of them before the launch and takes the copy as the tensor's new value, so a table
+    the kernel only reads but is counted here is copied for nothing, and a saved forward output counted in a
+    backward launch makes the forward's output the backward's value."""
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    bound = dict(zip(kernel.arg_names, args))
+    bound.update({name: value for name, value in kwargs.items() if name in kernel.arg_names})
+    if hasattr(triton_kernel_wrap, "identify_accessed_tensors"):
+        writes = triton_kernel_wrap.identify_accessed_tensors(kernel, bound, {}).read_writes.writes
+        return sorted(dep.name for dep in writes)
+    return sorted(triton_kernel_wrap.identify_mutated_tensors(kernel, bound, {}))
 
 
 def _grads(out, inputs):
@@ -247,7 +263,8 @@ def main(out: Path) -> None:
                          "async_copies": len(re.findall(r"cp\.async", ptx)),
                          "dependent_launch": "griddepcontrol" in ptx,
                          "resources": resource_usage(kernel.asm["cubin"]),
-                         "fp64_arithmetic": fp64_arithmetic(kernel, self)})
+                         "fp64_arithmetic": fp64_arithmetic(kernel, self),
+                         "written": written_arguments(self, args, kwargs)})
         return kernel
 
     JITFunction.run = compile_only

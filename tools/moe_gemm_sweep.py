@@ -51,8 +51,9 @@ from twinkle_fx.measure.overlap import kernel_intervals
 
 moe_gemm = importlib.import_module("twinkle_triton.moe_gemm")
 
-# shape name -> (experts, top-k, hidden, intermediate)
-SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336)}
+# shape name -> (experts, top-k, hidden, intermediate): one routed-experts layer of each model
+SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336),
+          "deepseek-v3": (256, 8, 7168, 2048), "ernie-4.5-21b-a3b": (64, 6, 2560, 1536)}
 KNOBS = (("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"), ("warps", "num_warps"),
          ("stages", "num_stages"))
 # the kernels one forward + backward of moe_swiglu_experts launches, in order, with the CONFIGS entry of each

@@ -57,6 +57,10 @@ _ROPE = "apply_rotary_pos_emb"
 _NO_HEAD_SOFTCAP = "head: final logit soft-capping (fused loss has none)"
 _MOE_HEAD = "MoECausalLMFusedLoss"
 _EXPERTS = "SwiGLUExperts"
+# fine-grained experts (many, small): the fused grouped GEMMs measured faster than transformers' grouped_mm experts
+# (use_builtin_kernels' fused_experts says where and by how much)
+_FUSED_EXPERTS = "FusedSwiGLUExperts"
+_SILU_EXPERTS = (_EXPERTS, _FUSED_EXPERTS)
 
 # family -> what is bound (first four: the original Llama-style families)
 BUILTIN_MODELS: dict[str, Family] = {
@@ -87,12 +91,12 @@ BUILTIN_MODELS: dict[str, Family] = {
     "deepseek_v3": Family(_m("deepseek_v3"), (("DeepseekV3RMSNorm",), "RMSNorm"), (("DeepseekV3MLP",), "SwiGLUMLP"),
                           _ROPE, None, "deepseek_v3",
                           "head: a MoE output without the output_router_logits argument (neither fused head's signature)",
-                          experts=(("DeepseekV3Experts",), _EXPERTS),
+                          experts=(("DeepseekV3Experts",), _FUSED_EXPERTS),
                           functions=(("apply_rotary_pos_emb_interleave", "apply_rotary_pos_emb_deinterleave"),)),
     "mixtral": Family(_m("mixtral"), (("MixtralRMSNorm",), "RMSNorm"), None, _ROPE, "MixtralForCausalLM", "mixtral",
                       experts=(("MixtralExperts",), _EXPERTS), head_kernel=_MOE_HEAD),
     "qwen3_moe": Family(_m("qwen3_moe"), (("Qwen3MoeRMSNorm",), "RMSNorm"), (("Qwen3MoeMLP",), "SwiGLUMLP"), _ROPE,
-                        "Qwen3MoeForCausalLM", "qwen3_moe", experts=(("Qwen3MoeExperts",), _EXPERTS),
+                        "Qwen3MoeForCausalLM", "qwen3_moe", experts=(("Qwen3MoeExperts",), _FUSED_EXPERTS),
                         head_kernel=_MOE_HEAD),
     "gpt_oss": Family(_m("gpt_oss"), (("GptOssRMSNorm",), "FP32RMSNorm"), None, "apply_rotary_pos_emb_half_angle",
                       "GptOssForCausalLM", "gpt_oss", experts=(("GptOssExperts",), "ClampedSwiGLUExperts"),
@@ -101,7 +105,7 @@ BUILTIN_MODELS: dict[str, Family] = {
                        "apply_rotary_pos_emb_interleaved_partial", "Ernie4_5ForCausalLM", "ernie4_5"),
     "ernie4_5_moe": Family(_m("ernie4_5_moe"), (("Ernie4_5_MoeRMSNorm",), "RMSNorm"), (("Ernie4_5_MoeMLP",), "SwiGLUMLP"),
                            "apply_rotary_pos_emb_interleaved_partial", "Ernie4_5_MoeForCausalLM", "ernie4_5_moe",
-                           experts=(("Ernie4_5_MoeExperts",), _EXPERTS), head_kernel=_MOE_HEAD),
+                           experts=(("Ernie4_5_MoeExperts",), _FUSED_EXPERTS), head_kernel=_MOE_HEAD),
     "cohere": Family(_m("cohere"), (("CohereLayerNorm",), "LayerNorm"), (("CohereMLP",), "SwiGLUMLP"),
                      "apply_rotary_pos_emb_interleaved", None, "cohere", "head: logits multiplied by logit_scale"),
     "starcoder2": Family(_m("starcoder2"), (("torch.nn.LayerNorm",), "TorchLayerNorm"), (("Starcoder2MLP",), "BiasGeluMLP"),
@@ -125,7 +129,7 @@ def use_builtin_kernels(
     models: Sequence[str] = tuple(BUILTIN_MODELS),
     fused_loss: bool = True,
     decoder_layers: bool = False,
-    fused_experts: bool = False,
+    fused_experts: bool | None = None,
 ) -> list[str]:
     """Bind the norms, MLPs, rotary embedding and LM-head loss of ``models`` to twinkle_triton kernels.
 
@@ -155,14 +159,17 @@ def use_builtin_kernels(
             mistral and qwen3 to ``"DecoderLayer"`` (residual add fused into the post-attention norm),
             for eager ``kernelize_model`` only: under ``backend="twinkle"`` a bound decoder layer would
             hide the norm and MLP regions inside it.
-        fused_experts (`bool`, defaults to `False`): bind the SiLU-gated MoE ``*Experts`` (Mixtral, Qwen3-MoE,
-            DeepSeek-V3, ERNIE 4.5-MoE) to ``"FusedSwiGLUExperts"`` instead of ``"SwiGLUExperts"``: the whole
-            experts computation as the fused grouped GEMMs of ``twinkle_triton.moe_swiglu_experts`` rather than
-            transformers' implementation with the gate as one kernel. On one H200 (bf16, 4096 tokens, forward +
-            backward, against transformers' ``grouped_mm`` experts) it measured 1.32x at Qwen3-30B-A3B's layer
-            (128 experts, top-8, intermediate 768) and 0.91x at Mixtral-8x7B's (8 experts, top-2, 14336), whose
-            large GEMMs CUTLASS's grouped GEMM (``torch._grouped_mm``) runs faster than these kernels: hence off by
-            default.
+        fused_experts (`bool`, optional): how the SiLU-gated MoE ``*Experts`` (Mixtral, Qwen3-MoE, DeepSeek-V3,
+            ERNIE 4.5-MoE) are computed. ``"FusedSwiGLUExperts"``: the whole experts computation as the fused
+            grouped GEMMs of ``twinkle_triton.moe_swiglu_experts``; ``"SwiGLUExperts"``: transformers' own
+            implementation with the gate as one kernel. By default (None) each family gets the one measured faster
+            at its layer's shape: on one H200 (bf16, 4096 tokens, against transformers' ``grouped_mm`` experts)
+            the fused kernels ran forward + backward 1.38x at Qwen3-30B-A3B's layer (128 experts, top-8,
+            intermediate 768), 1.21x at ERNIE-4.5-21B-A3B's (64, top-6, 1536) and forward 1.33x at DeepSeek-V3's
+            (256, top-8, 2048), so those families get ``"FusedSwiGLUExperts"``; at Mixtral-8x7B's layer (8 experts,
+            top-2, intermediate 14336) they ran 0.90x, its large GEMMs being faster in CUTLASS's grouped GEMM
+            (``torch._grouped_mm``), so Mixtral keeps ``"SwiGLUExperts"``. True binds every family to the fused
+            kernels, False none. GPT-OSS's clamped experts keep ``"ClampedSwiGLUExperts"`` either way.
 
     Returns:
         What was bound, one string per class or function (``"GemmaMLP -> GeGLUMLP"``).
@@ -190,7 +197,9 @@ def use_builtin_kernels(
     families = [BUILTIN_MODELS[m] for m in models]
 
     def kernel_of(spec: tuple[tuple[str, ...], str]) -> str:
-        return "FusedSwiGLUExperts" if fused_experts and spec[1] == _EXPERTS else spec[1]
+        if fused_experts is None or spec[1] not in _SILU_EXPERTS:
+            return spec[1]
+        return _FUSED_EXPERTS if fused_experts else _EXPERTS
 
     used = {kernel_of(spec) for f in families for spec in (f.norms, f.mlps, f.experts) if spec is not None}
     for device in devices:

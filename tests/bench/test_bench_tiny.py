@@ -357,11 +357,12 @@ def test_a_twinkle_backend_without_one_graph_rewrite():
 
 
 def test_the_fused_experts_backend_binds_the_experts_to_the_fused_kernel_in_its_scope_only():
-    """``twinkle+cudagraphs+fused-experts``: twinkle+cudagraphs with ``use_builtin_kernels(fused_experts=True)``."""
+    """``twinkle+cudagraphs+fused-experts``: twinkle+cudagraphs with ``use_builtin_kernels(fused_experts=True)``,
+    which reaches Mixtral's experts too (by default they keep transformers' implementation)."""
     from twinkle_fx.bench.backends import backend
 
     fused = backend("twinkle+cudagraphs+fused-experts")
-    with fused.prepare(torch.nn.Linear(4, 4), "qwen3_moe", torch.device("cpu")) as prepared:
-        assert "Qwen3MoeExperts -> FusedSwiGLUExperts" in prepared.notes["builtin_kernels"]
-    with backend("twinkle+cudagraphs").prepare(torch.nn.Linear(4, 4), "qwen3_moe", torch.device("cpu")) as prepared:
-        assert "Qwen3MoeExperts -> SwiGLUExperts" in prepared.notes["builtin_kernels"]
+    with fused.prepare(torch.nn.Linear(4, 4), "mixtral", torch.device("cpu")) as prepared:
+        assert "MixtralExperts -> FusedSwiGLUExperts" in prepared.notes["builtin_kernels"]
+    with backend("twinkle+cudagraphs").prepare(torch.nn.Linear(4, 4), "mixtral", torch.device("cpu")) as prepared:
+        assert "MixtralExperts -> SwiGLUExperts" in prepared.notes["builtin_kernels"]

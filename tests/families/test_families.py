@@ -170,12 +170,26 @@ def _ops_run():
 def test_experts_gate_runs_the_kernel_in_every_experts_implementation(implementation, device):
     """transformers routes the experts through config._experts_implementation; each keeps its
     routing and matmuls and gets silu_and_mul for the gate (forward and backward)."""
-    use_builtin_kernels(devices=(device,), models=("qwen3_moe",), fused_loss=False)
+    use_builtin_kernels(devices=(device,), models=("qwen3_moe",), fused_loss=False, fused_experts=False)
     model = tiny_model("qwen3_moe").train()
     model.config._experts_implementation = implementation
     ids = torch.randint(3, 128, (2, 9), device=device)
     _assert_experts_kernel_trains_like_the_model(model, ids, model.model.layers[1].mlp.experts, "SwiGLUExperts",
                                                  "silu_and_mul")
+
+
+@pytest.mark.parametrize(("fused_experts", "fused"), [
+    (None, {"Qwen3MoeExperts", "DeepseekV3Experts", "Ernie4_5_MoeExperts"}),  # measured faster at their layers
+    (True, {"Qwen3MoeExperts", "DeepseekV3Experts", "Ernie4_5_MoeExperts", "MixtralExperts"}),
+    (False, set()),
+])
+def test_the_fused_experts_go_where_they_were_measured_faster_unless_told(fused_experts, fused):
+    families = ("qwen3_moe", "deepseek_v3", "ernie4_5_moe", "mixtral", "gpt_oss")
+    bound = use_builtin_kernels(models=families, fused_loss=False, fused_experts=fused_experts)
+    experts = {line.split(" -> ")[0]: line.split(" -> ")[1] for line in bound if "Experts ->" in line}
+    assert experts.pop("GptOssExperts") == "ClampedSwiGLUExperts"
+    assert {c for c, kernel in experts.items() if kernel == "FusedSwiGLUExperts"} == fused
+    assert {kernel for c, kernel in experts.items() if c not in fused} <= {"SwiGLUExperts"}
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "ernie4_5_moe"])

@@ -22,7 +22,8 @@ twinkle+cudagraphs ``twinkle_fx.compile(model, mode="reduce-overhead")``: the sa
                    fused-loss head included, every region swapped (``swap_policy="always"``: under CUDA
                    graphs a launch costs no host time, only device time counts)
 twinkle+cudagraphs+fused-experts  the same with ``use_builtin_kernels(fused_experts=True)``: a MoE model's
-                   experts computed whole by ``twinkle_triton.moe_swiglu_experts``
+                   experts computed whole by ``twinkle_triton.moe_swiglu_experts``, Mixtral's too (by default
+                   only the families it measured faster for)
 liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(model=model)``
 liger+inductor     the same, then ``torch.compile``
 =================  ==========================================================================

@@ -287,6 +287,8 @@ MICRO_CASES: tuple[MicroCase, ...] = (
               name="moe_swiglu_experts qwen3_moe"),
     MicroCase("moe_swiglu_experts", _moe_experts((8, 2, 4096, 14336), "Mixtral-8x7B layer"),
               name="moe_swiglu_experts mixtral"),
+    MicroCase("moe_swiglu_experts", _moe_experts((64, 6, 2560, 1536), "ERNIE-4.5-21B-A3B layer"),
+              name="moe_swiglu_experts ernie4_5_moe"),
 )
 
 PHASES = ("fwd", "fwd+bwd")

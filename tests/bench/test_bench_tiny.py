@@ -120,6 +120,14 @@ def test_tiny_micro_bench_every_kernel_against_its_reference(tmp_path):
         assert all(r["status"] == "unavailable" and "need a CUDA device" in r["error"] for r in cce)
 
 
+@pytest.mark.interpreter
+def test_tiny_micro_bench_runs_one_case_of_an_op_by_its_name(tmp_path):
+    _bench("--micro", "--tiny", "--ops", "moe_swiglu_experts mixtral", "--backends", "eager", "--warmup", "0",
+           "--steps", "1", out=tmp_path)
+    rows = json.loads((tmp_path / "bench-micro.json").read_text())["rows"]
+    assert {r["op"] for r in rows} == {"copy", "moe_swiglu_experts mixtral"}
+
+
 def _row(backend: str, loss: float, tokens_per_s: float = 100.0, peak: float | None = 1.0) -> ModelRow:
     return ModelRow(backend, tokens_per_s=tokens_per_s, ms_per_step=1.0, first_step_s=1.0, first_loss=loss,
                     peak_gib=peak)

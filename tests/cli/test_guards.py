@@ -112,6 +112,7 @@ def test_the_names_checked_before_import_are_the_library_tables():
     assert names.INFERENCE_BACKENDS == tuple(INFERENCE_BACKENDS)
     assert names.MICRO_IMPLS == tuple(MICRO_IMPLS)
     assert names.MICRO_OPS == tuple(dict.fromkeys(case.op for case in MICRO_CASES))
+    assert names.MICRO_CASE_NAMES == tuple(case.name for case in MICRO_CASES if case.name)
     assert names.WORKLOADS == tuple(WORKLOADS)
     assert names.BUILTIN_FAMILIES == tuple(BUILTIN_MODELS)
     assert names.DTYPES == tuple(_DTYPE_NAMES)

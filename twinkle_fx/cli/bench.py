@@ -74,7 +74,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--warmup", type=non_negative_int,
                         help="untimed steps after the first (default 3; --micro 5; --tiny 1)")
     parser.add_argument("--micro", action="store_true", help="kernel microbenchmarks instead of the model")
-    parser.add_argument("--ops", type=comma_list, help="--micro: comma-separated subset of the ops (default all)")
+    parser.add_argument("--ops", type=comma_list, help="--micro: comma-separated ops (each with all its cases) or cases "
+                        "(\"moe_swiglu_experts mixtral\"); default all")
     parser.add_argument("--out", type=Path, help="directory for the JSON result and the PNG chart")
     parser.add_argument("--tiny", action="store_true",
                         help="a tiny config on the CPU through the Triton interpreter, the same code path: ~20 s "
@@ -160,7 +161,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     check_output("--out", args.out, directory=True)
     check_output("--profile", args.profile, directory=True)
     if args.micro:
-        check_names("--ops", args.ops or (), names.MICRO_OPS, "op")
+        check_names("--ops", args.ops or (), names.MICRO_OPS + names.MICRO_CASE_NAMES, "op")
         check_names("--backends", args.backends or (), names.MICRO_IMPLS, "backend")
         return
     check_names("--model", [args.model], names.WORKLOADS, "model")

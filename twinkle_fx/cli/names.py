@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __all__ = ["BUILTIN_FAMILIES", "WORKLOADS", "MODEL_BACKENDS", "TWINKLE_BACKENDS", "GRAPH_REWRITES", "is_model_backend",
            "MATRIX_MODELS", "MATRIX_BACKENDS",
-           "TINY_MATRIX_BACKENDS", "INFERENCE_BACKENDS", "MICRO_IMPLS", "MICRO_OPS", "DTYPES"]
+           "TINY_MATRIX_BACKENDS", "INFERENCE_BACKENDS", "MICRO_IMPLS", "MICRO_OPS", "MICRO_CASE_NAMES", "DTYPES"]
 
 # twinkle_fx.builtin.BUILTIN_MODELS
 BUILTIN_FAMILIES = ("qwen2", "llama", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite",
@@ -53,5 +53,8 @@ MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger", "cce")
 MICRO_OPS = ("silu_and_mul", "silu_mul", "rms_norm", "add_rms_norm", "apply_rotary_pos_emb", "add_gelu", "mul_add",
              "fused_linear_cross_entropy", "gelu_mul", "rms_norm_fp32", "layer_norm", "apply_rotary_pos_emb_partial",
              "apply_rotary_pos_emb_deinterleave", "clamped_swiglu", "moe_swiglu_experts")
+# the cases of twinkle_fx.bench.micro.MICRO_CASES named apart from their op (one shape of an op with several)
+MICRO_CASE_NAMES = ("add_rms_norm llama1b", "add_rms_norm llama3b", "moe_swiglu_experts qwen3_moe",
+                    "moe_swiglu_experts mixtral", "moe_swiglu_experts ernie4_5_moe")
 # twinkle_fx.checklist.checklist._DTYPE_NAMES (bench --dtype takes the same)
 DTYPES = ("fp32", "bf16", "fp16")

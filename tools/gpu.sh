@@ -12,7 +12,7 @@
 #                GENERATE_ARGS: more flags, e.g. "--rows hf-static,twinkle+decode --batches 1,8")
 #   kernels      `twinkle-fx bench --micro`: every kernel and the fused loss against eager, Inductor, Liger, CCE
 #   matrix       `twinkle-fx bench --matrix`: training across model shapes (MODELS, comma-separated, default the
-#                command's six; BACKENDS likewise, "twinkle+cudagraphs-embedding_grad" being twinkle+cudagraphs
+#                command's seven; BACKENDS likewise, "twinkle+cudagraphs-embedding_grad" being twinkle+cudagraphs
 #                without that graph rewrite; MATRIX_ARGS: more flags, e.g. "--repeat-first --profile DIR"), one
 #                table; then, when MODELS is unset, tools/family_reference.py: every family at its published
 #                dimensions against the unswapped model

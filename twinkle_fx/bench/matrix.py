@@ -26,7 +26,7 @@ from .results import BenchResult, ModelRow
 
 __all__ = ["MATRIX_MODELS", "MATRIX_BACKENDS", "TINY_MATRIX_BACKENDS", "run_matrix", "format_matrix", "matrix_failed"]
 
-MATRIX_MODELS = ("qwen2", "llama1b", "qwen3_1_7b", "llama3b", "qwen3_moe", "mixtral")
+MATRIX_MODELS = ("qwen2", "llama1b", "qwen3_1_7b", "llama3b", "qwen3_moe", "qwen3_moe_8l", "mixtral")
 MATRIX_BACKENDS = ("inductor+cudagraphs", "inductor+cudagraphs+cce", "liger+inductor", "twinkle+cudagraphs",
                    "kernelize+cudagraphs")
 TINY_MATRIX_BACKENDS = ("eager", "kernelize")

@@ -16,7 +16,7 @@ mistral       896     4864   24      14     2    32768   no    Qwen2-0.5B dims, 
 Every other family of the built-in mapping (:data:`twinkle_fx.builtin.BUILTIN_MODELS`) is a workload
 too, under its family name: a published model's dimensions with fewer layers (``shape_of`` says
 which model and how many of its layers), so a step fits one GPU; MoE families keep their expert
-count and top-k.
+count and top-k. ``qwen3_moe_8l`` is Qwen3-MoE's with eight layers instead of four.
 
 Weights are random (no download): every backend gets a fresh model built with the same seed on the
 same device, so first-step losses are comparable across backends. ``--tiny`` swaps in a config of
@@ -196,6 +196,11 @@ _FAMILY_WORKLOADS: dict[str, tuple[str, dict[str, Any], str, dict[str, Any]]] = 
 }
 WORKLOADS.update((name, Workload(name, name, config_class, config, shape_of, tiny))
                  for name, (config_class, config, shape_of, tiny) in _FAMILY_WORKLOADS.items())
+# A MoE step deeper than the family's slice: eight Qwen3-30B-A3B layers, the LM head a smaller part of the step
+_QWEN3_MOE = WORKLOADS["qwen3_moe"]
+WORKLOADS["qwen3_moe_8l"] = Workload("qwen3_moe_8l", "qwen3_moe", _QWEN3_MOE.config_class,
+                                     dict(_QWEN3_MOE.config, num_hidden_layers=8), "Qwen3-30B-A3B, 8 of 48 layers",
+                                     _QWEN3_MOE.tiny_overrides)
 
 
 def get_workload(name: str) -> Workload:

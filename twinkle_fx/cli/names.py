@@ -16,7 +16,7 @@ BUILTIN_FAMILIES = ("qwen2", "llama", "mistral", "qwen3", "gemma", "gemma2", "ge
 # twinkle_fx.bench.workloads.WORKLOADS
 WORKLOADS = ("qwen2", "qwen3", "llama", "mistral", "llama1b", "qwen3_1_7b", "llama3b", "gemma", "gemma2", "gemma3", "phi3", "olmo2", "granite",
              "smollm3", "glm4", "deepseek_v3", "mixtral", "qwen3_moe", "gpt_oss", "ernie4_5", "ernie4_5_moe", "cohere",
-             "starcoder2")
+             "starcoder2", "qwen3_moe_8l")
 # twinkle_fx.bench.backends.BACKENDS
 MODEL_BACKENDS = ("eager", "inductor", "twinkle", "kernelize+twinkle", "kernelize", "kernelize+cudagraphs", "liger",
                   "inductor+cudagraphs", "twinkle+cudagraphs", "inductor+cudagraphs+cce", "twinkle+gemm-fusion",
@@ -40,7 +40,7 @@ def is_model_backend(name: str) -> bool:
     base, _, rewrite = name.rpartition("-")
     return name in MODEL_BACKENDS or (base in TWINKLE_BACKENDS and rewrite in GRAPH_REWRITES)
 # twinkle_fx.bench.matrix: MATRIX_MODELS, MATRIX_BACKENDS, TINY_MATRIX_BACKENDS
-MATRIX_MODELS = ("qwen2", "llama1b", "qwen3_1_7b", "llama3b", "qwen3_moe", "mixtral")
+MATRIX_MODELS = ("qwen2", "llama1b", "qwen3_1_7b", "llama3b", "qwen3_moe", "qwen3_moe_8l", "mixtral")
 MATRIX_BACKENDS = ("inductor+cudagraphs", "inductor+cudagraphs+cce", "liger+inductor", "twinkle+cudagraphs",
                    "kernelize+cudagraphs")
 TINY_MATRIX_BACKENDS = ("eager", "kernelize")

@@ -41,6 +41,7 @@ kernel that is not a plain ``JITFunction`` (the interpreter's ``InterpretedFunct
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 import operator
@@ -55,7 +56,7 @@ from ._torch_internals import current_cuda_device, current_cuda_raw_stream
 
 __all__ = ["BLOCK_LIMIT", "CachedLauncher", "accumulation_dtype", "cached_launcher", "cdiv", "compute_dtype",
            "dot_options", "elementwise_block", "interpreting", "loop_block", "multiprocessor_count", "next_power_of_2",
-           "persistent_programs", "reset", "row_block", "rows", "specialization_key"]
+           "persistent_programs", "reset", "row_block", "rows", "run_with_scratch", "specialization_key"]
 
 # ----------------------------------------------------------------------------- grids, blocks, dtypes
 
@@ -169,6 +170,23 @@ def dot_options(dtype: torch.dtype, *, fp32_like_matmul: bool = False) -> dict[s
     """
     tf32 = dtype == torch.float32 and fp32_like_matmul and torch.get_float32_matmul_precision() != "highest"
     return {"DOT_PRECISION": "tf32" if tf32 else "ieee", "DOT_UPCAST": interpreting() and dtype == torch.bfloat16}
+
+
+def run_with_scratch(device: torch.device, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with Triton's allocator set to take kernels' global scratch memory from torch's allocator on
+    ``device``: a kernel that builds a TMA descriptor on the device keeps it there, and its launch fails without
+    an allocator. The allocator is set in a copy of the caller's context (Triton keeps it in a context
+    variable), so an allocator the caller set is its own again after the call, and whichever thread runs the
+    call (autograd's, for a backward) has one for it. A scratch tensor is freed when its launch returns: the
+    caching allocator hands its memory out again only to work queued after that kernel on the same stream."""
+    return contextvars.copy_context().run(_with_scratch, device, fn, args)
+
+
+def _with_scratch(device: torch.device, fn: Callable[..., Any], args: tuple) -> Any:
+    import triton
+
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
+    return fn(*args)
 
 
 def rows(x: torch.Tensor) -> torch.Tensor:

@@ -42,21 +42,66 @@ def _tile(first, end, expert_tile0, pid_m, pid_n, N, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
-def _gemm_tile(a_ptr, a_rows, row_mask, sar, sak, w_ptr, expert, swe, swk, swn, cols, col_mask, K,
+def _weight_desc(w_ptr, num_experts, n_rows, K, swe, swk, swn, K_MAJOR: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """A TMA descriptor over the experts' weights, each ``w[e]`` the [K, n_rows] B operand read through the
+    strides (expert, K, N), one of swk and swn 1: as [E, n_rows, K] when K_MAJOR (swk 1), else [E, K, n_rows].
+    A block past an expert's rows or columns reads zeros, never the next expert's weights."""
+    if K_MAJOR:
+        desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts, n_rows, K], strides=[swe, swn, 1],
+                                         block_shape=[1, BLOCK_N, BLOCK_K])
+    else:
+        desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts, K, n_rows], strides=[swe, swk, 1],
+                                         block_shape=[1, BLOCK_K, BLOCK_N])
+    return desc
+
+
+@triton.jit
+def _weight_block(desc, expert, n0, k0, K_MAJOR: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``w[expert][k0:k0 + BLOCK_K, n0:n0 + BLOCK_N]`` as the [BLOCK_K, BLOCK_N] B operand, through ``desc``
+    (:func:`_weight_desc`)."""
+    e = expert.to(tl.int32)  # a descriptor's coordinates are 32-bit
+    if K_MAJOR:
+        b = tl.trans(desc.load([e, n0, k0]).reshape(BLOCK_N, BLOCK_K))
+    else:
+        b = desc.load([e, k0, n0]).reshape(BLOCK_K, BLOCK_N)
+    return b
+
+
+@triton.jit
+def _gemm_tile(a_ptr, a_rows, row_mask, sar, sak, a_row0, num_rows, w_ptr, expert, num_experts, swe, swk, swn,
+               cols, col_mask, n0, N, K, A_TMA: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr):
-    """``a[a_rows, :K] @ w[expert][:K, cols]`` in fp32, ``w[expert]`` read as [K, N] through its strides."""
+    """``a[a_rows, :K] @ w[expert][:K, cols]`` in fp32, ``w[expert]`` read as [K, N] through its strides.
+
+    A_TMA: ``a_rows`` are the consecutive rows from ``a_row0`` of the [num_rows, K] ``a`` (unit column
+    stride), loaded by TMA (rows past ``num_rows`` and columns past K read zeros). B_TMA: the weight's
+    blocks by TMA (:func:`_weight_desc`). Otherwise each operand through its pointers and masks."""
     ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + a_rows[:, None] * sar + ks[None, :] * sak
-    b_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+    if A_TMA:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[num_rows, K], strides=[sar, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+    else:
+        a_ptrs = a_ptr + a_rows[:, None] * sar + ks[None, :] * sak
+    if B_TMA:
+        b_desc = _weight_desc(w_ptr, num_experts, N, K, swe, swk, swn, K_MAJOR, BLOCK_N, BLOCK_K)
+    else:
+        b_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_mask = ks < K - k0
-        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+        if A_TMA:
+            a = a_desc.load([a_row0, k0])
+        else:
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            a_ptrs += BLOCK_K * sak
+        if B_TMA:
+            b = _weight_block(b_desc, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+        else:
+            b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
+            b_ptrs += BLOCK_K * swk
         acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        a_ptrs += BLOCK_K * sak
-        b_ptrs += BLOCK_K * swk
     return acc
 
 
@@ -64,11 +109,14 @@ def _gemm_tile(a_ptr, a_rows, row_mask, sar, sak, w_ptr, expert, swe, swk, swn, 
 def _gate_up_kernel(
     x_ptr, w_ptr, h_ptr, gu_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
     num_experts, top_k, N, K, n_blocks, sxt, sxk, swe, swn, swk, shr, sgr,
-    STORE_PREACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    STORE_PREACT: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """``h[r, n] = silu(x[t] . w[e, n]) * (x[t] . w[e, N + n])`` for sorted rows r of expert e, t the
-    token of r (the gather is the A operand's load); ``gu[r]`` the two projections when STORE_PREACT."""
+    token of r (the gather is the A operand's load); ``gu[r]`` the two projections when STORE_PREACT.
+    B_TMA: both halves of ``w[e]`` by TMA (:func:`_weight_desc` over its 2N rows: a gate block past N
+    reads up rows, whose columns are not stored)."""
     pid = tl.program_id(0)
     pid_m, pid_n = pid // n_blocks, pid % n_blocks
     expert = tl.load(tile_expert_ptr + pid_m)
@@ -80,19 +128,29 @@ def _gate_up_kernel(
     token = pair // top_k
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
-    g_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
-    u_ptrs = g_ptrs + N * swn
+    n0 = pid_n * BLOCK_N
+    if B_TMA:
+        w_desc = _weight_desc(w_ptr, num_experts, 2 * N, K, swe, swk, swn, K_MAJOR, BLOCK_N, BLOCK_K)
+    else:
+        g_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+        u_ptrs = g_ptrs + N * swn
     gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_mask = ks < K - k0
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        b_mask = k_mask[:, None] & col_mask[None, :]
-        gate = _mma(gate, a, tl.load(g_ptrs, mask=b_mask, other=0.0), DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        up = _mma(up, a, tl.load(u_ptrs, mask=b_mask, other=0.0), DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        if B_TMA:
+            g = _weight_block(w_desc, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+            u = _weight_block(w_desc, expert, N + n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+        else:
+            b_mask = k_mask[:, None] & col_mask[None, :]
+            g = tl.load(g_ptrs, mask=b_mask, other=0.0)
+            u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+            g_ptrs += BLOCK_K * swk
+            u_ptrs += BLOCK_K * swk
+        gate = _mma(gate, a, g, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        up = _mma(up, a, u, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
         a_ptrs += BLOCK_K * sxk
-        g_ptrs += BLOCK_K * swk
-        u_ptrs += BLOCK_K * swk
     mask = row_mask[:, None] & col_mask[None, :]
     h = gate * tl.sigmoid(gate) * up
     tl.store(h_ptr + rows[:, None] * shr + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
@@ -105,22 +163,28 @@ def _gate_up_kernel(
 @triton.jit
 def _rows_to_pairs_kernel(
     a_ptr, w_ptr, scale_ptr, out_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
-    num_experts, N, K, n_blocks, sar, sak, swe, swk, swn, sor,
-    HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    num_experts, num_rows, N, K, n_blocks, sar, sak, swe, swk, swn, sor,
+    HAS_SCALE: tl.constexpr, A_TMA: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """``out[p, n] = scale[p] * sum_k a[r, k] * w[e, k, n]`` for sorted rows r of expert e, p = order[r]
-    its (token, slot) pair: each pair's row is written once (no atomics), the caller sums the slots."""
+    its (token, slot) pair: each pair's row is written once (no atomics), the caller sums the slots.
+    A_TMA: the tile's rows of ``a`` (``num_rows`` in all) by TMA, the next expert's first rows with them
+    when the tile is the expert's last (computed, never stored)."""
     pid = tl.program_id(0)
     pid_m, pid_n = pid // n_blocks, pid % n_blocks
     expert = tl.load(tile_expert_ptr + pid_m)
     if expert >= num_experts:
         return
-    rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
-                                           tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
+    first = tl.load(offsets_ptr + expert)
+    expert_tile0 = tl.load(tile_start_ptr + expert)
+    rows, row_mask, cols, col_mask = _tile(first, tl.load(offsets_ptr + expert + 1), expert_tile0, pid_m, pid_n, N,
+                                           BLOCK_M, BLOCK_N)
     pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
-    acc = _gemm_tile(a_ptr, rows, row_mask, sar, sak, w_ptr, expert, swe, swk, swn, cols, col_mask, K,
-                     BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+    acc = _gemm_tile(a_ptr, rows, row_mask, sar, sak, (first + (pid_m - expert_tile0) * BLOCK_M).to(tl.int32),
+                     num_rows, w_ptr, expert, num_experts, swe, swk, swn, cols, col_mask, pid_n * BLOCK_N, N, K,
+                     A_TMA, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + pair, mask=row_mask, other=0.0).to(tl.float32)[:, None]
     tl.store(out_ptr + pair[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -131,7 +195,7 @@ def _rows_to_pairs_kernel(
 def _grad_act_kernel(
     dout_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dscale_ptr, order_ptr, tile_expert_ptr, tile_start_ptr,
     offsets_ptr, num_experts, top_k, num_pairs, N, K, n_blocks, sdt, sdk, swe, swk, swn, sgr, shr, sdgr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """Backward through the down projection and the SwiGLU of sorted rows r of expert e (t the token of r,
@@ -146,8 +210,9 @@ def _grad_act_kernel(
                                            tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
     pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
     token = pair // top_k
-    acc = _gemm_tile(dout_ptr, token, row_mask, sdt, sdk, w_ptr, expert, swe, swk, swn, cols, col_mask, K,
-                     BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+    acc = _gemm_tile(dout_ptr, token, row_mask, sdt, sdk, 0, 0, w_ptr, expert, num_experts, swe, swk, swn, cols,
+                     col_mask, pid_n * BLOCK_N, N, K, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K,
+                     DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
     mask = row_mask[:, None] & col_mask[None, :]
     h = tl.load(h_ptr + rows[:, None] * shr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(dscale_ptr + pid_n * num_pairs + pair, tl.sum(acc * h, axis=1), mask=row_mask)

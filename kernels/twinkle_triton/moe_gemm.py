@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
-from ._launch import cdiv, dot_options, interpreting, loop_block, next_power_of_2
+from ._launch import cdiv, dot_options, interpreting, loop_block, next_power_of_2, run_with_scratch
 from ._library import define_differentiable_op, define_op, wrap_triton
 from ._moe_gemm_kernels import (_gate_up_kernel, _gather_token_rows_kernel, _grad_act_kernel, _rows_to_pairs_kernel,
                                 _weight_grad_kernel)
@@ -71,11 +71,17 @@ __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 # 64-row, 4-warp tiles -> these: down 0.296 -> 0.274 / 2.576 -> 1.713; grad_act 0.437 -> 0.417 / 3.421 -> 2.712;
 # grad_input 0.525 -> 0.404 / 6.028 -> 2.883; weight_grad 1.925 -> 1.936 / 14.167 -> 11.583 (its best at Qwen3's
 # layer, 256 columns, ran 12.86 at Mixtral's). One more pipeline stage took gate_up 0.543 -> 0.526 / 4.335 -> 4.262.
+# "TMA": whether the kernel loads its operands by TMA where they allow it (:func:`_tma_takes`): the weights' blocks,
+# and the sorted rows of down's and grad_input's A operand (the gathered token rows of gate_up and grad_act have no TMA
+# form on Hopper). Measured per kernel (tools/moe_gemm_sweep.py --per-kernel --tma 0,1, H200), ms at Qwen3-30B-A3B's
+# layer / Mixtral-8x7B's, pointers -> TMA: gate_up 0.523 -> 0.468 / 4.098 -> 4.048; down 0.274 -> 0.271 / 1.695 ->
+# 1.399; grad_act 0.414 -> 0.418 / 2.673 -> 2.745 (its gathered A loads then compile to synchronous loads);
+# grad_input 0.398 -> 0.425 / 2.793 -> 2.799.
 CONFIGS = {
-    "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
-    "down": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
-    "grad_act": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
-    "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4},
+    "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True},
+    "down": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True},
+    "grad_act": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
+    "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 5},
 }
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -102,6 +108,30 @@ def _blocks(name: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
     return {"BLOCK_M": max(16, loop_block(block_m, block_m)), "BLOCK_N": max(16, loop_block(n, cfg["BLOCK_N"])),
             "BLOCK_K": max(16, loop_block(k, block_k)), "num_warps": cfg["num_warps"],
             "num_stages": cfg["num_stages"]}
+
+
+def _tma_takes(name: str, t: Tensor) -> bool:
+    """Whether kernel ``name`` loads ``t`` (a weight ``[E, ., .]`` or rows ``[S, K]``) by TMA: its :data:`CONFIGS`
+    entry asks for it, the device has TMA (compute capability 9.0 or later; the CPU is the interpreter's, or the
+    sm_90 compile test's), one of the last two strides is 1 and every other stride and the first element's offset
+    are multiples of 16 bytes (a TMA descriptor's rule; the allocators' storages start 256-byte aligned)."""
+    if not CONFIGS[name].get("TMA"):
+        return False
+    if t.device.type == "cuda":
+        if torch.cuda.get_device_capability(t.device)[0] < 9:
+            return False
+    elif t.device.type != "cpu":
+        return False
+    size, strides = t.element_size(), t.stride()
+    inner = len(strides) - 1 if strides[-1] == 1 else len(strides) - 2 if strides[-2] == 1 else None
+    return inner is not None and all(s * size % 16 == 0 for i, s in enumerate(strides) if i != inner) and \
+        t.storage_offset() * size % 16 == 0
+
+
+def _weight_operand(name: str, weight: Tensor, strides: tuple[int, int, int]) -> dict:
+    """The B operand's launch flags: ``B_TMA`` (:func:`_tma_takes`) and ``K_MAJOR`` (the reduction's stride is
+    ``strides[1]``, the weight read as [K, N] through (expert, K, N) strides)."""
+    return {"B_TMA": _tma_takes(name, weight), "K_MAJOR": strides[1] == 1}
 
 
 def _routing(top_k_index: Tensor, num_experts: int) -> tuple[Tensor, Tensor]:
@@ -138,8 +168,9 @@ def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, i
     n_blocks = cdiv(n, blocks["BLOCK_N"])
     wrap_triton(_rows_to_pairs_kernel)[(tiles * n_blocks,)](
         a, weight, scale if scale is not None else a, rows, order, tile_expert, tile_start, offsets,
-        num_experts, n, k, n_blocks, a.stride(0), a.stride(1), *strides, n,
-        HAS_SCALE=scale is not None, **blocks, **_dot(a.dtype),
+        num_experts, a.shape[0], n, k, n_blocks, a.stride(0), a.stride(1), *strides, n,
+        HAS_SCALE=scale is not None, A_TMA=_tma_takes(name, a) and a.stride(1) == 1,
+        **_weight_operand(name, weight, strides), **blocks, **_dot(a.dtype),
     )
     return rows[:, 0] if top_k == 1 else rows.sum(1)
 
@@ -153,6 +184,12 @@ def _moe_swiglu_experts_impl(hidden_states: Tensor, gate_up_proj: Tensor, down_p
                              ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(output, the projections when ``save_for_backward`` (else no rows), ``h``, ``order``, ``offsets``): all
     but the output are the backward's inputs."""
+    return run_with_scratch(hidden_states.device, _forward, hidden_states, gate_up_proj, down_proj, top_k_index,
+                            top_k_weights, save_for_backward)
+
+
+def _forward(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
+             top_k_weights: Tensor, save_for_backward: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     tokens, hidden = hidden_states.shape
     num_experts, inter = gate_up_proj.shape[0], down_proj.shape[2]
     pairs = top_k_index.numel()
@@ -167,7 +204,10 @@ def _moe_swiglu_experts_impl(hidden_states: Tensor, gate_up_proj: Tensor, down_p
     wrap_triton(_gate_up_kernel)[(tiles * n_blocks,)](
         hidden_states, gate_up_proj, h, gate_up, order, tile_expert, tile_start, offsets,
         num_experts, top_k_index.shape[1], inter, hidden, n_blocks, *hidden_states.stride(), *gate_up_proj.stride(),
-        h.stride(0), gate_up.stride(0), STORE_PREACT=save_for_backward, **blocks, **_dot(hidden_states.dtype),
+        h.stride(0), gate_up.stride(0), STORE_PREACT=save_for_backward,
+        **_weight_operand("gate_up", gate_up_proj, (gate_up_proj.stride(0), gate_up_proj.stride(2),
+                                                    gate_up_proj.stride(1))),
+        **blocks, **_dot(hidden_states.dtype),
     )
     # h @ down_proj[e].T: down_proj[e] is [H, I], read as the [I, H] B operand through its strides
     weights = top_k_weights.reshape(-1)
@@ -190,13 +230,20 @@ def _moe_swiglu_experts_backward_impl(
     grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
     top_k_weights: Tensor, gate_up: Tensor, h: Tensor, order: Tensor, offsets: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return run_with_scratch(grad.device, _backward, grad, hidden_states, gate_up_proj, down_proj, top_k_index,
+                            top_k_weights, gate_up, h, order, offsets)
+
+
+def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor,
+              top_k_weights: Tensor, gate_up: Tensor, h: Tensor, order: Tensor, offsets: Tensor,
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     tokens, top_k = top_k_index.shape
     pairs, (num_experts, inter2, hidden) = top_k_index.numel(), gate_up_proj.shape
     inter = inter2 // 2
     dtype = hidden_states.dtype
     if gate_up.shape[0] != pairs:  # a forward told to save nothing: recompute the projections
-        _, gate_up, h, order, offsets = _moe_swiglu_experts_impl(hidden_states, gate_up_proj, down_proj, top_k_index,
-                                                                 top_k_weights, True)
+        _, gate_up, h, order, offsets = _forward(hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,
+                                                 True)
     if pairs == 0:
         return (torch.zeros_like(hidden_states), torch.zeros_like(gate_up_proj), torch.zeros_like(down_proj),
                 torch.zeros_like(top_k_weights))
@@ -211,7 +258,8 @@ def _moe_swiglu_experts_backward_impl(
     wrap_triton(_grad_act_kernel)[(tiles * n_blocks,)](
         grad, down_proj, gate_up, h, weights, d_gate_up, d_weights, order, tile_expert, tile_start, offsets,
         num_experts, top_k, pairs, inter, hidden, n_blocks, *grad.stride(), down_proj.stride(0), down_proj.stride(1),
-        down_proj.stride(2), gate_up.stride(0), h.stride(0), d_gate_up.stride(0), **cfg, **_dot(dtype),
+        down_proj.stride(2), gate_up.stride(0), h.stride(0), d_gate_up.stride(0),
+        **_weight_operand("grad_act", down_proj, down_proj.stride()), **cfg, **_dot(dtype),
     )
     grad_weights = (d_weights[0] if n_blocks == 1 else d_weights.sum(0)).view(tokens, top_k).to(top_k_weights.dtype)
     # d_gate_up @ gate_up_proj[e]: [2I, H] as it lies, the [K=2I, N=H] B operand
@@ -328,6 +376,10 @@ _moe_swiglu_experts_op = define_differentiable_op(
     gradients=lambda grads, _: (grads[0], grads[1], grads[2], None, grads[3], None),  # none for the indices
     # the saved intermediates are the kernels' own (for their backward): none without them
     reference=lambda *args: (moe_swiglu_experts_reference(*args[:5]), None, None, None, None),  # defined below
+    # Opaque to Inductor: the kernels build TMA descriptors on the device, whose launches need a Triton allocator in
+    # the launching thread (run_with_scratch). Launches torch recorded from a triton_op run without one where no
+    # Inductor code sets it (aot_eager, opcheck, a backward in autograd's thread); the impl always runs here.
+    inline_kernels=False,
 )
 
 

@@ -95,6 +95,28 @@ def test_matches_reference_in_small_tiles(dtype, small_blocks):
     _check(x, gate_up, down, index, weights, dtype, "moe_swiglu_experts small tiles")
 
 
+@pytest.mark.parametrize("layout", ["rows", "columns", "unaligned"])
+def test_operands_by_tma_and_by_pointers(layout, monkeypatch):
+    """Every GEMM kernel asked for TMA loads (the weights' blocks, down's and grad_input's sorted rows) takes it where
+    the operand allows it: weights stored with the reduction contiguous or the columns, and a row stride of 16-byte
+    multiples; sizes of 36 and 22 bf16 (72- and 44-byte rows) keep them on pointers. Either way, the reference's
+    numbers."""
+    from twinkle_triton import moe_gemm
+
+    for name in ("gate_up", "down", "grad_act", "grad_input"):
+        monkeypatch.setitem(moe_gemm.CONFIGS, name, {**moe_gemm.CONFIGS[name], "TMA": True})
+    taken, takes = [], moe_gemm._tma_takes
+    monkeypatch.setattr(moe_gemm, "_tma_takes", lambda name, t: taken.append(takes(name, t)) or taken[-1])
+    unaligned = layout == "unaligned"
+    x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2, hidden=36 if unaligned else HIDDEN,
+                                               inter=22 if unaligned else INTER)
+    if layout == "columns":
+        gate_up = gate_up.transpose(1, 2).contiguous().transpose(1, 2)
+        down = down.transpose(1, 2).contiguous().transpose(1, 2)
+    _check(x, gate_up, down, index, weights, torch.bfloat16, f"moe_swiglu_experts, {layout}")
+    assert len(taken) >= 6 and all(taken) == any(taken) == (not unaligned)
+
+
 def test_top_1_and_a_routing_weight_dtype_of_its_own():
     x, gate_up, down, _, _ = _inputs(torch.bfloat16, 1, tokens=9)
     index, weights = _routing(9, EXPERTS, 1)  # fp32 weights beside bf16 activations, as routers give
@@ -205,9 +227,9 @@ def test_opcheck(dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor compiles the op's kernels itself on a GPU only")
 def test_inductor_compiles_the_grouped_mm_weight_gradients():
-    """On a GPU AOTAutograd traces the backward into Inductor's graph, the kernels' launches inline and the
-    torch._grouped_mm calls as their own op: Inductor's code computes the same gradients as eager (with the calls
-    inline, CUDA asserted that each expert's row count be a multiple of 8, which the router does not give)."""
+    """Inductor's code calls the op and its backward, whose torch._grouped_mm calls sit in an op of their own, and
+    gets eager's gradients (with those calls inline in Inductor's graph, CUDA asserted that each expert's row count be
+    a multiple of 8, which the router does not give)."""
     x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2, tokens=64, experts=4, hidden=64, inter=48)
 
     def grads(fn):

@@ -1,6 +1,7 @@
-"""On a GPU every op but fused_linear_cross_entropy and the decode step's (gemv, gemv_swiglu, gqa_attention,
-apply_rotary_pos_emb_to_cache, rotary_cache_attention: launched as programmatic dependents, through our launcher) is a
-``torch.library.triton_op``: Inductor
+"""On a GPU every op but fused_linear_cross_entropy, moe_swiglu_experts (its kernels build TMA descriptors on the
+device, which needs a Triton allocator in the launching thread) and the decode step's (gemv, gemv_swiglu,
+gqa_attention, apply_rotary_pos_emb_to_cache, rotary_cache_attention: launched as programmatic dependents, through our
+launcher) is a ``torch.library.triton_op``: Inductor
 launches its Triton kernels from the generated code (no ``torch.ops.twinkle`` call per step) and
 gets the eager kernels' results, forward and backward. Under the interpreter they stay custom ops.
 """
@@ -77,17 +78,6 @@ INLINE_OPS = {
         lambda dt: (torch.randn(4, 64, 256, dtype=dt), torch.randn(256, dtype=dt)),
         ("_add_gelu_fwd_kernel", "_add_gelu_bwd_kernel"),
     ),
-    "moe_swiglu_experts": (
-        # 5 experts, top-2 of them per token; the index is the last input (no gradient). An intermediate size of
-        # 44 (rows not a multiple of 16 bytes) keeps the weight gradients in the Triton kernel, torch._grouped_mm's
-        # path being tested in test_triton_moe_gemm.py
-        lambda x, gate_up, down, w, index: tt.moe_swiglu_experts(x, gate_up, down, index, w),
-        lambda dt: (torch.randn(96, 64, dtype=dt), torch.randn(5, 88, 64, dtype=dt) / 8,
-                    torch.randn(5, 64, 44, dtype=dt) / 8, torch.rand(96, 2, dtype=dt),
-                    torch.stack([torch.randperm(5)[:2] for _ in range(96)])),
-        ("_gate_up_kernel", "_rows_to_pairs_kernel", "_grad_act_kernel", "_weight_grad_kernel"),
-        4,
-    ),
     "mul_add": (
         tt.mul_add,
         lambda dt: (torch.randn(4, 64, 256, dtype=dt), torch.randn(256, dtype=dt), torch.randn(4, 64, 256, dtype=dt)),
@@ -110,17 +100,12 @@ def test_op_kind_follows_device_and_override(monkeypatch):
         _library._use_triton_op()
 
 
-# kernels of an op that its case above does not launch: the rows gathered for torch._grouped_mm's weight gradients,
-# a path the case's intermediate size keeps out
-NOT_LAUNCHED_BY_THE_CASE = {"moe_swiglu_experts": ("_gather_token_rows_kernel",)}
-
-
 @pytest.mark.parametrize("name", sorted(INLINE_OPS))
 def test_kernels_are_known_to_torch_for_cache_keys(name):
     # torch hashes these kernels' source into AOTAutograd's cache key (triton_op only).
     kernels = {k.fn.__name__ for op in (name, f"{name}_backward")
                for k in torch._library.triton.get_triton_kernels_for_op(f"twinkle::{op}")}
-    expected = {*INLINE_OPS[name][2], *NOT_LAUNCHED_BY_THE_CASE.get(name, ())} if ON_GPU else set()
+    expected = set(INLINE_OPS[name][2]) if ON_GPU else set()
     assert kernels == expected
 
 

@@ -5,7 +5,7 @@ derivative, and the per-expert weight gradient, with the ``triton.jit`` helpers 
 
 Every GEMM kernel but the weight gradient's takes one M tile of one expert per program: the tile
 table (``tile_expert``, ``tile_start``) and the expert's rows in the sorted order (``offsets``) are
-built on the device by :func:`.moe_gemm._tiles`; programs past the last tile return at once.
+built on the device by ``_expert_tiles_kernel`` below; programs past the last tile return at once.
 Only :mod:`.moe_gemm` launches these kernels.
 """
 
@@ -289,3 +289,24 @@ def _gather_token_rows_kernel(
         g = tl.load(g_ptr + token[:, None] * sgt + c[None, :] * sgk, mask=mask).to(tl.float32)
         tl.store(g_out_ptr + r[:, None] * sgo + c[None, :], (g * scale[:, None]).to(g_out_ptr.dtype.element_ty),
                  mask=mask)
+
+
+@triton.jit
+def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_experts, tiles,
+                         BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The tile tables of M tiles of BLOCK_M sorted rows: program e < E writes ``tile_start[e]``, the tiles of the
+    experts before it, and ``tile_expert[t] = e`` for its own tiles; program E writes ``tile_expert[t] = E`` for the
+    grid's tiles past the last expert's (``t < tiles``). Every program sums the experts' tile counts itself."""
+    e = tl.program_id(0)
+    experts = tl.arange(0, BLOCK_E)
+    known = experts < num_experts
+    counts = tl.load(offsets_ptr + experts + 1, mask=known, other=0) - tl.load(offsets_ptr + experts, mask=known,
+                                                                                other=0)
+    per_expert = ((counts + BLOCK_M - 1) // BLOCK_M).to(tl.int32)
+    start = tl.sum(tl.where(experts < e, per_expert, 0), axis=0)
+    end = tl.where(e < num_experts, start + tl.sum(tl.where(experts == e, per_expert, 0), axis=0), tiles)
+    tl.store(tile_start_ptr + e, start, mask=e < num_experts)
+    lanes = tl.arange(0, BLOCK_T)
+    for t0 in range(start, end, BLOCK_T):
+        t = t0 + lanes
+        tl.store(tile_expert_ptr + t, e, mask=t < end)

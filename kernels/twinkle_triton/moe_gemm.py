@@ -6,11 +6,12 @@ For T tokens each routed to ``k`` of E experts (transformers' ``*Experts`` layou
 (``_moe_gemm_kernels.py``) compute it and its gradients, the forward without a permuted copy of the
 tokens (the weight gradients, by default, from copies: :data:`WEIGHT_GRAD`):
 
-- **schedule.** The ``S = T * k`` (token, slot) pairs are sorted by expert (``torch.sort``, stable,
-  once in the forward, whose order the backward reuses: :func:`_routing`); ``order[r]`` is the pair of sorted
-  row r. Each expert's rows are cut into M tiles of ``BLOCK_M``, and a table built on the device
-  (``searchsorted`` over the per-expert counts and tile counts, :func:`_tiles`) says which expert and
-  rows a tile has. The grid is fixed from shapes alone, ``min(S, (S + E * (BLOCK_M - 1)) // BLOCK_M)`` tiles (each expert adds at most one partial tile;
+- **schedule.** The ``S = T * k`` (token, slot) pairs are sorted by expert (``torch.sort``, stable, on
+  one-byte keys where E allows, once in the forward, whose order the backward reuses: :class:`_Routing`);
+  ``order[r]`` is the pair of sorted row r. Each expert's rows are cut into M tiles of ``BLOCK_M``, and
+  tables built on the device by one kernel (``_expert_tiles_kernel``, once per pass and tile height:
+  :meth:`_Routing.tiles`) say which expert and rows a tile has. The grid is fixed from shapes alone,
+  ``min(S, (S + E * (BLOCK_M - 1)) // BLOCK_M)`` tiles (each expert adds at most one partial tile;
   each tile holds a row), times the N tiles; programs past the last tile return at once. Nothing
   reads a count on the host: no sync in forward or backward, so the ops run inside CUDA graphs and
   torch.compile. Programs of one M tile are adjacent, so its gathered A rows are reused from L2.
@@ -57,8 +58,8 @@ from torch import Tensor
 from ._checks import ANY_DTYPE, check_tensors
 from ._launch import cdiv, dot_options, interpreting, loop_block, next_power_of_2, run_with_scratch
 from ._library import define_differentiable_op, define_op, wrap_triton
-from ._moe_gemm_kernels import (_gate_up_kernel, _gather_token_rows_kernel, _grad_act_kernel, _rows_to_pairs_kernel,
-                                _weight_grad_kernel)
+from ._moe_gemm_kernels import (_expert_tiles_kernel, _gate_up_kernel, _gather_token_rows_kernel, _grad_act_kernel,
+                                _rows_to_pairs_kernel, _weight_grad_kernel)
 from ._torch_internals import grouped_mm
 
 __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
@@ -134,40 +135,55 @@ def _weight_operand(name: str, weight: Tensor, strides: tuple[int, int, int]) ->
     return {"B_TMA": _tma_takes(name, weight), "K_MAJOR": strides[1] == 1}
 
 
-def _routing(top_k_index: Tensor, num_experts: int) -> tuple[Tensor, Tensor]:
-    """(order, offsets) on the device, without a host sync: ``order`` the (token, slot) pairs sorted by
-    expert (stable), ``offsets`` ``[E + 1]`` the first sorted row of each expert (and the end)."""
-    flat = top_k_index.reshape(-1)
-    sorted_ids, order = torch.sort(flat, stable=True)
-    return order, torch.searchsorted(sorted_ids, torch.arange(num_experts + 1, device=flat.device, dtype=flat.dtype))
+class _Routing:
+    """The (token, slot) pairs sorted by expert, on the device, without a host sync: ``order[r]`` the pair of sorted row
+    r (stable), ``offsets`` ``[E + 1]`` each expert's first sorted row (and the end); and per M tile height the tile
+    tables of :meth:`tiles`, built once per forward or backward (the kernels of one pass mostly share a height)."""
 
+    def __init__(self, order: Tensor, offsets: Tensor) -> None:
+        self.order, self.offsets = order, offsets
+        self._tables: dict[int, tuple[Tensor, Tensor, int]] = {}
 
-def _tiles(offsets: Tensor, pairs: int, block_m: int) -> tuple[Tensor, Tensor, int]:
-    """(tile_expert, tile_start, tiles) for M tiles of ``block_m`` sorted rows: ``tile_expert[t]`` the
-    expert of tile t (E past the last tile), ``tile_start[e]`` the expert's first tile, ``tiles`` the
-    grid's M tiles, a bound from shapes alone (each expert adds at most one partial tile, and each tile
-    holds a row)."""
-    num_experts = offsets.shape[0] - 1
-    per_expert = (offsets[1:] - offsets[:-1] + (block_m - 1)) // block_m
-    tile_end = per_expert.cumsum(0)
-    tiles = min(pairs, (pairs + num_experts * (block_m - 1)) // block_m)
-    tile_expert = torch.searchsorted(tile_end, torch.arange(tiles, device=offsets.device, dtype=tile_end.dtype),
-                                     right=True)
-    return tile_expert, tile_end - per_expert, tiles
+    @classmethod
+    def sort(cls, top_k_index: Tensor, num_experts: int) -> "_Routing":
+        """The pairs of ``top_k_index`` sorted by expert. The sort's keys are the narrowest integers that hold every
+        expert and E itself: a radix sort makes one pass a byte of key (8 for int64 keys, 1 for uint8)."""
+        flat = top_k_index.reshape(-1)
+        key = torch.uint8 if num_experts < 255 else torch.int16 if num_experts < 32767 else flat.dtype
+        sorted_ids, order = torch.sort(flat.to(key), stable=True)
+        bounds = torch.arange(num_experts + 1, device=flat.device, dtype=key)
+        return cls(order, torch.searchsorted(sorted_ids, bounds).to(flat.dtype))
+
+    def tiles(self, block_m: int) -> tuple[Tensor, Tensor, int]:
+        """(tile_expert, tile_start, tiles) for M tiles of ``block_m`` sorted rows (``_expert_tiles_kernel``):
+        ``tile_expert[t]`` the expert of tile t (E past the last tile), ``tile_start[e]`` the expert's first tile,
+        ``tiles`` the grid's M tiles, a bound from shapes alone (each expert adds at most one partial tile, and
+        each tile holds a row)."""
+        if block_m not in self._tables:
+            num_experts, pairs = self.offsets.shape[0] - 1, self.order.shape[0]
+            tiles = min(pairs, (pairs + num_experts * (block_m - 1)) // block_m)
+            tile_expert = torch.empty(tiles, dtype=torch.int32, device=self.offsets.device)
+            tile_start = torch.empty(num_experts, dtype=torch.int32, device=self.offsets.device)
+            wrap_triton(_expert_tiles_kernel)[(num_experts + 1,)](
+                self.offsets, tile_expert, tile_start, num_experts, tiles, BLOCK_M=block_m,
+                BLOCK_E=next_power_of_2(num_experts), BLOCK_T=loop_block(tiles, 256), num_warps=4,
+            )
+            self._tables[block_m] = tile_expert, tile_start, tiles
+        return self._tables[block_m]
 
 
 def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int], scale: Tensor | None,
-                   top_k_index: Tensor, routing: tuple[Tensor, Tensor], name: str) -> Tensor:
+                   top_k_index: Tensor, routing: _Routing, name: str) -> Tensor:
     """Per token, the sum over its slots of ``scale * a[r] @ B[e]``, ``B[e]`` the ``[K, N]`` operand read
     from ``weight`` through ``strides`` (expert, K, N), through the ``[T, k, N]`` buffer (module docstring)."""
     tokens, top_k = top_k_index.shape
-    (num_experts, k), (order, offsets) = (weight.shape[0], a.shape[1]), routing
+    num_experts, k = weight.shape[0], a.shape[1]
     rows = a.new_empty((tokens, top_k, n))
     blocks = _blocks(name, cdiv(a.shape[0], num_experts), n, k, a.dtype)
-    tile_expert, tile_start, tiles = _tiles(offsets, a.shape[0], blocks["BLOCK_M"])
+    tile_expert, tile_start, tiles = routing.tiles(blocks["BLOCK_M"])
     n_blocks = cdiv(n, blocks["BLOCK_N"])
     wrap_triton(_rows_to_pairs_kernel)[(tiles * n_blocks,)](
-        a, weight, scale if scale is not None else a, rows, order, tile_expert, tile_start, offsets,
+        a, weight, scale if scale is not None else a, rows, routing.order, tile_expert, tile_start, routing.offsets,
         num_experts, a.shape[0], n, k, n_blocks, a.stride(0), a.stride(1), *strides, n,
         HAS_SCALE=scale is not None, A_TMA=_tma_takes(name, a) and a.stride(1) == 1,
         **_weight_operand(name, weight, strides), **blocks, **_dot(a.dtype),
@@ -195,11 +211,12 @@ def _forward(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top
     pairs = top_k_index.numel()
     h = hidden_states.new_empty((pairs, inter))
     gate_up = hidden_states.new_empty((pairs if save_for_backward else 0, 2 * inter))
-    routing = order, offsets = _routing(top_k_index, num_experts)
+    routing = _Routing.sort(top_k_index, num_experts)
+    order, offsets = routing.order, routing.offsets
     if pairs == 0:
         return hidden_states.new_zeros((tokens, hidden)), gate_up, h, order, offsets
     blocks = _blocks("gate_up", cdiv(pairs, num_experts), inter, hidden, hidden_states.dtype)
-    tile_expert, tile_start, tiles = _tiles(offsets, pairs, blocks["BLOCK_M"])
+    tile_expert, tile_start, tiles = routing.tiles(blocks["BLOCK_M"])
     n_blocks = cdiv(inter, blocks["BLOCK_N"])
     wrap_triton(_gate_up_kernel)[(tiles * n_blocks,)](
         hidden_states, gate_up_proj, h, gate_up, order, tile_expert, tile_start, offsets,
@@ -249,8 +266,8 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
                 torch.zeros_like(top_k_weights))
     weights = top_k_weights.reshape(-1)
     cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden, dtype)
-    routing = order, offsets  # the forward's sort
-    tile_expert, tile_start, tiles = _tiles(offsets, pairs, cfg["BLOCK_M"])
+    routing = _Routing(order, offsets)  # the forward's sort
+    tile_expert, tile_start, tiles = routing.tiles(cfg["BLOCK_M"])
     n_blocks = cdiv(inter, cfg["BLOCK_N"])
     d_gate_up = hidden_states.new_empty((pairs, inter2))
     d_weights = torch.empty((n_blocks, pairs), dtype=torch.float32, device=grad.device)
@@ -276,10 +293,10 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
 
 
 def _weight_grads_triton(d_gate_up: Tensor, hidden_states: Tensor, grad: Tensor, h: Tensor, weights: Tensor,
-                         routing: tuple[Tensor, Tensor], top_k: int, gate_up_shape: torch.Size,
+                         routing: _Routing, top_k: int, gate_up_shape: torch.Size,
                          down_shape: torch.Size) -> tuple[Tensor, Tensor]:
     """The weight gradients by ``_weight_grad_kernel``: one program per (expert, weight tile), the rows gathered."""
-    (order, offsets), dtype = routing, hidden_states.dtype
+    order, offsets, dtype = routing.order, routing.offsets, hidden_states.dtype
     num_experts, pairs = offsets.shape[0] - 1, order.shape[0]
     grad_gate_up_proj = torch.empty(gate_up_shape, dtype=dtype, device=grad.device)
     grad_down_proj = torch.empty(down_shape, dtype=dtype, device=grad.device)
@@ -310,10 +327,10 @@ def _grouped_mm_takes(hidden_states: Tensor, inter: int) -> bool:
 
 
 def _weight_grads_grouped_mm(d_gate_up: Tensor, hidden_states: Tensor, grad: Tensor, h: Tensor, weights: Tensor,
-                             routing: tuple[Tensor, Tensor], top_k: int) -> tuple[Tensor, Tensor]:
+                             routing: _Routing, top_k: int) -> tuple[Tensor, Tensor]:
     """The weight gradients by ``torch._grouped_mm``, each expert's rows a group of the reduction: the tokens' rows
     copied in sorted order (``grad``'s times the routing weight, in fp32, rounded once) by one kernel."""
-    order, offsets = routing
+    order, offsets = routing.order, routing.offsets
     x_rows, scaled = _gather_token_rows(hidden_states, grad, weights, order, top_k)
     return _grouped_weight_grads_op(d_gate_up, x_rows, scaled, h, offsets[1:].to(torch.int32))
 

@@ -117,6 +117,30 @@ def test_operands_by_tma_and_by_pointers(layout, monkeypatch):
     assert len(taken) >= 6 and all(taken) == any(taken) == (not unaligned)
 
 
+@pytest.mark.parametrize("experts", [5, 300])  # one-byte sort keys; two
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_routing_and_tile_tables(experts, block_m):
+    """The pairs sorted by expert as torch.sort of the int64 indices sorts them (stable), each expert's offset, and
+    the tile tables: every tile of every expert once, in order, E past the last; experts without rows take none."""
+    from twinkle_triton import moe_gemm
+
+    top_k, tokens = 3, 101
+    index = torch.stack([torch.randperm(experts)[:top_k] for _ in range(tokens)])
+    index[index == 1] = 0  # expert 1 gets no rows
+    routing = moe_gemm._Routing.sort(index, experts)
+    flat = index.reshape(-1)
+    assert torch.equal(routing.order, torch.sort(flat, stable=True)[1])
+    counts = torch.bincount(flat, minlength=experts)
+    assert torch.equal(routing.offsets, torch.cat([counts.new_zeros(1), counts.cumsum(0)]))
+    tile_expert, tile_start, tiles = routing.tiles(block_m)
+    assert routing.tiles(block_m)[0] is tile_expert  # built once a pass
+    per_expert = (counts + block_m - 1) // block_m
+    want = torch.repeat_interleave(torch.arange(experts), per_expert)
+    assert tiles >= want.numel() and tile_expert.dtype == tile_start.dtype == torch.int32
+    assert torch.equal(tile_expert[:want.numel()].long(), want) and (tile_expert[want.numel():] == experts).all()
+    assert torch.equal(tile_start.long(), per_expert.cumsum(0) - per_expert)
+
+
 def test_top_1_and_a_routing_weight_dtype_of_its_own():
     x, gate_up, down, _, _ = _inputs(torch.bfloat16, 1, tokens=9)
     index, weights = _routing(9, EXPERTS, 1)  # fp32 weights beside bf16 activations, as routers give
@@ -295,5 +319,7 @@ def test_the_sweep_tool_knows_the_launch_order(monkeypatch):
     x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2)
     params = [t.requires_grad_() for t in (x, gate_up, down, weights)]
     torch.autograd.grad(tt.moe_swiglu_experts(x, gate_up, down, index, weights), params, torch.randn_like(x))
-    assert launched == [name for name, _ in tool.LAUNCHES]
+    gemms = {name for name, _ in tool.LAUNCHES}  # the tool times these and leaves the tile tables' kernel out
+    assert [name for name in launched if name in gemms] == [name for name, _ in tool.LAUNCHES]
+    assert set(launched) - gemms == {"_expert_tiles_kernel"}
     assert {entry for _, entry in tool.LAUNCHES} == set(moe_gemm.CONFIGS)

@@ -1,7 +1,8 @@
 """The Triton kernels of :mod:`.moe_gemm` (which says what they compute, how the work is scheduled
 and why the reductions are deterministic): the gate/up grouped GEMM with the SwiGLU epilogue, the
-grouped GEMM whose rows go to (token, slot) rows, the backward's gathered GEMM with the SwiGLU
-derivative, and the per-expert weight gradient, with the ``triton.jit`` helpers they share.
+grouped GEMM whose rows go to (token, slot) rows, the backward's gathered GEMM and the SwiGLU
+derivative after it, the per-expert weight gradient and the tile tables, with the ``triton.jit``
+helpers they share.
 
 Every GEMM kernel but the weight gradient's takes one M tile of one expert per program: the tile
 table (``tile_expert``, ``tile_start``) and the expert's rows in the sorted order (``offsets``) are
@@ -192,41 +193,6 @@ def _rows_to_pairs_kernel(
 
 
 @triton.jit
-def _grad_act_kernel(
-    dout_ptr, w_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dscale_ptr, order_ptr, tile_expert_ptr, tile_start_ptr,
-    offsets_ptr, num_experts, top_k, num_pairs, N, K, n_blocks, sdt, sdk, swe, swk, swn, sgr, shr, sdgr,
-    B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
-):
-    """Backward through the down projection and the SwiGLU of sorted rows r of expert e (t the token of r,
-    p its pair): ``d = dout[t] @ w[e]`` (gathered A operand), then ``dscale[pid_n, p] = d . h[r]`` over this
-    program's columns and ``dgu[r] = (d * scale[p] * u * silu'(g), d * scale[p] * silu(g))``."""
-    pid = tl.program_id(0)
-    pid_m, pid_n = pid // n_blocks, pid % n_blocks
-    expert = tl.load(tile_expert_ptr + pid_m)
-    if expert >= num_experts:
-        return
-    rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
-                                           tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
-    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
-    token = pair // top_k
-    acc = _gemm_tile(dout_ptr, token, row_mask, sdt, sdk, 0, 0, w_ptr, expert, num_experts, swe, swk, swn, cols,
-                     col_mask, pid_n * BLOCK_N, N, K, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K,
-                     DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-    mask = row_mask[:, None] & col_mask[None, :]
-    h = tl.load(h_ptr + rows[:, None] * shr + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(dscale_ptr + pid_n * num_pairs + pair, tl.sum(acc * h, axis=1), mask=row_mask)
-    gu = gu_ptr + rows[:, None] * sgr + cols[None, :]
-    gate = tl.load(gu, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(gu + N, mask=mask, other=0.0).to(tl.float32)
-    dh = acc * tl.load(scale_ptr + pair, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-    sig = tl.sigmoid(gate)
-    dgu = dgu_ptr + rows[:, None] * sdgr + cols[None, :]
-    tl.store(dgu, (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty), mask=mask)
-    tl.store(dgu + N, (dh * gate * sig).to(dgu_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _weight_grad_kernel(
     a_ptr, b_ptr, scale_ptr, out_ptr, order_ptr, offsets_ptr, top_k, M, N, n_blocks,
     sar, sam, sbr, sbn, soe, som, son,
@@ -310,3 +276,59 @@ def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_exper
     for t0 in range(start, end, BLOCK_T):
         t = t0 + lanes
         tl.store(tile_expert_ptr + t, e, mask=t < end)
+
+
+@triton.jit
+def _gathered_gemm_kernel(
+    a_ptr, w_ptr, out_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
+    num_experts, top_k, N, K, n_blocks, sat, sak, swe, swk, swn, sor,
+    B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+):
+    """``out[r, n] = sum_k a[t, k] * w[e, k, n]`` for sorted rows r of expert e, t = order[r] // top_k the token of
+    r (the gather is the A operand's load), stored in sorted order."""
+    pid = tl.program_id(0)
+    pid_m, pid_n = pid // n_blocks, pid % n_blocks
+    expert = tl.load(tile_expert_ptr + pid_m)
+    if expert >= num_experts:
+        return
+    rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
+                                           tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
+    token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
+    acc = _gemm_tile(a_ptr, token, row_mask, sat, sak, 0, 0, w_ptr, expert, num_experts, swe, swk, swn, cols,
+                     col_mask, pid_n * BLOCK_N, N, K, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K,
+                     DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+    tl.store(out_ptr + rows[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _swiglu_grad_kernel(
+    d_ptr, gu_ptr, h_ptr, scale_ptr, dgu_ptr, dscale_ptr, order_ptr, rows, N, sdr, sgr, shr, sdgr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """For sorted rows r, p = order[r] their pairs, in fp32: ``dscale[p] = d[r] . h[r]`` (the routing weight's
+    gradient) and ``dgu[r] = (d * scale[p] * u * silu'(g), d * scale[p] * silu(g))`` (the SwiGLU's, ``g`` and ``u``
+    the saved projections ``gu[r]``), each row's N columns a loop of BLOCK_N."""
+    pid = tl.program_id(0)
+    r = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    r_mask = r < rows
+    pair = tl.load(order_ptr + r, mask=r_mask, other=0)
+    scale = tl.load(scale_ptr + pair, mask=r_mask, other=0.0).to(tl.float32)[:, None]
+    dot = tl.zeros([BLOCK_R], tl.float32)
+    cols = tl.arange(0, BLOCK_N)
+    for n0 in range(0, N, BLOCK_N):
+        c = n0 + cols
+        mask = r_mask[:, None] & (c < N)[None, :]
+        d = tl.load(d_ptr + r[:, None] * sdr + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        h = tl.load(h_ptr + r[:, None] * shr + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        gu = gu_ptr + r[:, None] * sgr + c[None, :]
+        gate = tl.load(gu, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(gu + N, mask=mask, other=0.0).to(tl.float32)
+        dot += tl.sum(d * h, axis=1)
+        dh = d * scale
+        sig = tl.sigmoid(gate)
+        dgu = dgu_ptr + r[:, None] * sdgr + c[None, :]
+        tl.store(dgu, (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty), mask=mask)
+        tl.store(dgu + N, (dh * gate * sig).to(dgu_ptr.dtype.element_ty), mask=mask)
+    tl.store(dscale_ptr + pair, dot, mask=r_mask)

@@ -28,11 +28,11 @@ tokens (the weight gradients, by default, from copies: :data:`WEIGHT_GRAD`):
   atomic scatter-add into ``[T, H]`` would save that buffer's write and read (S * H elements) but
   adds in an order that changes from run to run, and in fp32 needs an extra buffer and cast anyway.
   At top-1 the buffer is the output.
-- **backward.** ``_grad_act_kernel`` gathers ``grad[order[r] // k]`` as the A operand against
-  ``down_proj[e]`` (d of the unweighted expert output), and its epilogue gives the routing weight's
-  gradient (that times the saved ``h``, summed over this program's columns; the column tiles'
-  partial sums are added by torch) and, times the weight, the SwiGLU derivative on the saved
-  projections: ``d gate_up`` ``[S, 2I]`` in sorted order. ``_rows_to_pairs_kernel`` then multiplies
+- **backward.** ``_gathered_gemm_kernel`` gathers ``grad[order[r] // k]`` as the A operand against
+  ``down_proj[e]``: ``d``, the gradient of the unweighted expert output, ``[S, I]`` in sorted order.
+  ``_swiglu_grad_kernel`` then gives the routing weight's gradient (``d . h`` over each row) and, times the
+  weight, the SwiGLU derivative on the saved projections: ``d gate_up`` ``[S, 2I]`` in sorted order
+  (:func:`_grad_act` says why the two are apart). ``_rows_to_pairs_kernel`` then multiplies
   it by ``gate_up_proj[e]`` into the ``[T, k, H]`` buffer, summed over k like the forward: the
   input's gradient. Each weight's gradient per expert: ``torch._grouped_mm`` over the expert's rows,
   ``x`` and the weighted ``grad`` copied in sorted order by one kernel (:data:`WEIGHT_GRAD`), or, where that op
@@ -58,8 +58,8 @@ from torch import Tensor
 from ._checks import ANY_DTYPE, check_tensors
 from ._launch import cdiv, dot_options, interpreting, loop_block, next_power_of_2, run_with_scratch
 from ._library import define_differentiable_op, define_op, wrap_triton
-from ._moe_gemm_kernels import (_expert_tiles_kernel, _gate_up_kernel, _gather_token_rows_kernel, _grad_act_kernel,
-                                _rows_to_pairs_kernel, _weight_grad_kernel)
+from ._moe_gemm_kernels import (_expert_tiles_kernel, _gate_up_kernel, _gather_token_rows_kernel, _gathered_gemm_kernel,
+                                _rows_to_pairs_kernel, _swiglu_grad_kernel, _weight_grad_kernel)
 from ._torch_internals import grouped_mm
 
 __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
@@ -72,16 +72,17 @@ __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 # 64-row, 4-warp tiles -> these: down 0.296 -> 0.274 / 2.576 -> 1.713; grad_act 0.437 -> 0.417 / 3.421 -> 2.712;
 # grad_input 0.525 -> 0.404 / 6.028 -> 2.883; weight_grad 1.925 -> 1.936 / 14.167 -> 11.583 (its best at Qwen3's
 # layer, 256 columns, ran 12.86 at Mixtral's). One more pipeline stage took gate_up 0.543 -> 0.526 / 4.335 -> 4.262.
+# (grad_act then held the SwiGLU derivative in its epilogue; alone, its GEMM takes down's tiles: _grad_act.)
 # "TMA": whether the kernel loads its operands by TMA where they allow it (:func:`_tma_takes`): the weights' blocks,
 # and the sorted rows of down's and grad_input's A operand (the gathered token rows of gate_up and grad_act have no TMA
 # form on Hopper). Measured per kernel (tools/moe_gemm_sweep.py --per-kernel --tma 0,1, H200), ms at Qwen3-30B-A3B's
 # layer / Mixtral-8x7B's, pointers -> TMA: gate_up 0.523 -> 0.468 / 4.098 -> 4.048; down 0.274 -> 0.271 / 1.695 ->
-# 1.399; grad_act 0.414 -> 0.418 / 2.673 -> 2.745 (its gathered A loads then compile to synchronous loads);
-# grad_input 0.398 -> 0.425 / 2.793 -> 2.799.
+# 1.399; grad_input 0.398 -> 0.425 / 2.793 -> 2.799; grad_act's GEMM alone 0.220 -> 0.229 / 1.788 -> 1.844 (its
+# gathered A loads, beside a TMA-fed B operand, compile to synchronous loads).
 CONFIGS = {
     "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True},
     "down": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True},
-    "grad_act": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
+    "grad_act": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
     "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 5},
 }
@@ -265,20 +266,9 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
         return (torch.zeros_like(hidden_states), torch.zeros_like(gate_up_proj), torch.zeros_like(down_proj),
                 torch.zeros_like(top_k_weights))
     weights = top_k_weights.reshape(-1)
-    cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden, dtype)
     routing = _Routing(order, offsets)  # the forward's sort
-    tile_expert, tile_start, tiles = routing.tiles(cfg["BLOCK_M"])
-    n_blocks = cdiv(inter, cfg["BLOCK_N"])
-    d_gate_up = hidden_states.new_empty((pairs, inter2))
-    d_weights = torch.empty((n_blocks, pairs), dtype=torch.float32, device=grad.device)
-    # grad @ down_proj[e]: down_proj[e] is [H, I], the [K=H, N=I] B operand as it lies
-    wrap_triton(_grad_act_kernel)[(tiles * n_blocks,)](
-        grad, down_proj, gate_up, h, weights, d_gate_up, d_weights, order, tile_expert, tile_start, offsets,
-        num_experts, top_k, pairs, inter, hidden, n_blocks, *grad.stride(), down_proj.stride(0), down_proj.stride(1),
-        down_proj.stride(2), gate_up.stride(0), h.stride(0), d_gate_up.stride(0),
-        **_weight_operand("grad_act", down_proj, down_proj.stride()), **cfg, **_dot(dtype),
-    )
-    grad_weights = (d_weights[0] if n_blocks == 1 else d_weights.sum(0)).view(tokens, top_k).to(top_k_weights.dtype)
+    d_gate_up, grad_weights = _grad_act(grad, down_proj, gate_up, h, weights, routing, top_k)
+    grad_weights = grad_weights.view(tokens, top_k).to(top_k_weights.dtype)
     # d_gate_up @ gate_up_proj[e]: [2I, H] as it lies, the [K=2I, N=H] B operand
     grad_x = _rows_to_pairs(d_gate_up, gate_up_proj, hidden, gate_up_proj.stride(), None, top_k_index, routing,
                             "grad_input")
@@ -290,6 +280,36 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
         grad_gate_up_proj, grad_down_proj = _weight_grads_triton(
             d_gate_up, hidden_states, grad, h, weights, routing, top_k, gate_up_proj.shape, down_proj.shape)
     return grad_x, grad_gate_up_proj, grad_down_proj, grad_weights
+
+
+def _grad_act(grad: Tensor, down_proj: Tensor, gate_up: Tensor, h: Tensor, weights: Tensor, routing: _Routing,
+                    top_k: int) -> tuple[Tensor, Tensor]:
+    """(d gate_up, the routing weights' gradient ``[S]``) by ``_gathered_gemm_kernel`` (``d = grad[tokens] @
+    down_proj[e]`` in sorted order, rounded to the input dtype as transformers' grouped GEMM rounds it) then
+    ``_swiglu_grad_kernel`` (the SwiGLU derivative and each row's whole ``d . h``).
+
+    The derivative once sat in the GEMM's epilogue, whose loads of the projections and ``h`` beside the accumulator
+    held its tiles to 128 x 128 (wider ones spilled). Apart, the GEMM takes 128 x 256 tiles, and forward + backward
+    ran 2.744 -> 2.678 ms at Qwen3-30B-A3B's layer and 17.450 -> 16.972 at Mixtral-8x7B's (H200, bf16, 4096 tokens):
+    0.442 ms of kernel against 0.220 + 0.075, and 2.883 against 1.788 + 0.349."""
+    (pairs, inter2), (num_experts, hidden, inter) = gate_up.shape, down_proj.shape
+    cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden, grad.dtype)
+    tile_expert, tile_start, tiles = routing.tiles(cfg["BLOCK_M"])
+    n_blocks = cdiv(inter, cfg["BLOCK_N"])
+    d = gate_up.new_empty((pairs, inter))
+    wrap_triton(_gathered_gemm_kernel)[(tiles * n_blocks,)](
+        grad, down_proj, d, routing.order, tile_expert, tile_start, routing.offsets, num_experts, top_k, inter,
+        hidden, n_blocks, *grad.stride(), *down_proj.stride(), d.stride(0),
+        **_weight_operand("grad_act", down_proj, down_proj.stride()), **cfg, **_dot(grad.dtype),
+    )
+    d_gate_up = gate_up.new_empty((pairs, inter2))
+    d_weights = torch.empty(pairs, dtype=torch.float32, device=grad.device)
+    block_r = 16 if not interpreting() else 64
+    wrap_triton(_swiglu_grad_kernel)[(cdiv(pairs, block_r),)](
+        d, gate_up, h, weights, d_gate_up, d_weights, routing.order, pairs, inter, d.stride(0), gate_up.stride(0),
+        h.stride(0), d_gate_up.stride(0), BLOCK_R=block_r, BLOCK_N=loop_block(inter, 256), num_warps=4,
+    )
+    return d_gate_up, d_weights
 
 
 def _weight_grads_triton(d_gate_up: Tensor, hidden_states: Tensor, grad: Tensor, h: Tensor, weights: Tensor,

@@ -29,11 +29,12 @@ CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss", ("cross_entropy", "crossentropy", "log_softmax", "nll_loss", "flce", "_cce_", "logsumexp")),
     ("attention", ("flash", "fmha", "attention", "sdpa", "scaled_dot_product", "gqa")),
     ("GEMM", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "splitkreduce", "triton_tem", "matmul",
-              "_gate_up_kernel", "_grad_act_kernel", "_weight_grad_kernel")),
+              "_gate_up_kernel", "_rows_to_pairs_kernel", "_weight_grad_kernel")),
     ("norm", ("norm", "rsqrt")),
     ("copy", ("memcpy", "memset", "copy_kernel", "copyfunctor", "chunk_cat", "split_with_sizes", "catarray",
               "fill_kernel", "zero", "index_copy", "index_put", "scatter", "gather")),
-    ("pointwise", ("triton_poi", "elementwise", "rotary", "silu", "gelu", "gated_act", "mul_add", "add_gelu")),
+    ("pointwise", ("triton_poi", "elementwise", "rotary", "silu", "swiglu", "gelu", "gated_act", "mul_add",
+                   "add_gelu")),
     ("reduction", ("triton_red", "triton_per", "reduce_kernel", "reduce", "sum_")),
 )
 

@@ -27,8 +27,8 @@ out = torch.empty_like(x)
 bench("torch.empty 8x896", lambda: torch.empty(8, 896, device=dev, dtype=torch.bfloat16))
 bench("torch x * 1", lambda: x * 1)
 bench("torch.empty_like", lambda: torch.empty_like(x))
-args = (x, x, w, out, x, 896, 896, 1, 896, 1e-6)  # ..., row strides, weight stride, n_cols, eps
-meta = dict(HAS_RESIDUAL=False, BLOCK=1024, COMPUTE_DTYPE=tl.float32, num_warps=4)
+args = (x, x, w, out, x, 896, 896, 1, 8, 896, 1e-6)  # ..., row strides, weight stride, n_rows, n_cols, eps
+meta = dict(HAS_RESIDUAL=False, ROWS=1, BLOCK=1024, COMPUTE_DTYPE=tl.float32, num_warps=4)
 bench("JIT kernel[grid](...)", lambda: rn._rms_norm_fwd_kernel[(8,)](*args, **meta))
 L = _launch.cached_launcher(rn._rms_norm_fwd_kernel)
 bench("CachedLauncher[grid](...)", lambda: L[(8,)](*args, **meta))

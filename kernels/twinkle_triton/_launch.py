@@ -277,8 +277,8 @@ class CachedLauncher:
     Example:
         ```python
         launcher = cached_launcher(_rms_norm_fwd_kernel)
-        launcher[(rows,)](x, residual, weight, out, summed, stride_x, stride_r, stride_w, n_cols, eps,
-                          HAS_RESIDUAL=False, BLOCK=1024, COMPUTE_DTYPE=tl.float32, num_warps=4)
+        launcher[(rows,)](x, residual, weight, out, summed, stride_x, stride_r, stride_w, rows, n_cols, eps,
+                          HAS_RESIDUAL=False, ROWS=1, BLOCK=1024, COMPUTE_DTYPE=tl.float32, num_warps=4)
         ```
     """
 

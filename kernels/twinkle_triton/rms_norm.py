@@ -45,18 +45,27 @@ BWD_MAX_ROWS = 8
 BWD_PROGRAMS_PER_SM = 2
 BWD_GRAD_SUM_PROGRAMS_PER_SM = 1
 BWD_GRAD_SUM_ELEMENTS_PER_WARP = 2048
+# Short rows (BLOCK <= SHORT_ROW: the per-head q/k norms of Qwen3, OLMo 2 and Gemma 3, head_dim 64-256) are many:
+# 131,072 rows of 128 in a Qwen3 step of 4 x 1024 tokens and 32 heads. One row a program (the forward) or eight rows a
+# loop step (the backward's long-row tiling) left each program a few hundred bytes in flight, latency-bound; these
+# take FWD_SHORT_ROW_ELEMENTS (forward) and BWD_SHORT_ROW_ELEMENTS (backward) elements a program or loop step.
+SHORT_ROW = 512
+FWD_SHORT_ROW_ELEMENTS = 2048
+BWD_SHORT_ROW_ELEMENTS = 4096
+BWD_SHORT_ROW_ELEMENTS_PER_WARP = 512
+BWD_SHORT_ROW_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
 def _rms_norm_fwd_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr,
-    x_row_stride, residual_row_stride, weight_stride, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    x_row_stride, residual_row_stride, weight_stride, n_rows, n_cols, eps,
+    HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
     eps = fp32(eps)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    mask = (row < n_rows) & (cols < n_cols)
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * residual_row_stride + cols, mask=mask, other=0.0)
@@ -64,9 +73,9 @@ def _rms_norm_fwd_kernel(
         x = (x.to(COMPUTE_DTYPE) + r.to(COMPUTE_DTYPE)).to(x_ptr.dtype.element_ty)
         tl.store(sum_ptr + row * n_cols + cols, x, mask=mask)
     h = x.to(COMPUTE_DTYPE)
-    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=1, keep_dims=True) / n_cols + eps)
     normed = (h * rstd).to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
-    w = tl.load(weight_ptr + cols * weight_stride, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    w = tl.load(weight_ptr + cols * weight_stride, mask=cols < n_cols, other=0.0).to(COMPUTE_DTYPE)
     tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -119,12 +128,13 @@ def _launch_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
         return out, summed
     residual2 = rows(residual) if residual is not None else x2
     block, num_warps = row_block(x2.shape[1], op=op)
+    rows_per_program = max(1, FWD_SHORT_ROW_ELEMENTS // block) if block <= SHORT_ROW else 1
     # Without a residual, sum_ptr gets a tensor the kernel only reads (never an output twice:
     # the traced launch clones each written argument on its own).
-    wrap_triton(_rms_norm_fwd_kernel)[(x2.shape[0],)](
+    wrap_triton(_rms_norm_fwd_kernel)[(cdiv(x2.shape[0], rows_per_program),)](
         x2, residual2, weight, out, summed if summed is not None else x2,
-        x2.stride(0), residual2.stride(0), weight.stride(0), x2.shape[1], eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
+        x2.stride(0), residual2.stride(0), weight.stride(0), x2.shape[0], x2.shape[1], eps,
+        HAS_RESIDUAL=residual is not None, ROWS=rows_per_program, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
         num_warps=num_warps,
     )
     return out, summed
@@ -133,6 +143,10 @@ def _launch_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
 def _bwd_tiling(n_cols: int, has_grad_sum: bool, op: str) -> tuple[int, int, int, int]:
     """(BLOCK, ROWS, num_warps, programs per SM) of the backward kernel; the sweep is above BWD_TILE_ELEMENTS."""
     block, num_warps = row_block(n_cols, op=op)
+    if block <= SHORT_ROW and BWD_SHORT_ROW_ELEMENTS:
+        rows_per_tile = BWD_SHORT_ROW_ELEMENTS // block
+        return block, rows_per_tile, max(num_warps, rows_per_tile * block // BWD_SHORT_ROW_ELEMENTS_PER_WARP), \
+            BWD_SHORT_ROW_PROGRAMS_PER_SM
     if has_grad_sum:
         rows_per_tile = max(1, min(BWD_MAX_ROWS, BWD_GRAD_SUM_TILE_ELEMENTS // block))
         if rows_per_tile > 1:

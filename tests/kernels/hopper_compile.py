@@ -196,6 +196,7 @@ def _cases():
         "add_gelu": lambda: _call(tt.add_gelu, _rand(rows, inter), _rand(inter)),
         "mul_add": lambda: _call(tt.mul_add, _rand(rows, hidden), _rand(rows, hidden), _rand(rows, hidden)),
         "rms_norm": lambda: _call(tt.rms_norm, _rand(rows, hidden), _rand(hidden), 1e-6),
+        "rms_norm per head": lambda: _call(tt.rms_norm, _rand(rows, 8, 128), _rand(128), 1e-6),  # q/k norms' rows
         "add_rms_norm": lambda: _call(tt.add_rms_norm, _rand(rows, hidden), _rand(rows, hidden), _rand(hidden), 1e-6),
         "rms_norm_fp32": lambda: _call(tt.rms_norm_fp32, _rand(rows, hidden), _rand(hidden), 1e-6, 1.0),
         "layer_norm": lambda: _call(tt.layer_norm, _rand(rows, hidden), _rand(hidden), _rand(hidden)),

@@ -6,7 +6,8 @@ from kernel_test_utils import DTYPES, assert_close, check_forward_backward
 
 import twinkle_triton as tt
 
-SHAPES = [(5, 123), (1, 123), (3, 7, 123), (0, 123)]
+# (2, 37, 6, 64): a per-head q/k norm's many short rows, several to a program and loop step with a partial last one
+SHAPES = [(5, 123), (1, 123), (3, 7, 123), (0, 123), (2, 37, 6, 64)]
 
 
 # The output gradient has the output in it (check_forward_backward's output_in_gradient): the backward's

@@ -256,9 +256,8 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
               top_k_weights: Tensor, gate_up: Tensor, h: Tensor, order: Tensor, offsets: Tensor,
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     tokens, top_k = top_k_index.shape
-    pairs, (num_experts, inter2, hidden) = top_k_index.numel(), gate_up_proj.shape
+    pairs, (_, inter2, hidden) = top_k_index.numel(), gate_up_proj.shape
     inter = inter2 // 2
-    dtype = hidden_states.dtype
     if gate_up.shape[0] != pairs:  # a forward told to save nothing: recompute the projections
         _, gate_up, h, order, offsets = _forward(hidden_states, gate_up_proj, down_proj, top_k_index, top_k_weights,
                                                  True)
@@ -283,7 +282,7 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
 
 
 def _grad_act(grad: Tensor, down_proj: Tensor, gate_up: Tensor, h: Tensor, weights: Tensor, routing: _Routing,
-                    top_k: int) -> tuple[Tensor, Tensor]:
+              top_k: int) -> tuple[Tensor, Tensor]:
     """(d gate_up, the routing weights' gradient ``[S]``) by ``_gathered_gemm_kernel`` (``d = grad[tokens] @
     down_proj[e]`` in sorted order, rounded to the input dtype as transformers' grouped GEMM rounds it) then
     ``_swiglu_grad_kernel`` (the SwiGLU derivative and each row's whole ``d . h``).

@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import triton
 import triton.language as tl
 
 from ._torch_internals import current_cuda_device, current_cuda_raw_stream
@@ -183,8 +184,6 @@ def run_with_scratch(device: torch.device, fn: Callable[..., Any], *args: Any) -
 
 
 def _with_scratch(device: torch.device, fn: Callable[..., Any], args: tuple) -> Any:
-    import triton
-
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
     return fn(*args)
 

@@ -13,6 +13,10 @@ Only :mod:`.moe_gemm` launches these kernels.
 import triton
 import triton.language as tl
 
+from ._gated import SILU, _act_terms
+
+_SILU = tl.constexpr(SILU)  # a global a jit function reads must be a constexpr
+
 
 @triton.jit
 def _mma(acc, a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr):
@@ -327,8 +331,8 @@ def _swiglu_grad_kernel(
         up = tl.load(gu + N, mask=mask, other=0.0).to(tl.float32)
         dot += tl.sum(d * h, axis=1)
         dh = d * scale
-        sig = tl.sigmoid(gate)
+        silu, slope = _act_terms(gate, 0.0, 0.0, _SILU)  # silu(g), silu'(g), as the gated activations' backward
         dgu = dgu_ptr + r[:, None] * sdgr + c[None, :]
-        tl.store(dgu, (dh * up * sig * (1.0 + gate * (1.0 - sig))).to(dgu_ptr.dtype.element_ty), mask=mask)
-        tl.store(dgu + N, (dh * gate * sig).to(dgu_ptr.dtype.element_ty), mask=mask)
+        tl.store(dgu, (dh * up * slope).to(dgu_ptr.dtype.element_ty), mask=mask)
+        tl.store(dgu + N, (dh * silu).to(dgu_ptr.dtype.element_ty), mask=mask)
     tl.store(dscale_ptr + pair, dot, mask=r_mask)

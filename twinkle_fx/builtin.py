@@ -164,13 +164,13 @@ def use_builtin_kernels(
             grouped GEMMs of ``twinkle_triton.moe_swiglu_experts``; ``"SwiGLUExperts"``: transformers' own
             implementation with the gate as one kernel. By default (None) Qwen3-MoE gets the fused kernels, the
             one family where they measured faster both eagerly and compiled: on one H200 (bf16, 4096 tokens,
-            forward + backward, against transformers' ``grouped_mm`` experts) 1.35x eager and 1.04x compiled by
-            Inductor at Qwen3-30B-A3B's layer (128 experts, top-8, intermediate 768), its 4-layer training slice
-            1.11x torch.compile with CUDA graphs against 1.07x with ``SwiGLUExperts``. The others keep
-            ``"SwiGLUExperts"``: ERNIE-4.5-21B-A3B's layer (64 experts, top-6, 1536) ran 1.21x eager but 0.97x
-            compiled, Mixtral-8x7B's (8 experts, top-2, 14336) 0.90x eager and 0.84x compiled (CUTLASS's grouped
-            GEMM in ``torch._grouped_mm`` runs its large GEMMs faster), and DeepSeek-V3's (256 experts, top-8,
-            2048) was measured forward and eager only (1.33x). True binds every family to the fused kernels (for
+            forward + backward, against transformers' ``grouped_mm`` experts) 1.52x eager and 1.14x compiled by
+            Inductor at Qwen3-30B-A3B's layer (128 experts, top-8, intermediate 768), its 4- and 8-layer training
+            slices 1.19x and 1.21x torch.compile with CUDA graphs. The others keep ``"SwiGLUExperts"``:
+            Mixtral-8x7B's layer (8 experts, top-2, 14336) ran 0.99x eager and 0.92x compiled (CUTLASS's grouped
+            GEMM in ``torch._grouped_mm`` runs its large GEMMs faster), ERNIE-4.5-21B-A3B's (64 experts, top-6,
+            1536) 1.21x eager but 0.97x compiled and DeepSeek-V3's (256 experts, top-8, 2048) forward and eager
+            only (1.33x), both with the kernels' earlier version (``docs/performance.md``, "MoE layers"). True binds every family to the fused kernels (for
             eager ``kernelize_model`` at ERNIE's and DeepSeek-V3's shapes it pays), False none. GPT-OSS's clamped
             experts keep ``"ClampedSwiGLUExperts"`` either way.
 

@@ -289,6 +289,8 @@ MICRO_CASES: tuple[MicroCase, ...] = (
               name="moe_swiglu_experts mixtral"),
     MicroCase("moe_swiglu_experts", _moe_experts((64, 6, 2560, 1536), "ERNIE-4.5-21B-A3B layer"),
               name="moe_swiglu_experts ernie4_5_moe"),
+    MicroCase("moe_swiglu_experts", _moe_experts((64, 6, 2048, 1408), "Moonlight-16B-A3B (DeepSeek-V3) layer"),
+              name="moe_swiglu_experts deepseek_v3"),
 )
 
 PHASES = ("fwd", "fwd+bwd")

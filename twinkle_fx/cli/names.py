@@ -55,6 +55,6 @@ MICRO_OPS = ("silu_and_mul", "silu_mul", "rms_norm", "add_rms_norm", "apply_rota
              "apply_rotary_pos_emb_deinterleave", "clamped_swiglu", "moe_swiglu_experts")
 # the cases of twinkle_fx.bench.micro.MICRO_CASES named apart from their op (one shape of an op with several)
 MICRO_CASE_NAMES = ("add_rms_norm llama1b", "add_rms_norm llama3b", "moe_swiglu_experts qwen3_moe",
-                    "moe_swiglu_experts mixtral", "moe_swiglu_experts ernie4_5_moe")
+                    "moe_swiglu_experts mixtral", "moe_swiglu_experts ernie4_5_moe", "moe_swiglu_experts deepseek_v3")
 # twinkle_fx.checklist.checklist._DTYPE_NAMES (bench --dtype takes the same)
 DTYPES = ("fp32", "bf16", "fp16")

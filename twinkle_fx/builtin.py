@@ -162,17 +162,16 @@ def use_builtin_kernels(
         fused_experts (`bool`, optional): how the SiLU-gated MoE ``*Experts`` (Mixtral, Qwen3-MoE, DeepSeek-V3,
             ERNIE 4.5-MoE) are computed. ``"FusedSwiGLUExperts"``: the whole experts computation as the fused
             grouped GEMMs of ``twinkle_triton.moe_swiglu_experts``; ``"SwiGLUExperts"``: transformers' own
-            implementation with the gate as one kernel. By default (None) Qwen3-MoE gets the fused kernels, the
-            one family where they measured faster both eagerly and compiled: on one H200 (bf16, 4096 tokens,
-            forward + backward, against transformers' ``grouped_mm`` experts) 1.52x eager and 1.14x compiled by
-            Inductor at Qwen3-30B-A3B's layer (128 experts, top-8, intermediate 768), its 4- and 8-layer training
-            slices 1.19x and 1.21x torch.compile with CUDA graphs. The others keep ``"SwiGLUExperts"``:
-            Mixtral-8x7B's layer (8 experts, top-2, 14336) ran 0.99x eager and 0.92x compiled (CUTLASS's grouped
-            GEMM in ``torch._grouped_mm`` runs its large GEMMs faster), ERNIE-4.5-21B-A3B's (64 experts, top-6,
-            1536) 1.21x eager but 0.97x compiled and DeepSeek-V3's (256 experts, top-8, 2048) forward and eager
-            only (1.33x), both with the kernels' earlier version (``docs/performance.md``, "MoE layers"). True binds every family to the fused kernels (for
-            eager ``kernelize_model`` at ERNIE's and DeepSeek-V3's shapes it pays), False none. GPT-OSS's clamped
-            experts keep ``"ClampedSwiGLUExperts"`` either way.
+            implementation with the gate as one kernel. By default (None) Qwen3-MoE, DeepSeek-V3 and ERNIE
+            4.5-MoE get the fused kernels, the families where they measured faster both eagerly and compiled: on one
+            H200 (bf16, 4096 tokens, forward + backward, against transformers' ``grouped_mm`` experts, eager and
+            compiled by Inductor) 1.49x and 1.14x at Qwen3-30B-A3B's layer (128 experts, top-8, intermediate 768),
+            1.32x and 1.07x at ERNIE-4.5-21B-A3B's (64, top-6, 1536), 1.37x and 1.07x at Moonlight-16B-A3B's
+            (DeepSeek-V3; 64, top-6, 1408); their training slices 1.18x, 1.08x and 1.09x torch.compile with CUDA
+            graphs. Mixtral keeps ``"SwiGLUExperts"``: at Mixtral-8x7B's layer (8 experts, top-2, 14336) the fused
+            kernels ran 0.98x eager and 0.91x compiled (CUTLASS's grouped GEMM in ``torch._grouped_mm`` runs its
+            large GEMMs faster; ``docs/performance.md``, "MoE layers"). True binds every SiLU-gated family to
+            the fused kernels, False none. GPT-OSS's clamped experts keep ``"ClampedSwiGLUExperts"`` either way.
 
     Returns:
         What was bound, one string per class or function (``"GemmaMLP -> GeGLUMLP"``).

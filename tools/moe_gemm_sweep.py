@@ -55,7 +55,7 @@ moe_gemm = importlib.import_module("twinkle_triton.moe_gemm")
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336),
           "deepseek-v3": (256, 8, 7168, 2048), "ernie-4.5-21b-a3b": (64, 6, 2560, 1536)}
 KNOBS = (("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"), ("warps", "num_warps"),
-         ("stages", "num_stages"), ("tma", "TMA"))
+         ("stages", "num_stages"), ("tma", "TMA"), ("programs_per_sm", "PROGRAMS_PER_SM"))
 # the kernels one forward + backward of moe_swiglu_experts launches, in order, with the CONFIGS entry of each
 LAUNCHES = (("_gate_up_kernel", "gate_up"), ("_rows_to_pairs_kernel", "down"), ("_gathered_gemm_kernel", "grad_act"),
             ("_rows_to_pairs_kernel", "grad_input"), ("_weight_grad_kernel", "weight_grad"),

@@ -4,9 +4,11 @@ grouped GEMM whose rows go to (token, slot) rows, the backward's gathered GEMM a
 derivative after it, the per-expert weight gradient and the tile tables, with the ``triton.jit``
 helpers they share.
 
-Every GEMM kernel but the weight gradient's takes one M tile of one expert per program: the tile
-table (``tile_expert``, ``tile_start``) and the expert's rows in the sorted order (``offsets``) are
-built on the device by ``_expert_tiles_kernel`` below; programs past the last tile return at once.
+Every GEMM kernel but the weight gradient's works through (M tile of one expert, N tile) items, item
+``i`` the N tile ``i % n_blocks`` of M tile ``i // n_blocks``, program p taking items p, p + P, ... of
+a grid of P programs: one program an item, or a few an SM that loop (persistent). The tile table
+(``tile_expert``, ``tile_start``, whose last entry counts the M tiles) and the expert's rows in the
+sorted order (``offsets``) are built on the device by ``_expert_tiles_kernel`` below.
 Only :mod:`.moe_gemm` launches these kernels.
 """
 
@@ -74,39 +76,56 @@ def _weight_block(desc, expert, n0, k0, K_MAJOR: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
-def _gemm_tile(a_ptr, a_rows, row_mask, sar, sak, a_row0, num_rows, w_ptr, expert, num_experts, swe, swk, swn,
-               cols, col_mask, n0, N, K, A_TMA: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
+def _items(tile_start_ptr, num_experts, n_blocks):
+    """The launch's work items: the experts' M tiles (``tile_start[E]``) times the N tiles."""
+    return tl.load(tile_start_ptr + num_experts) * n_blocks
+
+
+@triton.jit
+def _operands(a_ptr, num_rows, K, sar, w_ptr, num_experts, N, swe, swk, swn, A_TMA: tl.constexpr,
+              B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """What :func:`_gemm_tile` reads its operands through, once a program: with A_TMA a TMA descriptor over the
+    [num_rows, K] ``a`` (unit column stride; rows past ``num_rows`` and columns past K read zeros), with B_TMA one
+    over the weights (:func:`_weight_desc`); otherwise the pointer itself."""
+    if A_TMA:
+        a = tl.make_tensor_descriptor(a_ptr, shape=[num_rows, K], strides=[sar, 1], block_shape=[BLOCK_M, BLOCK_K])
+    else:
+        a = a_ptr
+    if B_TMA:
+        w = _weight_desc(w_ptr, num_experts, N, K, swe, swk, swn, K_MAJOR, BLOCK_N, BLOCK_K)
+    else:
+        w = w_ptr
+    return a, w
+
+
+@triton.jit
+def _gemm_tile(a, a_rows, row_mask, sar, sak, a_row0, w, expert, swe, swk, swn, cols, col_mask, n0, K,
+               A_TMA: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr):
-    """``a[a_rows, :K] @ w[expert][:K, cols]`` in fp32, ``w[expert]`` read as [K, N] through its strides.
-
-    A_TMA: ``a_rows`` are the consecutive rows from ``a_row0`` of the [num_rows, K] ``a`` (unit column
-    stride), loaded by TMA (rows past ``num_rows`` and columns past K read zeros). B_TMA: the weight's
-    blocks by TMA (:func:`_weight_desc`). Otherwise each operand through its pointers and masks."""
+    """``a[a_rows, :K] @ w[expert][:K, cols]`` in fp32, ``w[expert]`` read as [K, N] through its strides; ``a`` and
+    ``w`` as :func:`_operands` gives them. A_TMA: ``a_rows`` are the consecutive rows from ``a_row0``, loaded by
+    TMA. Otherwise each operand through its pointers and masks."""
     ks = tl.arange(0, BLOCK_K)
-    if A_TMA:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[num_rows, K], strides=[sar, 1],
-                                           block_shape=[BLOCK_M, BLOCK_K])
-    else:
-        a_ptrs = a_ptr + a_rows[:, None] * sar + ks[None, :] * sak
-    if B_TMA:
-        b_desc = _weight_desc(w_ptr, num_experts, N, K, swe, swk, swn, K_MAJOR, BLOCK_N, BLOCK_K)
-    else:
-        b_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+    if not A_TMA:
+        a_ptrs = a + a_rows[:, None] * sar + ks[None, :] * sak
+    if not B_TMA:
+        b_ptrs = w + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_mask = ks < K - k0
         if A_TMA:
-            a = a_desc.load([a_row0, k0])
+            a_block = a.load([a_row0, k0])
         else:
-            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            a_block = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             a_ptrs += BLOCK_K * sak
         if B_TMA:
-            b = _weight_block(b_desc, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+            b = _weight_block(w, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
         else:
             b = tl.load(b_ptrs, mask=k_mask[:, None] & col_mask[None, :], other=0.0)
             b_ptrs += BLOCK_K * swk
-        acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        acc = _mma(acc, a_block, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
     return acc
 
 
@@ -122,47 +141,44 @@ def _gate_up_kernel(
     token of r (the gather is the A operand's load); ``gu[r]`` the two projections when STORE_PREACT.
     B_TMA: both halves of ``w[e]`` by TMA (:func:`_weight_desc` over its 2N rows: a gate block past N
     reads up rows, whose columns are not stored)."""
-    pid = tl.program_id(0)
-    pid_m, pid_n = pid // n_blocks, pid % n_blocks
-    expert = tl.load(tile_expert_ptr + pid_m)
-    if expert >= num_experts:
-        return
-    rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
-                                           tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
-    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
-    token = pair // top_k
     ks = tl.arange(0, BLOCK_K)
-    a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
-    n0 = pid_n * BLOCK_N
     if B_TMA:
         w_desc = _weight_desc(w_ptr, num_experts, 2 * N, K, swe, swk, swn, K_MAJOR, BLOCK_N, BLOCK_K)
-    else:
-        g_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
-        u_ptrs = g_ptrs + N * swn
-    gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = ks < K - k0
-        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        if B_TMA:
-            g = _weight_block(w_desc, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
-            u = _weight_block(w_desc, expert, N + n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
-        else:
-            b_mask = k_mask[:, None] & col_mask[None, :]
-            g = tl.load(g_ptrs, mask=b_mask, other=0.0)
-            u = tl.load(u_ptrs, mask=b_mask, other=0.0)
-            g_ptrs += BLOCK_K * swk
-            u_ptrs += BLOCK_K * swk
-        gate = _mma(gate, a, g, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        up = _mma(up, a, u, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        a_ptrs += BLOCK_K * sxk
-    mask = row_mask[:, None] & col_mask[None, :]
-    h = gate * tl.sigmoid(gate) * up
-    tl.store(h_ptr + rows[:, None] * shr + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
-    if STORE_PREACT:
-        gu = gu_ptr + rows[:, None] * sgr + cols[None, :]
-        tl.store(gu, gate.to(gu_ptr.dtype.element_ty), mask=mask)
-        tl.store(gu + N, up.to(gu_ptr.dtype.element_ty), mask=mask)
+    for item in tl.range(tl.program_id(0), _items(tile_start_ptr, num_experts, n_blocks), tl.num_programs(0)):
+        pid_m, pid_n = item // n_blocks, item % n_blocks
+        expert = tl.load(tile_expert_ptr + pid_m)
+        rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
+                                               tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
+        token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
+        a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
+        n0 = pid_n * BLOCK_N
+        if not B_TMA:
+            g_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+            u_ptrs = g_ptrs + N * swn
+        gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = ks < K - k0
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            if B_TMA:
+                g = _weight_block(w_desc, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+                u = _weight_block(w_desc, expert, N + n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+            else:
+                b_mask = k_mask[:, None] & col_mask[None, :]
+                g = tl.load(g_ptrs, mask=b_mask, other=0.0)
+                u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+                g_ptrs += BLOCK_K * swk
+                u_ptrs += BLOCK_K * swk
+            gate = _mma(gate, a, g, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+            up = _mma(up, a, u, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+            a_ptrs += BLOCK_K * sxk
+        mask = row_mask[:, None] & col_mask[None, :]
+        h = gate * tl.sigmoid(gate) * up
+        tl.store(h_ptr + rows[:, None] * shr + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
+        if STORE_PREACT:
+            gu = gu_ptr + rows[:, None] * sgr + cols[None, :]
+            tl.store(gu, gate.to(gu_ptr.dtype.element_ty), mask=mask)
+            tl.store(gu + N, up.to(gu_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -177,23 +193,23 @@ def _rows_to_pairs_kernel(
     its (token, slot) pair: each pair's row is written once (no atomics), the caller sums the slots.
     A_TMA: the tile's rows of ``a`` (``num_rows`` in all) by TMA, the next expert's first rows with them
     when the tile is the expert's last (computed, never stored)."""
-    pid = tl.program_id(0)
-    pid_m, pid_n = pid // n_blocks, pid % n_blocks
-    expert = tl.load(tile_expert_ptr + pid_m)
-    if expert >= num_experts:
-        return
-    first = tl.load(offsets_ptr + expert)
-    expert_tile0 = tl.load(tile_start_ptr + expert)
-    rows, row_mask, cols, col_mask = _tile(first, tl.load(offsets_ptr + expert + 1), expert_tile0, pid_m, pid_n, N,
-                                           BLOCK_M, BLOCK_N)
-    pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
-    acc = _gemm_tile(a_ptr, rows, row_mask, sar, sak, (first + (pid_m - expert_tile0) * BLOCK_M).to(tl.int32),
-                     num_rows, w_ptr, expert, num_experts, swe, swk, swn, cols, col_mask, pid_n * BLOCK_N, N, K,
-                     A_TMA, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-    if HAS_SCALE:
-        acc *= tl.load(scale_ptr + pair, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + pair[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & col_mask[None, :])
+    a, w = _operands(a_ptr, num_rows, K, sar, w_ptr, num_experts, N, swe, swk, swn, A_TMA, B_TMA, K_MAJOR, BLOCK_M,
+                     BLOCK_N, BLOCK_K)
+    for item in tl.range(tl.program_id(0), _items(tile_start_ptr, num_experts, n_blocks), tl.num_programs(0)):
+        pid_m, pid_n = item // n_blocks, item % n_blocks
+        expert = tl.load(tile_expert_ptr + pid_m)
+        first = tl.load(offsets_ptr + expert)
+        expert_tile0 = tl.load(tile_start_ptr + expert)
+        rows, row_mask, cols, col_mask = _tile(first, tl.load(offsets_ptr + expert + 1), expert_tile0, pid_m, pid_n,
+                                               N, BLOCK_M, BLOCK_N)
+        pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
+        acc = _gemm_tile(a, rows, row_mask, sar, sak, (first + (pid_m - expert_tile0) * BLOCK_M).to(tl.int32), w,
+                         expert, swe, swk, swn, cols, col_mask, pid_n * BLOCK_N, K, A_TMA, B_TMA, K_MAJOR, BLOCK_M,
+                         BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        if HAS_SCALE:
+            acc *= tl.load(scale_ptr + pair, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + pair[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
@@ -264,9 +280,10 @@ def _gather_token_rows_kernel(
 @triton.jit
 def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_experts, tiles,
                          BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The tile tables of M tiles of BLOCK_M sorted rows: program e < E writes ``tile_start[e]``, the tiles of the
-    experts before it, and ``tile_expert[t] = e`` for its own tiles; program E writes ``tile_expert[t] = E`` for the
-    grid's tiles past the last expert's (``t < tiles``). Every program sums the experts' tile counts itself."""
+    """The tile tables of M tiles of BLOCK_M sorted rows: program e <= E writes ``tile_start[e]``, the tiles of the
+    experts before it (``tile_start[E]`` all of them), and ``tile_expert[t] = e`` for its own tiles; program E writes
+    ``tile_expert[t] = E`` for the tiles past the last expert's (``t < tiles``, the bound the tables are sized by).
+    Every program sums the experts' tile counts itself."""
     e = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
     known = experts < num_experts
@@ -275,7 +292,7 @@ def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_exper
     per_expert = ((counts + BLOCK_M - 1) // BLOCK_M).to(tl.int32)
     start = tl.sum(tl.where(experts < e, per_expert, 0), axis=0)
     end = tl.where(e < num_experts, start + tl.sum(tl.where(experts == e, per_expert, 0), axis=0), tiles)
-    tl.store(tile_start_ptr + e, start, mask=e < num_experts)
+    tl.store(tile_start_ptr + e, start)
     lanes = tl.arange(0, BLOCK_T)
     for t0 in range(start, end, BLOCK_T):
         t = t0 + lanes
@@ -291,19 +308,18 @@ def _gathered_gemm_kernel(
 ):
     """``out[r, n] = sum_k a[t, k] * w[e, k, n]`` for sorted rows r of expert e, t = order[r] // top_k the token of
     r (the gather is the A operand's load), stored in sorted order."""
-    pid = tl.program_id(0)
-    pid_m, pid_n = pid // n_blocks, pid % n_blocks
-    expert = tl.load(tile_expert_ptr + pid_m)
-    if expert >= num_experts:
-        return
-    rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
-                                           tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
-    token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
-    acc = _gemm_tile(a_ptr, token, row_mask, sat, sak, 0, 0, w_ptr, expert, num_experts, swe, swk, swn, cols,
-                     col_mask, pid_n * BLOCK_N, N, K, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K,
-                     DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-    tl.store(out_ptr + rows[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & col_mask[None, :])
+    a, w = _operands(a_ptr, 0, K, sat, w_ptr, num_experts, N, swe, swk, swn, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N,
+                     BLOCK_K)
+    for item in tl.range(tl.program_id(0), _items(tile_start_ptr, num_experts, n_blocks), tl.num_programs(0)):
+        pid_m, pid_n = item // n_blocks, item % n_blocks
+        expert = tl.load(tile_expert_ptr + pid_m)
+        rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
+                                               tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
+        token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
+        acc = _gemm_tile(a, token, row_mask, sat, sak, 0, w, expert, swe, swk, swn, cols, col_mask, pid_n * BLOCK_N,
+                         K, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit

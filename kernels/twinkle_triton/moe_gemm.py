@@ -56,7 +56,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
-from ._launch import cdiv, dot_options, interpreting, loop_block, next_power_of_2, run_with_scratch
+from ._launch import (cdiv, dot_options, interpreting, loop_block, next_power_of_2, persistent_programs,
+                      run_with_scratch)
 from ._library import define_differentiable_op, define_op, wrap_triton
 from ._moe_gemm_kernels import (_expert_tiles_kernel, _gate_up_kernel, _gather_token_rows_kernel, _gathered_gemm_kernel,
                                 _rows_to_pairs_kernel, _swiglu_grad_kernel, _weight_grad_kernel)
@@ -79,10 +80,21 @@ __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 # layer / Mixtral-8x7B's, pointers -> TMA: gate_up 0.523 -> 0.468 / 4.098 -> 4.048; down 0.274 -> 0.271 / 1.695 ->
 # 1.399; grad_input 0.398 -> 0.425 / 2.793 -> 2.799; grad_act's GEMM alone 0.220 -> 0.229 / 1.788 -> 1.844 (its
 # gathered A loads, beside a TMA-fed B operand, compile to synchronous loads).
+# "PROGRAMS_PER_SM": that many programs an SM, each looping over the kernel's (M tile, N tile) items
+# (:func:`_tile_launch`; a program starts its next tile without a launch of its own), or 0 for a program an item.
+# Measured per kernel (tools/moe_gemm_sweep.py --per-kernel --programs-per-sm 0,1, H200,
+# docs/performance/moe-gemm-persistent-h200.json), ms at Qwen3-30B-A3B's layer / Mixtral-8x7B's / ERNIE-4.5-21B-A3B's,
+# a program an item -> one an SM: gate_up 0.468 -> 0.447 / 4.236 -> 3.822 / 0.758 -> 0.742; down 0.278 -> 0.247 /
+# 1.432 -> 1.425 / 0.382 -> 0.349; grad_act 0.212 -> 0.207 / 1.726 -> 1.634 / 0.343 -> 0.343; grad_input 0.414 ->
+# 0.408 / 2.832 -> 2.889 / 0.647 -> 0.641, so it keeps a program an item. The two loops flattened into one
+# (``tl.range(flatten=True)``) spilled registers: 1.1x-7x slower.
 CONFIGS = {
-    "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True},
-    "down": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True},
-    "grad_act": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
+    "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
+                "PROGRAMS_PER_SM": 1},
+    "down": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
+             "PROGRAMS_PER_SM": 1},
+    "grad_act": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False,
+                 "PROGRAMS_PER_SM": 1},
     "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 5},
 }
@@ -157,20 +169,32 @@ class _Routing:
 
     def tiles(self, block_m: int) -> tuple[Tensor, Tensor, int]:
         """(tile_expert, tile_start, tiles) for M tiles of ``block_m`` sorted rows (``_expert_tiles_kernel``):
-        ``tile_expert[t]`` the expert of tile t (E past the last tile), ``tile_start[e]`` the expert's first tile,
-        ``tiles`` the grid's M tiles, a bound from shapes alone (each expert adds at most one partial tile, and
-        each tile holds a row)."""
+        ``tile_expert[t]`` the expert of tile t (E past the last tile), ``tile_start[e]`` the expert's first tile
+        and ``tile_start[E]`` the number of tiles, ``tiles`` a bound on it from shapes alone (each expert adds at
+        most one partial tile, and each tile holds a row)."""
         if block_m not in self._tables:
             num_experts, pairs = self.offsets.shape[0] - 1, self.order.shape[0]
             tiles = min(pairs, (pairs + num_experts * (block_m - 1)) // block_m)
             tile_expert = torch.empty(tiles, dtype=torch.int32, device=self.offsets.device)
-            tile_start = torch.empty(num_experts, dtype=torch.int32, device=self.offsets.device)
+            tile_start = torch.empty(num_experts + 1, dtype=torch.int32, device=self.offsets.device)
             wrap_triton(_expert_tiles_kernel)[(num_experts + 1,)](
                 self.offsets, tile_expert, tile_start, num_experts, tiles, BLOCK_M=block_m,
                 BLOCK_E=next_power_of_2(num_experts), BLOCK_T=loop_block(tiles, 256), num_warps=4,
             )
             self._tables[block_m] = tile_expert, tile_start, tiles
         return self._tables[block_m]
+
+
+def _tile_launch(name: str, routing: _Routing, blocks: dict, n: int, device: torch.device
+                 ) -> tuple[tuple[int], Tensor, Tensor, int]:
+    """(grid, tile_expert, tile_start, n_blocks) of a tile kernel's launch over ``n`` columns: a program an item
+    (M tile, N tile) of the bound on the M tiles, or, with ``PROGRAMS_PER_SM`` in its :data:`CONFIGS` entry, that
+    many programs an SM, each looping over items (a few under the interpreter, so that the loops run there too)."""
+    tile_expert, tile_start, tiles = routing.tiles(blocks["BLOCK_M"])
+    n_blocks = cdiv(n, blocks["BLOCK_N"])
+    per_sm = CONFIGS[name].get("PROGRAMS_PER_SM", 0)
+    items = tiles * n_blocks
+    return (persistent_programs(items, device, per_sm=per_sm) if per_sm else items,), tile_expert, tile_start, n_blocks
 
 
 def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int], scale: Tensor | None,
@@ -181,13 +205,12 @@ def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, i
     num_experts, k = weight.shape[0], a.shape[1]
     rows = a.new_empty((tokens, top_k, n))
     blocks = _blocks(name, cdiv(a.shape[0], num_experts), n, k, a.dtype)
-    tile_expert, tile_start, tiles = routing.tiles(blocks["BLOCK_M"])
-    n_blocks = cdiv(n, blocks["BLOCK_N"])
-    wrap_triton(_rows_to_pairs_kernel)[(tiles * n_blocks,)](
+    grid, tile_expert, tile_start, n_blocks = _tile_launch(name, routing, blocks, n, a.device)
+    wrap_triton(_rows_to_pairs_kernel)[grid](
         a, weight, scale if scale is not None else a, rows, routing.order, tile_expert, tile_start, routing.offsets,
         num_experts, a.shape[0], n, k, n_blocks, a.stride(0), a.stride(1), *strides, n,
         HAS_SCALE=scale is not None, A_TMA=_tma_takes(name, a) and a.stride(1) == 1,
-        **_weight_operand(name, weight, strides), **blocks, **_dot(a.dtype),
+        **_weight_operand(name, weight, strides), **blocks, **_dot(a.dtype)
     )
     return rows[:, 0] if top_k == 1 else rows.sum(1)
 
@@ -217,15 +240,15 @@ def _forward(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top
     if pairs == 0:
         return hidden_states.new_zeros((tokens, hidden)), gate_up, h, order, offsets
     blocks = _blocks("gate_up", cdiv(pairs, num_experts), inter, hidden, hidden_states.dtype)
-    tile_expert, tile_start, tiles = routing.tiles(blocks["BLOCK_M"])
-    n_blocks = cdiv(inter, blocks["BLOCK_N"])
-    wrap_triton(_gate_up_kernel)[(tiles * n_blocks,)](
+    grid, tile_expert, tile_start, n_blocks = _tile_launch("gate_up", routing, blocks, inter,
+                                                                    hidden_states.device)
+    wrap_triton(_gate_up_kernel)[grid](
         hidden_states, gate_up_proj, h, gate_up, order, tile_expert, tile_start, offsets,
         num_experts, top_k_index.shape[1], inter, hidden, n_blocks, *hidden_states.stride(), *gate_up_proj.stride(),
         h.stride(0), gate_up.stride(0), STORE_PREACT=save_for_backward,
         **_weight_operand("gate_up", gate_up_proj, (gate_up_proj.stride(0), gate_up_proj.stride(2),
                                                     gate_up_proj.stride(1))),
-        **blocks, **_dot(hidden_states.dtype),
+        **blocks, **_dot(hidden_states.dtype)
     )
     # h @ down_proj[e].T: down_proj[e] is [H, I], read as the [I, H] B operand through its strides
     weights = top_k_weights.reshape(-1)
@@ -293,13 +316,12 @@ def _grad_act(grad: Tensor, down_proj: Tensor, gate_up: Tensor, h: Tensor, weigh
     0.442 ms of kernel against 0.220 + 0.075, and 2.883 against 1.788 + 0.349."""
     (pairs, inter2), (num_experts, hidden, inter) = gate_up.shape, down_proj.shape
     cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden, grad.dtype)
-    tile_expert, tile_start, tiles = routing.tiles(cfg["BLOCK_M"])
-    n_blocks = cdiv(inter, cfg["BLOCK_N"])
+    grid, tile_expert, tile_start, n_blocks = _tile_launch("grad_act", routing, cfg, inter, grad.device)
     d = gate_up.new_empty((pairs, inter))
-    wrap_triton(_gathered_gemm_kernel)[(tiles * n_blocks,)](
+    wrap_triton(_gathered_gemm_kernel)[grid](
         grad, down_proj, d, routing.order, tile_expert, tile_start, routing.offsets, num_experts, top_k, inter,
         hidden, n_blocks, *grad.stride(), *down_proj.stride(), d.stride(0),
-        **_weight_operand("grad_act", down_proj, down_proj.stride()), **cfg, **_dot(grad.dtype),
+        **_weight_operand("grad_act", down_proj, down_proj.stride()), **cfg, **_dot(grad.dtype)
     )
     d_gate_up = gate_up.new_empty((pairs, inter2))
     d_weights = torch.empty(pairs, dtype=torch.float32, device=grad.device)

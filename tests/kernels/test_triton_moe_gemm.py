@@ -117,11 +117,35 @@ def test_operands_by_tma_and_by_pointers(layout, monkeypatch):
     assert len(taken) >= 6 and all(taken) == any(taken) == (not unaligned)
 
 
+def test_programs_that_loop_over_the_tiles(small_blocks, monkeypatch):
+    """Each GEMM kernel launched as fewer programs than its (M tile, N tile) items, every program looping over
+    several: the reference's numbers."""
+    from twinkle_triton import moe_gemm
+
+    for name in ("gate_up", "down", "grad_act", "grad_input"):
+        monkeypatch.setitem(moe_gemm.CONFIGS, name, {**moe_gemm.CONFIGS[name], "PROGRAMS_PER_SM": 1})
+    launches, launch = [], moe_gemm._tile_launch
+
+    def recording(name, routing, blocks, n, device):
+        grid, tile_expert, tile_start, n_blocks = launch(name, routing, blocks, n, device)
+        launches.append((name, grid[0], int(tile_start[-1]) * n_blocks))
+        return grid, tile_expert, tile_start, n_blocks
+
+    monkeypatch.setattr(moe_gemm, "_tile_launch", recording)
+    # a third of the items' programs, on the GPU too (where the grid's bound is the SMs, more than these items)
+    monkeypatch.setattr(moe_gemm, "persistent_programs", lambda items, device, per_sm: max(1, items // 3))
+    x, gate_up, down, index, weights = _inputs(torch.bfloat16, 3)
+    _check(x, gate_up, down, index, weights, torch.bfloat16, "moe_swiglu_experts, looping programs")
+    assert {name for name, *_ in launches} == {"gate_up", "down", "grad_act", "grad_input"}
+    assert all(2 * programs < items for _, programs, items in launches), launches
+
+
 @pytest.mark.parametrize("experts", [5, 300])  # one-byte sort keys; two
 @pytest.mark.parametrize("block_m", [16, 64])
 def test_routing_and_tile_tables(experts, block_m):
     """The pairs sorted by expert as torch.sort of the int64 indices sorts them (stable), each expert's offset, and
-    the tile tables: every tile of every expert once, in order, E past the last; experts without rows take none."""
+    the tile tables: every tile of every expert once, in order, E past the last; experts without rows take none; the
+    last entry of tile_start counts the tiles."""
     from twinkle_triton import moe_gemm
 
     top_k, tokens = 3, 101
@@ -138,7 +162,7 @@ def test_routing_and_tile_tables(experts, block_m):
     want = torch.repeat_interleave(torch.arange(experts), per_expert)
     assert tiles >= want.numel() and tile_expert.dtype == tile_start.dtype == torch.int32
     assert torch.equal(tile_expert[:want.numel()].long(), want) and (tile_expert[want.numel():] == experts).all()
-    assert torch.equal(tile_start.long(), per_expert.cumsum(0) - per_expert)
+    assert torch.equal(tile_start.long(), torch.cat([per_expert.new_zeros(1), per_expert.cumsum(0)]))
 
 
 def test_top_1_and_a_routing_weight_dtype_of_its_own():

@@ -8,8 +8,9 @@ tokens, both weights and the routing weights), in bf16 with ``triton.testing.do_
 softmax router's top-k over random logits (about balanced). TFLOP/s counts the GEMMs' multiply-adds
 (forward 6 * T * k * H * I, forward + backward 3x that).
 
-``--block-m``, ``--block-n``, ``--block-k``, ``--warps``, ``--stages`` and ``--tma`` (0 or 1: operands loaded by
-TMA where they allow it) sweep the launch configuration (``twinkle_triton.moe_gemm.CONFIGS``) of the kernels
+``--block-m``, ``--block-n``, ``--block-k``, ``--warps``, ``--stages``, ``--tma`` (0 or 1: operands loaded by
+TMA where they allow it) and ``--programs-per-sm`` (0: a program a tile; N: N programs an SM that loop over the
+tiles) sweep the launch configuration (``twinkle_triton.moe_gemm.CONFIGS``) of the kernels
 ``--kernels`` names (default all five: ``gate_up`` and ``down`` run in the forward, ``grad_act``, ``grad_input``
 and ``weight_grad`` in the backward; for ``weight_grad`` BLOCK_M x BLOCK_N is the weight tile and BLOCK_K the rows
 a step); the others keep their configuration. A configuration the GPU cannot run (shared memory) is reported

@@ -165,11 +165,11 @@ def use_builtin_kernels(
             implementation with the gate as one kernel. By default (None) Qwen3-MoE, DeepSeek-V3 and ERNIE
             4.5-MoE get the fused kernels, the families where they measured faster both eagerly and compiled: on one
             H200 (bf16, 4096 tokens, forward + backward, against transformers' ``grouped_mm`` experts, eager and
-            compiled by Inductor) 1.49x and 1.14x at Qwen3-30B-A3B's layer (128 experts, top-8, intermediate 768),
-            1.32x and 1.07x at ERNIE-4.5-21B-A3B's (64, top-6, 1536), 1.37x and 1.07x at Moonlight-16B-A3B's
-            (DeepSeek-V3; 64, top-6, 1408); their training slices 1.18x, 1.08x and 1.09x torch.compile with CUDA
+            compiled by Inductor) 1.55x and 1.16x at Qwen3-30B-A3B's layer (128 experts, top-8, intermediate 768),
+            1.32x and 1.05x at ERNIE-4.5-21B-A3B's (64, top-6, 1536), 1.36x and 1.07x at Moonlight-16B-A3B's
+            (DeepSeek-V3; 64, top-6, 1408); their training slices 1.19x, 1.08x and 1.09x torch.compile with CUDA
             graphs. Mixtral keeps ``"SwiGLUExperts"``: at Mixtral-8x7B's layer (8 experts, top-2, 14336) the fused
-            kernels ran 0.98x eager and 0.91x compiled (CUTLASS's grouped GEMM in ``torch._grouped_mm`` runs its
+            kernels ran 1.01x eager and 0.93x compiled (CUTLASS's grouped GEMM in ``torch._grouped_mm`` runs its
             large GEMMs faster; ``docs/performance.md``, "MoE layers"). True binds every SiLU-gated family to
             the fused kernels, False none. GPT-OSS's clamped experts keep ``"ClampedSwiGLUExperts"`` either way.
 

@@ -10,11 +10,13 @@ tokens (the weight gradients, by default, from copies: :data:`WEIGHT_GRAD`):
   one-byte keys where E allows, once in the forward, whose order the backward reuses: :class:`_Routing`);
   ``order[r]`` is the pair of sorted row r. Each expert's rows are cut into M tiles of ``BLOCK_M``, and
   tables built on the device by one kernel (``_expert_tiles_kernel``, once per pass and tile height:
-  :meth:`_Routing.tiles`) say which expert and rows a tile has. The grid is fixed from shapes alone,
-  ``min(S, (S + E * (BLOCK_M - 1)) // BLOCK_M)`` tiles (each expert adds at most one partial tile;
-  each tile holds a row), times the N tiles; programs past the last tile return at once. Nothing
-  reads a count on the host: no sync in forward or backward, so the ops run inside CUDA graphs and
-  torch.compile. Programs of one M tile are adjacent, so its gathered A rows are reused from L2.
+  :meth:`_Routing.tiles`) say which expert and rows a tile has, and how many tiles there are. The
+  grid is fixed from shapes alone: a program for each (M tile, N tile) item of a bound on the M tiles,
+  ``min(S, (S + E * (BLOCK_M - 1)) // BLOCK_M)`` (each expert adds at most one partial tile; each tile
+  holds a row), or one program an SM (``PROGRAMS_PER_SM`` in :data:`CONFIGS`); each program loops over
+  the items it is dealt up to the count the tables hold. Nothing reads a count on the host: no sync in
+  forward or backward, so the ops run inside CUDA graphs and torch.compile. Items of one M tile are
+  adjacent, and so run at once on neighbouring programs: its gathered A rows are reused from L2.
 - **gate/up** (``_gate_up_kernel``): the A operand's load reads ``x[order[r] // k]`` (the gather is
   in the load), both halves of ``gate_up_proj[e]`` are B operands of one K loop, and the epilogue
   writes ``h = silu(gate) * up`` ``[S, I]`` in sorted order, plus, when a gradient will be asked for,

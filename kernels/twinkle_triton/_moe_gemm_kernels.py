@@ -278,12 +278,11 @@ def _gather_token_rows_kernel(
 
 
 @triton.jit
-def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_experts, tiles,
+def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_experts,
                          BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr):
     """The tile tables of M tiles of BLOCK_M sorted rows: program e <= E writes ``tile_start[e]``, the tiles of the
-    experts before it (``tile_start[E]`` all of them), and ``tile_expert[t] = e`` for its own tiles; program E writes
-    ``tile_expert[t] = E`` for the tiles past the last expert's (``t < tiles``, the bound the tables are sized by).
-    Every program sums the experts' tile counts itself."""
+    experts before it (``tile_start[E]`` all of them, the GEMM kernels' loop bound), and program e < E writes
+    ``tile_expert[t] = e`` for its own tiles. Every program sums the experts' tile counts itself."""
     e = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
     known = experts < num_experts
@@ -291,7 +290,7 @@ def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_exper
                                                                                 other=0)
     per_expert = ((counts + BLOCK_M - 1) // BLOCK_M).to(tl.int32)
     start = tl.sum(tl.where(experts < e, per_expert, 0), axis=0)
-    end = tl.where(e < num_experts, start + tl.sum(tl.where(experts == e, per_expert, 0), axis=0), tiles)
+    end = start + tl.sum(tl.where(experts == e, per_expert, 0), axis=0)  # program E: no tiles of its own
     tl.store(tile_start_ptr + e, start)
     lanes = tl.arange(0, BLOCK_T)
     for t0 in range(start, end, BLOCK_T):

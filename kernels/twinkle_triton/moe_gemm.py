@@ -171,16 +171,16 @@ class _Routing:
 
     def tiles(self, block_m: int) -> tuple[Tensor, Tensor, int]:
         """(tile_expert, tile_start, tiles) for M tiles of ``block_m`` sorted rows (``_expert_tiles_kernel``):
-        ``tile_expert[t]`` the expert of tile t (E past the last tile), ``tile_start[e]`` the expert's first tile
-        and ``tile_start[E]`` the number of tiles, ``tiles`` a bound on it from shapes alone (each expert adds at
-        most one partial tile, and each tile holds a row)."""
+        ``tile_expert[t]`` the expert of tile t (unwritten past the last tile), ``tile_start[e]`` the expert's first
+        tile and ``tile_start[E]`` the number of tiles, ``tiles`` a bound on it from shapes alone (each expert adds
+        at most one partial tile, and each tile holds a row), which sizes ``tile_expert`` and the grids."""
         if block_m not in self._tables:
             num_experts, pairs = self.offsets.shape[0] - 1, self.order.shape[0]
             tiles = min(pairs, (pairs + num_experts * (block_m - 1)) // block_m)
             tile_expert = torch.empty(tiles, dtype=torch.int32, device=self.offsets.device)
             tile_start = torch.empty(num_experts + 1, dtype=torch.int32, device=self.offsets.device)
             wrap_triton(_expert_tiles_kernel)[(num_experts + 1,)](
-                self.offsets, tile_expert, tile_start, num_experts, tiles, BLOCK_M=block_m,
+                self.offsets, tile_expert, tile_start, num_experts, BLOCK_M=block_m,
                 BLOCK_E=next_power_of_2(num_experts), BLOCK_T=loop_block(tiles, 256), num_warps=4,
             )
             self._tables[block_m] = tile_expert, tile_start, tiles

@@ -212,7 +212,7 @@ def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, i
         a, weight, scale if scale is not None else a, rows, routing.order, tile_expert, tile_start, routing.offsets,
         num_experts, a.shape[0], n, k, n_blocks, a.stride(0), a.stride(1), *strides, n,
         HAS_SCALE=scale is not None, A_TMA=_tma_takes(name, a) and a.stride(1) == 1,
-        **_weight_operand(name, weight, strides), **blocks, **_dot(a.dtype)
+        **_weight_operand(name, weight, strides), **blocks, **_dot(a.dtype),
     )
     return rows[:, 0] if top_k == 1 else rows.sum(1)
 
@@ -242,15 +242,14 @@ def _forward(hidden_states: Tensor, gate_up_proj: Tensor, down_proj: Tensor, top
     if pairs == 0:
         return hidden_states.new_zeros((tokens, hidden)), gate_up, h, order, offsets
     blocks = _blocks("gate_up", cdiv(pairs, num_experts), inter, hidden, hidden_states.dtype)
-    grid, tile_expert, tile_start, n_blocks = _tile_launch("gate_up", routing, blocks, inter,
-                                                                    hidden_states.device)
+    grid, tile_expert, tile_start, n_blocks = _tile_launch("gate_up", routing, blocks, inter, hidden_states.device)
     wrap_triton(_gate_up_kernel)[grid](
         hidden_states, gate_up_proj, h, gate_up, order, tile_expert, tile_start, offsets,
         num_experts, top_k_index.shape[1], inter, hidden, n_blocks, *hidden_states.stride(), *gate_up_proj.stride(),
         h.stride(0), gate_up.stride(0), STORE_PREACT=save_for_backward,
         **_weight_operand("gate_up", gate_up_proj, (gate_up_proj.stride(0), gate_up_proj.stride(2),
                                                     gate_up_proj.stride(1))),
-        **blocks, **_dot(hidden_states.dtype)
+        **blocks, **_dot(hidden_states.dtype),
     )
     # h @ down_proj[e].T: down_proj[e] is [H, I], read as the [I, H] B operand through its strides
     weights = top_k_weights.reshape(-1)
@@ -323,7 +322,7 @@ def _grad_act(grad: Tensor, down_proj: Tensor, gate_up: Tensor, h: Tensor, weigh
     wrap_triton(_gathered_gemm_kernel)[grid](
         grad, down_proj, d, routing.order, tile_expert, tile_start, routing.offsets, num_experts, top_k, inter,
         hidden, n_blocks, *grad.stride(), *down_proj.stride(), d.stride(0),
-        **_weight_operand("grad_act", down_proj, down_proj.stride()), **cfg, **_dot(grad.dtype)
+        **_weight_operand("grad_act", down_proj, down_proj.stride()), **cfg, **_dot(grad.dtype),
     )
     d_gate_up = gate_up.new_empty((pairs, inter2))
     d_weights = torch.empty(pairs, dtype=torch.float32, device=grad.device)

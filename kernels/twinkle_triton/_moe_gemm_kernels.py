@@ -213,44 +213,59 @@ def _rows_to_pairs_kernel(
 
 
 @triton.jit
+def _row_blocks(a_ptr, b_ptr, r0, end, sar, sbr, ms, ns, M, N, BLOCK_K: tl.constexpr):
+    """Rows ``r0 .. r0 + BLOCK_K`` of ``a`` (columns ``ms``) and ``b`` (columns ``ns``) through pointers, zeros
+    at and past row ``end`` and past the last columns: [BLOCK_K, BLOCK_M] and [BLOCK_K, BLOCK_N]."""
+    rows = (r0 + tl.arange(0, BLOCK_K)).to(tl.int64)
+    r_mask = rows < end
+    a = tl.load(a_ptr + rows[:, None] * sar + ms[None, :], mask=r_mask[:, None] & (ms < M)[None, :], other=0.0)
+    b = tl.load(b_ptr + rows[:, None] * sbr + ns[None, :], mask=r_mask[:, None] & (ns < N)[None, :], other=0.0)
+    return a, b
+
+
+@triton.jit
 def _weight_grad_kernel(
-    a_ptr, b_ptr, scale_ptr, out_ptr, order_ptr, offsets_ptr, top_k, M, N, n_blocks,
-    sar, sam, sbr, sbn, soe, som, son,
-    A_GATHER: tl.constexpr, B_GATHER: tl.constexpr, HAS_SCALE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr, b_ptr, out_ptr, offsets_ptr, num_experts, num_rows, M, N, m_blocks, n_blocks, sar, sbr, soe, som,
+    TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
-    """``out[e, m, n] = sum_r a[ra, m] * scale[p] * b[rb, n]`` over the sorted rows r of expert e
-    (program axis 1), p = order[r] its pair; ``ra``/``rb`` is r, or its token (p // top_k) where
-    A_GATHER / B_GATHER. One program sums all of the expert's rows: every weight element is
-    written once, from one fp32 accumulator (an expert without rows gets zeros)."""
-    pid = tl.program_id(0)
-    expert = tl.program_id(1)
-    pid_m, pid_n = pid // n_blocks, pid % n_blocks
-    first = tl.load(offsets_ptr + expert)
-    end = tl.load(offsets_ptr + expert + 1)
-    ms = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask, n_mask = ms < M, ns < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for r0 in range(first, end, BLOCK_K):
-        rows = (r0 + tl.arange(0, BLOCK_K)).to(tl.int64)
-        r_mask = rows < end
-        pair = tl.load(order_ptr + rows, mask=r_mask, other=0)
-        ra = rows
-        rb = rows
-        if A_GATHER:
-            ra = pair // top_k
-        if B_GATHER:
-            rb = pair // top_k
-        a = tl.load(a_ptr + ra[None, :] * sar + ms[:, None] * sam, mask=m_mask[:, None] & r_mask[None, :], other=0.0)
-        if HAS_SCALE:
-            scale = tl.load(scale_ptr + pair, mask=r_mask, other=0.0).to(tl.float32)
-            a = (a.to(tl.float32) * scale[None, :]).to(a_ptr.dtype.element_ty)
-        b = tl.load(b_ptr + rb[:, None] * sbr + ns[None, :] * sbn, mask=r_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = _mma(acc, a, b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-    tl.store(out_ptr + expert.to(tl.int64) * soe + ms[:, None] * som + ns[None, :] * son,
-             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    """``out[e] = a[r]^T @ b[r]`` over the sorted rows r of expert e (``offsets[e]`` to ``offsets[e + 1]``): ``a``
+    [num_rows, M] and ``b`` [num_rows, N] with unit column strides, ``out`` [E, M, N] with a unit column stride.
+    Work items are (expert, M tile, N tile), item i of expert ``i // (m_blocks * n_blocks)``, program p taking
+    items p, p + P, ...: a tile's whole reduction, all of its expert's rows, in one fp32 accumulator, so every
+    weight element is written once (no atomics, no partial sums; an expert without rows gets zeros).
+    TMA: the blocks of rows that lie wholly in the expert come by TMA through one descriptor per operand; the
+    last, partial block (whose rows past the expert's are the next expert's) through masked pointers."""
+    if TMA:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[num_rows, M], strides=[sar, 1],
+                                           block_shape=[BLOCK_K, BLOCK_M])
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[num_rows, N], strides=[sbr, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+    per_expert = m_blocks * n_blocks
+    for item in tl.range(tl.program_id(0), num_experts * per_expert, tl.num_programs(0)):
+        expert = item // per_expert
+        pid_m = item % per_expert // n_blocks
+        pid_n = item % n_blocks
+        first = tl.load(offsets_ptr + expert).to(tl.int32)
+        end = tl.load(offsets_ptr + expert + 1).to(tl.int32)
+        m0, n0 = pid_m * BLOCK_M, pid_n * BLOCK_N
+        ms = m0 + tl.arange(0, BLOCK_M)
+        ns = n0 + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        if TMA:
+            whole = first + (end - first) // BLOCK_K * BLOCK_K
+            for r0 in range(first, whole, BLOCK_K):
+                acc = _mma(acc, tl.trans(a_desc.load([r0, m0])), b_desc.load([r0, n0]), DOT_PRECISION, DOT_UPCAST,
+                           ACC_IN_DOT)
+            if whole < end:
+                a, b = _row_blocks(a_ptr, b_ptr, whole, end, sar, sbr, ms, ns, M, N, BLOCK_K)
+                acc = _mma(acc, tl.trans(a), b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        else:
+            for r0 in range(first, end, BLOCK_K):
+                a, b = _row_blocks(a_ptr, b_ptr, r0, end, sar, sbr, ms, ns, M, N, BLOCK_K)
+                acc = _mma(acc, tl.trans(a), b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        tl.store(out_ptr + expert.to(tl.int64) * soe + ms[:, None].to(tl.int64) * som + ns[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=(ms < M)[:, None] & (ns < N)[None, :])
 
 
 @triton.jit

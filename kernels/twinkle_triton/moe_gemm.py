@@ -98,7 +98,8 @@ CONFIGS = {
     "grad_act": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False,
                  "PROGRAMS_PER_SM": 1},
     "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
-    "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 5},
+    "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
+                    "PROGRAMS_PER_SM": 1},
 }
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # How the backward computes the experts' weight gradients: "grouped_mm", ``torch._grouped_mm`` (CUTLASS's grouped GEMM
@@ -296,12 +297,10 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
     grad_x = _rows_to_pairs(d_gate_up, gate_up_proj, hidden, gate_up_proj.stride(), None, top_k_index, routing,
                             "grad_input")
     # per expert: d_gate_up^T @ x[tokens] -> [2I, H];  (w * grad[tokens])^T @ h -> [H, I]
-    if WEIGHT_GRAD == "grouped_mm" and _grouped_mm_takes(hidden_states, inter):
-        grad_gate_up_proj, grad_down_proj = _weight_grads_grouped_mm(d_gate_up, hidden_states, grad, h, weights,
-                                                                     routing, top_k)
-    else:
-        grad_gate_up_proj, grad_down_proj = _weight_grads_triton(
-            d_gate_up, hidden_states, grad, h, weights, routing, top_k, gate_up_proj.shape, down_proj.shape)
+    x_rows, scaled = _gather_token_rows(hidden_states, grad, weights, order, top_k)
+    weight_grads = _weight_grads_grouped_mm if WEIGHT_GRAD == "grouped_mm" and _grouped_mm_takes(
+        hidden_states, inter) else _weight_grads_triton
+    grad_gate_up_proj, grad_down_proj = weight_grads(d_gate_up, x_rows, scaled, h, offsets)
     return grad_x, grad_gate_up_proj, grad_down_proj, grad_weights
 
 
@@ -334,25 +333,28 @@ def _grad_act(grad: Tensor, down_proj: Tensor, gate_up: Tensor, h: Tensor, weigh
     return d_gate_up, d_weights
 
 
-def _weight_grads_triton(d_gate_up: Tensor, hidden_states: Tensor, grad: Tensor, h: Tensor, weights: Tensor,
-                         routing: _Routing, top_k: int, gate_up_shape: torch.Size,
-                         down_shape: torch.Size) -> tuple[Tensor, Tensor]:
-    """The weight gradients by ``_weight_grad_kernel``: one program per (expert, weight tile), the rows gathered."""
-    order, offsets, dtype = routing.order, routing.offsets, hidden_states.dtype
-    num_experts, pairs = offsets.shape[0] - 1, order.shape[0]
-    grad_gate_up_proj = torch.empty(gate_up_shape, dtype=dtype, device=grad.device)
-    grad_down_proj = torch.empty(down_shape, dtype=dtype, device=grad.device)
-    for out, a, b, a_gather, scale in ((grad_gate_up_proj, d_gate_up, hidden_states, False, None),
-                                       (grad_down_proj, grad, h, True, weights)):
-        m, n = out.shape[1], out.shape[2]
-        cfg = _blocks("weight_grad", m, n, cdiv(pairs, num_experts), dtype)
-        n_blocks = cdiv(n, cfg["BLOCK_N"])
-        wrap_triton(_weight_grad_kernel)[(cdiv(m, cfg["BLOCK_M"]) * n_blocks, num_experts)](
-            a, b, scale if scale is not None else a, out, order, offsets, top_k, m, n, n_blocks,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), *out.stride(),
-            A_GATHER=a_gather, B_GATHER=not a_gather, HAS_SCALE=scale is not None, **cfg, **_dot(dtype),
-        )
-    return grad_gate_up_proj, grad_down_proj
+def _weight_grads_triton(d_gate_up: Tensor, x_rows: Tensor, scaled: Tensor, h: Tensor,
+                         offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """The weight gradients by ``_weight_grad_kernel``, each expert's rows of the sorted operands reduced by the
+    tiles of its own weight: ``d_gate_up^T @ x_rows`` ``[E, 2I, H]`` and ``scaled^T @ h`` ``[E, H, I]``."""
+    return _expert_weight_grad(d_gate_up, x_rows, offsets), _expert_weight_grad(scaled, h, offsets)
+
+
+def _expert_weight_grad(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
+    """``out[e] = a[r]^T @ b[r]`` over expert e's sorted rows r (``offsets[e]`` to ``offsets[e + 1]``)."""
+    a, b = (t if t.stride(1) == 1 else t.contiguous() for t in (a, b))
+    num_experts, (num_rows, m), n = offsets.shape[0] - 1, a.shape, b.shape[1]
+    out = a.new_empty((num_experts, m, n))
+    cfg = _blocks("weight_grad", m, n, cdiv(num_rows, num_experts), a.dtype)
+    m_blocks, n_blocks = cdiv(m, cfg["BLOCK_M"]), cdiv(n, cfg["BLOCK_N"])
+    items, per_sm = num_experts * m_blocks * n_blocks, CONFIGS["weight_grad"].get("PROGRAMS_PER_SM", 0)
+    grid = (persistent_programs(items, a.device, per_sm=per_sm) if per_sm else items,)
+    wrap_triton(_weight_grad_kernel)[grid](
+        a, b, out, offsets, num_experts, num_rows, m, n, m_blocks, n_blocks, a.stride(0), b.stride(0),
+        out.stride(0), out.stride(1), TMA=_tma_takes("weight_grad", a) and _tma_takes("weight_grad", b),
+        **cfg, **_dot(a.dtype),
+    )
+    return out
 
 
 def _grouped_mm_takes(hidden_states: Tensor, inter: int) -> bool:
@@ -368,12 +370,10 @@ def _grouped_mm_takes(hidden_states: Tensor, inter: int) -> bool:
     return device.type in ("cuda", "cpu") and hidden_states.shape[1] % 8 == 0 and inter % 8 == 0
 
 
-def _weight_grads_grouped_mm(d_gate_up: Tensor, hidden_states: Tensor, grad: Tensor, h: Tensor, weights: Tensor,
-                             routing: _Routing, top_k: int) -> tuple[Tensor, Tensor]:
-    """The weight gradients by ``torch._grouped_mm``, each expert's rows a group of the reduction: the tokens' rows
-    copied in sorted order (``grad``'s times the routing weight, in fp32, rounded once) by one kernel."""
-    order, offsets = routing.order, routing.offsets
-    x_rows, scaled = _gather_token_rows(hidden_states, grad, weights, order, top_k)
+def _weight_grads_grouped_mm(d_gate_up: Tensor, x_rows: Tensor, scaled: Tensor, h: Tensor,
+                             offsets: Tensor) -> tuple[Tensor, Tensor]:
+    """The weight gradients by ``torch._grouped_mm``, each expert's rows of the sorted operands a group of the
+    reduction."""
     return _grouped_weight_grads_op(d_gate_up, x_rows, scaled, h, offsets[1:].to(torch.int32))
 
 

@@ -140,6 +140,34 @@ def test_programs_that_loop_over_the_tiles(small_blocks, monkeypatch):
     assert all(2 * programs < items for _, programs, items in launches), launches
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_weight_gradient_tiles_reduce_their_experts_rows_only(dtype, small_blocks, monkeypatch):
+    """The weight-gradient kernel over rows in sorted order, reduced 16 rows a step: experts with no rows, fewer than
+    a step, exactly one step, one row past it and several steps and a part; rows past an expert's (the next expert's,
+    the buffer's last rows) are infinite and reach no other expert's gradient, whether a step comes by TMA (bf16 and
+    fp32 rows here are multiples of 16 bytes) or through pointers. Programs loop over several tiles each."""
+    from twinkle_triton import moe_gemm
+
+    monkeypatch.setattr(moe_gemm, "persistent_programs", lambda items, device, per_sm: max(1, items // 3))
+    monkeypatch.setitem(moe_gemm.CONFIGS, "weight_grad", {**moe_gemm.CONFIGS["weight_grad"], "PROGRAMS_PER_SM": 1})
+    counts = [0, 15, 16, 17, 37, 3]
+    offsets = torch.tensor([0, *counts]).cumsum(0)
+    a, b = torch.randn(offsets[-1] + 8, 40, dtype=dtype), torch.randn(offsets[-1] + 8, 24, dtype=dtype)
+    poisoned = [int(offsets[4]), *range(int(offsets[-1]), a.shape[0])]  # expert 4's first row; past the last
+    a[poisoned], b[poisoned] = float("inf"), float("inf")
+    for tma in (True, False):
+        monkeypatch.setitem(moe_gemm.CONFIGS, "weight_grad", {**moe_gemm.CONFIGS["weight_grad"], "TMA": tma})
+        out = moe_gemm._expert_weight_grad(a, b, offsets)
+        assert out.shape == (len(counts), 40, 24) and out.dtype == dtype
+        for e, (first, end) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+            expected = (a[first:end].double().T @ b[first:end].double()).to(dtype)
+            if e == 4:
+                assert not out[e].isfinite().all(), "the poisoned expert's own gradient"
+                continue
+            torch.testing.assert_close(out[e], expected, rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2,
+                                       msg=lambda m: f"expert {e} ({end - first} rows), TMA {tma}: {m}")
+
+
 @pytest.mark.parametrize("experts", [5, 300])  # one-byte sort keys; two
 @pytest.mark.parametrize("block_m", [16, 64])
 def test_routing_and_tile_tables(experts, block_m):
@@ -343,7 +371,7 @@ def test_the_sweep_tool_knows_the_launch_order(monkeypatch):
     x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2)
     params = [t.requires_grad_() for t in (x, gate_up, down, weights)]
     torch.autograd.grad(tt.moe_swiglu_experts(x, gate_up, down, index, weights), params, torch.randn_like(x))
-    gemms = {name for name, _ in tool.LAUNCHES}  # the tool times these, not the tables' and the derivative's
+    gemms = {name for name, _ in tool.LAUNCHES}  # the tool times these, not the tables', the derivative's, the copies'
     assert [name for name in launched if name in gemms] == [name for name, _ in tool.LAUNCHES]
-    assert set(launched) - gemms == {"_expert_tiles_kernel", "_swiglu_grad_kernel"}
+    assert set(launched) - gemms == {"_expert_tiles_kernel", "_swiglu_grad_kernel", "_gather_token_rows_kernel"}
     assert {entry for _, entry in tool.LAUNCHES} == set(moe_gemm.CONFIGS)

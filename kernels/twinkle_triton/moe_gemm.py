@@ -4,7 +4,7 @@ For T tokens each routed to ``k`` of E experts (transformers' ``*Experts`` layou
 ``[E, 2I, H]`` with gate rows first, ``down_proj`` ``[E, H, I]``), token t's output is
 ``sum_j w[t, j] * down[e_j] @ (silu(gate[e_j] @ x[t]) * (up[e_j] @ x[t]))``. Four Triton kernels
 (``_moe_gemm_kernels.py``) compute it and its gradients, the forward without a permuted copy of the
-tokens (the weight gradients, by default, from copies: :data:`WEIGHT_GRAD`):
+tokens (the weight gradients from copies in sorted order):
 
 - **schedule.** The ``S = T * k`` (token, slot) pairs are sorted by expert (``torch.sort``, stable, on
   one-byte keys where E allows, once in the forward, whose order the backward reuses: :class:`_Routing`);
@@ -36,11 +36,10 @@ tokens (the weight gradients, by default, from copies: :data:`WEIGHT_GRAD`):
   weight, the SwiGLU derivative on the saved projections: ``d gate_up`` ``[S, 2I]`` in sorted order
   (:func:`_grad_act` says why the two are apart). ``_rows_to_pairs_kernel`` then multiplies
   it by ``gate_up_proj[e]`` into the ``[T, k, H]`` buffer, summed over k like the forward: the
-  input's gradient. Each weight's gradient per expert: ``torch._grouped_mm`` over the expert's rows,
-  ``x`` and the weighted ``grad`` copied in sorted order by one kernel (:data:`WEIGHT_GRAD`), or, where that op
-  does not take the operands, ``_weight_grad_kernel``, one program per (expert, weight tile) summing
-  all the expert's rows in one fp32 accumulator (gathering ``x`` for ``gate_up_proj``, and the
-  weighted ``grad`` for ``down_proj``): no atomics, no partial sums.
+  input's gradient. Each weight's gradient per expert, over the expert's rows of ``x`` and of the weighted
+  ``grad`` copied in sorted order by one kernel: ``torch._grouped_mm`` (:data:`WEIGHT_GRAD`), or, where that op
+  does not take the operands, ``_weight_grad_kernel``, whose programs loop over (expert, weight tile) items,
+  each summing all the expert's rows in one fp32 accumulator: no atomics, no partial sums.
 
 Precision: ``tl.dot`` with fp32 accumulation (fp32 inputs in IEEE fp32, not TF32); ``h``, the saved
 projections, ``d gate_up`` and the ``[T, k, H]`` rows are rounded to the input dtype once each, as
@@ -73,8 +72,7 @@ __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 # profiled time (tools/moe_gemm_sweep.py --per-kernel, H200, bf16, 4096 tokens, every gradient checked per setting;
 # docs/performance/moe-gemm-per-kernel-h200.json), ms at Qwen3-30B-A3B's layer / Mixtral-8x7B's, the earlier
 # 64-row, 4-warp tiles -> these: down 0.296 -> 0.274 / 2.576 -> 1.713; grad_act 0.437 -> 0.417 / 3.421 -> 2.712;
-# grad_input 0.525 -> 0.404 / 6.028 -> 2.883; weight_grad 1.925 -> 1.936 / 14.167 -> 11.583 (its best at Qwen3's
-# layer, 256 columns, ran 12.86 at Mixtral's). One more pipeline stage took gate_up 0.543 -> 0.526 / 4.335 -> 4.262.
+# grad_input 0.525 -> 0.404 / 6.028 -> 2.883. One more pipeline stage took gate_up 0.543 -> 0.526 / 4.335 -> 4.262.
 # (grad_act then held the SwiGLU derivative in its epilogue; alone, its GEMM takes down's tiles: _grad_act.)
 # "TMA": whether the kernel loads its operands by TMA where they allow it (:func:`_tma_takes`): the weights' blocks,
 # and the sorted rows of down's and grad_input's A operand (the gathered token rows of gate_up and grad_act have no TMA
@@ -90,6 +88,11 @@ __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 # 1.432 -> 1.425 / 0.382 -> 0.349; grad_act 0.212 -> 0.207 / 1.726 -> 1.634 / 0.343 -> 0.343; grad_input 0.414 ->
 # 0.408 / 2.832 -> 2.889 / 0.647 -> 0.641, so it keeps a program an item. The two loops flattened into one
 # (``tl.range(flatten=True)``) spilled registers: 1.1x-7x slower.
+# "weight_grad" (tools/moe_gemm_sweep.py --per-kernel --weight-grad triton --kernels weight_grad,
+# docs/performance/moe-weight-grad-tiles-h200.json), ms at Qwen3-30B-A3B's layer / Mixtral-8x7B's: 128 x 128 tiles, 32
+# rows a step, two looping programs an SM 0.922 / 5.476; 128 x 256, 64 rows, one an SM 1.045 / 4.689; a program an
+# item 1.20 / 6.07 at the first setting. Two programs an SM overlap one's first loads and epilogue with the other's
+# products: a tile reduces only its expert's rows, about 256 at Qwen3's layer.
 CONFIGS = {
     "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
                 "PROGRAMS_PER_SM": 1},
@@ -98,17 +101,17 @@ CONFIGS = {
     "grad_act": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False,
                  "PROGRAMS_PER_SM": 1},
     "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
-    "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
-                    "PROGRAMS_PER_SM": 1},
+    "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4, "TMA": True,
+                    "PROGRAMS_PER_SM": 2},
 }
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# How the backward computes the experts' weight gradients: "grouped_mm", ``torch._grouped_mm`` (CUTLASS's grouped GEMM
-# on a GPU) over copies of the gathered rows in sorted order, which costs two ``[S, H]`` copies (one scaled by the
-# routing weights) and runs where that op takes the operands (bf16, rows a multiple of 16 bytes, Hopper or the CPU:
-# :func:`_grouped_mm_takes`); elsewhere, or as "triton", ``_weight_grad_kernel`` with the rows gathered in its
-# operand loads. ``tools/moe_gemm_sweep.py --weight-grad triton,grouped_mm`` times both: forward + backward on an
-# H200 (bf16, 4096 tokens, docs/performance/moe-weight-grad-h200.json) 3.99 -> 3.45 ms at Qwen3-30B-A3B's layer,
-# 24.57 -> 18.66 at Mixtral-8x7B's, where the gathering kernel ran the weight gradients at about 250 TFLOP/s.
+# How the backward computes the experts' weight gradients, both over the rows of ``x`` and of the routing-weighted
+# ``grad`` copied in sorted order (:func:`_gather_token_rows`): "grouped_mm", ``torch._grouped_mm`` (CUTLASS's grouped
+# GEMM on a GPU), where that op takes the operands (bf16, rows a multiple of 16 bytes, Hopper or the CPU:
+# :func:`_grouped_mm_takes`); elsewhere, or as "triton", ``_weight_grad_kernel``. ``tools/moe_gemm_sweep.py
+# --weight-grad triton,grouped_mm`` times both (H200, bf16, 4096 tokens, docs/performance/moe-weight-grad-h200.json):
+# CUTLASS's grouped GEMM takes about 0.86 ms of the op's forward + backward at Qwen3-30B-A3B's layer and 4.2 at
+# Mixtral-8x7B's, the Triton kernel 0.92 and 4.7 at its best tiles there (1.07x, 1.12x).
 WEIGHT_GRAD = "grouped_mm"
 WEIGHT_GRADS = ("triton", "grouped_mm")
 

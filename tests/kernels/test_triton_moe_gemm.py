@@ -49,8 +49,8 @@ def test_matches_reference(top_k, dtype):
 @pytest.mark.parametrize("weight_grad", ["grouped_mm", "triton"])
 @pytest.mark.parametrize("top_k", [1, 3])
 def test_weight_gradients_either_way(top_k, weight_grad, monkeypatch):
-    """The weight gradients by torch._grouped_mm over the rows copied in sorted order and by the Triton kernel that
-    gathers them (an expert with no rows among the groups): every gradient as the reference's, and the path taken."""
+    """The weight gradients over the rows copied in sorted order, by torch._grouped_mm and by the Triton kernel (an
+    expert with no rows among the groups): every gradient as the reference's, and the path taken."""
     from twinkle_triton import moe_gemm
 
     calls = []
@@ -67,7 +67,7 @@ def test_weight_gradients_either_way(top_k, weight_grad, monkeypatch):
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 def test_rows_gathered_for_the_weight_gradients_are_torchs_bits(weight_dtype):
-    """The grouped_mm path's operands, gathered and scaled by one kernel: the bits of torch's index_select and fp32
+    """The weight gradients' operands, gathered and scaled by one kernel: the bits of torch's index_select and fp32
     product rounded once (on a GPU; the interpreter rounds to bf16 by truncation: within one bf16 step there),
     from strided tokens and gradients, routing weights in either dtype."""
     from twinkle_triton import _launch, moe_gemm

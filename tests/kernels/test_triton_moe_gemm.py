@@ -147,6 +147,7 @@ def test_weight_gradient_tiles_reduce_their_experts_rows_only(dtype, small_block
     the buffer's last rows) are infinite and reach no other expert's gradient, whether a step comes by TMA (bf16 and
     fp32 rows here are multiples of 16 bytes) or through pointers. Programs loop over several tiles each."""
     from twinkle_triton import moe_gemm
+    from twinkle_triton._launch import run_with_scratch
 
     monkeypatch.setattr(moe_gemm, "persistent_programs", lambda items, device, per_sm: max(1, items // 3))
     monkeypatch.setitem(moe_gemm.CONFIGS, "weight_grad", {**moe_gemm.CONFIGS["weight_grad"], "PROGRAMS_PER_SM": 1})
@@ -157,7 +158,7 @@ def test_weight_gradient_tiles_reduce_their_experts_rows_only(dtype, small_block
     a[poisoned], b[poisoned] = float("inf"), float("inf")
     for tma in (True, False):
         monkeypatch.setitem(moe_gemm.CONFIGS, "weight_grad", {**moe_gemm.CONFIGS["weight_grad"], "TMA": tma})
-        out = moe_gemm._expert_weight_grad(a, b, offsets)
+        out = run_with_scratch(a.device, moe_gemm._expert_weight_grad, a, b, offsets)  # a TMA descriptor's memory
         assert out.shape == (len(counts), 40, 24) and out.dtype == dtype
         for e, (first, end) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
             expected = (a[first:end].double().T @ b[first:end].double()).to(dtype)

@@ -425,6 +425,41 @@ def test_capture_cuda_graph_survives_another_threads_calls_and_leaves_a_failed_c
     torch.testing.assert_close(torch.rand(4, device="cuda"), first)
 
 
+@pytest.mark.gpu
+def test_capture_cuda_graph_is_not_spoiled_by_a_collection_that_frees_an_earlier_graph():
+    """An earlier graph held only by a reference cycle that becomes garbage while another graph records: the
+    collector does not run until the capture ends (a graph freed during it spoils it), then frees it."""
+    import gc
+    import weakref
+
+    x = torch.randn(1024, device="cuda")
+    old = torch.cuda.CUDAGraph()
+    with ti.capture_cuda_graph(old):
+        x.mul_(1.0)
+    cycle = [old]
+    cycle.append(cycle)
+    freed = weakref.finalize(cycle[0], lambda: None)
+    del old
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)  # any allocation would start a collection
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with ti.capture_cuda_graph(graph):
+            y = x * 2
+            del cycle
+            garbage = [[] for _ in range(1000)]
+            y += 1
+        assert freed.alive and gc.isenabled()
+        del garbage
+        gc.collect()
+        assert not freed.alive
+    finally:
+        gc.set_threshold(*threshold)
+    x.fill_(3.0)
+    graph.replay()
+    torch.testing.assert_close(y, torch.full_like(x, 7.0))
+
+
 def test_fake_tensor_errors_inside_the_quiet_block_go_to_debug_in_that_thread_only():
     import threading
 

@@ -13,6 +13,7 @@ Reading Dynamo's graph metadata (``node.meta``) is compile-only and lives in
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import sys
 import threading
@@ -555,13 +556,20 @@ def capture_cuda_graph(graph: torch.cuda.CUDAGraph, pool: Any = None,
     or draws from the graph's offsets. On a failure the ambient stream is restored and the generator gets back a
     copy of its state from before the capture (the failed graph is never replayed, so the offsets it reserved are
     not needed).
+
+    Python's cyclic garbage collector does not run during the capture (torch's ``graph.__enter__`` collects just
+    before it begins). A collection there can free an earlier graph left in a reference cycle (a dropped decode
+    step's, a replaced cache's), and a graph's destructor (``CUDAGraph::reset``) is a call CUDA refuses in the
+    capturing thread: the capture is spoiled ("operation not permitted when stream is capturing").
     """
     generator = torch.cuda.default_generators[torch.cuda.current_device()]
     # graph-safe generator states (torch >= 2.5): a copy taken outside any capture
     saved = generator.clone_state() if hasattr(generator, "clone_state") else None
     capture = torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local")
+    collecting = gc.isenabled()
     try:
         with capture:
+            gc.disable()
             yield
     except BaseException:
         if torch.cuda.current_stream() == capture.capture_stream:  # capture_end raised before the stream's exit
@@ -569,3 +577,6 @@ def capture_cuda_graph(graph: torch.cuda.CUDAGraph, pool: Any = None,
         if saved is not None:
             generator.graphsafe_set_state(saved)
         raise
+    finally:
+        if collecting:
+            gc.enable()

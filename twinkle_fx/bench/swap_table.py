@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from ..core.outputs import output_dir
+from ..core.torch_internals import capture_cuda_graph
 
 __all__ = ["measure_swap_table"]
 
@@ -36,7 +37,7 @@ def _graph_us(fn: Callable[[], object], replays: int = 7) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture_cuda_graph(graph):
         for _ in range(REPS):
             fn()
     graph.replay()

@@ -134,7 +134,7 @@ class GraphSet:
             # collector after a failed capture into it, crashed the process.)
             pool = torch.cuda.graph_pool_handle()
             anchor = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(anchor, pool=pool):
+            with capture_cuda_graph(anchor, pool):
                 torch.zeros(1, device=self.device)
             self._anchor, self.pool = anchor, pool
         return self.pool

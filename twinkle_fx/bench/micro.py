@@ -263,6 +263,31 @@ def _moe_experts(shape: tuple[int, int, int, int],
     return make
 
 
+def _causal_sdpa(query, key, value, attn_mask):
+    """What a compiled training step runs for causal attention: ``scaled_dot_product_attention`` with
+    ``is_causal=True`` over transformers' ``repeat_kv`` K and V (cuDNN's flash kernels on a Hopper GPU), whatever
+    ``attn_mask`` (the same causal mask as a tensor, which ``gqa_attention`` reads)."""
+    from twinkle_triton.gqa_attention import repeat_kv
+
+    group = query.shape[1] // key.shape[1]
+    return torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, group), repeat_kv(value, group),
+                                                            is_causal=True)
+
+
+def _causal_attention(shape: tuple[int, int, int, int, int],
+                      name: str) -> Callable[[bool, torch.device, torch.dtype], CaseInputs]:
+    """Causal grouped-query attention of a training step: (batch, query heads, KV heads, length, head dim)."""
+    def make(tiny: bool, device, dtype) -> CaseInputs:
+        b, hq, hkv, n, d = (1, 4, 2, 48, 16) if tiny else shape
+        q = _randn(b, hq, n, d, device=device, dtype=dtype)
+        k, v = _randn(b, hkv, n, d, device=device, dtype=dtype), _randn(b, hkv, n, d, device=device, dtype=dtype)
+        mask = torch.ones(n, n, dtype=torch.bool, device=device).tril()[None, None]
+        flops = 2 * b * hq * n * n * d  # QK^T and PV over the causal half
+        return CaseInputs(f"{name}: q {b} x {hq} x {n} x {d}, k, v {hkv} heads, causal", (q, k, v, mask),
+                          flops_fwd=flops, flops_bwd=5 * flops // 2, baseline=_causal_sdpa)
+    return make
+
+
 MICRO_CASES: tuple[MicroCase, ...] = (
     MicroCase("silu_and_mul", _silu_and_mul, liger="liger_swiglu"),
     MicroCase("silu_mul", _silu_mul, liger="liger_swiglu"),
@@ -291,6 +316,11 @@ MICRO_CASES: tuple[MicroCase, ...] = (
               name="moe_swiglu_experts ernie4_5_moe"),
     MicroCase("moe_swiglu_experts", _moe_experts((64, 6, 2048, 1408), "Moonlight-16B-A3B (DeepSeek-V3) layer"),
               name="moe_swiglu_experts deepseek_v3"),
+    # the training matrix's attention at 4 x 1024 tokens, against SDPA with is_causal (cuDNN on Hopper)
+    MicroCase("gqa_attention", _causal_attention((4, 32, 8, 1024, 64), "Llama-3.2-1B"),
+              name="gqa_attention llama1b"),
+    MicroCase("gqa_attention", _causal_attention((4, 24, 8, 1024, 128), "Llama-3.2-3B"),
+              name="gqa_attention llama3b"),
 )
 
 PHASES = ("fwd", "fwd+bwd")

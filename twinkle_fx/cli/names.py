@@ -52,9 +52,10 @@ MICRO_IMPLS = ("eager", "inductor", "twinkle", "liger", "cce")
 # the ops of twinkle_fx.bench.micro.MICRO_CASES (an op with several cases, once)
 MICRO_OPS = ("silu_and_mul", "silu_mul", "rms_norm", "add_rms_norm", "apply_rotary_pos_emb", "add_gelu", "mul_add",
              "fused_linear_cross_entropy", "gelu_mul", "rms_norm_fp32", "layer_norm", "apply_rotary_pos_emb_partial",
-             "apply_rotary_pos_emb_deinterleave", "clamped_swiglu", "moe_swiglu_experts")
+             "apply_rotary_pos_emb_deinterleave", "clamped_swiglu", "moe_swiglu_experts", "gqa_attention")
 # the cases of twinkle_fx.bench.micro.MICRO_CASES named apart from their op (one shape of an op with several)
 MICRO_CASE_NAMES = ("add_rms_norm llama1b", "add_rms_norm llama3b", "moe_swiglu_experts qwen3_moe",
-                    "moe_swiglu_experts mixtral", "moe_swiglu_experts ernie4_5_moe", "moe_swiglu_experts deepseek_v3")
+                    "moe_swiglu_experts mixtral", "moe_swiglu_experts ernie4_5_moe", "moe_swiglu_experts deepseek_v3",
+                    "gqa_attention llama1b", "gqa_attention llama3b")
 # twinkle_fx.checklist.checklist._DTYPE_NAMES (bench --dtype takes the same)
 DTYPES = ("fp32", "bf16", "fp16")

@@ -109,9 +109,9 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # ``grad`` copied in sorted order (:func:`_gather_token_rows`): "grouped_mm", ``torch._grouped_mm`` (CUTLASS's grouped
 # GEMM on a GPU), where that op takes the operands (bf16, rows a multiple of 16 bytes, Hopper or the CPU:
 # :func:`_grouped_mm_takes`); elsewhere, or as "triton", ``_weight_grad_kernel``. ``tools/moe_gemm_sweep.py
-# --weight-grad triton,grouped_mm`` times both (H200, bf16, 4096 tokens, docs/performance/moe-weight-grad-h200.json):
-# CUTLASS's grouped GEMM takes about 0.86 ms of the op's forward + backward at Qwen3-30B-A3B's layer and 4.2 at
-# Mixtral-8x7B's, the Triton kernel 0.92 and 4.7 at its best tiles there (1.07x, 1.12x).
+# --weight-grad triton,grouped_mm`` times both (H200, bf16, 4096 tokens, docs/performance/moe-weight-grad-h200.json),
+# the op's forward + backward with CUTLASS's and with the Triton kernel: 2.607 and 2.721 ms at Qwen3-30B-A3B's layer,
+# 4.015 and 4.255 at ERNIE-4.5-21B-A3B's, 16.596 and 17.437 at Mixtral-8x7B's.
 WEIGHT_GRAD = "grouped_mm"
 WEIGHT_GRADS = ("triton", "grouped_mm")
 

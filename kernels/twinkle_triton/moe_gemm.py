@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import _launch
 from ._checks import ANY_DTYPE, check_tensors
 from ._launch import (cdiv, dot_options, interpreting, loop_block, next_power_of_2, persistent_programs,
                       run_with_scratch)
@@ -345,7 +346,7 @@ def _weight_grads_triton(d_gate_up: Tensor, x_rows: Tensor, scaled: Tensor, h: T
 
 def _expert_weight_grad(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
     """``out[e] = a[r]^T @ b[r]`` over expert e's sorted rows r (``offsets[e]`` to ``offsets[e + 1]``)."""
-    a, b = (t if t.stride(1) == 1 else t.contiguous() for t in (a, b))
+    a, b = _launch.rows(a), _launch.rows(b)
     num_experts, (num_rows, m), n = offsets.shape[0] - 1, a.shape, b.shape[1]
     out = a.new_empty((num_experts, m, n))
     cfg = _blocks("weight_grad", m, n, cdiv(num_rows, num_experts), a.dtype)

@@ -1,9 +1,11 @@
 """The clocks, power and temperature a GPU ran at while a measurement ran (``nvidia-smi``).
 
 Two timings compare only when the GPU ran both at the same clocks. A GPU at its power or thermal limit
-lowers its SM clock, and the same kernels then take longer: one training profile showed the same cuBLAS
-kernels 8-13% slower a call in a backend's row than in the row before it, and could not say why.
-:class:`GpuStateSampler`
+lowers its SM clock, and the same kernels then take longer: two runs of one training step on an H200 at its
+power cap spent 5% apart in the same cuBLAS kernels. The samples are means over a whole step: GEMMs at the cap
+run at the clock their own power allows, below the mean that the memory-bound kernels between them lift, so
+a like mean clock does not make like GEMM clocks; a repeated row of the same code (``--repeat-first``) shows
+the spread. :class:`GpuStateSampler`
 runs ``nvidia-smi``'s own sampling loop (``--loop-ms``) in a child process while the timed calls run, so
 sampling costs the measured process nothing, and :class:`GpuState` says what it saw: the SM clock's mean and
 minimum against the GPU's maximum, the power draw against its limit, the hottest reading, and whether the

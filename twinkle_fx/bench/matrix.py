@@ -109,7 +109,8 @@ def format_matrix(matrix: dict[str, Any]) -> str:
                 f"| {_cell(row.first_step_s, '.1f')} | {_cell(ratios.get('first_step'), '.2f')}× | {check} "
                 f"| {_sm_clock(row.notes)} |")
     lines += ["", "SM MHz: the GPU's mean SM clock during the timed steps (min, when lower by 2% or more): rows "
-                  "compare only at like clocks (a GPU at its power or thermal limit slows down)"]
+                  "compare only at like clocks (a GPU at its power or thermal limit slows down). A mean over the step: "
+                  "at the power cap its GEMMs run below it; --repeat-first measures the run's spread"]
     return "\n".join(lines) + "\n"
 
 

@@ -1,8 +1,8 @@
 """The Triton kernels of :mod:`.moe_gemm` (which says what they compute, how the work is scheduled
 and why the reductions are deterministic): the gate/up grouped GEMM with the SwiGLU epilogue, the
 grouped GEMM whose rows go to (token, slot) rows, the backward's gathered GEMM and the SwiGLU
-derivative after it, the per-expert weight gradient and the tile tables, with the ``triton.jit``
-helpers they share.
+derivative after it, the per-expert weight gradient, the sums over each token's slots and the tile tables,
+with the ``triton.jit`` helpers they share.
 
 Every GEMM kernel but the weight gradient's works through (M tile of one expert, N tile) items, item
 ``i`` the N tile ``i % n_blocks`` of M tile ``i // n_blocks``, program p taking items p, p + P, ... of
@@ -290,6 +290,20 @@ def _gather_token_rows_kernel(
         g = tl.load(g_ptr + token[:, None] * sgt + c[None, :] * sgk, mask=mask).to(tl.float32)
         tl.store(g_out_ptr + r[:, None] * sgo + c[None, :], (g * scale[:, None]).to(g_out_ptr.dtype.element_ty),
                  mask=mask)
+
+
+@triton.jit
+def _slot_sums_kernel(rows_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[t] = sum_j rows[t, j]`` over a contiguous ``[T, TOP_K, N]`` buffer: the slots added in order in fp32,
+    rounded once to ``out``'s dtype. The slots unrolled (``TOP_K`` a constexpr): their loads are in flight at once."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    row = rows_ptr + t * TOP_K * N + cols
+    acc = tl.load(row, mask=mask, other=0.0).to(tl.float32)
+    for j in tl.static_range(1, TOP_K):
+        acc += tl.load(row + j * N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * N + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -194,6 +194,27 @@ def test_routing_and_tile_tables(experts, block_m):
     assert torch.equal(tile_start.long(), torch.cat([per_expert.new_zeros(1), per_expert.cumsum(0)]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("top_k", [2, 3, 8])
+def test_slot_sums_add_each_tokens_slots_in_order_in_fp32(top_k, dtype):
+    """The kernel that sums each token's k rows of the [T, k, N] buffer: the slots added one after the other in
+    fp32 and rounded once, bit for bit (on a GPU; the interpreter rounds to bf16 by truncation: within one bf16
+    step there), at a width no block divides and at one wider than a GPU block."""
+    from twinkle_triton import _launch, moe_gemm
+
+    for n in (37, moe_gemm._SLOT_SUMS_BLOCK + 5):
+        rows = torch.randn(5, top_k, n).to(dtype)
+        want = rows[:, 0].float()
+        for j in range(1, top_k):
+            want = want + rows[:, j].float()
+        got = moe_gemm._slot_sums(rows)
+        assert got.dtype == dtype and got.shape == (5, n)
+        if dtype == torch.bfloat16 and _launch.interpreting():
+            torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=0)
+        else:
+            assert torch.equal(got, want.to(dtype)), f"top-{top_k}, {n} columns"
+
+
 def test_top_1_and_a_routing_weight_dtype_of_its_own():
     x, gate_up, down, _, _ = _inputs(torch.bfloat16, 1, tokens=9)
     index, weights = _routing(9, EXPERTS, 1)  # fp32 weights beside bf16 activations, as routers give
@@ -372,7 +393,9 @@ def test_the_sweep_tool_knows_the_launch_order(monkeypatch):
     x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2)
     params = [t.requires_grad_() for t in (x, gate_up, down, weights)]
     torch.autograd.grad(tt.moe_swiglu_experts(x, gate_up, down, index, weights), params, torch.randn_like(x))
-    gemms = {name for name, _ in tool.LAUNCHES}  # the tool times these, not the tables', the derivative's, the copies'
+    # the tool times these, not the tables', the derivative's, the copies', the slots' sums
+    gemms = {name for name, _ in tool.LAUNCHES}
     assert [name for name in launched if name in gemms] == [name for name, _ in tool.LAUNCHES]
-    assert set(launched) - gemms == {"_expert_tiles_kernel", "_swiglu_grad_kernel", "_gather_token_rows_kernel"}
+    assert set(launched) - gemms == {"_expert_tiles_kernel", "_swiglu_grad_kernel", "_gather_token_rows_kernel",
+                                     "_slot_sums_kernel"}
     assert {entry for _, entry in tool.LAUNCHES} == set(moe_gemm.CONFIGS)

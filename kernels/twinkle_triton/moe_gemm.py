@@ -223,8 +223,10 @@ def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, i
     return rows[:, 0] if top_k == 1 else _slot_sums(rows)
 
 
-# The sums' kernel: a program a (token, block of columns), all of a token's slots loaded at once. torch's
-# ``sum(1)`` of the same buffer ran at about 2.5 TB/s on an H200 (57 us at Qwen3-30B-A3B's [4096, 8, 2048] bf16).
+# The sums' kernel: a program a (token, block of columns), all of a token's slots loaded at once. In the op's forward
+# + backward (two sums) on an H200, bf16, 4096 tokens, kernel time from the profiler, torch's ``sum(1)`` -> this
+# kernel: 113 -> 74 us at Qwen3-30B-A3B's layer (top-8, hidden 2048; 3.9 TB/s), 142 -> 69 at ERNIE-4.5-21B-A3B's
+# (top-6, 2560), 114 -> 56 at Moonlight-16B-A3B's (top-6, 2048).
 _SLOT_SUMS_BLOCK = 1024
 
 

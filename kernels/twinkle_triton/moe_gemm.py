@@ -195,14 +195,19 @@ class _Routing:
 
 def _tile_launch(name: str, routing: _Routing, blocks: dict, n: int, device: torch.device
                  ) -> tuple[tuple[int], Tensor, Tensor, int]:
-    """(grid, tile_expert, tile_start, n_blocks) of a tile kernel's launch over ``n`` columns: a program an item
-    (M tile, N tile) of the bound on the M tiles, or, with ``PROGRAMS_PER_SM`` in its :data:`CONFIGS` entry, that
-    many programs an SM, each looping over items (a few under the interpreter, so that the loops run there too)."""
+    """(grid, tile_expert, tile_start, n_blocks) of a tile kernel's launch over ``n`` columns, its items the (M tile,
+    N tile) pairs of the bound on the M tiles (:func:`_item_grid`)."""
     tile_expert, tile_start, tiles = routing.tiles(blocks["BLOCK_M"])
     n_blocks = cdiv(n, blocks["BLOCK_N"])
+    return _item_grid(name, tiles * n_blocks, device), tile_expert, tile_start, n_blocks
+
+
+def _item_grid(name: str, items: int, device: torch.device) -> tuple[int]:
+    """The grid of a kernel whose programs take work items p, p + P, ...: a program an item, or, with
+    ``PROGRAMS_PER_SM`` in its :data:`CONFIGS` entry, that many an SM, each looping over items (a few under the
+    interpreter, so that the loops run there too)."""
     per_sm = CONFIGS[name].get("PROGRAMS_PER_SM", 0)
-    items = tiles * n_blocks
-    return (persistent_programs(items, device, per_sm=per_sm) if per_sm else items,), tile_expert, tile_start, n_blocks
+    return (persistent_programs(items, device, per_sm=per_sm) if per_sm else items,)
 
 
 def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int], scale: Tensor | None,
@@ -371,9 +376,7 @@ def _expert_weight_grad(a: Tensor, b: Tensor, offsets: Tensor) -> Tensor:
     out = a.new_empty((num_experts, m, n))
     cfg = _blocks("weight_grad", m, n, cdiv(num_rows, num_experts), a.dtype)
     m_blocks, n_blocks = cdiv(m, cfg["BLOCK_M"]), cdiv(n, cfg["BLOCK_N"])
-    items, per_sm = num_experts * m_blocks * n_blocks, CONFIGS["weight_grad"].get("PROGRAMS_PER_SM", 0)
-    grid = (persistent_programs(items, a.device, per_sm=per_sm) if per_sm else items,)
-    wrap_triton(_weight_grad_kernel)[grid](
+    wrap_triton(_weight_grad_kernel)[_item_grid("weight_grad", num_experts * m_blocks * n_blocks, a.device)](
         a, b, out, offsets, num_experts, num_rows, m, n, m_blocks, n_blocks, a.stride(0), b.stride(0),
         out.stride(0), out.stride(1), TMA=_tma_takes("weight_grad", a) and _tma_takes("weight_grad", b),
         **cfg, **_dot(a.dtype),

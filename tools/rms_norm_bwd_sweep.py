@@ -1,5 +1,5 @@
-"""The RMSNorm backward's tiling (rows a loop step, warps, programs per SM) at a training step's shapes, with and
-without the residual sum's gradient (``add_rms_norm``): the device time of the kernel and of the partial
+"""The RMSNorm backward's tiling (rows a loop step, warps, programs per SM, the loop's pipeline stages) at a training
+step's shapes, with and without the residual sum's gradient (``add_rms_norm``): the device time of the kernel and of the partial
 weight-gradient sum (the harness's ``kernel_ms``: profiled, cold L2; event timing of these eager launches would time
 the host), each setting checked against the default's gradients.
 Prints the best settings per shape and writes JSON.
@@ -115,7 +115,8 @@ def compare_launches(args, clock: DeviceClock) -> list[dict]:
         known = len(_compiled_modules())
         compiled_out = compiled(*inputs)
         err = max(float((a.float() - b.float()).norm() / a.float().norm()) for a, b in zip(eager_out, compiled_out))
-        row = {"hidden": hidden, "grad_sum": has_sum, "tiling": rms._bwd_tiling(hidden, has_sum, "rms_norm"),
+        tiling = rms._bwd_tiling(hidden, has_sum, "rms_norm", x.element_size(), device)
+        row = {"hidden": hidden, "grad_sum": has_sum, "tiling": tiling,
                "eager_us": _kernel_us(lambda op=op, inputs=inputs: op(*inputs), clock, args.reps),
                "inductor_us": _kernel_us(lambda inputs=inputs, fn=compiled: fn(*inputs), clock, args.reps),
                "max_rel_err": err, "eager_binaries": _eager_binaries(),
@@ -133,6 +134,7 @@ def main() -> None:
     parser.add_argument("--tile-rows", default="1,2,4,8")
     parser.add_argument("--warps", default="4,8,16")
     parser.add_argument("--per-sm", default="1,2,4")
+    parser.add_argument("--stages", default="1,3", help="the loop's pipeline stages (1: not pipelined)")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--launches", action="store_true", help="the default tiling, eager launch against Inductor's")
     args = parser.parse_args()
@@ -156,12 +158,13 @@ def main() -> None:
         summed = grad_sum if has_sum else None
         rms._bwd_tiling = default_tiling
         want = rms._launch_bwd(grad, summed, x, weight, 1e-6, "rms_norm")
-        block = default_tiling(hidden, has_sum, "rms_norm")[0]
+        default_setting = default_tiling(hidden, has_sum, "rms_norm", x.element_size(), device)
+        block = default_setting[0]
         moved = (4 if has_sum else 3) * args.rows * hidden * 2
         rows = []
-        settings = [default_tiling(hidden, has_sum, "rms_norm")] + [
-            (block, r, w, p) for r, w, p in itertools.product(*(
-                [int(v) for v in a.split(",")] for a in (args.tile_rows, args.warps, args.per_sm)))]
+        settings = [default_setting] + [
+            (block, r, w, p, st) for r, w, p, st in itertools.product(*(
+                [int(v) for v in a.split(",")] for a in (args.tile_rows, args.warps, args.per_sm, args.stages)))]
         for setting in settings:
             rms._bwd_tiling = lambda *_, s=setting: s
             try:
@@ -180,7 +183,7 @@ def main() -> None:
         print(f"rows {args.rows} hidden {hidden} grad_sum {has_sum}: default {default['setting']} "
               f"{default['us']:.1f} us ({default['gb_s']:.0f} GB/s)")
         for r in timed[:5]:
-            print(f"    (BLOCK, ROWS, warps, per SM) {r['setting']}: {r['us']:.1f} us ({r['gb_s']:.0f} GB/s), "
+            print(f"    (BLOCK, ROWS, warps, per SM, stages) {r['setting']}: {r['us']:.1f} us ({r['gb_s']:.0f} GB/s), "
                   f"err {r['max_rel_err']:.1e}")
         results += rows
     with open(args.out, "w") as f:

@@ -57,7 +57,8 @@ from ._torch_internals import current_cuda_device, current_cuda_raw_stream
 
 __all__ = ["BLOCK_LIMIT", "CachedLauncher", "accumulation_dtype", "cached_launcher", "cdiv", "compute_dtype",
            "dot_options", "elementwise_block", "interpreting", "loop_block", "multiprocessor_count", "next_power_of_2",
-           "persistent_programs", "reset", "row_block", "rows", "run_with_scratch", "specialization_key"]
+           "persistent_programs", "reset", "row_block", "rows", "run_with_scratch", "shared_memory_per_block",
+           "specialization_key"]
 
 # ----------------------------------------------------------------------------- grids, blocks, dtypes
 
@@ -148,6 +149,18 @@ def _multiprocessor_count(device_index: int) -> int:
 def multiprocessor_count(device: torch.device) -> int:
     """The SMs of a CUDA ``device`` (read from the driver once per device)."""
     return _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_per_block(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    # the opt-in maximum (227 KiB on Hopper), which Triton's launches use; ROCm names only the default
+    return int(getattr(props, "shared_memory_per_block_optin", getattr(props, "shared_memory_per_block", 49152)))
+
+
+def shared_memory_per_block(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on a CUDA ``device`` (read from the driver once per device)."""
+    return _shared_memory_per_block(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def persistent_programs(n_rows: int, device: torch.device, *, per_sm: int = 2) -> int:

@@ -23,28 +23,26 @@ from torch import Tensor
 
 from ._checks import check_tensors
 from ._float_args import fp32
-from ._launch import accumulation_dtype, cdiv, compute_dtype, persistent_programs, row_block, rows
+from ._launch import (accumulation_dtype, cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows,
+                      shared_memory_per_block)
 from ._library import define_differentiable_op, wrap_triton
 
-# Backward tiling: a loop step of ROWS rows, its warps, programs per SM (see _bwd_tiling). Swept on an
-# H200 (triton 3.6, bf16), kernel and partial weight-gradient sum timed with the L2 flushed, at 4096 rows of
-# hidden 896, 1536, 2048, 3072 and 4096 (a training step of 4 x 1024 tokens), 8192 x 5120 and 16384 x 4096:
-#   rms_norm: 8K-element steps, row_block's warps, 2 programs an SM were within 2% of the best everywhere
-#     but at 8192 x 5120, where one 8192-wide row a step took 147 us against 108-112 for two; so two rows
-#     a step wherever they fit in 16K elements.
-#   add_rms_norm (also reads the sum's gradient): 16K-element steps with a warp per 2K elements and one
-#     program an SM were within 4% of the best everywhere. The 8-row, 16-warp, 2-per-SM steps tuned at
-#     16384 x 4096 alone (148 us there, as these) took 53.2 us at 4096 x 2048 against 30.9, 48.8 at
-#     4096 x 1536 against 27.0.
-# tools/rms_norm_bwd_sweep.py times 37 tilings by the profiler's device time (docs/performance/rms-norm-bwd-h200.json):
-# at 4096 rows of hidden 896, 2048 and 3072, with and without the sum's gradient, these are the best or within 1%,
-# but at hidden 896 with the sum's gradient: 21.6 us against 19.8 with two programs an SM (which lose 11% at 2048).
+# Backward tiling: a loop step of ROWS rows, its warps, programs per SM, and the loop's pipeline stages (see
+# _bwd_tiling). The loop is software-pipelined (tl.range's num_stages): each tile's loads are asynchronous copies
+# into shared memory issued STAGES - 1 tiles ahead, so one program an SM keeps the HBM busy while it reduces and
+# stores the tile before. tools/rms_norm_bwd_sweep.py on an H200 (triton 3.6, bf16, 4096 rows, the kernel and the
+# partial weight-gradient sum by the profiler's device time, L2 flushed; staged tilings against the unpipelined
+# loop's best, whose loads of a tile waited for the tile before, 1-2 programs an SM): hidden 896 18.9 -> 16.3 us
+# (17.9 with the sum's gradient, against 21.6), 2048 27.0 -> 23.9 (28.9 against 30.5), 3072 37.3 -> 30.9 (37.0
+# against 44.0). Best there or within 2%: three stages, one program an SM, row_block's warps, a step of 8K elements
+# and of at least 4 rows up to 16K elements.
 BWD_TILE_ELEMENTS = 8192
-BWD_GRAD_SUM_TILE_ELEMENTS = 16384
-BWD_MAX_ROWS = 8
-BWD_PROGRAMS_PER_SM = 2
-BWD_GRAD_SUM_PROGRAMS_PER_SM = 1
-BWD_GRAD_SUM_ELEMENTS_PER_WARP = 2048
+BWD_MIN_ROWS = 4
+BWD_MAX_TILE_ELEMENTS = 16384
+BWD_STAGES = 3
+BWD_PROGRAMS_PER_SM = 1
+# shared memory a program keeps beside the pipeline's buffers (its reductions' scratch: up to 16 KB at 16 warps)
+BWD_SHARED_RESERVE = 16384
 # Short rows (BLOCK <= SHORT_ROW: the per-head q/k norms of Qwen3, OLMo 2 and Gemma 3, head_dim 64-256) are many:
 # 131,072 rows of 128 in a Qwen3 step of 4 x 1024 tokens and 32 heads. One row a program (the forward) or eight rows a
 # loop step (the backward's long-row tiling) left each program a few hundred bytes in flight, latency-bound; these
@@ -87,11 +85,12 @@ def _rms_norm_bwd_kernel(
     grad_ptr, grad_sum_ptr, x_ptr, weight_ptr, grad_x_ptr, grad_weight_partial_ptr,
     grad_row_stride, grad_sum_row_stride, x_row_stride, weight_stride, n_rows, n_cols, eps,
     HAS_GRAD_SUM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     eps = fp32(eps)
     # Persistent: each program walks tiles of ROWS rows (strided by the grid) and keeps its share
-    # of the weight gradient in registers. Every load of a tile is issued before the first
-    # reduction, so a program has 2-3 rows' worth of bytes in flight, not one.
+    # of the weight gradient in registers. With STAGES > 1 the loop is pipelined: the loads of the
+    # next STAGES - 1 tiles are in flight while this one is reduced and stored.
     # int64 row indices: row * stride overflows int32 past 2**31 elements.
     pid = tl.program_id(0).to(tl.int64)
     n_programs = tl.num_programs(0).to(tl.int64)
@@ -99,7 +98,7 @@ def _rms_norm_bwd_kernel(
     col_mask = cols < n_cols
     w = tl.load(weight_ptr + cols * weight_stride, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
     grad_weight = tl.zeros([BLOCK], dtype=COMPUTE_DTYPE)
-    for start in range(pid * ROWS, n_rows, n_programs * ROWS):
+    for start in tl.range(pid * ROWS, n_rows, n_programs * ROWS, num_stages=STAGES):
         row = start + tl.arange(0, ROWS)[:, None]
         mask = (row < n_rows) & col_mask
         x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0)
@@ -143,22 +142,22 @@ def _launch_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
     return out, summed
 
 
-def _bwd_tiling(n_cols: int, has_grad_sum: bool, op: str) -> tuple[int, int, int, int]:
-    """(BLOCK, ROWS, num_warps, programs per SM) of the backward kernel; the sweep is above BWD_TILE_ELEMENTS."""
+def _bwd_tiling(n_cols: int, has_grad_sum: bool, op: str, element_size: int,
+                device: torch.device) -> tuple[int, int, int, int, int]:
+    """(BLOCK, ROWS, num_warps, programs per SM, pipeline stages) of the backward kernel (the sweeps are above
+    BWD_TILE_ELEMENTS and SHORT_ROW): as many stages, up to BWD_STAGES, as the tiles of the tensors the kernel
+    reads (grad, x and the sum's gradient, ``element_size`` bytes an element) fit in ``device``'s shared memory."""
     block, num_warps = row_block(n_cols, op=op)
     if block <= SHORT_ROW and BWD_SHORT_ROW_ELEMENTS:
         rows_per_tile = BWD_SHORT_ROW_ELEMENTS // block
         return block, rows_per_tile, max(num_warps, rows_per_tile * block // BWD_SHORT_ROW_ELEMENTS_PER_WARP), \
-            BWD_SHORT_ROW_PROGRAMS_PER_SM
-    if has_grad_sum:
-        rows_per_tile = max(1, min(BWD_MAX_ROWS, BWD_GRAD_SUM_TILE_ELEMENTS // block))
-        if rows_per_tile > 1:
-            num_warps = max(4, min(16, rows_per_tile * block // BWD_GRAD_SUM_ELEMENTS_PER_WARP))
-        return block, rows_per_tile, num_warps, BWD_GRAD_SUM_PROGRAMS_PER_SM
-    rows_per_tile = max(1, min(BWD_MAX_ROWS, BWD_TILE_ELEMENTS // block))
-    if rows_per_tile == 1 and 2 * block <= BWD_GRAD_SUM_TILE_ELEMENTS:
-        rows_per_tile = 2
-    return block, rows_per_tile, num_warps, BWD_PROGRAMS_PER_SM
+            BWD_SHORT_ROW_PROGRAMS_PER_SM, 1
+    rows_per_tile = max(1, BWD_TILE_ELEMENTS // block, min(BWD_MIN_ROWS, BWD_MAX_TILE_ELEMENTS // block))
+    stages = 1
+    if not interpreting():
+        buffer = rows_per_tile * block * element_size * (3 if has_grad_sum else 2)
+        stages = max(1, min(BWD_STAGES, 1 + (shared_memory_per_block(device) - BWD_SHARED_RESERVE) // buffer))
+    return block, rows_per_tile, num_warps, BWD_PROGRAMS_PER_SM, stages
 
 
 def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor, eps: float, op: str):
@@ -168,7 +167,8 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
     if n_rows == 0:
         return grad_x, torch.zeros_like(weight)
     grad_sum2 = rows(grad_sum) if grad_sum is not None else grad2
-    block, rows_per_tile, num_warps, per_sm = _bwd_tiling(n_cols, grad_sum is not None, op)
+    block, rows_per_tile, num_warps, per_sm, stages = _bwd_tiling(
+        n_cols, grad_sum is not None, op, max(x.element_size(), grad.element_size()), x.device)
     programs = persistent_programs(cdiv(n_rows, rows_per_tile), x.device, per_sm=per_sm)
     acc = accumulation_dtype(x.dtype)
     partial = torch.empty((programs, n_cols), dtype=acc, device=x.device)
@@ -176,7 +176,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
         grad2, grad_sum2, x2, weight, grad_x, partial,
         grad2.stride(0), grad_sum2.stride(0), x2.stride(0), weight.stride(0), n_rows, n_cols, eps,
         HAS_GRAD_SUM=grad_sum is not None, ROWS=rows_per_tile, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
-        num_warps=num_warps,
+        STAGES=stages, num_warps=num_warps,
     )
     return grad_x, partial.sum(0).to(weight.dtype)
 

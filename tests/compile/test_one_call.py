@@ -55,7 +55,8 @@ def test_one_call_without_fused_loss_and_bad_arguments():
 def test_one_call_keeps_inductor_code_for_measured_regions_in_training_unless_told(monkeypatch):
     """In training twinkle_fx.compile asks the backend for swap_policy="measured" (fewer launches than
     swapping every region; see its docstring), keeps what the caller names, and leaves inference and
-    mode= (torch.compile takes no options= beside it) to the backend's default."""
+    mode= (torch.compile takes no options= beside it) and the cudagraphs option, its equivalent, to the backend's
+    default."""
     seen = []
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: seen.append(kwargs["options"]) or model)
     model = tiny("qwen2", layers=1).train()
@@ -65,8 +66,10 @@ def test_one_call_keeps_inductor_code_for_measured_regions_in_training_unless_to
     twinkle_fx.compile(model, fused_loss=False, mode="reduce-overhead")
     twinkle_fx.compile(model.eval(), fused_loss=False)
     twinkle_fx.compile(model, fused_loss=False, options={"mode": "train"})
+    twinkle_fx.compile(model, fused_loss=False, options={"cudagraphs": True})
     assert seen == [{"swap_policy": "measured"}, {"compiler": "aot_eager", "swap_policy": "measured"},
-                    {"swap_policy": "always"}, None, None, {"mode": "train", "swap_policy": "measured"}]
+                    {"swap_policy": "always"}, None, None, {"mode": "train", "swap_policy": "measured"},
+                    {"cudagraphs": True}]
 
 
 def _bound_head(device, layer=None):

@@ -24,6 +24,9 @@ twinkle+cudagraphs ``twinkle_fx.compile(model, mode="reduce-overhead")``: the sa
 twinkle+cudagraphs+fused-experts  the same with ``use_builtin_kernels(fused_experts=True)``: a MoE model's
                    experts computed whole by ``twinkle_triton.moe_swiglu_experts``, Mixtral's too (by default
                    only the families it measured faster for)
+twinkle+gemm-fusion  ``twinkle_fx.compile(model, options={"fuse_projections": True})``: linears reading one
+                   input (q/k/v) as one GEMM
+twinkle+cudagraphs+gemm-fusion  the same with ``"cudagraphs": True`` (mode="reduce-overhead"'s twin)
 liger              ``liger_kernel.transformers.apply_liger_kernel_to_<family>(model=model)``
 liger+inductor     the same, then ``torch.compile``
 =================  ==========================================================================
@@ -163,7 +166,8 @@ def _twinkle(kernelize_first: bool, rewrites_off: tuple[str, ...] = (), builtin:
             else:
                 compiled = twinkle_fx.compile(model, device=device, **compile_kwargs)  # the one call users are shown
             prepared = Prepared(compiled, {"builtin_kernels": bound})
-            graphed = compile_kwargs.get("mode") == "reduce-overhead"
+            graphed = (compile_kwargs.get("mode") == "reduce-overhead"
+                       or (compile_kwargs.get("options") or {}).get("cudagraphs") is True)
             try:
                 with _cudagraph_notes(lambda: prepared, device) if graphed else contextlib.nullcontext():
                     yield prepared
@@ -275,6 +279,8 @@ _TWINKLE: dict[str, tuple[str, bool, dict[str, Any]] | tuple[str, bool, dict[str
     "twinkle+cudagraphs": ('backend="twinkle", mode="reduce-overhead"', False, {"mode": "reduce-overhead"}),
     "twinkle+gemm-fusion": ('backend="twinkle", options={"fuse_projections": True}', False,
                             {"options": {"fuse_projections": True}}),
+    "twinkle+cudagraphs+gemm-fusion": ('backend="twinkle", options={"cudagraphs": True, "fuse_projections": True}',
+                                       False, {"options": {"cudagraphs": True, "fuse_projections": True}}),
     "twinkle-all-swaps": ('backend="twinkle", options={"swap_policy": "always"}', False,
                           {"options": {"swap_policy": "always"}}),
     "twinkle+cudagraphs+fused-experts": ('backend="twinkle", mode="reduce-overhead", '
@@ -308,6 +314,7 @@ BACKENDS: dict[str, Backend] = {
         Backend("inductor+cudagraphs+cce", 'torch.compile(model, mode="reduce-overhead"), the loss by Cut Cross-Entropy',
                 _inductor_cudagraphs_cce),
         _twinkle_backend("twinkle+gemm-fusion"),
+        _twinkle_backend("twinkle+cudagraphs+gemm-fusion"),
         _twinkle_backend("twinkle-all-swaps"),
         _twinkle_backend("twinkle+cudagraphs+fused-experts"),
         Backend("liger+inductor", "Liger, then torch.compile(model)", _liger(compiled=True)),

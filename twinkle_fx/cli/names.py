@@ -20,10 +20,11 @@ WORKLOADS = ("qwen2", "qwen3", "llama", "mistral", "llama1b", "qwen3_1_7b", "lla
 # twinkle_fx.bench.backends.BACKENDS
 MODEL_BACKENDS = ("eager", "inductor", "twinkle", "kernelize+twinkle", "kernelize", "kernelize+cudagraphs", "liger",
                   "inductor+cudagraphs", "twinkle+cudagraphs", "inductor+cudagraphs+cce", "twinkle+gemm-fusion",
-                  "twinkle-all-swaps", "twinkle+cudagraphs+fused-experts", "liger+inductor")
+                  "twinkle+cudagraphs+gemm-fusion", "twinkle-all-swaps", "twinkle+cudagraphs+fused-experts",
+                  "liger+inductor")
 # twinkle_fx.bench.backends._TWINKLE: the backends a "-<graph rewrite>" may follow
-TWINKLE_BACKENDS = ("twinkle", "kernelize+twinkle", "twinkle+cudagraphs", "twinkle+gemm-fusion", "twinkle-all-swaps",
-                    "twinkle+cudagraphs+fused-experts")
+TWINKLE_BACKENDS = ("twinkle", "kernelize+twinkle", "twinkle+cudagraphs", "twinkle+gemm-fusion",
+                    "twinkle+cudagraphs+gemm-fusion", "twinkle-all-swaps", "twinkle+cudagraphs+fused-experts")
 # twinkle_fx.core.registry.GRAPH_REWRITES
 GRAPH_REWRITES = ("causal_attention", "gqa_attention", "fused_projections", "decode_gemv", "decode_cache",
                   "residual_norm", "embedding_grad")

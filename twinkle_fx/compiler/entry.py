@@ -111,7 +111,10 @@ class CompileCall:
         target = self.check(caller, model, root)
         options = self.options
         training = root.training if options is None or "mode" not in options else "train" in str(options["mode"])
-        if training and self.mode is None and (options is None or "swap_policy" not in options):
+        # mode= leaves the backend its own default ("always"; torch.compile takes no options beside it), and so does
+        # the cudagraphs option, mode="reduce-overhead"'s twin: a replayed launch costs no host time
+        backend_default = self.mode is not None or (options is not None and options.get("cudagraphs") is True)
+        if training and not backend_default and (options is None or "swap_policy" not in options):
             options = {**(options or {}), "swap_policy": "measured"}  # see compile_model's docstring: fewer launches
         if self.fused_loss and not kernels_disabled() and swapped_forward(root) is None:
             why_not = _install_root_kernel(root, target or infer_device(root), training)
@@ -167,8 +170,9 @@ def compile_model(
             kept from the previous step is that step's backward-graph buffer, invalidated by the next
             call, and the backward adding into it raises (see the README, "Speed options").
         options (`dict`, *optional*): the backend's options (``compiler``, ``mode`` "train" / "inference",
-            ``verify``, ``report``; see the README), passed through. In training without ``mode``,
-            ``swap_policy`` defaults to ``"measured"`` here (the backend's own default is ``"always"``):
+            ``verify``, ``report``; see the README), passed through. In training without ``mode`` or the
+            ``cudagraphs`` option (which, like ``"reduce-overhead"``, swaps every region), ``swap_policy``
+            defaults to ``"measured"`` here (the backend's own default is ``"always"``):
             Inductor's code is kept for the regions the per-op table measured slower in training
             (RMSNorm, SwiGLUMLP on CUDA); rotary and the fused-loss head are still swapped. Why: with
             every region swapped, the reference training step (Qwen2-0.5B shape, 4 x 1024, bf16, H100,

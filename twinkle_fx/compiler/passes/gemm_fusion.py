@@ -63,7 +63,9 @@ LINEAR_TARGETS = (nn_linear(), torch.nn.functional.linear)
 # twinkle 37.6, twinkle + fused projections 46.2 ms (0.79x): it loses, so "auto" leaves it off. The
 # Llama-3.2-1B shape (hidden 2048, workload "llama1b"):
 # Inductor 62.1 ms, twinkle 56.3, twinkle + fused projections 57.3 (0.98x twinkle's) at 1.5 GiB more peak
-# memory (the concatenated weights saved for the backward): off there too.
+# memory (the concatenated weights saved for the backward): off there too. Under CUDA graphs (one H200,
+# Qwen2-0.5B shape, docs/performance.md "Qwen2-0.5B after the norm backward's pipelining"): 28.51 ms against
+# 28.41-28.67 unfused, at 1.5 GiB more peak memory: no gain, still off.
 AUTO_MIN_IN_FEATURES: int | None = None
 
 # fuse_projections="auto" in inference under Inductor: fuse where the input has at most this many rows

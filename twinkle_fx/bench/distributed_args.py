@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None, description: str | None = None) ->
                         help="compile each decoder layer instead of the whole model (compiled backends)")
     parser.add_argument("--swap-policy", choices=("measured", "always"), default=None,
                         help="the twinkle backends' swap_policy option (default: twinkle_fx.compile's, \"measured\" "
-                             "in training: Inductor's code kept where the per-op table measured it faster)")
+                             "in training without --cudagraphs: Inductor's code kept where the per-op table measured "
+                             "it faster; \"always\" with them)")
     parser.add_argument("--no-fused-loss", dest="fused_loss", action="store_false",
                         help="leave the LM head + loss unswapped (bind no fused-loss head)")
     parser.add_argument("--steps", type=int, default=10)

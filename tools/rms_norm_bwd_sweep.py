@@ -1,7 +1,7 @@
 """The RMSNorm backward's tiling (rows a loop step, warps, programs per SM, the loop's pipeline stages) at a training
-step's shapes, with and without the residual sum's gradient (``add_rms_norm``): the device time of the kernel and of the partial
-weight-gradient sum (the harness's ``kernel_ms``: profiled, cold L2; event timing of these eager launches would time
-the host), each setting checked against the default's gradients.
+step's shapes, with and without the residual sum's gradient (``add_rms_norm``): the device time of the kernel and of
+the partial weight-gradient sum (the harness's ``kernel_ms``: profiled, cold L2; event timing of these eager launches
+would time the host), each setting checked against the default's gradients.
 Prints the best settings per shape and writes JSON.
 
 ``--launches``: the default tiling launched eagerly and by Inductor (the op compiled alone: Inductor then launches

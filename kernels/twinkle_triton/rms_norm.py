@@ -30,12 +30,13 @@ from ._library import define_differentiable_op, wrap_triton
 # Backward tiling: a loop step of ROWS rows, its warps, programs per SM, and the loop's pipeline stages (see
 # _bwd_tiling). The loop is software-pipelined (tl.range's num_stages): each tile's loads are asynchronous copies
 # into shared memory issued STAGES - 1 tiles ahead, so one program an SM keeps the HBM busy while it reduces and
-# stores the tile before. tools/rms_norm_bwd_sweep.py on an H200 (triton 3.6, bf16, 4096 rows, the kernel and the
-# partial weight-gradient sum by the profiler's device time, L2 flushed; staged tilings against the unpipelined
-# loop's best, whose loads of a tile waited for the tile before, 1-2 programs an SM): hidden 896 18.9 -> 16.3 us
-# (17.9 with the sum's gradient, against 21.6), 2048 27.0 -> 23.9 (28.9 against 30.5), 3072 37.3 -> 30.9 (37.0
-# against 44.0). Best there or within 2%: three stages, one program an SM, row_block's warps, a step of 8K elements
-# and of at least 4 rows up to 16K elements.
+# stores the tile before. tools/rms_norm_bwd_sweep.py on an H200 (triton 3.6, bf16, the kernel and the partial
+# weight-gradient sum by the profiler's device time, L2 flushed; docs/performance/rms-norm-bwd-h200.json), these
+# against the sweep's best unpipelined tiling (1-2 programs an SM): 4096 rows of hidden 896 16.1 us against 18.6
+# (17.5 against 19.6 with the sum's gradient), 2048 23.6 against 26.9 (28.2 / 30.5), 3072 30.5 / 38.6 (37.3 /
+# 43.2), 4096 36.7 / 41.5 (44.3 / 48.1), 5120 46.3 / 59.7 (53.7 / 70.3), 8192 61.6 / 73.9 (78.6 / 85.6); 16384 x
+# 4096 110.0 / 123.5 (139.9 / 150.1). Three stages, one program an SM, row_block's warps, a step of 8K elements and
+# of at least 4 rows up to 16K elements: the sweep's best or within 4% at each of these.
 BWD_TILE_ELEMENTS = 8192
 BWD_MIN_ROWS = 4
 BWD_MAX_TILE_ELEMENTS = 16384

@@ -142,25 +142,25 @@ def elementwise_block() -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=None)
-def _multiprocessor_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _device_properties(device_index: int) -> Any:
+    return torch.cuda.get_device_properties(device_index)
+
+
+def _properties(device: torch.device) -> Any:
+    """A CUDA ``device``'s properties, read from the driver once per device."""
+    return _device_properties(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def multiprocessor_count(device: torch.device) -> int:
-    """The SMs of a CUDA ``device`` (read from the driver once per device)."""
-    return _multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _shared_memory_per_block(device_index: int) -> int:
-    props = torch.cuda.get_device_properties(device_index)
-    # the opt-in maximum (227 KiB on Hopper), which Triton's launches use; ROCm names only the default
-    return int(getattr(props, "shared_memory_per_block_optin", getattr(props, "shared_memory_per_block", 49152)))
+    """The SMs of a CUDA ``device``."""
+    return _properties(device).multi_processor_count
 
 
 def shared_memory_per_block(device: torch.device) -> int:
-    """Bytes of shared memory one program may use on a CUDA ``device`` (read from the driver once per device)."""
-    return _shared_memory_per_block(device.index if device.index is not None else torch.cuda.current_device())
+    """Bytes of shared memory one program may use on a CUDA ``device``: the opt-in maximum (227 KiB on Hopper),
+    which Triton's launches use; ROCm names only the default."""
+    props = _properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", getattr(props, "shared_memory_per_block", 49152)))
 
 
 def persistent_programs(n_rows: int, device: torch.device, *, per_sm: int = 2) -> int:

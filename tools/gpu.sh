@@ -41,7 +41,7 @@
 #                the knobs given, e.g. "--per-kernel --shapes mixtral-8x7b --kernels grad_act --warps 4,8")
 #   flce         tools/flce_chunked_sweep.py: the default (chunked) fused loss at the matrix's LM heads, rows per
 #                logits chunk and the row kernel's settings, every setting checked (FLCE_ARGS: more flags, e.g.
-#                "--shapes llama1b --chunk-mib 512,1024 --row-kernels default,row-16w-8k")
+#                "--shapes llama1b --chunk-mib 512,1024 --row-kernels default,2pass-2sm-32w-16k")
 #   norm         tools/rms_norm_bwd_sweep.py: the RMSNorm backward's tiling at 4096 rows of hidden 896, 2048, 3072, with
 #                and without the residual sum's gradient, every setting checked (NORM_ARGS: more flags, e.g.
 #                "--launches": the kernel launched eagerly against Inductor's launch of it)

@@ -9,8 +9,9 @@ Three strategies compute it, one module each:
 
 - ``strategy="chunked"`` (this module; the default, and whenever ``chunk_size`` is given): cuBLAS
   computes the logits of ``chunk_size`` tokens into one reused buffer, a Triton row kernel turns them
-  into the loss and, in place, into d(loss)/d(logits); cuBLAS then writes grad_x and accumulates
-  grad_W. Gradients are computed in the forward (like Liger), exact, but the logits chunk costs
+  into the loss and, in place, into d(loss)/d(logits) up to a factor per row (one pass over the logits,
+  below); cuBLAS then writes grad_x and accumulates grad_W, the factors applied to grad_x's rows and to
+  the chunk's x. Gradients are computed in the forward (like Liger), exact, but the logits chunk costs
   ``chunk_size * vocab * itemsize`` bytes (``LOGITS_CHUNK_BYTES``, 512 MiB by default). It supports
   ``reduction`` mean/sum without the options above.
 - ``strategy="vocab_chunked"`` (:mod:`.fused_linear_cross_entropy_vocab_chunked`; exact, low memory,
@@ -52,21 +53,30 @@ from torch import Tensor
 
 from ._checks import ANY_DTYPE, check_tensors
 from ._flce_autograd import gradient_buffers
-from ._launch import (accumulation_dtype, compute_dtype, interpreting, loop_block, next_power_of_2,
+from ._launch import (accumulation_dtype, cdiv, compute_dtype, interpreting, loop_block, next_power_of_2,
                       persistent_programs)
 from ._library import define_op
 from .fused_linear_cross_entropy_tiled import row_loss_reference, tiled_op
 from .fused_linear_cross_entropy_vocab_chunked import default_vocab_chunk, vocab_chunked_op
 
 LOGITS_CHUNK_BYTES = 512 * 1024 * 1024
-# The row kernel: columns per loop step over the vocabulary, warps, whether the gradient pass walks the row
-# backwards (its first reads are then the columns the max/sum pass read last, still in L2), and programs per SM
-# (0: a program per row; n: n per SM, each looping over rows). One H200, bf16, 4096 rows, the kernel alone in GB/s
-# of its three passes over the logits (tools/flce_chunked_sweep.py, docs/performance/flce-chunked-h200.json), at
-# Llama-3.2-1B's head in 2048-row chunks: a program a row with 16 warps and 8K columns 2674; the gradient pass
-# reversed 2833; reversed, two programs per SM 2731; 32 warps and 16K columns, reversed, two per SM 3176 (+13-19% over
-# the first at Qwen2-0.5B's, Llama-3.2-1B's and Llama-3.2-3B's heads; one program per SM measured the same).
-ROW_KERNEL = {"block": 16384, "warps": 32, "reverse": True, "programs_per_sm": 2}
+# The row kernel: columns per loop step over the vocabulary, warps, programs per SM (0: a program per row; n: n per
+# SM, each looping over rows), whether the gradient comes out of one pass over the logits (below), and whether the
+# two-pass kernel's gradient pass walks the row backwards (its first reads are then the columns the max/sum pass read
+# last, still in L2). One H200, bf16, 4096 rows, the kernel alone (tools/flce_chunked_sweep.py,
+# docs/performance/flce-chunked-h200.json): two passes at best (two programs an SM, 32 warps, 16K columns, reversed)
+# 0.404 ms a 1366-row chunk at Qwen2-0.5B's head and 0.496 / 0.508 a 2048-row chunk at Llama-3.2-1B's / -3B's, 3.1-3.2
+# TB/s of its three passes; one pass with four programs an SM, 8 warps and 4K columns 0.270, 0.325 and 0.329
+# (3.1-3.2 TB/s of two passes), where its 32-warp, 16K-column setting ran at 2.3-2.4.
+ROW_KERNEL = {"block": 4096, "warps": 8, "programs_per_sm": 4, "one_pass": True, "reverse": True}
+# One pass: a row's logits x are replaced by exp(x - s), s the largest logit of the row's first block, while the
+# sum of exp(x - s) accumulates; the gradient is then a * exp(x - s) with a = exp(s - lse) * scale per row, and the
+# target's entry exp(x_t - s) - exp(lse - s). A later block whose largest logit exceeds s by more than
+# SHIFT_SPREAD moves s there (the stored entries stay at most exp(SHIFT_SPREAD), far from overflowing in bf16,
+# fp32 or fp64 and in the GEMMs' fp32 sums over the vocabulary); a row whose s moved redoes its blocks, scaled to
+# the gradient (a = 1). fp16's range (exp(11) overflows it) keeps the two-pass kernel.
+SHIFT_SPREAD = 32.0
+_ONE_PASS_DTYPES = (torch.bfloat16, torch.float32, torch.float64)
 
 
 @triton.jit
@@ -74,6 +84,7 @@ def _fused_linear_cross_entropy_fwd_kernel(
     logits_ptr, target_ptr, loss_ptr, scale_ptr, logits_row_stride, n_rows, n_cols, ignore_index,
     COMPUTE_GRAD: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, REVERSE: tl.constexpr,
 ):
+    """Two passes over each row: the max and sum of exp, then (``COMPUTE_GRAD``) the gradient in place."""
     for row32 in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(row32, tl.int64)
         row_ptr = logits_ptr + row * logits_row_stride
@@ -108,6 +119,61 @@ def _fused_linear_cross_entropy_fwd_kernel(
                 tl.store(row_ptr + cols, grad.to(logits_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _fused_linear_cross_entropy_one_pass_kernel(
+    logits_ptr, target_ptr, loss_ptr, scale_ptr, row_scale_ptr, shifts_ptr, logits_row_stride, n_rows, n_cols,
+    ignore_index, SPREAD: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
+):
+    """One pass over each row: the loss, and in place the gradient divided by ``row_scale`` (``SHIFT_SPREAD``)."""
+    n_blocks = tl.cdiv(n_cols, BLOCK)
+    for row32 in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        row = tl.cast(row32, tl.int64)
+        row_ptr = logits_ptr + row * logits_row_stride
+        target = tl.load(target_ptr + row).to(tl.int64)
+        valid = target != ignore_index
+        in_range = valid & (target >= 0) & (target < n_cols)
+        # read before the row is overwritten
+        target_logit = tl.load(row_ptr + target, mask=in_range, other=0.0).to(COMPUTE_DTYPE)
+        s = tl.full([], float("-inf"), COMPUTE_DTYPE)  # -inf until a block has a finite logit
+        moves = 0
+        d = tl.zeros([BLOCK], COMPUTE_DTYPE)  # per-lane sums of exp(x - s)
+        for block in range(n_blocks):
+            cols = block * BLOCK + tl.arange(0, BLOCK)
+            mask = cols < n_cols
+            x = tl.load(row_ptr + cols, mask=mask, other=float("-inf")).to(COMPUTE_DTYPE)
+            block_max = tl.max(x, axis=0)
+            new_s = tl.where(block_max > s + SPREAD, block_max, s)  # -inf + SPREAD is -inf; nan never moves s
+            moves += (new_s != s).to(tl.int32)
+            # the sums so far to the new shift (0 while s was -inf: every exp so far was 0)
+            d = d * tl.exp(tl.where(s == float("-inf"), 0.0, s - new_s))
+            s = new_s
+            e = tl.exp(x - tl.where(s == float("-inf"), 0.0, s))
+            d += e
+            tl.store(row_ptr + cols, e.to(logits_ptr.dtype.element_ty), mask=mask)
+            tl.store(shifts_ptr + row * n_blocks + block, s)
+        s_safe = tl.where(s == float("-inf"), 0.0, s)
+        lse = s_safe + tl.log(tl.sum(d, axis=0))
+        tl.store(loss_ptr + row, tl.where(valid, lse - target_logit, 0.0))
+        # scale is 1 (sum) or 1 / n_valid (mean, inf when nothing is valid: then no row is valid
+        # and every row is multiplied by 0, never by inf).
+        scale = tl.where(valid, tl.load(scale_ptr).to(COMPUTE_DTYPE), 0.0)
+        tl.debug_barrier()  # the row's stores above, before it is read or written again
+        if moves > 1:  # blocks stored at two shifts: make the row the gradient itself
+            for block in range(n_blocks):
+                cols = block * BLOCK + tl.arange(0, BLOCK)
+                mask = cols < n_cols
+                s_block = tl.load(shifts_ptr + row * n_blocks + block)
+                e = tl.load(row_ptr + cols, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+                grad = (e * tl.exp(tl.where(s_block == float("-inf"), 0.0, s_block) - lse)
+                        - tl.where(cols == target, 1.0, 0.0)) * scale
+                tl.store(row_ptr + cols, grad.to(logits_ptr.dtype.element_ty), mask=mask)
+            tl.store(row_scale_ptr + row, 1.0)
+        else:
+            target_entry = tl.exp(target_logit - s_safe) - tl.exp(lse - s_safe)
+            tl.store(row_ptr + target, target_entry.to(logits_ptr.dtype.element_ty), mask=in_range)
+            tl.store(row_scale_ptr + row, tl.exp(s_safe - lse) * scale)
+
+
 def _row_programs(n_rows: int, device: torch.device) -> int:
     per_sm = ROW_KERNEL["programs_per_sm"]
     return persistent_programs(n_rows, device, per_sm=per_sm) if per_sm else max(n_rows, 1)
@@ -136,6 +202,24 @@ def default_chunk_size(vocab_size: int, dtype: torch.dtype, n_rows: int | None =
     return rows
 
 
+def _mm_accumulated(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` with the result in the accumulation dtype (fp32 from bf16 inputs), rounded once from there."""
+    out_dtype = accumulation_dtype(a.dtype)
+    if a.dtype == out_dtype:
+        return torch.mm(a, b)
+    if a.device.type == "cuda":
+        return torch.mm(a, b, out_dtype=out_dtype)
+    return torch.mm(a.to(out_dtype), b.to(out_dtype))  # no mixed-dtype mm here; exact, and not a fast path
+
+
+def _add_mm(out: Tensor, a: Tensor, b: Tensor, *, first: bool) -> None:
+    """``out = a @ b`` for the first chunk (no zero-fill, no first read), else ``out += a @ b``."""
+    if first:
+        torch.mm(a, b, out=out)
+    else:
+        out.addmm_(a, b)
+
+
 def _fused_linear_cross_entropy_impl(
     x: Tensor, weight: Tensor, target: Tensor, bias: Tensor | None, ignore_index: int, reduction: str,
     chunk_size: int, compute_grad_x: bool, compute_grad_weight: bool, compute_grad_bias: bool,
@@ -155,9 +239,16 @@ def _fused_linear_cross_entropy_impl(
     # A device tensor, so mean's 1/n_valid never synchronises the host.
     scale = (1.0 / n_valid.to(loss_dtype)) if reduction == "mean" else torch.ones((), dtype=loss_dtype, device=x.device)
     grad_bias_acc = torch.zeros(vocab, dtype=loss_dtype, device=x.device) if compute_grad_bias else None
-    logits_buffer = x.new_empty((min(chunk_size, n_rows), vocab))
+    chunk_rows = min(chunk_size, n_rows)
+    logits_buffer = x.new_empty((chunk_rows, vocab))
     block = loop_block(vocab, min(next_power_of_2(vocab), ROW_KERNEL["block"]))
     num_warps = 1 if interpreting() else ROW_KERNEL["warps"]
+    # the bias's gradient sums the gradient's columns, which one pass leaves scaled per row
+    one_pass = ROW_KERNEL["one_pass"] and compute_grad and not compute_grad_bias and x.dtype in _ONE_PASS_DTYPES
+    if one_pass:
+        row_scale = torch.empty(chunk_rows, dtype=loss_dtype, device=x.device)
+        shifts = torch.empty(chunk_rows * cdiv(vocab, block), dtype=loss_dtype, device=x.device)
+        scaled_x_buffer = x.new_empty((chunk_rows, hidden)) if compute_grad_weight else None
     for start in range(0, n_rows, chunk_size):
         end = min(start + chunk_size, n_rows)
         x_chunk = x2[start:end]
@@ -166,7 +257,22 @@ def _fused_linear_cross_entropy_impl(
             torch.mm(x_chunk, weight.t(), out=logits)
         else:
             torch.addmm(bias, x_chunk, weight.t(), out=logits)
-        _fused_linear_cross_entropy_fwd_kernel[(_row_programs(end - start, x.device),)](
+        grid = (_row_programs(end - start, x.device),)
+        if one_pass:
+            _fused_linear_cross_entropy_one_pass_kernel[grid](
+                logits, target1[start:end], row_loss[start:end], scale, row_scale, shifts, logits.stride(0),
+                end - start, vocab, ignore_index, SPREAD=SHIFT_SPREAD, BLOCK=block,
+                COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=num_warps,
+            )
+            # `logits` now holds d(loss)/d(logits) for the chunk divided by `row_scale` row by row
+            factors = row_scale[: end - start, None]
+            if compute_grad_x:
+                torch.mul(_mm_accumulated(logits, weight), factors, out=grad_x2[start:end])
+            if compute_grad_weight:
+                scaled_x = torch.mul(x_chunk, factors, out=scaled_x_buffer[: end - start])  # rounded once
+                _add_mm(grad_weight, logits.t(), scaled_x, first=start == 0)
+            continue
+        _fused_linear_cross_entropy_fwd_kernel[grid](
             logits, target1[start:end], row_loss[start:end], scale, logits.stride(0), end - start, vocab, ignore_index,
             COMPUTE_GRAD=compute_grad, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
             REVERSE=ROW_KERNEL["reverse"], num_warps=num_warps,
@@ -177,10 +283,7 @@ def _fused_linear_cross_entropy_impl(
         if compute_grad_x:
             torch.mm(logits, weight, out=grad_x2[start:end])
         if compute_grad_weight:
-            if start == 0:
-                torch.mm(logits.t(), x_chunk, out=grad_weight)  # no zero-fill, no first read
-            else:
-                grad_weight.addmm_(logits.t(), x_chunk)
+            _add_mm(grad_weight, logits.t(), x_chunk, first=start == 0)
         if compute_grad_bias:
             grad_bias_acc += logits.sum(0, dtype=loss_dtype)
     if n_rows == 0 and compute_grad_weight:

@@ -208,6 +208,8 @@ def _cases():
         "apply_rotary_pos_emb_deinterleave": lambda: rotary(tt.apply_rotary_pos_emb_deinterleave),
         "apply_rotary_pos_emb_half_angle": lambda: rotary(tt.apply_rotary_pos_emb_half_angle, rotated=64),
         "fused_linear_cross_entropy chunked": lambda: flce(),
+        # the bias's gradient takes the two-pass row kernel
+        "fused_linear_cross_entropy chunked, two passes": lambda: flce(bias=_rand(4096)),
         "fused_linear_cross_entropy vocab_chunked": lambda: flce(z_loss=1e-4),
         "fused_linear_cross_entropy vocab_chunked, cuBLAS chunks": flce_cublas_chunks,
         "fused_linear_cross_entropy tiled": lambda: flce(filter_eps="auto"),

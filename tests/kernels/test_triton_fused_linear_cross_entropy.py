@@ -150,14 +150,43 @@ def test_bias_and_chunk_sizes(chunk_size):
     {"block": 32, "warps": 4, "reverse": True, "programs_per_sm": 0},  # the gradient pass from the row's end
     {"block": 32, "warps": 4, "reverse": True, "programs_per_sm": 1},  # fewer programs than rows, each loops
 ])
-def test_row_kernel_settings_agree(row_kernel, monkeypatch):
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_row_kernel_settings_agree(row_kernel, one_pass, monkeypatch):
     """Every layout of the row kernel's work gives the reference: a program a row or programs looping over rows,
-    the gradient pass forwards or backwards over the vocabulary (blocks of 32 here: 123 columns make a partial
-    last block, which the reversed pass meets first)."""
-    monkeypatch.setattr(flce, "ROW_KERNEL", row_kernel)
+    one pass over the vocabulary or two, the second forwards or backwards (blocks of 32 here: 123 columns make a
+    partial last block, which the reversed pass meets first)."""
+    monkeypatch.setattr(flce, "ROW_KERNEL", {**row_kernel, "one_pass": one_pass})
     monkeypatch.setattr(flce, "loop_block", lambda n, gpu_block: gpu_block)
     x, weight, target, bias = _inputs((3, 7), 16, torch.float32, bias=False)
-    _check(x, weight, target, bias, torch.float32, chunk_size=8, what=f"flce {row_kernel}")
+    _check(x, weight, target, bias, torch.float32, chunk_size=8, what=f"flce {row_kernel} one_pass={one_pass}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_pass_rows_whose_logits_climb_past_the_shift(dtype, monkeypatch):
+    """The one-pass kernel stores exp(x - s) with s the first block's largest logit; rows whose later blocks reach
+    more than SHIFT_SPREAD above it move s and are redone, rows whose first blocks are -inf (a frozen bias masking
+    entries) start s at the first finite block. Blocks of 32 over 123 entries: the first block's logits near 0, the
+    third's spread +-40 (most rows move s there), the first 40 entries masked in the biased case."""
+    monkeypatch.setattr(flce, "loop_block", lambda n, gpu_block: gpu_block)
+    monkeypatch.setattr(flce, "ROW_KERNEL", {**flce.ROW_KERNEL, "block": 32, "one_pass": True})
+    x, weight, target, _ = _inputs((5, 7), 16, torch.float32, bias=False, ignore_every=4)
+    weight[:32] *= 0.01
+    weight[64:96] *= 40.0
+    masked = torch.zeros(VOCAB)
+    masked[:40] = float("-inf")
+    target = torch.where((target >= 0) & (target < 40), target + 40, target)  # no target is a masked entry
+    for bias in (None, masked):  # the bias frozen: its gradient is not asked for
+
+        def ours(x, weight, bias=bias):
+            bias = None if bias is None else bias.to(x.dtype)
+            return tt.fused_linear_cross_entropy(x, weight, target, bias, chunk_size=16)
+
+        def reference(x, weight, bias=bias):
+            bias = None if bias is None else bias.to(x.dtype)
+            return tt.fused_linear_cross_entropy_reference(x, weight, target, bias).to(ours(x, weight).dtype)
+
+        check_forward_backward(ours, reference, (x.to(dtype), weight.to(dtype)), dtype,
+                               f"flce climbing logits, bias {bias is not None}")
 
 
 def test_non_contiguous_x_and_weight():

@@ -69,8 +69,9 @@ def sweep_shape(shape: str, args, clock: DeviceClock) -> tuple[dict, list[dict]]
     truth = _loss_and_grads(tt.fused_linear_cross_entropy_reference, x.float(), w.float(), y)
     # what PyTorch computes in bf16 (the logits rounded to bf16, as Inductor's step does), against the same truth
     pytorch_bf16 = _rel_err(_loss_and_grads(tt.fused_linear_cross_entropy_reference, x, w, y), truth)
-    print(json.dumps({"shape": shape, "pytorch_bf16_rel_err": pytorch_bf16}), flush=True)
-    settings = [{"shape": shape, "pytorch_bf16_rel_err": pytorch_bf16}]
+    baseline = {"shape": shape, "pytorch_bf16_rel_err": pytorch_bf16}
+    print(json.dumps(baseline), flush=True)
+    settings = []
     for mib in (int(m) for m in args.chunk_mib.split(",")):
         flce.LOGITS_CHUNK_BYTES = (mib << 20) if mib else args.rows * vocab * 2
         rows = flce.default_chunk_size(vocab, torch.bfloat16, args.rows)
@@ -78,7 +79,6 @@ def sweep_shape(shape: str, args, clock: DeviceClock) -> tuple[dict, list[dict]]
                       "kernel_ms": []} for name in args.row_kernels.split(",")]
     logits = torch.randn(max(s["chunk_rows"] for s in settings), vocab, device=device).bfloat16()
     scale = torch.ones((), device=device)
-    baseline, settings = settings[0], settings[1:]
     for _ in range(args.rounds):
         for setting in settings:
             flce.ROW_KERNEL = kernel_setting = ROW_KERNELS[setting["row_kernel"]]

@@ -34,16 +34,18 @@ SHAPES = {  # name: (hidden, vocab) of the LM head
     "llama1b": (2048, 128256),
     "llama3b": (3072, 128256),
 }
-# name: ROW_KERNEL; "2pass": the max/sum pass then the gradient pass (reversed), "1pass": the gradient up to a factor
-# a row in one pass; programs an SM, warps, columns a loop step
+# name: ROW_KERNEL; "2pass": every gradient from the max/sum pass then the gradient pass (reversed), "1pass": the
+# gradient up to a factor a row in one pass; programs an SM, warps, columns a loop step
+_TWO_PASSES = {"block": 16384, "warps": 32, "programs_per_sm": 2, "reverse": True}
 ROW_KERNELS = {
-    "default": dict(flce.ROW_KERNEL),
-    "2pass-2sm-32w-16k": {"block": 16384, "warps": 32, "programs_per_sm": 2, "one_pass": False, "reverse": True},
-    "2pass-4sm-8w-4k": {"block": 4096, "warps": 8, "programs_per_sm": 4, "one_pass": False, "reverse": True},
-    "1pass-2sm-32w-16k": {"block": 16384, "warps": 32, "programs_per_sm": 2, "one_pass": True, "reverse": True},
-    "1pass-2sm-16w-8k": {"block": 8192, "warps": 16, "programs_per_sm": 2, "one_pass": True, "reverse": True},
-    "1pass-4sm-8w-8k": {"block": 8192, "warps": 8, "programs_per_sm": 4, "one_pass": True, "reverse": True},
-    "1pass-8sm-4w-2k": {"block": 2048, "warps": 4, "programs_per_sm": 8, "one_pass": True, "reverse": True},
+    "default": flce.ROW_KERNEL,
+    "2pass-2sm-32w-16k": {"one_pass": None, "two_passes": _TWO_PASSES},
+    "2pass-4sm-8w-4k": {"one_pass": None,
+                        "two_passes": {"block": 4096, "warps": 8, "programs_per_sm": 4, "reverse": True}},
+    "1pass-2sm-32w-16k": {"one_pass": {"block": 16384, "warps": 32, "programs_per_sm": 2}, "two_passes": _TWO_PASSES},
+    "1pass-2sm-16w-8k": {"one_pass": {"block": 8192, "warps": 16, "programs_per_sm": 2}, "two_passes": _TWO_PASSES},
+    "1pass-4sm-8w-8k": {"one_pass": {"block": 8192, "warps": 8, "programs_per_sm": 4}, "two_passes": _TWO_PASSES},
+    "1pass-8sm-4w-2k": {"one_pass": {"block": 2048, "warps": 4, "programs_per_sm": 8}, "two_passes": _TWO_PASSES},
 }
 
 
@@ -96,11 +98,13 @@ def sweep_shape(shape: str, args, clock: DeviceClock) -> tuple[dict, list[dict]]
             chunk_logits, row_loss = logits[:chunk], torch.empty(chunk, device=device)
             row_scale, shifts = torch.empty(chunk, device=device), torch.empty(chunk * -(-vocab // 1024), device=device)
 
-            def kernel(chunk=chunk, chunk_logits=chunk_logits, row_loss=row_loss, k=kernel_setting,
+            def kernel(chunk=chunk, chunk_logits=chunk_logits, row_loss=row_loss, setting=kernel_setting,
                        row_scale=row_scale, shifts=shifts):
-                grid = (flce._row_programs(chunk, device),)
+                one_pass = setting["one_pass"] is not None
+                k = setting["one_pass" if one_pass else "two_passes"]
+                grid = (flce._row_programs(chunk, device, k),)
                 common = {"BLOCK": k["block"], "COMPUTE_DTYPE": tl.float32, "num_warps": k["warps"]}
-                if k["one_pass"]:
+                if one_pass:
                     flce._fused_linear_cross_entropy_one_pass_kernel[grid](
                         chunk_logits, y[:chunk], row_loss, scale, row_scale, shifts, chunk_logits.stride(0), chunk,
                         vocab, -100, SPREAD=flce.SHIFT_SPREAD, **common)
@@ -112,7 +116,7 @@ def sweep_shape(shape: str, args, clock: DeviceClock) -> tuple[dict, list[dict]]
             setting["kernel_ms"].append(time_calls(kernel, clock, warmup=1, reps=args.reps)[0])
     for setting in settings:
         setting["ms"], setting["kernel_ms"] = statistics.median(setting["ms"]), statistics.median(setting["kernel_ms"])
-        passes = 2 if ROW_KERNELS[setting["row_kernel"]]["one_pass"] else 3
+        passes = 2 if ROW_KERNELS[setting["row_kernel"]]["one_pass"] is not None else 3
         setting["kernel_gb_s"] = passes * setting["chunk_rows"] * vocab * 2 / setting["kernel_ms"] / 1e6
         print(json.dumps(setting), flush=True)
     return baseline, settings
@@ -129,7 +133,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
     clock = DeviceClock(torch.device("cuda"))
-    default_kernel, default_budget = dict(flce.ROW_KERNEL), flce.LOGITS_CHUNK_BYTES
+    default_kernel, default_budget = flce.ROW_KERNEL, flce.LOGITS_CHUNK_BYTES
     baselines, results = [], []
     for shape in args.shapes.split(","):
         baseline, settings = sweep_shape(shape, args, clock)

@@ -60,15 +60,18 @@ from .fused_linear_cross_entropy_tiled import row_loss_reference, tiled_op
 from .fused_linear_cross_entropy_vocab_chunked import default_vocab_chunk, vocab_chunked_op
 
 LOGITS_CHUNK_BYTES = 512 * 1024 * 1024
-# The row kernel: columns per loop step over the vocabulary, warps, programs per SM (0: a program per row; n: n per
-# SM, each looping over rows), whether the gradient comes out of one pass over the logits (below), and whether the
-# two-pass kernel's gradient pass walks the row backwards (its first reads are then the columns the max/sum pass read
-# last, still in L2). One H200, bf16, 4096 rows, the kernel alone (tools/flce_chunked_sweep.py,
-# docs/performance/flce-chunked-h200.json): two passes at best (two programs an SM, 32 warps, 16K columns, reversed)
-# 0.404 ms a 1366-row chunk at Qwen2-0.5B's head and 0.496 / 0.508 a 2048-row chunk at Llama-3.2-1B's / -3B's, 3.1-3.2
-# TB/s of its three passes; one pass with four programs an SM, 8 warps and 4K columns 0.270, 0.325 and 0.329
-# (3.1-3.2 TB/s of two passes), where its 32-warp, 16K-column setting ran at 2.3-2.4.
-ROW_KERNEL = {"block": 4096, "warps": 8, "programs_per_sm": 4, "one_pass": True, "reverse": True}
+# The row kernels' launches: columns per loop step over the vocabulary, warps, programs per SM (each looping over
+# rows); the two-pass kernel's gradient pass may walk the row backwards (its first reads are then the columns the
+# max/sum pass read last, still in L2). "one_pass": None makes the gradients take two passes too. One H200, bf16,
+# the kernel alone over a chunk's logits (tools/flce_chunked_sweep.py, docs/performance/flce-chunked-h200.json):
+# two passes at their best (the setting below) 0.394 ms a 1366-row chunk at Qwen2-0.5B's head, 0.500 / 0.507 a
+# 2048-row chunk at Llama-3.2-1B's / -3B's (3.1 TB/s of three passes); one pass with four programs an SM, 8 warps and
+# 4K columns 0.276, 0.323 and 0.327 (3.0-3.3 TB/s of two passes), two programs with 16 warps and 8K 0.281-0.351,
+# eight with 4 warps and 2K 0.290-0.311. The loss and gradients stay 3e-3 from fp32 (relative), as PyTorch's in bf16.
+ROW_KERNEL = {
+    "one_pass": {"block": 4096, "warps": 8, "programs_per_sm": 4},
+    "two_passes": {"block": 16384, "warps": 32, "programs_per_sm": 2, "reverse": True},
+}
 # One pass: a row's logits x are replaced by exp(x - s), s the largest logit of the row's first block, while the
 # sum of exp(x - s) accumulates; the gradient is then a * exp(x - s) with a = exp(s - lse) * scale per row, and the
 # target's entry exp(x_t - s) - exp(lse - s). A later block whose largest logit exceeds s by more than
@@ -174,8 +177,9 @@ def _fused_linear_cross_entropy_one_pass_kernel(
             tl.store(row_scale_ptr + row, tl.exp(s_safe - lse) * scale)
 
 
-def _row_programs(n_rows: int, device: torch.device) -> int:
-    per_sm = ROW_KERNEL["programs_per_sm"]
+def _row_programs(n_rows: int, device: torch.device, launch: dict) -> int:
+    """``programs_per_sm`` programs an SM, each looping over rows; 0: a program a row."""
+    per_sm = launch["programs_per_sm"]
     return persistent_programs(n_rows, device, per_sm=per_sm) if per_sm else max(n_rows, 1)
 
 
@@ -241,10 +245,12 @@ def _fused_linear_cross_entropy_impl(
     grad_bias_acc = torch.zeros(vocab, dtype=loss_dtype, device=x.device) if compute_grad_bias else None
     chunk_rows = min(chunk_size, n_rows)
     logits_buffer = x.new_empty((chunk_rows, vocab))
-    block = loop_block(vocab, min(next_power_of_2(vocab), ROW_KERNEL["block"]))
-    num_warps = 1 if interpreting() else ROW_KERNEL["warps"]
     # the bias's gradient sums the gradient's columns, which one pass leaves scaled per row
-    one_pass = ROW_KERNEL["one_pass"] and compute_grad and not compute_grad_bias and x.dtype in _ONE_PASS_DTYPES
+    one_pass = (ROW_KERNEL["one_pass"] is not None and compute_grad and not compute_grad_bias
+                and x.dtype in _ONE_PASS_DTYPES)
+    launch = ROW_KERNEL["one_pass" if one_pass else "two_passes"]
+    block = loop_block(vocab, min(next_power_of_2(vocab), launch["block"]))
+    num_warps = 1 if interpreting() else launch["warps"]
     if one_pass:
         row_scale = torch.empty(chunk_rows, dtype=loss_dtype, device=x.device)
         shifts = torch.empty(chunk_rows * cdiv(vocab, block), dtype=loss_dtype, device=x.device)
@@ -257,7 +263,7 @@ def _fused_linear_cross_entropy_impl(
             torch.mm(x_chunk, weight.t(), out=logits)
         else:
             torch.addmm(bias, x_chunk, weight.t(), out=logits)
-        grid = (_row_programs(end - start, x.device),)
+        grid = (_row_programs(end - start, x.device, launch),)
         if one_pass:
             _fused_linear_cross_entropy_one_pass_kernel[grid](
                 logits, target1[start:end], row_loss[start:end], scale, row_scale, shifts, logits.stride(0),
@@ -275,7 +281,7 @@ def _fused_linear_cross_entropy_impl(
         _fused_linear_cross_entropy_fwd_kernel[grid](
             logits, target1[start:end], row_loss[start:end], scale, logits.stride(0), end - start, vocab, ignore_index,
             COMPUTE_GRAD=compute_grad, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
-            REVERSE=ROW_KERNEL["reverse"], num_warps=num_warps,
+            REVERSE=launch["reverse"], num_warps=num_warps,
         )
         if not compute_grad:
             continue

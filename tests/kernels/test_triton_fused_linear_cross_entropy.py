@@ -145,20 +145,20 @@ def test_bias_and_chunk_sizes(chunk_size):
     _check(x, weight, target, bias, torch.float32, chunk_size=chunk_size, what=f"flce bias chunk={chunk_size}")
 
 
-@pytest.mark.parametrize("row_kernel", [
+@pytest.mark.parametrize("launch", [
     {"block": 32, "warps": 4, "reverse": False, "programs_per_sm": 0},  # a program a row, blocks in order
     {"block": 32, "warps": 4, "reverse": True, "programs_per_sm": 0},  # the gradient pass from the row's end
     {"block": 32, "warps": 4, "reverse": True, "programs_per_sm": 1},  # fewer programs than rows, each loops
 ])
 @pytest.mark.parametrize("one_pass", [False, True])
-def test_row_kernel_settings_agree(row_kernel, one_pass, monkeypatch):
+def test_row_kernel_settings_agree(launch, one_pass, monkeypatch):
     """Every layout of the row kernel's work gives the reference: a program a row or programs looping over rows,
     one pass over the vocabulary or two, the second forwards or backwards (blocks of 32 here: 123 columns make a
     partial last block, which the reversed pass meets first)."""
-    monkeypatch.setattr(flce, "ROW_KERNEL", {**row_kernel, "one_pass": one_pass})
+    monkeypatch.setattr(flce, "ROW_KERNEL", {"one_pass": launch if one_pass else None, "two_passes": launch})
     monkeypatch.setattr(flce, "loop_block", lambda n, gpu_block: gpu_block)
     x, weight, target, bias = _inputs((3, 7), 16, torch.float32, bias=False)
-    _check(x, weight, target, bias, torch.float32, chunk_size=8, what=f"flce {row_kernel} one_pass={one_pass}")
+    _check(x, weight, target, bias, torch.float32, chunk_size=8, what=f"flce {launch} one_pass={one_pass}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -168,7 +168,8 @@ def test_one_pass_rows_whose_logits_climb_past_the_shift(dtype, monkeypatch):
     entries) start s at the first finite block. Blocks of 32 over 123 entries: the first block's logits near 0, the
     third's spread +-40 (most rows move s there), the first 40 entries masked in the biased case."""
     monkeypatch.setattr(flce, "loop_block", lambda n, gpu_block: gpu_block)
-    monkeypatch.setattr(flce, "ROW_KERNEL", {**flce.ROW_KERNEL, "block": 32, "one_pass": True})
+    one_pass = {**flce.ROW_KERNEL["one_pass"], "block": 32}
+    monkeypatch.setattr(flce, "ROW_KERNEL", {**flce.ROW_KERNEL, "one_pass": one_pass})
     x, weight, target, _ = _inputs((5, 7), 16, torch.float32, bias=False, ignore_every=4)
     weight[:32] *= 0.01
     weight[64:96] *= 40.0

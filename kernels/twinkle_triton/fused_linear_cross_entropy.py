@@ -127,7 +127,8 @@ def _fused_linear_cross_entropy_one_pass_kernel(
     logits_ptr, target_ptr, loss_ptr, scale_ptr, row_scale_ptr, shifts_ptr, logits_row_stride, n_rows, n_cols,
     ignore_index, SPREAD: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
-    """One pass over each row: the loss, and in place the gradient divided by ``row_scale`` (``SHIFT_SPREAD``)."""
+    """One pass over each row: the loss, and in place the gradient divided by the row's ``row_scale`` (the comment
+    above ``SHIFT_SPREAD``); a row whose shift moved is made the gradient itself in a second pass."""
     n_blocks = tl.cdiv(n_cols, BLOCK)
     for row32 in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(row32, tl.int64)

@@ -190,6 +190,18 @@ def test_one_pass_rows_whose_logits_climb_past_the_shift(dtype, monkeypatch):
                                f"flce climbing logits, bias {bias is not None}")
 
 
+def test_fp16_logits_spread_past_its_range(monkeypatch):
+    """fp16 overflows at exp(11), so its gradients keep two passes: rows whose logits climb 10-30 above the first
+    block's largest (no shift move at SHIFT_SPREAD=32) would store exp(x - s) as inf in one pass."""
+    monkeypatch.setattr(flce, "loop_block", lambda n, gpu_block: gpu_block)
+    launch = {"block": 32, "warps": 4, "programs_per_sm": 1}
+    monkeypatch.setattr(flce, "ROW_KERNEL", {"one_pass": launch, "two_passes": {**launch, "reverse": True}})
+    x, weight, target, _ = _inputs((5, 7), 16, torch.float32, bias=False)
+    weight[:32] *= 0.01
+    weight[64:96] *= 6.0
+    _check(x.half(), weight.half(), target, None, torch.float16, chunk_size=16, what="flce fp16 wide logits")
+
+
 def test_non_contiguous_x_and_weight():
     x = torch.randn(16, 10).t()  # [10, 16], transposed
     weight = torch.randn(16, 2 * VOCAB).t()[::2]  # [123, 16], strided rows

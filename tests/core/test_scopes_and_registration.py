@@ -232,7 +232,8 @@ def test_registering_a_function_kernel_imports_and_runs_nothing(tmp_path, monkey
 def test_every_registry_starts_with_the_graph_rewrites_and_a_scope_removes_one_for_itself():
     with scoped_registry(inherit=False) as registry:
         assert registry.graph_rewrite_names() == ["causal_attention", "gqa_attention", "fused_projections",
-                                                  "decode_gemv", "decode_cache", "residual_norm", "embedding_grad"]
+                                                  "decode_gemv", "decode_cache", "residual_norm", "embedding_grad",
+                                                  "matmul_sums"]
         before = registry.generation
         registry.remove_graph_rewrite("fused_projections")
         assert registry.generation > before  # a compiled graph built with it hears of the change
@@ -241,7 +242,7 @@ def test_every_registry_starts_with_the_graph_rewrites_and_a_scope_removes_one_f
             inner.add_graph_rewrite("fused_projections")
             assert inner.has_graph_rewrite("fused_projections")
         assert registry.graph_rewrite_names() == ["causal_attention", "gqa_attention", "decode_gemv", "decode_cache",
-                                                  "residual_norm", "embedding_grad"]
+                                                  "residual_norm", "embedding_grad", "matmul_sums"]
     assert get_registry().has_graph_rewrite("fused_projections")
 
 
@@ -251,4 +252,5 @@ def test_an_unknown_graph_rewrite_names_the_known_ones():
             with pytest.raises(ValueError, match=rf"{name!r} is not a graph rewrite .*'gqa_attention'.*'fused_projections'"):
                 registry.remove_graph_rewrite(name)
         assert registry.graph_rewrite_names() == ["causal_attention", "gqa_attention", "fused_projections",
-                                                  "decode_gemv", "decode_cache", "residual_norm", "embedding_grad"]
+                                                  "decode_gemv", "decode_cache", "residual_norm", "embedding_grad",
+                                                  "matmul_sums"]

@@ -21,9 +21,10 @@ The eleven passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]`
 10. ``decode_cache`` (rewrite): the rotary kernel and a static KV cache's two writes become one kernel call;
 11. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
 
-Backward graphs, which AOTAutograd traces after these passes, get one rewrite of their own,
-``embedding_grad`` (:mod:`.inner.embedding_grad`): an embedding's weight gradient from the looked-up rows'
-sums instead of a dense table.
+The graphs AOTAutograd traces after these passes (forward and backward, ATen ops) get two rewrites of their own
+(:mod:`.inner.post_grad`): ``embedding_grad`` (:mod:`.inner.embedding_grad`), an embedding's weight gradient from
+the looked-up rows' sums instead of a dense table, and ``matmul_sums`` (:mod:`.inner.matmul_sums`), a sum of
+matrix products (a layer input's gradient from q, k and v) as GEMMs that accumulate, with no add kernel.
 
 All but ``graph_breaks`` and ``compiled_root`` also run inside the bodies of activation-checkpoint
 calls (gradient checkpointing in transformers puts each decoder layer there); the calls stay, so
@@ -56,8 +57,9 @@ from .graph.dynamo import input_source, module_lookup, parse_source
 from .graph.recording import RecordedGraphs, active_recorders, readable
 from .graph.structure import checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break, graph_breaks_counted
 from .inner import verify as verification
-from .inner.embedding_grad import EMBEDDING_GRAD, rewrite_embedding_grads
+from .inner import embedding_grad, matmul_sums
 from .inner.inductor_options import compile_with_inductor, inductor_config_patches
+from .inner.post_grad import PostGradRewrite, run_rewrites
 from .options import BackendOptions, parse_options
 from .passes import compiled_root, foreign_forwards, function_calls, graph_breaks
 from .pipeline import Pass, PassState, run_passes
@@ -138,11 +140,10 @@ def twinkle_backend(
     for recorder in recorders:
         recorder.after.append(readable(gm))
     inference = Mode.TRAINING not in state.mode
-    embedding_grad = (opts.embedding_grad and state.registry.has_graph_rewrite(EMBEDDING_GRAD)
-                      and not kernels_disabled())
-    compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders, inference, embedding_grad)
+    rewrites = _post_grad_rewrites(opts, state.registry)
+    compiled = _inner_compile(gm, state.example_inputs, opts, mode, recorders, inference, rewrites)
     if state.scratch.baked_scalars and reference is not None and gm is not reference:
-        original = _inner_compile(reference, state.example_inputs, opts, mode, (), inference, False)
+        original = _inner_compile(reference, state.example_inputs, opts, mode, (), inference, ())
         compiled = _check_scalars(compiled, original, dict(state.scratch.baked_scalars), report)
     return _follow_registry(compiled, state.registry, report, opts, active_reports())
 
@@ -324,17 +325,26 @@ def _warn_if_nothing_swapped(report: GraphReport) -> None:
                    len(report.regions), shown)
 
 
+def _post_grad_rewrites(opts: BackendOptions, registry: KernelRegistry) -> tuple[PostGradRewrite, ...]:
+    """The rewrites of the graphs AOTAutograd traces that the options and the registry leave on (none while
+    kernels are disabled)."""
+    if kernels_disabled():
+        return ()
+    chosen = ((embedding_grad.REWRITE, opts.embedding_grad), (matmul_sums.REWRITE, opts.matmul_sums))
+    return tuple(rewrite for rewrite, on in chosen if on and registry.has_graph_rewrite(rewrite.name))
+
+
 def _inner_compile(
     gm: fx.GraphModule, example_inputs: list[Any], opts: BackendOptions, mode: str | None,
-    recorders: tuple[RecordedGraphs, ...], inference: bool, embedding_grad: bool,
+    recorders: tuple[RecordedGraphs, ...], inference: bool, rewrites: tuple[PostGradRewrite, ...],
 ) -> Callable[..., Any]:
-    """``gm`` compiled by the inner compiler; ``embedding_grad``: the backward graph's rewrite of that name."""
+    """``gm`` compiled by the inner compiler; ``rewrites``: those of the graphs AOTAutograd traces."""
     if opts.compiler == "eager":
         return gm.forward
     if opts.compiler == "aot_eager":
         def recording(kind: str) -> Callable[..., Any]:
             def compiler(graph: fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-                if kind == "backward" and embedding_grad and rewrite_embedding_grads(graph.graph):
+                if run_rewrites(graph.graph, rewrites):
                     graph.recompile()
                 for recorder in recorders:
                     getattr(recorder, kind).append(readable(graph))
@@ -342,11 +352,11 @@ def _inner_compile(
 
             return compiler
 
-        if not recorders and not embedding_grad:
+        if not recorders and not rewrites:
             return aot_eager(gm, example_inputs)
         return aot_eager(gm, example_inputs, fw_compiler=recording("forward"), bw_compiler=recording("backward"))
     # torch.compile's mode, options["cudagraphs"], options["inductor"]; CUDA-graph status recorded. Inference graphs
     # on CUDA (decode steps) launch Inductor's kernels as programmatic dependents, as the decode kernels are.
     patches = inductor_config_patches(mode, opts.cudagraphs, opts.inductor,
                                       dependent_launch=inference and _device(example_inputs) == "cuda")
-    return compile_with_inductor(gm, example_inputs, patches, embedding_grad=embedding_grad)
+    return compile_with_inductor(gm, example_inputs, patches, rewrites=rewrites)

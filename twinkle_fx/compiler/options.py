@@ -30,7 +30,7 @@ class BackendOptions:
     """Options of the ``twinkle`` backend.
 
     ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache``, ``causal_mask``,
-    ``residual_norm`` and ``embedding_grad`` choose among the graph rewrites
+    ``residual_norm``, ``embedding_grad`` and ``matmul_sums`` choose among the graph rewrites
     the registry in effect has: one removed from it (``get_registry().remove_graph_rewrite("gqa_attention")``, names in
     :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever they say.
 
@@ -71,6 +71,9 @@ class BackendOptions:
         embedding_grad (`bool`, defaults to `True`): in backward graphs, an embedding's weight gradient is
             summed per looked-up row (``twinkle_triton.embedding_grad_sums``) and gathered into the kernel that
             writes the tied LM head's gradient, instead of a dense fp32 table, see :mod:`.inner.embedding_grad`.
+        matmul_sums (`bool`, defaults to `True`): a sum of matrix products that only opaque ops read (a layer
+            input's gradient from q, k and v, or gate and up, before a swapped norm's backward) runs as GEMMs that
+            accumulate into one another, with no add kernel, see :mod:`.inner.matmul_sums`.
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).
@@ -92,6 +95,7 @@ class BackendOptions:
     causal_mask: bool = True
     residual_norm: bool = True
     embedding_grad: bool = True
+    matmul_sums: bool = True
     swap_policy: str = "always"
     dump_graphs: str | None = None
 
@@ -127,7 +131,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
     mode = options.get("mode")
     if mode is not None:
         mode = parse_mode(mode) | Mode.TORCH_COMPILE
-    for key in ("verify", "report", "cudagraphs", "causal_mask", "residual_norm", "embedding_grad"):
+    for key in ("verify", "report", "cudagraphs", "causal_mask", "residual_norm", "embedding_grad", "matmul_sums"):
         default = getattr(BackendOptions, key)
         if not isinstance(options.get(key, default), bool):
             raise ValueError(f"twinkle backend option {key} must be True or False, got {options[key]!r}.")
@@ -148,7 +152,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
         fuse_projections=options.get("fuse_projections", "auto"), gqa_attention=options.get("gqa_attention", "auto"),
         decode_gemv=options.get("decode_gemv", "auto"), decode_cache=options.get("decode_cache", "auto"),
         causal_mask=options.get("causal_mask", True), residual_norm=options.get("residual_norm", True),
-        embedding_grad=options.get("embedding_grad", True),
+        embedding_grad=options.get("embedding_grad", True), matmul_sums=options.get("matmul_sums", True),
         swap_policy=policy,
         dump_graphs=None if dump_graphs is None else os.fspath(dump_graphs),
     )

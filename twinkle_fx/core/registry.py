@@ -116,6 +116,8 @@ GRAPH_REWRITES: dict[str, str] = {
     "residual_norm": "a residual add read by a swapped RMSNorm layer -> twinkle_triton.add_rms_norm",
     "embedding_grad": "an embedding's dense weight gradient in a backward graph (plus a tied LM head's) -> "
                       "twinkle_triton.embedding_grad_sums, gathered where the gradient is written",
+    "matmul_sums": "a sum of matrix products in a traced graph (a layer input's gradient from q, k and v) -> "
+                   "twinkle_fx::matmul_sum, GEMMs that accumulate into one another",
 }
 
 
@@ -184,7 +186,7 @@ class KernelRegistry:
             ...     registry.remove_graph_rewrite("gqa_attention")
             ...     registry.graph_rewrite_names()  # doctest: +NORMALIZE_WHITESPACE
             ['causal_attention', 'fused_projections', 'decode_gemv', 'decode_cache', 'residual_norm',
-             'embedding_grad']
+             'embedding_grad', 'matmul_sums']
         """
         with self._lock:
             _check_graph_rewrite(name)

@@ -32,12 +32,10 @@ Rewritten: ``aten.embedding_dense_backward`` (graphs for ``aot_eager``) and Indu
 of it (``_unsafe_masked_index_put_accumulate`` of rows into a ``full`` of zeros, then a cast; in torch
 2.11 an accumulating ``_unsafe_index_put`` of rows a ``where`` zeroed at the padding index); left
 alone: ``scale_grad_by_freq=True``, a sum of two dtypes, devices the kernel does not run on. The
-backend runs it on every backward graph, unless ``options={"embedding_grad": False}`` or the
-registry's graph rewrite ``embedding_grad`` is removed: for Inductor as its first post-grad pass
-(:func:`with_embedding_grad_pass`, a ``CustomGraphPass`` whose uuid keeps Inductor's and AOTAutograd's
-caches from serving a graph compiled with it to a compile without it, and the reverse), for ``aot_eager``
-on the backward graph it is handed. Under ``aot_eager`` the gather and the add run as separate eager ops
-(fp32 temporaries of the table's size): that path checks the numbers; Inductor's is the fast one.
+backend runs it on every graph (:mod:`.post_grad`; only backward graphs hold the dense gradient), unless
+``options={"embedding_grad": False}`` or the registry's graph rewrite ``embedding_grad`` is removed. Under
+``aot_eager`` the gather and the add run as separate eager ops (fp32 temporaries of the table's size): that path
+checks the numbers; Inductor's is the fast one.
 """
 
 from __future__ import annotations
@@ -45,18 +43,20 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from ...core.torch_internals import inductor_pass_uuid, inductor_post_grad_pass
+from .post_grad import PostGradRewrite, erase_unused, fake_mode_of, source_uuid
+from .post_grad import call as call_node
+from .post_grad import value as _val
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EMBEDDING_GRAD", "rewrite_embedding_grads", "with_embedding_grad_pass"]
+__all__ = ["EMBEDDING_GRAD", "REWRITE", "rewrite_embedding_grads"]
 
 EMBEDDING_GRAD = "embedding_grad"  # its name in the registry
 
@@ -94,7 +94,7 @@ def rewrite_embedding_grads(graph: fx.Graph) -> int:
         if found is None or not _runs_kernels(found.table):
             continue
         if fake_mode is None:  # the graph's fake tensors, once: the new nodes' values are computed under it
-            fake_mode = next((v.fake_mode for v in map(_val, graph.nodes) if hasattr(v, "fake_mode")), False)
+            fake_mode = fake_mode_of(graph) or False
         _rewrite(graph, found, fake_mode or None)
         rewritten += 1
     if rewritten:
@@ -104,40 +104,9 @@ def rewrite_embedding_grads(graph: fx.Graph) -> int:
     return rewritten
 
 
-def with_embedding_grad_pass(existing: Any) -> Any:
-    """The value of Inductor's post-grad pre-pass config that runs :func:`rewrite_embedding_grads` first
-    and then ``existing`` (the user's own pass, or None), as one pass."""
-    if existing is None:
-        return _inductor_pass()
-
-    def run(graph: fx.Graph) -> None:
-        rewrite_embedding_grads(graph)
-        for custom_pass in existing if isinstance(existing, (list, tuple)) else (existing,):
-            custom_pass(graph)
-
-    return inductor_post_grad_pass(run, lambda: _chained_uuid(existing))
-
-
-@functools.cache
-def _inductor_pass() -> Any:
-    return inductor_post_grad_pass(rewrite_embedding_grads, _uuid)
-
-
-@functools.cache
 def _uuid() -> str:
     """This rewrite's and its kernel's source, hashed: a change to either is a new cache key."""
-    import hashlib
-
-    digest = hashlib.sha256(Path(__file__).read_bytes())
-    kernel = _kernel_module()
-    if kernel is not None:
-        digest.update(Path(kernel.__file__).read_bytes())
-    return f"twinkle_fx.embedding_grad:{digest.hexdigest()}"
-
-
-def _chained_uuid(existing: Any) -> Any:
-    theirs = inductor_pass_uuid(existing)
-    return None if theirs is None else (_uuid(), theirs)
+    return source_uuid("twinkle_fx.embedding_grad", sys.modules[__name__], _kernel_module())
 
 
 def _kernel_module():
@@ -231,7 +200,7 @@ def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> None:
                 target, head = add, other
 
     def call(op, *args) -> fx.Node:
-        return _node(graph, fake_mode, op, args)
+        return call_node(graph, fake_mode, op, args)
 
     with graph.inserting_before(target):
         mask = found.mask
@@ -252,33 +221,7 @@ def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> None:
         if val.dtype != torch.float32:
             out = call(_CONVERT, out, val.dtype)
     target.replace_all_uses_with(out)
-    _erase_unused(graph, target)
-
-
-def _erase_unused(graph: fx.Graph, node: fx.Node) -> None:
-    """Erase ``node`` and, recursively, what only it read (the dense table's zeros, index-put and casts), leaving
-    the rest to the compiler's own dead-code elimination."""
-    if node.users or node.op != "call_function":
-        return
-    inputs = node.all_input_nodes
-    graph.erase_node(node)
-    for value in inputs:
-        if value.op == "call_function" and value.target in _DENSE_PATH:
-            _erase_unused(graph, value)
-
-
-def _node(graph: fx.Graph, fake_mode: Any, target, args: tuple) -> fx.Node:
-    """A call node with its ``meta["val"]`` computed on the graph's fake tensors (Inductor's passes read it);
-    none where the graph has no fake values (``fake_mode`` None)."""
-    node = graph.call_function(target, args)
-    if fake_mode is not None:
-        with fake_mode:
-            node.meta["val"] = target(*fx.node.map_arg(args, _val))
-    return node
-
-
-def _val(node):
-    return node.meta.get("val") if isinstance(node, fx.Node) else node
+    erase_unused(graph, target, lambda n: n.target in _DENSE_PATH)
 
 
 def _shape(node) -> tuple[int, ...] | None:
@@ -295,3 +238,6 @@ def _same_tensor_type(a: fx.Node, b: fx.Node) -> bool:
     va, vb = _val(a), _val(b)
     return (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
             and va.shape == vb.shape and va.device == vb.device)
+
+
+REWRITE = PostGradRewrite(EMBEDDING_GRAD, rewrite_embedding_grads, functools.cache(_uuid))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +39,7 @@ from ...core.torch_internals import (POST_GRAD_PRE_PASS, clear_static_input, cud
                                     inductor_config_values, inductor_cudagraphs_requested, inductor_inner_compiler,
                                     inductor_mode_options, inductor_post_grad_pre_pass, is_static_input)
 from . import ttir_memo
-from .embedding_grad import with_embedding_grad_pass
+from .post_grad import PostGradRewrite, with_rewrites
 
 logger = logging.getLogger(__name__)
 
@@ -220,14 +220,14 @@ def _from_fsdp_module(source: Any) -> bool:
 
 
 def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any], patches: dict[str, Any], *,
-                          embedding_grad: bool = False) -> Callable[..., Any]:
+                          rewrites: Sequence[PostGradRewrite] = ()) -> Callable[..., Any]:
     """``compile_fx`` with ``patches`` applied, recording each compiled graph's CUDA-graph status;
-    ``embedding_grad``: backward graphs' embedding weight gradients from the looked-up rows' sums
-    (:mod:`.embedding_grad`), a post-grad pass run before any the user set."""
-    if embedding_grad:
+    ``rewrites``: the backend's rewrites of the graphs AOTAutograd hands Inductor (:mod:`.post_grad`), a
+    post-grad pass run before any the user set."""
+    if rewrites:
         with inductor_config_patch(patches):
             existing = inductor_post_grad_pre_pass()
-        patches = {**patches, POST_GRAD_PRE_PASS: with_embedding_grad_pass(existing)}
+        patches = {**patches, POST_GRAD_PRE_PASS: with_rewrites(existing, rewrites)}
     with inductor_config_patch(patches):
         requested = inductor_cudagraphs_requested()
     if requested and (copied := unpin_fsdp_parameters(gm)):

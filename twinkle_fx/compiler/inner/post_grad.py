@@ -1,0 +1,105 @@
+"""The backend's rewrites of the graphs AOTAutograd hands the inner compiler (forward and backward, post-grad).
+
+Each rewrite (:class:`PostGradRewrite`) edits an ATen-level graph in place and says how many places it changed.
+Under Inductor they run as one post-grad pass, before any the user set (:func:`with_rewrites`): a
+``CustomGraphPass`` whose uuid hashes every rewrite's source, so Inductor's and AOTAutograd's caches never serve
+a graph compiled with a rewrite to a compile without it, or the reverse. Under ``aot_eager`` the backend runs
+them on the graphs it is handed.
+
+The helpers build the nodes a rewrite adds with the ``meta["val"]`` Inductor's passes read, computed on the
+graph's own fake tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ...core.torch_internals import inductor_pass_uuid, inductor_post_grad_pass
+
+__all__ = ["PostGradRewrite", "with_rewrites", "run_rewrites", "source_uuid", "call", "fake_mode_of", "value",
+           "erase_unused"]
+
+
+@dataclass(frozen=True)
+class PostGradRewrite:
+    """One rewrite: ``name`` (its name in the registry's graph rewrites), ``rewrite(graph)`` (edits ``graph`` in
+    place, returns how many places it changed) and ``uuid()`` (its part of the compile caches' keys)."""
+
+    name: str
+    rewrite: Callable[[fx.Graph], int]
+    uuid: Callable[[], str]
+
+
+def run_rewrites(graph: fx.Graph, rewrites: Sequence[PostGradRewrite]) -> int:
+    """Every rewrite on ``graph``, in order; how many places they changed together."""
+    return sum(r.rewrite(graph) for r in rewrites)
+
+
+def with_rewrites(existing: Any, rewrites: Sequence[PostGradRewrite]) -> Any:
+    """The value of Inductor's post-grad pre-pass config that runs ``rewrites`` and then ``existing`` (the user's
+    own pass, a list of them, or None) as one pass."""
+    rewrites = tuple(rewrites)
+
+    def run(graph: fx.Graph) -> None:
+        run_rewrites(graph, rewrites)
+        if existing is not None:
+            for custom_pass in existing if isinstance(existing, (list, tuple)) else (existing,):
+                custom_pass(graph)
+
+    def uuid() -> Any:
+        ours = tuple(r.uuid() for r in rewrites)
+        if existing is None:
+            return ours
+        theirs = inductor_pass_uuid(existing)
+        return None if theirs is None else (ours, theirs)
+
+    return inductor_post_grad_pass(run, uuid)
+
+
+def source_uuid(name: str, *modules: Any) -> str:
+    """``name`` and the sha256 of the source files of ``modules`` (modules, or None for one that did not import):
+    a change to any of them is a new cache key."""
+    digest = hashlib.sha256()
+    for module in modules:
+        if module is not None:
+            digest.update(Path(module.__file__).read_bytes())
+    return f"{name}:{digest.hexdigest()}"
+
+
+def value(node: Any) -> Any:
+    """A node's ``meta["val"]`` (its fake tensor), or ``node`` itself when it is not a node (a constant)."""
+    return node.meta.get("val") if isinstance(node, fx.Node) else node
+
+
+def fake_mode_of(graph: fx.Graph) -> Any:
+    """The fake mode of the graph's tensors, or None when its nodes carry none."""
+    return next((v.fake_mode for v in map(value, graph.nodes) if hasattr(v, "fake_mode")), None)
+
+
+def call(graph: fx.Graph, fake_mode: Any, target: Any, args: tuple) -> fx.Node:
+    """A call node at the graph's insertion point, with its ``meta["val"]`` computed on the graph's fake
+    tensors; none where the graph has no fake values (``fake_mode`` None)."""
+    node = graph.call_function(target, args)
+    if fake_mode is not None:
+        with fake_mode:
+            node.meta["val"] = target(*fx.node.map_arg(args, value))
+    return node
+
+
+def erase_unused(graph: fx.Graph, node: fx.Node, replaced: Callable[[fx.Node], bool]) -> None:
+    """Erase ``node`` once nothing reads it and, recursively, each input ``replaced`` names that nothing else reads,
+    leaving the rest to the compiler's own dead-code elimination."""
+    if node.users or node.op != "call_function":
+        return
+    inputs = node.all_input_nodes
+    graph.erase_node(node)
+    for input_node in inputs:
+        if input_node.op == "call_function" and replaced(input_node):
+            erase_unused(graph, input_node, replaced)

@@ -55,10 +55,12 @@ rms_norm_1: "f32[2, 8, 64]" = torch.ops.twinkle.rms_norm.default(v8, primals_16,
             self.assertExpectedInline(twinkle_lines(graphs.backward[0]), """\
 rms_norm_backward = torch.ops.twinkle.rms_norm_backward.default(v0, v1, primals_16, 1e-06)
 silu_mul_linear_backward = torch.ops.twinkle.silu_mul_linear_backward.default(v2, v3, v4, primals_15)
-add_rms_norm_backward = torch.ops.twinkle.add_rms_norm_backward.default(v5, v2, v6, primals_12, 1e-06)
-apply_rotary_pos_emb_backward = torch.ops.twinkle.apply_rotary_pos_emb_backward.default(v7, v8, v9, v10, 1)
-rms_norm_backward_1 = torch.ops.twinkle.rms_norm_backward.default(v11, v12, primals_4, 1e-06)
-embedding_grad_sums_default = torch.ops.twinkle.embedding_grad_sums.default(primals_1, v13, None, 128)
+matmul_sum_default: "f32[16, 64]" = torch.ops.twinkle_fx.matmul_sum.default([v5, v6], [v7, v8])
+add_rms_norm_backward = torch.ops.twinkle.add_rms_norm_backward.default(v9, v2, v10, primals_12, 1e-06)
+apply_rotary_pos_emb_backward = torch.ops.twinkle.apply_rotary_pos_emb_backward.default(v11, v12, v13, v14, 1)
+matmul_sum_default_1: "f32[16, 64]" = torch.ops.twinkle_fx.matmul_sum.default([v15, v16, v17], [v18, v19, v20])
+rms_norm_backward_1 = torch.ops.twinkle.rms_norm_backward.default(v21, v22, primals_4, 1e-06)
+embedding_grad_sums_default = torch.ops.twinkle.embedding_grad_sums.default(primals_1, v23, None, 128)
 """)
 
     def test_report_lists_the_swaps(self):

@@ -31,13 +31,13 @@ def _llama(layers: int = 2) -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_config(config).to(DEVICE)
 
 
-def _compiled_step(model, ids, options=None):
+def _compiled_step(model, ids, options=None, dynamic=None):
     """The backward graph's code and every gradient of one step compiled with aot_eager, the built-in kernels
     swapped (the norms' backward, an opaque op, reads each layer input's gradient)."""
     model.zero_grad()
     with twinkle_fx.scoped_registry(), record_graphs() as graphs:
         use_builtin_kernels(devices=(DEVICE,))
-        compiled = twinkle_fx.compile(model, options={"compiler": "aot_eager", **(options or {})})
+        compiled = twinkle_fx.compile(model, options={"compiler": "aot_eager", **(options or {})}, dynamic=dynamic)
         compiled(ids, labels=ids).loss.backward()
     return graphs.backward[0], [p.grad.clone() for p in model.parameters()]
 
@@ -53,6 +53,14 @@ def test_each_layer_inputs_gradient_sum_is_one_accumulating_chain_with_the_gradi
     code, grads = _compiled_step(model, ids)
     products = [len(a.split(",")) for a in re.findall(r"twinkle_fx\.matmul_sum\.default\(\[([^]]*)\]", code)]
     assert sorted(products) == [2, 2, 3, 3]  # per layer: q/k/v's three products and gate/up's two
+    for got, want in zip(grads, _eager_grads(model, ids)):
+        assert_close(got, want, torch.float32, "gradient")
+
+
+def test_symbolic_token_counts_are_rewritten_with_the_graphs_own_sizes():
+    model, ids = _llama(layers=1), input_ids(seq=7)
+    code, grads = _compiled_step(model, ids, dynamic=True)
+    assert code.count("twinkle_fx.matmul_sum.default(") == 2 and '"Sym(' in code  # sizes are graph inputs
     for got, want in zip(grads, _eager_grads(model, ids)):
         assert_close(got, want, torch.float32, "gradient")
 

@@ -35,7 +35,7 @@ __all__ = [
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
     "foreach_zero", "set_gemm_sm_carveout", "POST_GRAD_PRE_PASS", "inductor_post_grad_pass", "inductor_pass_uuid",
-    "inductor_post_grad_pre_pass", "capture_cuda_graph", "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
+    "inductor_post_grad_pre_pass", "known_equal", "capture_cuda_graph", "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
 ]
 
 
@@ -348,6 +348,14 @@ def compiled_call(module: torch.nn.Module) -> Callable[..., Any] | None:
 def set_compiled_call(module: torch.nn.Module, call: Callable[..., Any]) -> None:
     """Make ``module(...)`` run ``call`` in place of what ``module.compile()`` installed."""
     module._compiled_call_impl = call
+
+
+def known_equal(a: Any, b: Any) -> bool:
+    """Whether two sizes (ints or SymInts of a traced graph) are equal for every value the graph may take,
+    without adding a guard (``torch.fx.experimental.symbolic_shapes.statically_known_true``)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(a == b))
 
 
 def fake_tensor_type() -> type:

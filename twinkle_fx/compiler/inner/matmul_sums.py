@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import operator
 import os
 import sys
 
@@ -43,6 +42,7 @@ import torch
 import torch.fx as fx
 from torch import Tensor
 
+from ...core.torch_internals import known_equal
 from .post_grad import PostGradRewrite, call, erase_unused, fake_mode_of, source_uuid, value
 
 logger = logging.getLogger(__name__)
@@ -183,20 +183,27 @@ def _products(root: fx.Node) -> list[fx.Node] | None:
         if mm.target is not _aten.mm.default or len(mm.users) != 1:
             return None
         products.append(mm)
-    shapes = {tuple(value(mm).shape) for mm in products}
-    if len(products) < 2 or len(shapes) != 1 or _numel(next(iter(shapes))) != value(root).numel():
+    shape = value(products[0]).shape
+    if len(products) < 2 or not all(_same_shape(value(mm).shape, shape) for mm in products) \
+            or not known_equal(shape[0] * shape[1], value(root).numel()):
         return None
-    return sorted(products, key=lambda mm: -value(mm.args[0]).shape[1])
+    # a symbolic inner dimension keeps the graph's order
+    return sorted(products, key=lambda mm: -_static(value(mm.args[0]).shape[1]))
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    return functools.reduce(operator.mul, shape, 1)
+def _static(size) -> int:
+    return size if isinstance(size, int) else 0
+
+
+def _same_shape(a, b) -> bool:
+    """Equal for every size the graph may take (dynamic shapes: sizes are SymInts, compared without a guard)."""
+    return len(a) == len(b) and all(known_equal(x, y) for x, y in zip(a, b))
 
 
 def _same_type(a: fx.Node, b: fx.Node) -> bool:
     va, vb = value(a), value(b)
-    return (isinstance(va, Tensor) and isinstance(vb, Tensor) and va.shape == vb.shape and va.dtype == vb.dtype
-            and va.device == vb.device)
+    return (isinstance(va, Tensor) and isinstance(vb, Tensor) and _same_shape(va.shape, vb.shape)
+            and va.dtype == vb.dtype and va.device == vb.device)
 
 
 def _opaque(user: fx.Node) -> bool:
@@ -222,11 +229,14 @@ def _runs_kernels(node: fx.Node) -> bool:
 
 
 def _rewrite(graph: fx.Graph, root: fx.Node, products: list[fx.Node], fake_mode) -> None:
+    # the terms' view of their product to the sum's shape, whose size arguments are the graph's own (symbolic
+    # sizes are nodes there); none when the products have the sum's shape
+    view = next((user for mm in products for user in mm.users if user.target in _VIEWS), None)
     with graph.inserting_before(root):
         total = call(graph, fake_mode, torch.ops.twinkle_fx.matmul_sum.default,
                      ([mm.args[0] for mm in products], [mm.args[1] for mm in products]))
-        if tuple(value(total).shape) != tuple(value(root).shape):
-            total = call(graph, fake_mode, _aten.view.default, (total, list(value(root).shape)))
+        if view is not None:
+            total = call(graph, fake_mode, _aten.view.default, (total, view.args[1]))
     root.replace_all_uses_with(total)
     erase_unused(graph, root, lambda n: _is_sum(n) or n.target in _VIEWS or n.target is _aten.mm.default)
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.fx as fx
 
 from ...core.torch_internals import inductor_pass_uuid, inductor_post_grad_pass

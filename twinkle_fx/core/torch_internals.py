@@ -35,7 +35,8 @@ __all__ = [
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
     "foreach_zero", "set_gemm_sm_carveout", "POST_GRAD_PRE_PASS", "inductor_post_grad_pass", "inductor_pass_uuid",
-    "inductor_post_grad_pre_pass", "known_equal", "capture_cuda_graph", "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
+    "inductor_post_grad_pre_pass", "known_equal", "capture_cuda_graph", "fsdp_unit", "fsdp_comm_bases",
+    "symmetric_memory",
 ]
 
 

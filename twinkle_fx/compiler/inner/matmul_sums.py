@@ -13,22 +13,24 @@ this rewrite::
 
 the first GEMM writes its product and each next one adds its own into it (cuBLAS's ``beta = 1`` epilogue,
 ``Tensor.addmm_``), reading the running sum where it writes it: the add kernel's passes are gone, the GEMMs read
-one product each more. Timed alone (one H200, CUDA-graph replays, docs/performance.md): q/k/v's 97 -> 81 us at
-Llama-3.2-1B, 204 -> 183 at Llama-3.2-3B, 37 -> 31 at Qwen2-0.5B; gate/up's 110 -> 105 at Qwen2-0.5B and 601 -> 590
-at Llama-3.2-3B.
+one product each more. Timed alone (one H200, CUDA-graph replays; docs/performance.md has the table): q/k/v's 97
+-> 81 us at Llama-3.2-1B, 204 -> 183 at Llama-3.2-3B, 37 -> 31 at Qwen2-0.5B; gate/up's 110 -> 105 at Qwen2-0.5B,
+601 -> 590 at Llama-3.2-3B, and 352 -> 362-378 at Llama-3.2-1B (replays back to back at the power cap; profiled
+once, the accumulating GEMM took as long as the plain one). In the training step the device time a step fell by
+0.43 ms at Qwen2-0.5B and 0.80 ms at Llama-3.2-1B.
 
 The products are summed in the order of their inner dimension, the largest first (its GEMM writes, the smaller
-ones accumulate), each rounded once to the dtype after adding the running sum: as many roundings as the add of
-the rounded products, in another order.
+ones accumulate); each GEMM rounds the running sum once to the dtype: n roundings for n products, where the add of
+the rounded products makes n + 1.
 
 Rewritten: a tree of ``aten.add.Tensor`` (no ``alpha``, no broadcasting, one dtype) whose leaves are all products
 ``aten.mm`` of one shape (or views of them: the graph reshapes the tokens' dimensions), each read only by the
 sum, and whose result only opaque ops read (a custom op such as the swapped norms' backward, an extern GEMM, the
 graph's output): where an Inductor kernel reads it, Inductor fuses the add into that kernel, and the rewrite would
-only move the reads into the GEMMs. Left alone: sums with any other term, on devices the kernels do not run on
-(the CPU outside Triton's interpreter, where nothing was measured). The backend runs it on every graph
-(:mod:`.post_grad`) unless ``options={"matmul_sums": False}`` or the registry's graph rewrite ``matmul_sums`` is
-removed.
+only move the reads into the GEMMs. Left alone: sums with any other term, and graphs on the CPU outside Triton's
+interpreter (nothing was measured there; under the interpreter the tests take the GPU's graphs). The backend runs
+it on every graph (:mod:`.post_grad`) unless ``options={"matmul_sums": False}`` or the registry's graph rewrite
+``matmul_sums`` is removed.
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@ import re
 import pytest
 import torch
 import transformers
-from tiny_models import TINY, input_ids
+from tiny_models import TINY, assert_close_for, eager_grads, input_ids
 
 import twinkle_fx
-from twinkle_fx.core.tolerances import tolerance
 from twinkle_fx.testing import record_graphs
 
 from device_under_test import DEVICE
@@ -21,11 +20,6 @@ def _llama(tied: bool) -> torch.nn.Module:
     config = transformers.AutoConfig.for_model("llama", **{**TINY, "num_hidden_layers": 1},
                                                tie_word_embeddings=tied)
     return transformers.AutoModelForCausalLM.from_config(config).to(DEVICE)
-
-
-def assert_close(actual, expected, dtype, what):
-    tol = tolerance(dtype)
-    torch.testing.assert_close(actual, expected, rtol=tol.rtol, atol=tol.atol, msg=lambda m: f"{what}: {m}")
 
 
 def _gathered_sums_added(code: str) -> bool:
@@ -45,12 +39,6 @@ def _compiled_grads(model, ids, options=None):
     return graphs.backward[0], [p.grad.clone() for p in model.parameters()]
 
 
-def _eager_grads(model, ids):
-    model.zero_grad()
-    model(ids, labels=ids).loss.backward()
-    return [p.grad.clone() for p in model.parameters()]
-
-
 @pytest.mark.parametrize("tied", (True, False))
 def test_the_weight_gradient_is_its_rows_put_into_the_head_gradient_or_zeros(tied):
     model, ids = _llama(tied), input_ids()
@@ -58,8 +46,8 @@ def test_the_weight_gradient_is_its_rows_put_into_the_head_gradient_or_zeros(tie
     assert code.count("twinkle.embedding_grad_sums.default(") == 1 and "embedding_dense_backward" not in code
     # tied: the sums are added to the head's gradient where it is written; untied: they are the gradient
     assert _gathered_sums_added(code) is tied
-    for got, want in zip(grads, _eager_grads(model, ids)):
-        assert_close(got, want, torch.float32, "gradient")
+    for got, want in zip(grads, eager_grads(model, ids)):
+        assert_close_for(torch.float32, got, want, "gradient")
 
 
 def test_the_option_and_the_registry_each_turn_it_off():
@@ -101,7 +89,7 @@ def test_the_padding_index_keeps_its_row_and_scaled_gradients_are_left_alone():
     module.zero_grad()
     module(ids).backward()
     for got, p in zip(grads, module.parameters()):
-        assert_close(got, p.grad, torch.float32, "gradient")
+        assert_close_for(torch.float32, got, p.grad, "gradient")
     torch._dynamo.reset()
     backward, _ = _module_grads(_Tied(scale_grad_by_freq=True).to(DEVICE), ids, "aot_eager")
     assert "embedding_grad_sums" not in backward[0] and "embedding_dense_backward" in backward[0]
@@ -123,7 +111,7 @@ def test_inductors_decomposition_of_the_gradient_is_rewritten_too(caplog):
     module.zero_grad()
     module(ids).backward()
     for got, p in zip(grads, module.parameters()):
-        assert_close(got, p.grad, torch.bfloat16, "gradient")
+        assert_close_for(torch.bfloat16, got, p.grad, "gradient")
 
 
 def test_a_table_looked_up_twice_sums_both_gradients():
@@ -146,7 +134,7 @@ def test_a_table_looked_up_twice_sums_both_gradients():
     got = module.embed.weight.grad.clone()
     module.zero_grad()
     module(a, b).backward()
-    assert_close(got, module.embed.weight.grad, torch.float32, "gradient")
+    assert_close_for(torch.float32, got, module.embed.weight.grad, "gradient")
 
 
 def _torch_2_11_decomposition(grad, indices, head):
@@ -179,4 +167,4 @@ def test_both_forms_of_the_dense_gradients_decomposition_are_rewritten(form):
     assert rewrite_embedding_grads(traced.graph) == 1
     traced.recompile()
     assert "embedding_grad_sums" in traced.code and "index_put" not in traced.code
-    assert_close(traced(grad, indices, head), form(grad, indices, head), torch.bfloat16, "gradient")
+    assert_close_for(torch.bfloat16, traced(grad, indices, head), form(grad, indices, head), "gradient")

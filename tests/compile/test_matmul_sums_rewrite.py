@@ -9,20 +9,14 @@ import expecttest
 import pytest
 import torch
 import transformers
-from tiny_models import TINY, input_ids
+from tiny_models import TINY, assert_close_for, eager_grads, input_ids
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
 from twinkle_fx.compiler.inner.matmul_sums import matmul_sum, rewrite_matmul_sums
-from twinkle_fx.core.tolerances import tolerance
 from twinkle_fx.testing import record_graphs
 
 from device_under_test import DEVICE
-
-
-def assert_close(actual, expected, dtype, what):
-    tol = tolerance(dtype)
-    torch.testing.assert_close(actual, expected, rtol=tol.rtol, atol=tol.atol, msg=lambda m: f"{what}: {m}")
 
 
 def _llama(layers: int = 2) -> torch.nn.Module:
@@ -42,27 +36,21 @@ def _compiled_step(model, ids, options=None, dynamic=None):
     return graphs.backward[0], [p.grad.clone() for p in model.parameters()]
 
 
-def _eager_grads(model, ids):
-    model.zero_grad()
-    model(ids, labels=ids).loss.backward()
-    return [p.grad.clone() for p in model.parameters()]
-
-
 def test_each_layer_inputs_gradient_sum_is_one_accumulating_chain_with_the_gradients_of_eager():
     model, ids = _llama(layers=2), input_ids()
     code, grads = _compiled_step(model, ids)
     products = [len(a.split(",")) for a in re.findall(r"twinkle_fx\.matmul_sum\.default\(\[([^]]*)\]", code)]
     assert sorted(products) == [2, 2, 3, 3]  # per layer: q/k/v's three products and gate/up's two
-    for got, want in zip(grads, _eager_grads(model, ids)):
-        assert_close(got, want, torch.float32, "gradient")
+    for got, want in zip(grads, eager_grads(model, ids)):
+        assert_close_for(torch.float32, got, want, "gradient")
 
 
 def test_symbolic_token_counts_are_rewritten_with_the_graphs_own_sizes():
     model, ids = _llama(layers=1), input_ids(seq=7)
     code, grads = _compiled_step(model, ids, dynamic=True)
     assert code.count("twinkle_fx.matmul_sum.default(") == 2 and '"Sym(' in code  # sizes are graph inputs
-    for got, want in zip(grads, _eager_grads(model, ids)):
-        assert_close(got, want, torch.float32, "gradient")
+    for got, want in zip(grads, eager_grads(model, ids)):
+        assert_close_for(torch.float32, got, want, "gradient")
 
 
 def test_the_option_and_the_registry_each_turn_it_off():
@@ -176,7 +164,7 @@ def test_the_op_against_the_products_summed_forward_and_backward_on_odd_shapes_a
     # within the error of PyTorch's own sum in this dtype, against fp64 (the roundings differ, not their number)
     assert error(got) <= 2 * error(torch_sum) + 1e-6
     for g, w in zip(torch.autograd.grad(got, a + b, grad), torch.autograd.grad(want, a + b, grad.double())):
-        assert_close(g, w, dtype, "gradient")  # both in the inputs' dtype, the reference's from fp64
+        assert_close_for(dtype, g, w, "gradient")  # both in the inputs' dtype, the reference's from fp64
 
 
 def test_opcheck():
@@ -211,5 +199,5 @@ def test_under_inductor_the_sums_are_rewritten_with_the_gradients_of_eager(caplo
         twinkle_fx.compile(model, options={"swap_policy": "always"})(ids, labels=ids).loss.backward()
     assert any(r.getMessage().startswith("matmul_sums: 2 sum(s) of matrix products") for r in caplog.records)
     grads = [p.grad.clone() for p in model.parameters()]
-    for got, want in zip(grads, _eager_grads(model, ids)):
-        assert_close(got, want, torch.bfloat16, "gradient")
+    for got, want in zip(grads, eager_grads(model, ids)):
+        assert_close_for(torch.bfloat16, got, want, "gradient")

@@ -9,6 +9,7 @@ import transformers
 
 import twinkle_triton
 from twinkle_fx import register_external_layer, register_layer_kernel
+from twinkle_fx.core.tolerances import tolerance
 from twinkle_fx.function import register_function_kernel
 from twinkle_fx.testing import root_as_self
 
@@ -64,6 +65,19 @@ def twinkle_lines(graph_code: str) -> str:
 
 _KEEP = {"None", "True", "False", "default"}
 _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")  # an identifier, not the exponent of 1e-06
+
+
+def eager_grads(model: torch.nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Every parameter's gradient of one eager step of a causal LM on ``ids`` (labels too)."""
+    model.zero_grad()
+    model(ids, labels=ids).loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def assert_close_for(dtype: torch.dtype, actual, expected, what: str) -> None:
+    """``torch.testing.assert_close`` at ``dtype``'s tolerance (twinkle_fx.core.tolerances), naming ``what``."""
+    tol = tolerance(dtype)
+    torch.testing.assert_close(actual, expected, rtol=tol.rtol, atol=tol.atol, msg=lambda m: f"{what}: {m}")
 
 
 def input_ids(batch: int = 2, seq: int = 8) -> torch.Tensor:

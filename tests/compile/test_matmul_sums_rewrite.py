@@ -64,6 +64,24 @@ def test_the_option_and_the_registry_each_turn_it_off():
     assert "matmul_sum" not in code
 
 
+def test_a_rewrite_that_raises_is_reported_and_the_graph_compiles_without_it(monkeypatch, caplog):
+    from twinkle_fx.compiler.inner import matmul_sums
+    from twinkle_fx.compiler.inner.post_grad import PostGradRewrite
+
+    def broken(graph):
+        raise RuntimeError("no such node")
+
+    monkeypatch.setattr(matmul_sums, "REWRITE", PostGradRewrite("matmul_sums", broken, lambda: "broken"))
+    model, ids = _llama(layers=1), input_ids()
+    with caplog.at_level(logging.WARNING, logger="twinkle_fx.compiler.inner.post_grad"):
+        code, grads = _compiled_step(model, ids)
+    assert "matmul_sum" not in code and "embedding_grad_sums" in code  # the other rewrite still ran
+    assert any("the matmul_sums rewrite failed on a graph (RuntimeError: no such node)" in r.getMessage()
+               and "options={'matmul_sums': False}" in r.getMessage() for r in caplog.records)
+    for got, want in zip(grads, eager_grads(model, ids)):
+        assert_close_for(torch.float32, got, want, "gradient")
+
+
 def _traced(fn, *args):
     from torch.fx.experimental.proxy_tensor import make_fx
 

@@ -13,6 +13,7 @@ graph's own fake tensors.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from typing import Any
 import torch.fx as fx
 
 from ...core.torch_internals import inductor_pass_uuid, inductor_post_grad_pass
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PostGradRewrite", "with_rewrites", "run_rewrites", "source_uuid", "call", "fake_mode_of", "value",
            "erase_unused"]
@@ -37,8 +40,17 @@ class PostGradRewrite:
 
 
 def run_rewrites(graph: fx.Graph, rewrites: Sequence[PostGradRewrite]) -> int:
-    """Every rewrite on ``graph``, in order; how many places they changed together."""
-    return sum(r.rewrite(graph) for r in rewrites)
+    """Every rewrite on ``graph``, in order; how many places they changed together. A rewrite that raises is
+    reported at WARNING, with the option that turns it off, and the graph goes on without the rest of it (each
+    place a rewrite changes is replaced whole, after its checks)."""
+    changed = 0
+    for r in rewrites:
+        try:
+            changed += r.rewrite(graph)
+        except Exception as e:  # noqa: BLE001 - the graph still compiles, without this rewrite's remaining places
+            logger.warning("the %s rewrite failed on a graph (%s: %s); it is compiled without it there. "
+                           "options={%r: False} turns the rewrite off.", r.name, type(e).__name__, e, r.name)
+    return changed
 
 
 def with_rewrites(existing: Any, rewrites: Sequence[PostGradRewrite]) -> Any:

@@ -280,6 +280,31 @@ def test_fake_tensor_type_and_mode():
     assert not isinstance(torch.empty(3), ti.fake_tensor_type())
 
 
+def test_graph_targets_namespace_and_higher_order_ops():
+    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_functional
+
+    assert ti.op_namespace(torch.ops.aten.mm.default) == "aten"
+    assert ti.op_namespace(torch.ops.prims.convert_element_type.default) == "prims"
+    assert ti.op_namespace(torch.ops.aten.mm) is None and ti.op_namespace(torch.matmul) is None  # a packet, a function
+    assert ti.is_higher_order_op(triton_kernel_wrapper_functional)
+    assert not ti.is_higher_order_op(torch.ops.aten.mm.default)
+
+
+def test_known_equal_compares_sizes_without_a_guard():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    assert ti.known_equal(3, 3) and not ti.known_equal(3, 4)
+    seen = []
+
+    def f(x):
+        rows = x.shape[0]
+        seen.append((ti.known_equal(rows, rows), ti.known_equal(rows * 2, rows + rows), ti.known_equal(rows, 5)))
+        return x
+
+    make_fx(f, tracing_mode="symbolic")(torch.ones(7, 2))
+    assert seen == [(True, True, False)]  # 5 may be the size for another input: not known, and no guard made it so
+
+
 def test_fake_tensor_logger_is_the_fake_tensor_modules_logger():
     assert ti.fake_tensor_logger() is logging.getLogger(ti.fake_tensor_type().__module__)
 

@@ -35,8 +35,8 @@ __all__ = [
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
     "foreach_zero", "set_gemm_sm_carveout", "POST_GRAD_PRE_PASS", "inductor_post_grad_pass", "inductor_pass_uuid",
-    "inductor_post_grad_pre_pass", "known_equal", "capture_cuda_graph", "fsdp_unit", "fsdp_comm_bases",
-    "symmetric_memory",
+    "inductor_post_grad_pre_pass", "known_equal", "op_namespace", "is_higher_order_op", "capture_cuda_graph",
+    "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
 ]
 
 
@@ -349,6 +349,18 @@ def compiled_call(module: torch.nn.Module) -> Callable[..., Any] | None:
 def set_compiled_call(module: torch.nn.Module, call: Callable[..., Any]) -> None:
     """Make ``module(...)`` run ``call`` in place of what ``module.compile()`` installed."""
     module._compiled_call_impl = call
+
+
+def op_namespace(target: Any) -> str | None:
+    """The namespace of an ATen-level graph node's target that is an operator overload (``"aten"``, ``"prims"``, a
+    custom op's library), or None for anything else (a Python function, a higher-order op)."""
+    return target.namespace if isinstance(target, torch._ops.OpOverload) else None
+
+
+def is_higher_order_op(target: Any) -> bool:
+    """Whether a graph node's target is a higher-order operator (``triton_kernel_wrapper_functional``, the launches
+    of a ``triton_op`` as AOTAutograd traces it; ``auto_functionalized``; ...)."""
+    return isinstance(target, torch._ops.HigherOrderOperator)
 
 
 def known_equal(a: Any, b: Any) -> bool:

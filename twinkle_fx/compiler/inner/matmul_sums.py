@@ -44,7 +44,7 @@ import torch
 import torch.fx as fx
 from torch import Tensor
 
-from ...core.torch_internals import known_equal
+from ...core.torch_internals import is_higher_order_op, known_equal, op_namespace
 from .post_grad import PostGradRewrite, call, erase_unused, fake_mode_of, source_uuid, value
 
 logger = logging.getLogger(__name__)
@@ -218,10 +218,9 @@ def _opaque(user: fx.Node) -> bool:
         return False
     if user.target in _VIEWS:
         return all(map(_opaque, user.users))
-    if isinstance(user.target, torch._ops.HigherOrderOperator):
+    if is_higher_order_op(user.target) or user.target in _EXTERN:
         return True
-    return isinstance(user.target, torch._ops.OpOverload) and (
-        user.target.namespace not in ("aten", "prims") or user.target in _EXTERN)
+    return op_namespace(user.target) not in (None, "aten", "prims")
 
 
 def _runs_kernels(node: fx.Node) -> bool:

@@ -9,7 +9,7 @@ import expecttest
 import pytest
 import torch
 import transformers
-from tiny_models import TINY, assert_close_for, eager_grads, input_ids
+from tiny_models import TINY, eager_grads, input_ids
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
@@ -17,6 +17,7 @@ from twinkle_fx.compiler.inner.matmul_sums import matmul_sum, rewrite_matmul_sum
 from twinkle_fx.testing import record_graphs
 
 from device_under_test import DEVICE
+from dtype_tolerance import assert_close
 
 
 def _llama(layers: int = 2) -> torch.nn.Module:
@@ -42,7 +43,7 @@ def test_each_layer_inputs_gradient_sum_is_one_accumulating_chain_with_the_gradi
     products = [len(a.split(",")) for a in re.findall(r"twinkle_fx\.matmul_sum\.default\(\[([^]]*)\]", code)]
     assert sorted(products) == [2, 2, 3, 3]  # per layer: q/k/v's three products and gate/up's two
     for got, want in zip(grads, eager_grads(model, ids)):
-        assert_close_for(torch.float32, got, want, "gradient")
+        assert_close(got, want, torch.float32, "gradient")
 
 
 def test_symbolic_token_counts_are_rewritten_with_the_graphs_own_sizes():
@@ -50,7 +51,7 @@ def test_symbolic_token_counts_are_rewritten_with_the_graphs_own_sizes():
     code, grads = _compiled_step(model, ids, dynamic=True)
     assert code.count("twinkle_fx.matmul_sum.default(") == 2 and '"Sym(' in code  # sizes are graph inputs
     for got, want in zip(grads, eager_grads(model, ids)):
-        assert_close_for(torch.float32, got, want, "gradient")
+        assert_close(got, want, torch.float32, "gradient")
 
 
 def test_the_option_and_the_registry_each_turn_it_off():
@@ -79,7 +80,7 @@ def test_a_rewrite_that_raises_is_reported_and_the_graph_compiles_without_it(mon
     assert any("the matmul_sums rewrite failed on a graph (RuntimeError: no such node)" in r.getMessage()
                and "options={'matmul_sums': False}" in r.getMessage() for r in caplog.records)
     for got, want in zip(grads, eager_grads(model, ids)):
-        assert_close_for(torch.float32, got, want, "gradient")
+        assert_close(got, want, torch.float32, "gradient")
 
 
 def _traced(fn, *args):
@@ -182,7 +183,7 @@ def test_the_op_against_the_products_summed_forward_and_backward_on_odd_shapes_a
     # within the error of PyTorch's own sum in this dtype, against fp64 (the roundings differ, not their number)
     assert error(got) <= 2 * error(torch_sum) + 1e-6
     for g, w in zip(torch.autograd.grad(got, a + b, grad), torch.autograd.grad(want, a + b, grad.double())):
-        assert_close_for(dtype, g, w, "gradient")  # both in the inputs' dtype, the reference's from fp64
+        assert_close(g, w, dtype, "gradient")  # both in the inputs' dtype, the reference's from fp64
 
 
 def test_opcheck():
@@ -218,4 +219,4 @@ def test_under_inductor_the_sums_are_rewritten_with_the_gradients_of_eager(caplo
     assert any(r.getMessage().startswith("matmul_sums: 2 sum(s) of matrix products") for r in caplog.records)
     grads = [p.grad.clone() for p in model.parameters()]
     for got, want in zip(grads, eager_grads(model, ids)):
-        assert_close_for(torch.bfloat16, got, want, "gradient")
+        assert_close(got, want, torch.bfloat16, "gradient")

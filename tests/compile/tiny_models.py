@@ -9,7 +9,6 @@ import transformers
 
 import twinkle_triton
 from twinkle_fx import register_external_layer, register_layer_kernel
-from twinkle_fx.core.tolerances import tolerance
 from twinkle_fx.function import register_function_kernel
 from twinkle_fx.testing import root_as_self
 
@@ -72,12 +71,6 @@ def eager_grads(model: torch.nn.Module, ids: torch.Tensor) -> list[torch.Tensor]
     model.zero_grad()
     model(ids, labels=ids).loss.backward()
     return [p.grad.clone() for p in model.parameters()]
-
-
-def assert_close_for(dtype: torch.dtype, actual, expected, what: str) -> None:
-    """``torch.testing.assert_close`` at ``dtype``'s tolerance (twinkle_fx.core.tolerances), naming ``what``."""
-    tol = tolerance(dtype)
-    torch.testing.assert_close(actual, expected, rtol=tol.rtol, atol=tol.atol, msg=lambda m: f"{what}: {m}")
 
 
 def input_ids(batch: int = 2, seq: int = 8) -> torch.Tensor:

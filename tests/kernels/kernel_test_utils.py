@@ -29,13 +29,9 @@ import torch
 
 from twinkle_fx.core.tolerances import tolerance
 
+from dtype_tolerance import assert_close  # noqa: F401 - the kernel tests import it from here
+
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def assert_close(actual, expected, dtype: torch.dtype, what: str) -> None:
-    """Plain comparison with the tolerances of ``dtype``."""
-    rtol, atol = tolerance(dtype).rtol, tolerance(dtype).atol
-    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what} ({dtype}): {m}")
 
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)

@@ -139,22 +139,24 @@ def _check(a, b) -> None:
 def rewrite_matmul_sums(graph: fx.Graph) -> int:
     """Rewrite every sum of products of ``graph`` that qualifies (see the module docstring) in place and return
     how many; the caller recompiles its module. Logged at INFO."""
-    fake_mode = rewritten = None
+    fake_mode, rewritten = None, 0
+    # a sum the loop rewrites erases only nodes before it (its terms), which the loop has passed
     for node in list(graph.nodes):
-        if getattr(node, "_erased", False) or not _is_sum(node) or _folded_into_a_larger_sum(node):
+        if not _is_sum(node) or _folded_into_a_larger_sum(node) or not _runs_kernels(node) \
+                or not all(map(_opaque, node.users)):
             continue
         products = _products(node)
-        if products is None or not _runs_kernels(node) or not all(map(_opaque, node.users)):
+        if products is None:
             continue
         if fake_mode is None:
             fake_mode = fake_mode_of(graph) or False
         _rewrite(graph, node, products, fake_mode or None)
-        rewritten = (rewritten or 0) + 1
+        rewritten += 1
     if rewritten:
         graph.lint()
         logger.info("matmul_sums: %d sum(s) of matrix products as GEMMs that accumulate (twinkle_fx::matmul_sum)",
                     rewritten)
-    return rewritten or 0
+    return rewritten
 
 
 def _is_sum(node: fx.Node) -> bool:
@@ -225,7 +227,7 @@ def _opaque(user: fx.Node) -> bool:
 
 def _runs_kernels(node: fx.Node) -> bool:
     """CUDA, and the CPU under Triton's interpreter (where the tests take the GPU's graphs)."""
-    device = value(node).device.type
+    device = value(node).device.type if isinstance(value(node), Tensor) else None
     return device == "cuda" or (device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 

@@ -18,8 +18,8 @@ fp32 weights and bf16 activations returns bf16, the Llama formula fp32).
 
 Forward: one program per row, the whole row in one block. Backward: a fixed number of programs
 walk the rows (strided), recompute the statistics from the row they load anyway, write the input
-gradient and keep their share of the weight (and bias) gradient in registers; torch sums the
-``programs x hidden`` partials.
+gradient and keep their share of the weight (and bias) gradient in registers; one kernel sums the
+``programs x hidden`` partials (:mod:`._partial_sums`).
 """
 
 import torch
@@ -31,6 +31,7 @@ from ._checks import check_tensors
 from ._float_args import fp32
 from ._launch import accumulation_dtype, compute_dtype, persistent_programs, row_block, rows
 from ._library import define_differentiable_op, wrap_triton
+from ._partial_sums import sum_partials
 
 
 @triton.jit
@@ -122,8 +123,8 @@ def _launch_bwd(grad: Tensor, x: Tensor, weight: Tensor, has_bias: bool, eps: fl
         grad2.stride(0), x2.stride(0), weight.stride(0), n_rows, n_cols, eps, offset,
         CENTER=center, HAS_BIAS=has_bias, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=num_warps,
     )
-    grad_bias = partial_b.sum(0).to(weight.dtype) if has_bias else torch.zeros_like(weight)
-    return grad_x, partial_w.sum(0).to(weight.dtype), grad_bias
+    grad_bias = sum_partials(partial_b, weight.dtype) if has_bias else torch.zeros_like(weight)
+    return grad_x, sum_partials(partial_w, weight.dtype), grad_bias
 
 
 def _check(op: str, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> None:

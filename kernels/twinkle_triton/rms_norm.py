@@ -11,7 +11,8 @@ returns ``(rms_norm(x + residual), x + residual)``, the decoder-layer pattern, i
 
 Forward: one program per row, the whole row in one block. Backward recomputes 1/rms from the row
 it loads anyway (saving nothing but the inputs) and accumulates the weight gradient per program
-over a strided set of rows, so only ``programs x hidden`` partial sums reach torch's final sum.
+over a strided set of rows, so only ``programs x hidden`` partial sums reach the final sum (one kernel,
+:mod:`._partial_sums`).
 fp64 inputs are computed in fp64 (for gradcheck); the reference, like transformers, rounds them
 through fp32.
 """
@@ -26,6 +27,7 @@ from ._float_args import fp32
 from ._launch import (accumulation_dtype, cdiv, compute_dtype, interpreting, persistent_programs, row_block, rows,
                       shared_memory_per_block)
 from ._library import define_differentiable_op, wrap_triton
+from ._partial_sums import sum_partials
 
 # Backward tiling: a loop step of ROWS rows, its warps, programs per SM, and the loop's pipeline stages (see
 # _bwd_tiling). The loop is software-pipelined (tl.range's num_stages): each tile's loads are asynchronous copies
@@ -179,7 +181,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
         HAS_GRAD_SUM=grad_sum is not None, ROWS=rows_per_tile, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
         STAGES=stages, num_warps=num_warps,
     )
-    return grad_x, partial.sum(0).to(weight.dtype)
+    return grad_x, sum_partials(partial, weight.dtype)
 
 
 def _check(op: str, x: Tensor, weight: Tensor, residual: Tensor | None = None) -> None:

@@ -9,7 +9,8 @@ call), a ``<op>_reference`` in plain PyTorch, forward and backward Triton kernel
 from . import layers
 from .add_gelu import add_gelu, add_gelu_reference
 from .clamped_swiglu import clamped_swiglu, clamped_swiglu_reference
-from .embedding_grad import embedding_grad_sums, embedding_grad_sums_reference
+from .embedding_grad import (add_embedding_grad, add_embedding_grad_reference, embedding_grad_sums,
+                             embedding_grad_sums_reference)
 from .fp32_norm import layer_norm, layer_norm_reference, rms_norm_fp32, rms_norm_fp32_reference
 from .fused_linear_cross_entropy import fused_linear_cross_entropy, fused_linear_cross_entropy_reference
 from .gemv import gemv, gemv_reference, gemv_swiglu, gemv_swiglu_reference
@@ -41,6 +42,8 @@ fused_add_gelu = add_gelu
 element_wise_mul_add = mul_add
 
 __all__ = [
+    "add_embedding_grad",
+    "add_embedding_grad_reference",
     "add_gelu",
     "add_gelu_reference",
     "add_rms_norm",

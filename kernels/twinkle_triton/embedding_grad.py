@@ -1,4 +1,4 @@
-"""An embedding's weight gradient as one sum per looked-up row: ``embedding_grad_sums``.
+"""An embedding's weight gradient as one sum per looked-up row: ``embedding_grad_sums``, ``add_embedding_grad``.
 
 An embedding table's gradient is zero except in the rows of the looked-up indices. PyTorch's
 backward (``embedding_dense_backward``, and Inductor's decomposition of it) builds it as a dense
@@ -15,6 +15,10 @@ through ``slot`` in the same pass (the backend's rewrite lets Inductor fuse that
 that writes the head's gradient), and nothing of the vocabulary's size is zeroed, written or read twice.
 ``mask`` (optional, the tokens' shape) drops tokens whose gradient the table does not take (the padding
 index).
+
+``add_embedding_grad(out, scale, sums, slot)`` is that add done in place, where ``out`` may be overwritten (a tied
+LM head's gradient the backward owns): ``out = out * scale + table``. With ``scale`` 1 it reads and writes only the
+looked-up rows, so a tied embedding's gradient costs no pass over the vocabulary at all.
 
 The kernel sums each index's tokens in the order of their positions (a stable sort), so the result does
 not depend on scheduling: one program sums up to ``_SEGMENT`` of them, reading their gradient rows
@@ -38,6 +42,9 @@ _TOKENS = 16
 _SEGMENT = 256
 # Columns of the hidden dimension one program covers (the GPU; the interpreter takes the whole row).
 _BLOCK_H = 512
+# add_embedding_grad: table rows one program owns, and the columns of one loop step over them.
+_ADD_ROWS = 16
+_ADD_BLOCK_H = 256
 
 
 @triton.jit
@@ -83,6 +90,29 @@ def _embedding_grad_segments_kernel(heads_ptr, ends_ptr, partial_ptr, sums_ptr, 
             row = i.to(tl.int64) + (start - i)  # 64-bit offsets (the loop's counter is 32-bit)
             acc += tl.load(partial_ptr + row * hidden + cols, mask=in_row, other=0.0)
         tl.store(sums_ptr + i.to(tl.int64) * hidden + cols, acc, mask=in_row)
+
+
+@triton.jit
+def _add_embedding_grad_kernel(out_ptr, scale_ptr, sums_ptr, slot_ptr, n_rows, hidden, out_stride,
+                               ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    # out[r] = out[r] * scale + sums[slot[r]] for each of this program's rows r: every row when scale is not 1,
+    # else only the looked-up ones (slot >= 0). A row left alone is neither read nor written, so with scale 1
+    # (a loss backpropagated as it is) the pass touches the looked-up rows, not the vocabulary.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    in_table = rows < n_rows
+    slot = tl.load(slot_ptr + rows, mask=in_table, other=-1)
+    scale = tl.load(scale_ptr).to(tl.float32)
+    looked_up = slot >= 0
+    active = tl.where(scale != 1.0, in_table, in_table & looked_up)
+    if tl.max(active.to(tl.int32), axis=0) > 0:
+        for start in range(0, hidden, BLOCK_H):
+            cols = start + tl.arange(0, BLOCK_H)
+            mask = active[:, None] & (cols < hidden)[None, :]
+            where = out_ptr + rows[:, None] * out_stride + cols[None, :]
+            x = tl.load(where, mask=mask, other=0.0).to(tl.float32)
+            s = tl.load(sums_ptr + tl.maximum(slot, 0)[:, None] * hidden + cols[None, :],
+                        mask=mask & looked_up[:, None], other=0.0)
+            tl.store(where, (x * scale + s).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _flat_indices(indices: Tensor, num_embeddings: int) -> Tensor:
@@ -205,3 +235,74 @@ def embedding_grad_sums_reference(indices: Tensor, grad: Tensor, mask: Tensor | 
     heads[1:] = sorted_indices[1:] != sorted_indices[:-1]
     sums = torch.where(heads[:, None], table[sorted_indices], 0.0)
     return sums, _slots(sorted_indices, torch.searchsorted(sorted_indices, sorted_indices), num_embeddings)
+
+
+# ----------------------------------------------------------------------------- add_embedding_grad
+
+
+def _add_embedding_grad_impl(out: Tensor, scale: Tensor, sums: Tensor, slot: Tensor) -> None:
+    n_rows, hidden = out.shape
+    if n_rows == 0 or hidden == 0:
+        return
+    if out.stride(-1) != 1:  # a copy would be updated in out's place
+        raise ValueError(f"add_embedding_grad: out has strides {tuple(out.stride())}; pass contiguous rows.")
+    sums, slot = sums.contiguous(), slot.contiguous()  # the kernel reads sums' rows at `hidden` apart
+    block = next_power_of_2(hidden) if interpreting() else min(_ADD_BLOCK_H, next_power_of_2(hidden))
+    wrap_triton(_add_embedding_grad_kernel)[(cdiv(n_rows, _ADD_ROWS),)](
+        out, scale, sums, slot, n_rows, hidden, out.stride(0), ROWS=_ADD_ROWS, BLOCK_H=block, num_warps=4,
+    )
+
+
+def _add_embedding_grad_fake(out: Tensor, scale: Tensor, sums: Tensor, slot: Tensor) -> None:
+    return None
+
+
+# Opaque to Inductor, like embedding_grad_sums: the backend inserts it into backward graphs after AOTAutograd.
+_add_embedding_grad_op = define_op(
+    "add_embedding_grad", _add_embedding_grad_impl, fake=_add_embedding_grad_fake, mutates_args=("out",),
+    inline_kernels=False, reference=lambda *args: add_embedding_grad_reference(*args),  # defined below
+)
+
+
+def add_embedding_grad(out: Tensor, scale: Tensor, sums: Tensor, slot: Tensor) -> None:
+    """In place, ``out = out * scale + table``: a gradient (a tied LM head's) scaled and the embedding's weight
+    gradient ``table`` added, from :func:`embedding_grad_sums`' ``sums`` and ``slot``.
+
+    With ``scale`` 1 (a loss backpropagated as it is) only the looked-up rows are read and written; any other
+    scale (a loss divided for gradient accumulation) rescales every row, in the same pass. ``scale`` is read on
+    the device: no host synchronisation. Each row is computed in fp32 and rounded once.
+
+    Args:
+        out (`torch.Tensor`): ``[num_embeddings, hidden]``, floating, rows contiguous; updated in place.
+        scale (`torch.Tensor`): a one-element floating tensor on ``out``'s device.
+        sums (`torch.Tensor`): ``[tokens, hidden]`` fp32, from ``embedding_grad_sums``.
+        slot (`torch.Tensor`): ``[num_embeddings]`` int64, from ``embedding_grad_sums``.
+
+    Raises:
+        TypeError: a tensor of the wrong kind (``sums`` not fp32, ``slot`` not int64).
+        ValueError: shapes that do not match, strided rows, or tensors on different devices.
+
+    Example:
+        ```python
+        sums, slot = embedding_grad_sums(input_ids, grad_embeds, None, head_grad.shape[0])
+        add_embedding_grad(head_grad, grad_loss, sums, slot)   # head_grad is now the tied weight's gradient
+        ```
+    """
+    check_tensors("add_embedding_grad", min_dim=0, out=out, scale=scale, sums=sums)
+    check_tensors("add_embedding_grad", dtypes=ANY_DTYPE, out=out, slot=slot)
+    if sums.dtype != torch.float32 or slot.dtype != torch.int64:
+        raise TypeError(f"add_embedding_grad: sums is {sums.dtype} and slot {slot.dtype}; pass "
+                        "embedding_grad_sums' outputs (fp32 sums, int64 slot).")
+    if out.dim() != 2 or out.stride(-1) != 1 or scale.numel() != 1 or sums.dim() != 2 \
+            or sums.shape[1] != out.shape[1] or tuple(slot.shape) != (out.shape[0],):
+        raise ValueError(f"add_embedding_grad: out {tuple(out.shape)} (strides {tuple(out.stride())}), scale "
+                         f"{tuple(scale.shape)}, sums {tuple(sums.shape)} and slot {tuple(slot.shape)} do not fit; "
+                         "pass a [rows, hidden] out with contiguous rows, a one-element scale, [tokens, hidden] "
+                         "sums and [rows] slot.")
+    _add_embedding_grad_op(out, scale, sums, slot)
+
+
+def add_embedding_grad_reference(out: Tensor, scale: Tensor, sums: Tensor, slot: Tensor) -> None:
+    """Plain PyTorch ``add_embedding_grad`` (every row, in fp32)."""
+    table = sums[slot.clamp(min=0)] * (slot >= 0)[:, None]
+    out.copy_(out.float() * scale.float().reshape(()) + table)

@@ -1,5 +1,7 @@
 """The embedding_grad rewrite of backward graphs: an embedding's dense weight gradient (plus a tied LM head's)
-becomes twinkle_triton.embedding_grad_sums and an index_put of the rows it changes, with the gradients of eager."""
+becomes twinkle_triton.embedding_grad_sums gathered into the kernel that writes the gradient, or, where the tied
+head's gradient is a buffer the backward owns (the fused loss's), added to it in place by
+twinkle_triton.add_embedding_grad; with the gradients of eager."""
 
 import logging
 import re
@@ -10,6 +12,7 @@ import transformers
 from tiny_models import TINY, eager_grads, input_ids
 
 import twinkle_fx
+from twinkle_fx.builtin import use_builtin_kernels
 from twinkle_fx.testing import record_graphs
 
 from device_under_test import DEVICE
@@ -169,3 +172,61 @@ def test_both_forms_of_the_dense_gradients_decomposition_are_rewritten(form):
     traced.recompile()
     assert "embedding_grad_sums" in traced.code and "index_put" not in traced.code
     assert_close(traced(grad, indices, head), form(grad, indices, head), torch.bfloat16, "gradient")
+
+
+def _fused_loss_steps(compiler: str, steps: int, *, zero_grad: bool = True, retain_graph: bool = False):
+    """A tied tiny Llama with the built-in kernels (the fused-loss head computes the head's gradient in the forward),
+    ``steps`` compiled steps; the first backward graph (aot_eager) and each parameter's gradient."""
+    use_builtin_kernels(devices=(DEVICE,))
+    model, ids = _llama(True), input_ids()
+    want = eager_grads(model, ids)
+    model.zero_grad(set_to_none=True)
+    with record_graphs() as graphs:
+        compiled = twinkle_fx.compile(model, options={"compiler": compiler})
+        for _ in range(steps):
+            if zero_grad:
+                model.zero_grad(set_to_none=True)
+            loss = compiled(ids, labels=ids).loss
+            loss.backward(retain_graph=retain_graph)
+            if retain_graph:
+                loss.backward()
+    return (graphs.backward[0] if graphs.backward else None), [p.grad for p in model.parameters()], want
+
+
+def test_a_fused_loss_heads_gradient_takes_the_rows_in_place_and_is_the_weights_gradient():
+    code, grads, want = _fused_loss_steps("aot_eager", 2)
+    call = re.search(r"torch\.ops\.twinkle\.add_embedding_grad\.default\((\w+), (\w+), ", code)
+    assert call is not None and "aten.index.Tensor" not in code  # no gather, no pass over the vocabulary
+    buffer, scale = call.groups()
+    inputs = re.search(r"def forward\(self, (.*)\):", code).group(1)
+    assert re.search(rf"\b{buffer}: \"f32\[128, 64\]\"", inputs)  # a backward input: the saved buffer
+    assert scale.startswith("tangents")  # the loss's gradient, read on the device
+    returned = re.search(r"return \((.*)\)", code).group(1).split(", ")
+    assert returned.count(buffer) == 1  # that buffer is the tied weight's gradient
+    for got, w in zip(grads, want):
+        assert_close(got, w, torch.float32, "gradient")
+
+
+def test_gradients_accumulated_over_steps_and_a_retained_graph_stay_eagers():
+    """Without zero_grad the second step adds to the first's gradient (the buffer the first backward returned);
+    a backward run twice (retain_graph) keeps its saved tensors, so nothing is donated and the gradient is
+    gathered into a new tensor instead."""
+    _, grads, want = _fused_loss_steps("aot_eager", 2, zero_grad=False)
+    for got, w in zip(grads, want):
+        assert_close(got, 2 * w, torch.float32, "gradient")
+    torch._dynamo.reset()
+    code, grads, want = _fused_loss_steps("aot_eager", 1, retain_graph=True)
+    assert "add_embedding_grad" not in code and "twinkle.embedding_grad_sums" in code
+    for got, w in zip(grads, want):
+        assert_close(got, 2 * w, torch.float32, "gradient")
+
+
+@pytest.mark.slow
+def test_under_inductor_the_fused_loss_heads_gradient_takes_the_rows_in_place(caplog):
+    with caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.embedding_grad"), \
+            torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        _, grads, want = _fused_loss_steps("inductor", 2, zero_grad=False)
+    assert any("1 added in place to a tied head's gradient" in r.getMessage() for r in caplog.records)
+    for got, w in zip(grads, want):
+        assert_close(got, 2 * w, torch.float32, "gradient")

@@ -548,3 +548,20 @@ def test_fsdp_comm_bases_are_what_fsdp2_takes_as_custom_collectives():
 def test_symmetric_memory_has_the_pool_and_the_rendezvous():
     symm_mem = ti.symmetric_memory()
     assert callable(symm_mem.get_mem_pool) and callable(symm_mem.rendezvous)
+
+
+def test_donated_backward_inputs_are_saved_tensors_of_the_backward_being_compiled():
+    assert ti.donated_backward_inputs() is None  # no compile running
+    seen = []
+
+    def backward_compiler(gm, inputs):
+        seen.append((ti.donated_backward_inputs(), [n.name for n in gm.graph.find_nodes(op="placeholder")]))
+        return ti.boxed_nop(gm, inputs)
+
+    def backend(gm, inputs):
+        return ti.aot_eager(gm, inputs, fw_compiler=ti.boxed_nop, bw_compiler=backward_compiler)
+
+    x = torch.randn(5, 5, requires_grad=True)
+    torch.compile(lambda x: (x @ x).sin().sum(), backend=backend)(x).backward()
+    donated, placeholders = seen[0]
+    assert [placeholders[i] for i in donated] == ["mm"]  # sin's saved input; not x's transpose (x's storage)

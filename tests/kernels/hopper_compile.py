@@ -223,6 +223,9 @@ def _cases():
         "moe_swiglu_experts, Triton weight gradients": lambda: moe(weight_grad="triton"),
         "embedding_grad_sums": lambda: tt.embedding_grad_sums(
             torch.randint(0, 1000, (64,)), _rand(64, hidden, grad=False), torch.ones(64, dtype=torch.bool), 1000),
+        "add_embedding_grad": lambda: tt.add_embedding_grad(
+            _rand(1000, hidden, grad=False), torch.tensor(0.5, dtype=bf16),
+            *tt.embedding_grad_sums(torch.randint(0, 1000, (64,)), _rand(64, hidden, grad=False), None, 1000)),
     }
 
 

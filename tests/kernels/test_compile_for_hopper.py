@@ -77,10 +77,11 @@ def test_the_decode_kernels_compile_as_programmatic_dependents(compiled):
 # Cases whose ops are opaque custom ops (``inline_kernels=False``): a compiled graph calls the op, and torch never
 # analyses their launches
 OPAQUE_CASES = ("fused_linear_cross_entropy", "gqa_attention", "apply_rotary_pos_emb_to_cache",
-                "rotary_cache_attention", "gemv", "embedding_grad_sums", "moe_swiglu_experts")
+                "rotary_cache_attention", "gemv", "embedding_grad_sums", "add_embedding_grad", "moe_swiglu_experts")
 # What each kernel launched from an inlined op (torch.library.triton_op) writes; the partial-sum buffers are
-# outputs too, summed by the op after the launch
+# outputs too, summed by a second launch
 WRITES = {
+    "_sum_partials_kernel": {"out_ptr"},
     "_add_gelu_fwd_kernel": {"out_ptr"}, "_add_gelu_bwd_kernel": {"grad_x_ptr"},
     "_mul_add_fwd_kernel": {"out_ptr"}, "_mul_add_bwd_kernel": {"grad_a_ptr", "grad_b_ptr"},
     "_gated_act_fwd_kernel": {"out_ptr"}, "_gated_act_bwd_kernel": {"grad_gate_ptr", "grad_up_ptr", "value_ptr"},

@@ -1,5 +1,6 @@
 """embedding_grad_sums: an embedding's weight gradient as one fp32 sum per looked-up row, against the dense
-gradient PyTorch computes (``embedding_dense_backward``)."""
+gradient PyTorch computes (``embedding_dense_backward``); add_embedding_grad: those sums added in place to a
+scaled gradient (a tied LM head's)."""
 
 import pytest
 import torch
@@ -114,3 +115,68 @@ def test_rejects_bad_inputs_with_a_useful_message():
         tt.embedding_grad_sums(indices, grad[:1], None, 10)
     with pytest.raises(ValueError, match="bool mask"):
         tt.embedding_grad_sums(indices, grad, indices, 10)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("scale", (1.0, 0.375))
+def test_add_in_place_is_the_scaled_gradient_plus_the_dense_table(dtype, scale):
+    vocab, hidden = 53, 37  # rows over several programs, a hidden size over several column steps on the GPU
+    indices = torch.randint(0, vocab, (3, 11))
+    indices[0, :5] = 7  # a row looked up by several tokens
+    grad = torch.randn(3, 11, hidden, dtype=dtype)
+    head = torch.randn(vocab, hidden, dtype=dtype)
+    sums, slot = tt.embedding_grad_sums(indices, grad, None, vocab)
+    out = head.clone()
+    assert tt.add_embedding_grad(out, torch.tensor(scale, dtype=dtype), sums, slot) is None
+    want = head.float() * scale + _dense(indices, grad, vocab)
+    assert_close(out, want.to(dtype), dtype, "weight gradient")
+    reference = head.clone()
+    tt.add_embedding_grad_reference(reference, torch.tensor(scale, dtype=dtype), sums, slot)
+    assert_close(out, reference, dtype, "weight gradient")
+    untouched = slot < 0
+    if scale == 1.0:  # rows nobody looked up are neither read nor written: the same bits
+        assert torch.equal(out[untouched], head[untouched])
+    else:
+        assert_close(out[untouched], (head[untouched].float() * scale).to(dtype), dtype, "scaled rows")
+
+
+def test_add_in_place_with_masked_tokens_no_tokens_and_a_non_finite_scale():
+    vocab, hidden = 20, 16
+    indices = torch.randint(0, vocab, (2, 9))
+    indices[1] = 3
+    grad, head = torch.randn(2, 9, hidden), torch.randn(vocab, hidden)
+    sums, slot = tt.embedding_grad_sums(indices, grad, indices != 3, vocab)
+    out = head.clone()
+    tt.add_embedding_grad(out, torch.tensor(1.0), sums, slot)
+    assert torch.equal(out[3], head[3])  # the masked index's row: no token added to it
+    assert_close(out, head + _dense(indices, grad, vocab, 3), torch.float32, "weight gradient")
+    none_sums, none_slot = tt.embedding_grad_sums(indices[:0], grad[:0], None, vocab)
+    out = head.clone()
+    tt.add_embedding_grad(out, torch.tensor(2.0), none_sums, none_slot)
+    assert torch.equal(out, head * 2)
+    tt.add_embedding_grad(out, torch.tensor(float("nan")), none_sums, none_slot)  # a nan loss reaches every row
+    assert out.isnan().all()
+
+
+def test_add_in_place_opcheck():
+    indices, grad = torch.randint(0, 10, (2, 5)), torch.randn(2, 5, 8)
+    sums, slot = tt.embedding_grad_sums(indices, grad, None, 10)
+    for scale in (1.0, 0.5):
+        torch.library.opcheck(torch.ops.twinkle.add_embedding_grad.default,
+                              (torch.randn(10, 8), torch.tensor(scale), sums, slot))
+
+
+def test_add_in_place_rejects_bad_inputs_with_a_useful_message():
+    indices, grad = torch.randint(0, 10, (2, 5)), torch.randn(2, 5, 8)
+    sums, slot = tt.embedding_grad_sums(indices, grad, None, 10)
+    out, one = torch.randn(10, 8), torch.tensor(1.0)
+    with pytest.raises(TypeError, match="embedding_grad_sums' outputs"):
+        tt.add_embedding_grad(out, one, sums.double(), slot)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        tt.add_embedding_grad(torch.randn(8, 10).t(), one, sums, slot)
+    with pytest.raises(ValueError, match="do not fit"):
+        tt.add_embedding_grad(out[:9], one, sums, slot)
+    with pytest.raises(ValueError, match="do not fit"):
+        tt.add_embedding_grad(out, torch.ones(2), sums, slot)
+    with pytest.raises(TypeError, match="scale"):
+        tt.add_embedding_grad(out, torch.tensor(1), sums, slot)

@@ -70,7 +70,8 @@ class BackendOptions:
             norm's kernel (``twinkle_triton.add_rms_norm``), forward and backward, see :mod:`.passes.residual_norms`.
         embedding_grad (`bool`, defaults to `True`): in backward graphs, an embedding's weight gradient is
             summed per looked-up row (``twinkle_triton.embedding_grad_sums``) and gathered into the kernel that
-            writes the tied LM head's gradient, instead of a dense fp32 table, see :mod:`.inner.embedding_grad`.
+            writes the tied LM head's gradient, or added in place to the fused loss's saved head gradient
+            (``twinkle_triton.add_embedding_grad``), instead of a dense fp32 table, see :mod:`.inner.embedding_grad`.
         matmul_sums (`bool`, defaults to `True`): a sum of matrix products that only opaque ops read (a layer
             input's gradient from q, k and v, or gate and up, before a swapped norm's backward) runs as GEMMs that
             accumulate into one another, with no add kernel, see :mod:`.inner.matmul_sums`.

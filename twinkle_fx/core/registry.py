@@ -115,7 +115,8 @@ GRAPH_REWRITES: dict[str, str] = {
                     "cache length's update -> twinkle_triton.rotary_cache_attention",
     "residual_norm": "a residual add read by a swapped RMSNorm layer -> twinkle_triton.add_rms_norm",
     "embedding_grad": "an embedding's dense weight gradient in a backward graph (plus a tied LM head's) -> "
-                      "twinkle_triton.embedding_grad_sums, gathered where the gradient is written",
+                      "twinkle_triton.embedding_grad_sums, gathered where the gradient is written or added in "
+                      "place to the fused loss's saved head gradient (twinkle_triton.add_embedding_grad)",
     "matmul_sums": "a sum of matrix products in a traced graph (a layer input's gradient from q, k and v) -> "
                    "twinkle_fx::matmul_sum, GEMMs that accumulate into one another",
 }

@@ -35,7 +35,8 @@ __all__ = [
     "autograd_inside_custom_op", "global_module_hooks_set", "reparametrize_module", "queue_backward_callback",
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
     "foreach_zero", "set_gemm_sm_carveout", "POST_GRAD_PRE_PASS", "inductor_post_grad_pass", "inductor_pass_uuid",
-    "inductor_post_grad_pre_pass", "known_equal", "op_namespace", "is_higher_order_op", "capture_cuda_graph",
+    "inductor_post_grad_pre_pass", "known_equal", "op_namespace", "is_higher_order_op", "donated_backward_inputs",
+    "capture_cuda_graph",
     "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
 ]
 
@@ -369,6 +370,16 @@ def known_equal(a: Any, b: Any) -> bool:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     return bool(statically_known_true(a == b))
+
+
+def donated_backward_inputs() -> frozenset[int] | None:
+    """The positions, among its placeholders, of the backward graph's inputs AOTAutograd donates to it (saved
+    tensors only the backward reads, once: a backward with ``retain_graph=True`` compiles with none), while
+    AOTAutograd compiles a backward; None outside one (``torch._inductor.utils.get_donated_idxs``)."""
+    from torch._inductor.utils import get_donated_idxs
+
+    donated = get_donated_idxs()
+    return None if donated is None else frozenset(donated)
 
 
 def fake_tensor_type() -> type:

@@ -23,6 +23,18 @@ same without the head's term. Measured on one H200 at Llama-3.2-1B's shape (voca
 2048, 4096 tokens, bf16), the dense table and the add took 0.73 ms a training step (224 us zeroing the
 fp32 buffer, 32 us scattering, 475 us casting and adding) for 16 MB of gradient rows.
 
+Where the head's gradient is a buffer the backward owns, scaled, the add goes into it in place::
+
+    weight_grad = saved_head_grad * grad_loss + gathered_sums              # before
+    twinkle_triton.add_embedding_grad(saved_head_grad, grad_loss, sums, slot)  # after; weight_grad is that buffer
+
+The fused loss computes its weight gradient in the forward and saves it; the backward scales it by the
+loss's gradient. When AOTAutograd donates that saved tensor to the backward (read once: not with
+``retain_graph=True``), the op scales it and adds the looked-up rows' sums where it lies, reading the
+scale on the device: with a scale of 1 (a loss backpropagated as it is) only the looked-up rows are read
+and written, and the vocabulary-sized pass that wrote the weight's gradient (0.26 ms a step at
+Llama-3.2-1B's shape on an H200) is gone; with any other scale every row is scaled in the same pass.
+
 Each row's tokens are summed in fp32 and the row rounded once, after adding the head's gradient: the
 dense path rounds the table and then the sum, so results agree within one rounding. Sums of duplicate
 indices are deterministic (a stable sort; see ``twinkle_triton.embedding_grad``), where Inductor's
@@ -50,6 +62,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ...core.torch_internals import donated_backward_inputs
 from .post_grad import PostGradRewrite, erase_unused, fake_mode_of, source_uuid
 from .post_grad import call as call_node
 from .post_grad import value as _val
@@ -86,7 +99,7 @@ def rewrite_embedding_grads(graph: fx.Graph) -> int:
     if _kernel_module() is None:
         return 0
     fake_mode = None
-    rewritten = 0
+    rewritten = in_place = 0
     for node in list(graph.nodes):
         if getattr(node, "_erased", False):  # a node an earlier rewrite in this loop erased
             continue
@@ -95,12 +108,13 @@ def rewrite_embedding_grads(graph: fx.Graph) -> int:
             continue
         if fake_mode is None:  # the graph's fake tensors, once: the new nodes' values are computed under it
             fake_mode = fake_mode_of(graph) or False
-        _rewrite(graph, found, fake_mode or None)
+        in_place += _rewrite(graph, found, fake_mode or None)
         rewritten += 1
     if rewritten:
         graph.lint()
         logger.info("embedding_grad: %d embedding weight gradient(s) of a backward graph from the looked-up rows' "
-                    "sums (twinkle_triton.embedding_grad_sums)", rewritten)
+                    "sums (twinkle_triton.embedding_grad_sums), %d added in place to a tied head's gradient "
+                    "(twinkle_triton.add_embedding_grad)", rewritten, in_place)
     return rewritten
 
 
@@ -188,7 +202,9 @@ def _is_zeros(node) -> bool:
             and _val(node) is not None and _val(node).dim() == 2)
 
 
-def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> None:
+def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> bool:
+    """Replace ``found`` (and a tied head's add) in ``graph``; whether the sums went in place into the head's
+    gradient."""
     table = found.table
     val = _val(table)
     target, head = table, None
@@ -202,6 +218,7 @@ def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> None:
     def call(op, *args) -> fx.Node:
         return call_node(graph, fake_mode, op, args)
 
+    owned = _owned_scaled_gradient(head) if head is not None else None
     with graph.inserting_before(target):
         mask = found.mask
         if mask is not None and found.mask_drops:
@@ -210,6 +227,14 @@ def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> None:
             mask = call(_aten.ne.Scalar, found.indices, found.padding_idx)
         pair = call(torch.ops.twinkle.embedding_grad_sums.default, found.indices, found.grad, mask, val.shape[0])
         sums, slot = call(operator.getitem, pair, 0), call(operator.getitem, pair, 1)
+        if owned is not None:
+            # the head's gradient is a buffer the backward may overwrite: scaled and the rows added in place
+            # (only the looked-up rows touched when the scale is 1), and that buffer is the weight's gradient
+            buffer, scale = owned
+            call(torch.ops.twinkle.add_embedding_grad.default, buffer, scale, sums, slot)
+            target.replace_all_uses_with(buffer)
+            erase_unused(graph, target, lambda n: n.target in _DENSE_PATH or n is head)
+            return True
         # each row's sum gathered through its slot, zero where no token looked it up: pointwise ops Inductor fuses
         # into the kernel that writes the result, with the head's gradient and whatever computes it
         gathered = call(_aten.index.Tensor, sums, [call(_aten.clamp_min.default, slot, 0)])
@@ -222,6 +247,29 @@ def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> None:
             out = call(_CONVERT, out, val.dtype)
     target.replace_all_uses_with(out)
     erase_unused(graph, target, lambda n: n.target in _DENSE_PATH)
+    return False
+
+
+def _owned_scaled_gradient(head: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """``(buffer, scale)`` when ``head`` (read only by the add of the embedding's gradient) is ``buffer * scale``
+    with ``buffer`` a backward input AOTAutograd donated (a saved tensor read once, here: the fused loss's
+    gradient computed in the forward) in rows of contiguous elements and ``scale`` one floating element (the
+    loss's gradient) on its device; else None."""
+    if head.target is not _aten.mul.Tensor or head.kwargs or len(head.users) != 1 or len(head.args) != 2:
+        return None
+    donated = donated_backward_inputs()
+    if not donated:
+        return None
+    placeholders = head.graph.find_nodes(op="placeholder")
+    for buffer, scale in (head.args, head.args[::-1]):
+        if not (isinstance(buffer, fx.Node) and buffer.op == "placeholder" and len(buffer.users) == 1
+                and isinstance(scale, fx.Node) and _same_tensor_type(buffer, head)):
+            continue
+        b, s = _val(buffer), _val(scale)
+        if b.dim() == 2 and b.stride(-1) == 1 and isinstance(s, torch.Tensor) and s.numel() == 1 \
+                and s.is_floating_point() and s.device == b.device and placeholders.index(buffer) in donated:
+            return buffer, scale
+    return None
 
 
 def _shape(node) -> tuple[int, ...] | None:

@@ -21,23 +21,23 @@ INLINE_OPS = {
     "rms_norm": (
         lambda x, w: tt.rms_norm(x, w, 1e-6),
         lambda dt: (torch.randn(4, 64, 256, dtype=dt), torch.randn(256, dtype=dt)),
-        ("_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel"),
+        ("_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel", "_sum_partials_kernel"),
     ),
     "add_rms_norm": (
         lambda x, r, w: tt.add_rms_norm(x, r, w, 1e-6),
         lambda dt: (torch.randn(4, 64, 256, dtype=dt), torch.randn(4, 64, 256, dtype=dt), torch.randn(256, dtype=dt)),
-        ("_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel"),
+        ("_rms_norm_fwd_kernel", "_rms_norm_bwd_kernel", "_sum_partials_kernel"),
     ),
     # float arguments besides eps (Gemma's offset): Inductor passes them fp64, which the kernels convert
     "rms_norm_fp32": (
         lambda x, w: tt.rms_norm_fp32(x, w, 1e-6, 1.0),
         lambda dt: (torch.randn(4, 64, 256, dtype=dt), torch.randn(256, dtype=dt)),
-        ("_fp32_norm_fwd_kernel", "_fp32_norm_bwd_kernel"),
+        ("_fp32_norm_fwd_kernel", "_fp32_norm_bwd_kernel", "_sum_partials_kernel"),
     ),
     "layer_norm": (
         lambda x, w, b: tt.layer_norm(x, w, b, 1e-5),
         lambda dt: (torch.randn(4, 64, 256, dtype=dt), torch.randn(256, dtype=dt), torch.randn(256, dtype=dt)),
-        ("_fp32_norm_fwd_kernel", "_fp32_norm_bwd_kernel"),
+        ("_fp32_norm_fwd_kernel", "_fp32_norm_bwd_kernel", "_sum_partials_kernel"),
     ),
     "silu_mul": (
         tt.silu_mul,

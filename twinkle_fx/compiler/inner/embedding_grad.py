@@ -113,8 +113,8 @@ def rewrite_embedding_grads(graph: fx.Graph) -> int:
     if rewritten:
         graph.lint()
         logger.info("embedding_grad: %d embedding weight gradient(s) of a backward graph from the looked-up rows' "
-                    "sums (twinkle_triton.embedding_grad_sums), %d added in place to a tied head's gradient "
-                    "(twinkle_triton.add_embedding_grad)", rewritten, in_place)
+                    "sums, %d added in place to a tied head's gradient\n(twinkle_triton.embedding_grad_sums, "
+                    "twinkle_triton.add_embedding_grad)", rewritten, in_place)
     return rewritten
 
 

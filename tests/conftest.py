@@ -100,6 +100,22 @@ def _autograd_left_on():
 
 
 @pytest.fixture(autouse=True)
+def _no_torch_function_mode_left():
+    """No torch function mode is active after a test. ``with torch.device(...)`` pushes its mode to the bottom of
+    the stack, so a mode a test leaves behind (a device context entered and never exited) sits above every later
+    test's own and decides the device of their tensors: they would fail far from the cause, on CPU tensors. The
+    test that leaves one fails here, by name, and the stack is emptied."""
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode
+
+    yield
+    left = _get_current_function_mode_stack()
+    if left:
+        for _ in left:
+            _pop_mode()
+        pytest.fail(f"this test left torch function modes active: {left}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_registry():
     """Every test gets its own registry, leaves no function patched and no process-wide cache
     filled (twinkle_fx.core.caches; the kernels' own in twinkle_triton): nothing leaks between tests."""

@@ -304,5 +304,6 @@ def add_embedding_grad(out: Tensor, scale: Tensor, sums: Tensor, slot: Tensor) -
 
 def add_embedding_grad_reference(out: Tensor, scale: Tensor, sums: Tensor, slot: Tensor) -> None:
     """Plain PyTorch ``add_embedding_grad`` (every row, in fp32)."""
-    table = sums[slot.clamp(min=0)] * (slot >= 0)[:, None]
+    looked_up = slot >= 0
+    table = sums[slot.clamp(min=0)] * looked_up[:, None] if looked_up.any() else 0.0  # sums may have no rows
     out.copy_(out.float() * scale.float().reshape(()) + table)

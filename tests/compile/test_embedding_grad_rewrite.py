@@ -3,6 +3,7 @@ becomes twinkle_triton.embedding_grad_sums gathered into the kernel that writes 
 head's gradient is a buffer the backward owns (the fused loss's), added to it in place by
 twinkle_triton.add_embedding_grad; with the gradients of eager."""
 
+import copy
 import logging
 import re
 
@@ -13,6 +14,7 @@ from tiny_models import TINY, eager_grads, input_ids
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
+from twinkle_fx.compiler.inner.inductor_options import collect_cudagraph_status
 from twinkle_fx.testing import record_graphs
 
 from device_under_test import DEVICE
@@ -230,3 +232,30 @@ def test_under_inductor_the_fused_loss_heads_gradient_takes_the_rows_in_place(ca
     assert any("1 added in place to a tied head's gradient" in r.getMessage() for r in caplog.records)
     for got, w in zip(grads, want):
         assert_close(got, 2 * w, torch.float32, "gradient")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_under_cuda_graphs_every_steps_tied_gradient_is_eagers(caplog):
+    """Under CUDA graphs the forward's replay writes the saved head gradient where the previous step's weight
+    gradient lay: each step's gradient (warm-up, recording, replays) is still eager's, with nothing skipped."""
+    use_builtin_kernels(devices=(DEVICE,))
+    model = _llama(True)
+    reference = copy.deepcopy(model)
+    compiled = twinkle_fx.compile(model, mode="reduce-overhead")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, reference)]
+    with collect_cudagraph_status() as cudagraphs, \
+            caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.embedding_grad"), \
+            torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        for _ in range(4):
+            ids = input_ids()
+            for m, run in ((model, compiled), (reference, reference)):
+                m.zero_grad(set_to_none=True)  # CUDA graphs: the previous step's gradients are graph buffers
+                run(ids, labels=ids).loss.backward()
+            assert_close(model.model.embed_tokens.weight.grad, reference.model.embed_tokens.weight.grad,
+                         torch.float32, "tied weight's gradient")
+            for optimizer in optimizers:
+                optimizer.step()
+    assert not cudagraphs.skips and cudagraphs.graphs and all(g.used for g in cudagraphs.graphs), cudagraphs.summary()
+    assert any("1 added in place to a tied head's gradient" in r.getMessage() for r in caplog.records)

@@ -154,6 +154,9 @@ def test_add_in_place_with_masked_tokens_no_tokens_and_a_non_finite_scale():
     out = head.clone()
     tt.add_embedding_grad(out, torch.tensor(2.0), none_sums, none_slot)
     assert torch.equal(out, head * 2)
+    reference = head.clone()
+    tt.add_embedding_grad_reference(reference, torch.tensor(2.0), none_sums, none_slot)
+    assert torch.equal(reference, head * 2)
     tt.add_embedding_grad(out, torch.tensor(float("nan")), none_sums, none_slot)  # a nan loss reaches every row
     assert out.isnan().all()
 

@@ -100,19 +100,24 @@ def _autograd_left_on():
 
 
 @pytest.fixture(autouse=True)
-def _no_torch_function_mode_left():
-    """No torch function mode is active after a test. ``with torch.device(...)`` pushes its mode to the bottom of
-    the stack, so a mode a test leaves behind (a device context entered and never exited) sits above every later
-    test's own and decides the device of their tensors: they would fail far from the cause, on CPU tensors. The
-    test that leaves one fails here, by name, and the stack is emptied."""
+def _torch_functions_as_they_were():
+    """No torch function mode is active after a test, and torch functions are not disabled. ``with torch.device(...)``
+    pushes its mode to the bottom of the stack, so a mode a test leaves behind (a device context entered and never
+    exited) sits above every later test's own and decides the device of their tensors; with torch functions disabled
+    no mode runs at all. Later tests would then make CPU tensors on a GPU machine, failing far from the cause (or
+    passing on the ops' CPU references). The test that leaves either fails here, by name, and both are restored."""
+    import torch
     from torch.overrides import _get_current_function_mode_stack, _pop_mode
 
     yield
-    left = _get_current_function_mode_stack()
-    if left:
-        for _ in left:
-            _pop_mode()
-        pytest.fail(f"this test left torch function modes active: {left}", pytrace=False)
+    left, state = _get_current_function_mode_stack(), torch._C._get_torch_function_state()
+    for _ in left:
+        _pop_mode()
+    if state != torch._C._TorchFunctionState.ENABLED:
+        torch._C._set_torch_function_state(torch._C._TorchFunctionState.ENABLED)
+    if left or state != torch._C._TorchFunctionState.ENABLED:
+        pytest.fail(f"this test left torch function modes active ({left}) or torch functions disabled ({state})",
+                    pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,13 @@ def _fresh_dynamo_and_seed():
     torch._dynamo.reset()
     torch.manual_seed(0)
     with torch.device(DEVICE):
+        made = torch.empty(0).device.type
+        if made != torch.device(DEVICE).type:  # the ops would run their references on them and pass unseen
+            from torch.overrides import _get_current_function_mode_stack
+
+            pytest.fail(f"inside torch.device({DEVICE!r}) tensors are made on {made}: torch function modes "
+                        f"{_get_current_function_mode_stack()}, state {torch._C._get_torch_function_state()}",
+                        pytrace=False)
         yield
     torch._dynamo.reset()
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -329,6 +330,25 @@ def test_the_matrix_runs_every_model_and_checks_each_against_its_first_backend(t
     table = proc.stdout
     assert "| qwen3_moe (Qwen3-30B-A3B, 4 of 48 layers (tiny config)), 2×32 | kernelize |" in table
     assert table.count("| agrees |") == 2 and table.count("| reference |") == 2, table
+
+
+def test_the_matrix_profiles_each_model_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    from twinkle_fx.bench import matrix
+
+    seen = []
+
+    def model_bench(options, progress):
+        seen.append((options.model, options.profile_dir))
+        return BenchResult("model", {}, {}, [])
+
+    monkeypatch.setattr(matrix, "run_model_bench", model_bench)
+    options = ModelBenchOptions(model="qwen2", backends=["eager"], batch=1, seq=8, dtype=torch.float32, steps=1,
+                                warmup=0, device=torch.device("cpu"), profile_dir=tmp_path)
+    matrix.run_matrix(("qwen2", "llama1b"), options, progress=lambda _: None)
+    assert seen == [("qwen2", tmp_path / "qwen2"), ("llama1b", tmp_path / "llama1b")]
+    seen.clear()
+    matrix.run_matrix(("qwen2",), replace(options, profile_dir=None), progress=lambda _: None)
+    assert seen == [("qwen2", None)]
 
 
 def test_without_eager_the_matrix_checks_losses_against_the_first_backend():

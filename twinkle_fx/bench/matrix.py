@@ -66,7 +66,9 @@ def run_matrix(models: tuple[str, ...], options: ModelBenchOptions,
     results = []
     for index, model in enumerate(models, 1):
         progress(f"=== [{index}/{len(models)}] {model}")
-        result = run_model_bench(replace(options, model=model), progress=progress)
+        # --profile DIR: each model's rows under DIR/<model>/, not over the previous model's
+        profile_dir = None if options.profile_dir is None else options.profile_dir / model
+        result = run_model_bench(replace(options, model=model, profile_dir=profile_dir), progress=progress)
         _check_against_reference(result, options.loss_rtol or tolerance(options.dtype).loss_rtol)
         results.append(result)
     return {

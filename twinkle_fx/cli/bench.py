@@ -91,7 +91,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile a few more steps of each backend: DIR/<backend>/profile_trace.json (Chrome "
                              "trace) and profile_report.txt (top kernels, host vs device time, launches per "
-                             "step; on a GPU the device time by kernel class and the time no kernel runs)")
+                             "step; on a GPU the device time by kernel class and the time no kernel runs); with "
+                             "--matrix, DIR/<model>/<backend>/")
     parser.add_argument("--repeat-first", action="store_true",
                         help="run the first backend once more after the others (a row '<name> again'): how much "
                              "the same code's time moved during the run (clocks, heat), next to the rows compared")

@@ -36,8 +36,7 @@ __all__ = [
     "dropout_classes", "module_hook_dicts", "has_forward_hooks", "tree_leaves", "tree_flatten", "tree_map_only",
     "foreach_zero", "set_gemm_sm_carveout", "POST_GRAD_PRE_PASS", "inductor_post_grad_pass", "inductor_pass_uuid",
     "inductor_post_grad_pre_pass", "known_equal", "op_namespace", "is_higher_order_op", "donated_backward_inputs",
-    "capture_cuda_graph",
-    "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
+    "capture_cuda_graph", "fsdp_unit", "fsdp_comm_bases", "symmetric_memory",
 ]
 
 

@@ -63,7 +63,7 @@ import torch
 import torch.fx as fx
 
 from ...core.torch_internals import donated_backward_inputs
-from .post_grad import PostGradRewrite, erase_unused, fake_mode_of, source_uuid
+from .post_grad import PostGradRewrite, erase_unused, fake_mode_of, on_kernel_device, source_uuid
 from .post_grad import call as call_node
 from .post_grad import value as _val
 
@@ -135,14 +135,10 @@ def _kernel_module():
 
 
 def _runs_kernels(node: fx.Node) -> bool:
-    """Whether the kernel runs where ``node`` lives (CUDA; the CPU under Triton's interpreter); elsewhere
-    the op would run its dense reference, no gain."""
+    """Whether the kernel runs where ``node`` lives; elsewhere the op would run its dense reference, no gain."""
     from twinkle_triton._library import KERNELS_RUN_ON_CPU
 
-    value = node.meta.get("val")
-    if not isinstance(value, torch.Tensor):
-        return False
-    return value.device.type == "cuda" or (value.device.type == "cpu" and KERNELS_RUN_ON_CPU)
+    return on_kernel_device(node, KERNELS_RUN_ON_CPU)
 
 
 def _dense_grad(node: fx.Node) -> _DenseGrad | None:

@@ -45,7 +45,7 @@ import torch.fx as fx
 from torch import Tensor
 
 from ...core.torch_internals import is_higher_order_op, known_equal, op_namespace
-from .post_grad import PostGradRewrite, call, erase_unused, fake_mode_of, source_uuid, value
+from .post_grad import PostGradRewrite, call, erase_unused, fake_mode_of, on_kernel_device, source_uuid, value
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +140,10 @@ def rewrite_matmul_sums(graph: fx.Graph) -> int:
     """Rewrite every sum of products of ``graph`` that qualifies (see the module docstring) in place and return
     how many; the caller recompiles its module. Logged at INFO."""
     fake_mode, rewritten = None, 0
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     # a sum the loop rewrites erases only nodes before it (its terms), which the loop has passed
     for node in list(graph.nodes):
-        if not _is_sum(node) or _folded_into_a_larger_sum(node) or not _runs_kernels(node) \
+        if not _is_sum(node) or _folded_into_a_larger_sum(node) or not on_kernel_device(node, interpreted) \
                 or not all(map(_opaque, node.users)):
             continue
         products = _products(node)
@@ -223,12 +224,6 @@ def _opaque(user: fx.Node) -> bool:
     if is_higher_order_op(user.target) or user.target in _EXTERN:
         return True
     return op_namespace(user.target) not in (None, "aten", "prims")
-
-
-def _runs_kernels(node: fx.Node) -> bool:
-    """CUDA, and the CPU under Triton's interpreter (where the tests take the GPU's graphs)."""
-    device = value(node).device.type if isinstance(value(node), Tensor) else None
-    return device == "cuda" or (device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def _rewrite(graph: fx.Graph, root: fx.Node, products: list[fx.Node], fake_mode) -> None:

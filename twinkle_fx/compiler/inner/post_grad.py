@@ -26,7 +26,7 @@ from ...core.torch_internals import inductor_pass_uuid, inductor_post_grad_pass
 logger = logging.getLogger(__name__)
 
 __all__ = ["PostGradRewrite", "with_rewrites", "run_rewrites", "source_uuid", "call", "fake_mode_of", "value",
-           "erase_unused"]
+           "erase_unused", "on_kernel_device"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,13 @@ def source_uuid(name: str, *modules: Any) -> str:
 def value(node: Any) -> Any:
     """A node's ``meta["val"]`` (its fake tensor), or ``node`` itself when it is not a node (a constant)."""
     return node.meta.get("val") if isinstance(node, fx.Node) else node
+
+
+def on_kernel_device(node: fx.Node, kernels_run_on_cpu: bool) -> bool:
+    """Whether ``node``'s value is a tensor where the rewrites' kernels run: CUDA, or the CPU when
+    ``kernels_run_on_cpu`` (Triton's interpreter, where the tests take the GPU's graphs)."""
+    device = getattr(value(node), "device", None)
+    return device is not None and (device.type == "cuda" or (device.type == "cpu" and kernels_run_on_cpu))
 
 
 def fake_mode_of(graph: fx.Graph) -> Any:

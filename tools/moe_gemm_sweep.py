@@ -8,13 +8,14 @@ tokens, both weights and the routing weights), in bf16 with ``triton.testing.do_
 softmax router's top-k over random logits (about balanced). TFLOP/s counts the GEMMs' multiply-adds
 (forward 6 * T * k * H * I, forward + backward 3x that).
 
-``--block-m``, ``--block-n``, ``--block-k``, ``--warps``, ``--stages``, ``--tma`` (0 or 1: operands loaded by
-TMA where they allow it) and ``--programs-per-sm`` (0: a program a tile; N: N programs an SM that loop over the
-tiles) sweep the launch configuration (``twinkle_triton.moe_gemm.CONFIGS``) of the kernels
-``--kernels`` names (default all five: ``gate_up`` and ``down`` run in the forward, ``grad_act``, ``grad_input``
-and ``weight_grad`` in the backward; for ``weight_grad`` BLOCK_M x BLOCK_N is the weight tile and BLOCK_K the rows
-a step); the others keep their configuration. A configuration the GPU cannot run (shared memory) is reported
-and skipped.
+``--block-m``, ``--block-n``, ``--block-k``, ``--warps``, ``--stages``, ``--tma`` (0 or 1: operands loaded by TMA
+where they allow it), ``--programs-per-sm`` (0: a program a tile; N: N programs an SM that loop over the tiles) and
+``--half-tiles`` (0 or 1: an expert's last tile computed half as high where its rows fit; the M-tiled kernels
+gate_up, down, grad_act and grad_input) sweep the launch configuration (``twinkle_triton.moe_gemm.CONFIGS``) of the
+kernels ``--kernels`` names (default all five: ``gate_up`` and ``down`` run in the forward, ``grad_act``,
+``grad_input`` and ``weight_grad`` in the backward; for ``weight_grad`` BLOCK_M x BLOCK_N is the weight tile and
+BLOCK_K the rows a step); the others keep their configuration. A configuration the GPU cannot run (shared memory) is
+reported and skipped.
 
 ``--per-kernel`` tunes each kernel on its own instead: for each kernel ``--kernels`` names and each setting
 (the others at their defaults) it runs forward + backward under ``torch.profiler``, checks the output and every
@@ -56,7 +57,7 @@ moe_gemm = importlib.import_module("twinkle_triton.moe_gemm")
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336),
           "deepseek-v3": (256, 8, 7168, 2048), "ernie-4.5-21b-a3b": (64, 6, 2560, 1536)}
 KNOBS = (("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"), ("warps", "num_warps"),
-         ("stages", "num_stages"), ("tma", "TMA"), ("programs_per_sm", "PROGRAMS_PER_SM"))
+         ("stages", "num_stages"), ("tma", "TMA"), ("programs_per_sm", "PROGRAMS_PER_SM"), ("half_tiles", "HALF_TILES"))
 # the kernels one forward + backward of moe_swiglu_experts launches, in order, with the CONFIGS entry of each
 LAUNCHES = (("_gate_up_kernel", "gate_up"), ("_rows_to_pairs_kernel", "down"), ("_gathered_gemm_kernel", "grad_act"),
             ("_rows_to_pairs_kernel", "grad_input"), ("_weight_grad_kernel", "weight_grad"),

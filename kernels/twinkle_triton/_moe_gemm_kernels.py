@@ -8,7 +8,11 @@ Every GEMM kernel but the weight gradient's works through (M tile of one expert,
 ``i`` the N tile ``i % n_blocks`` of M tile ``i // n_blocks``, program p taking items p, p + P, ... of
 a grid of P programs: one program an item, or a few an SM that loop (persistent). The tile table
 (``tile_expert``, ``tile_start``, whose last entry counts the M tiles) and the expert's rows in the
-sorted order (``offsets``) are built on the device by ``_expert_tiles_kernel`` below.
+sorted order (``offsets``) are built on the device by ``_expert_tiles_kernel`` below. With HALF_TILES (a
+constexpr), an expert's last M tile whose rows fill at most half of it is computed BLOCK_M // 2 rows high: its
+rows past the expert's are work the full tile would compute and never store. The test is written in each
+kernel's own body, where ``HALF_TILES and ...`` folds to a constexpr False when HALF_TILES is off and the
+half-height path is not compiled (a jit helper's result would be a runtime value, both paths compiled).
 Only :mod:`.moe_gemm` launches these kernels.
 """
 
@@ -34,16 +38,16 @@ def _mma(acc, a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC_IN_DOT: t
 
 
 @triton.jit
-def _tile(first, end, expert_tile0, pid_m, pid_n, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """M tile ``pid_m`` (the expert's ``pid_m - expert_tile0``-th; its sorted rows run from ``first`` to
-    ``end``) and N tile ``pid_n``: (sorted rows, their mask, columns, their mask).
+def _tile(row0, end, pid_n, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The M tile of sorted rows ``row0 .. row0 + BLOCK_M`` (those before ``end``, its expert's last row, valid) and
+    N tile ``pid_n``: (rows, their mask, columns, their mask).
 
-    The caller loads ``first``, ``end`` and ``expert_tile0`` (and the rows' pairs): torch's mutation
-    analysis of a launch (``identify_mutated_tensors``) follows a stored-to pointer back through the
-    arguments of any call it was computed from, stopping only at loads in the kernel's own body. Had this
-    helper loaded them, the tables it read would count as written, and AOTAutograd would copy them before
-    each launch and treat the saved routing order as changed by the backward."""
-    rows = (first + (pid_m - expert_tile0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    The caller loads the tables ``row0`` and ``end`` come from (and the rows' pairs where they address a store):
+    torch's mutation analysis of a launch (``identify_mutated_tensors``) follows a stored-to pointer back through the
+    arguments of any call it was computed from, stopping only at loads in the kernel's own body. Had a helper loaded
+    them, the tables it read would count as written, and AOTAutograd would copy them before each launch and treat
+    the saved routing order as changed by the backward."""
+    rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return rows, rows < end, cols, cols < N
 
@@ -130,55 +134,86 @@ def _gemm_tile(a, a_rows, row_mask, sar, sak, a_row0, w, expert, swe, swk, swn, 
 
 
 @triton.jit
+def _gate_up_tile(
+    x_ptr, w, h_ptr, gu_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sxt, sxk, swe, swn, swk, shr, sgr,
+    STORE_PREACT: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+):
+    """One (M tile, N tile) item of :func:`_gate_up_kernel`, ``w`` the weights' descriptor (B_TMA) or pointer."""
+    rows, row_mask, cols, col_mask = _tile(row0, end, pid_n, N, BLOCK_M, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
+    a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
+    n0 = pid_n * BLOCK_N
+    if not B_TMA:
+        g_ptrs = w + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+        u_ptrs = g_ptrs + N * swn
+    gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = ks < K - k0
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        if B_TMA:
+            g = _weight_block(w, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+            u = _weight_block(w, expert, N + n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+        else:
+            b_mask = k_mask[:, None] & col_mask[None, :]
+            g = tl.load(g_ptrs, mask=b_mask, other=0.0)
+            u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+            g_ptrs += BLOCK_K * swk
+            u_ptrs += BLOCK_K * swk
+        gate = _mma(gate, a, g, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        up = _mma(up, a, u, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        a_ptrs += BLOCK_K * sxk
+    mask = row_mask[:, None] & col_mask[None, :]
+    h = gate * tl.sigmoid(gate) * up
+    tl.store(h_ptr + rows[:, None] * shr + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
+    if STORE_PREACT:
+        gu = gu_ptr + rows[:, None] * sgr + cols[None, :]
+        tl.store(gu, gate.to(gu_ptr.dtype.element_ty), mask=mask)
+        tl.store(gu + N, up.to(gu_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, h_ptr, gu_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
     num_experts, top_k, N, K, n_blocks, sxt, sxk, swe, swn, swk, shr, sgr,
-    STORE_PREACT: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
+    STORE_PREACT: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, HALF_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """``h[r, n] = silu(x[t] . w[e, n]) * (x[t] . w[e, N + n])`` for sorted rows r of expert e, t the
     token of r (the gather is the A operand's load); ``gu[r]`` the two projections when STORE_PREACT.
     B_TMA: both halves of ``w[e]`` by TMA (:func:`_weight_desc` over its 2N rows: a gate block past N
-    reads up rows, whose columns are not stored)."""
-    ks = tl.arange(0, BLOCK_K)
+    reads up rows, whose columns are not stored). HALF_TILES: the module docstring."""
     if B_TMA:
-        w_desc = _weight_desc(w_ptr, num_experts, 2 * N, K, swe, swk, swn, K_MAJOR, BLOCK_N, BLOCK_K)
+        w = _weight_desc(w_ptr, num_experts, 2 * N, K, swe, swk, swn, K_MAJOR, BLOCK_N, BLOCK_K)
+    else:
+        w = w_ptr
     for item in tl.range(tl.program_id(0), _items(tile_start_ptr, num_experts, n_blocks), tl.num_programs(0)):
         pid_m, pid_n = item // n_blocks, item % n_blocks
         expert = tl.load(tile_expert_ptr + pid_m)
-        rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
-                                               tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
-        token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
-        a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
-        n0 = pid_n * BLOCK_N
-        if not B_TMA:
-            g_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
-            u_ptrs = g_ptrs + N * swn
-        gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_mask = ks < K - k0
-            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            if B_TMA:
-                g = _weight_block(w_desc, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
-                u = _weight_block(w_desc, expert, N + n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
-            else:
-                b_mask = k_mask[:, None] & col_mask[None, :]
-                g = tl.load(g_ptrs, mask=b_mask, other=0.0)
-                u = tl.load(u_ptrs, mask=b_mask, other=0.0)
-                g_ptrs += BLOCK_K * swk
-                u_ptrs += BLOCK_K * swk
-            gate = _mma(gate, a, g, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-            up = _mma(up, a, u, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-            a_ptrs += BLOCK_K * sxk
-        mask = row_mask[:, None] & col_mask[None, :]
-        h = gate * tl.sigmoid(gate) * up
-        tl.store(h_ptr + rows[:, None] * shr + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
-        if STORE_PREACT:
-            gu = gu_ptr + rows[:, None] * sgr + cols[None, :]
-            tl.store(gu, gate.to(gu_ptr.dtype.element_ty), mask=mask)
-            tl.store(gu + N, up.to(gu_ptr.dtype.element_ty), mask=mask)
+        end = tl.load(offsets_ptr + expert + 1)
+        row0 = tl.load(offsets_ptr + expert) + (pid_m - tl.load(tile_start_ptr + expert)) * BLOCK_M
+        if HALF_TILES and end - row0 <= BLOCK_M // 2:
+            _gate_up_tile(x_ptr, w, h_ptr, gu_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sxt, sxk, swe,
+                          swn, swk, shr, sgr, STORE_PREACT, B_TMA, K_MAJOR, BLOCK_M // 2, BLOCK_N, BLOCK_K,
+                          DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        else:
+            _gate_up_tile(x_ptr, w, h_ptr, gu_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sxt, sxk, swe,
+                          swn, swk, shr, sgr, STORE_PREACT, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION,
+                          DOT_UPCAST, ACC_IN_DOT)
+
+
+@triton.jit
+def _pairs_epilogue(acc, out_ptr, scale_ptr, pair, row_mask, cols, col_mask, sor, HAS_SCALE: tl.constexpr):
+    """``out[pair] = scale[pair] * acc`` (HAS_SCALE) or ``acc``, the tile's rows' pairs loaded by the kernel itself
+    (:func:`_tile`)."""
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + pair, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + pair[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
@@ -186,30 +221,41 @@ def _rows_to_pairs_kernel(
     a_ptr, w_ptr, scale_ptr, out_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
     num_experts, num_rows, N, K, n_blocks, sar, sak, swe, swk, swn, sor,
     HAS_SCALE: tl.constexpr, A_TMA: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HALF_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """``out[p, n] = scale[p] * sum_k a[r, k] * w[e, k, n]`` for sorted rows r of expert e, p = order[r]
     its (token, slot) pair: each pair's row is written once (no atomics), the caller sums the slots.
     A_TMA: the tile's rows of ``a`` (``num_rows`` in all) by TMA, the next expert's first rows with them
-    when the tile is the expert's last (computed, never stored)."""
+    when the tile is the expert's last (computed, never stored). HALF_TILES: the module docstring."""
     a, w = _operands(a_ptr, num_rows, K, sar, w_ptr, num_experts, N, swe, swk, swn, A_TMA, B_TMA, K_MAJOR, BLOCK_M,
                      BLOCK_N, BLOCK_K)
+    if HALF_TILES and A_TMA:
+        a_half = tl.make_tensor_descriptor(a_ptr, shape=[num_rows, K], strides=[sar, 1],
+                                           block_shape=[BLOCK_M // 2, BLOCK_K])
+    else:
+        a_half = a
     for item in tl.range(tl.program_id(0), _items(tile_start_ptr, num_experts, n_blocks), tl.num_programs(0)):
         pid_m, pid_n = item // n_blocks, item % n_blocks
         expert = tl.load(tile_expert_ptr + pid_m)
-        first = tl.load(offsets_ptr + expert)
-        expert_tile0 = tl.load(tile_start_ptr + expert)
-        rows, row_mask, cols, col_mask = _tile(first, tl.load(offsets_ptr + expert + 1), expert_tile0, pid_m, pid_n,
-                                               N, BLOCK_M, BLOCK_N)
-        pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
-        acc = _gemm_tile(a, rows, row_mask, sar, sak, (first + (pid_m - expert_tile0) * BLOCK_M).to(tl.int32), w,
-                         expert, swe, swk, swn, cols, col_mask, pid_n * BLOCK_N, K, A_TMA, B_TMA, K_MAJOR, BLOCK_M,
-                         BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        if HAS_SCALE:
-            acc *= tl.load(scale_ptr + pair, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + pair[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=row_mask[:, None] & col_mask[None, :])
+        end = tl.load(offsets_ptr + expert + 1)
+        row0 = tl.load(offsets_ptr + expert) + (pid_m - tl.load(tile_start_ptr + expert)) * BLOCK_M
+        # each branch names its own tiles: names both branches assign must have one type (shape) in Triton
+        if HALF_TILES and end - row0 <= BLOCK_M // 2:
+            half_rows, half_mask, half_cols, half_col_mask = _tile(row0, end, pid_n, N, BLOCK_M // 2, BLOCK_N)
+            half_pair = tl.load(order_ptr + half_rows, mask=half_mask, other=0)
+            half_acc = _gemm_tile(a_half, half_rows, half_mask, sar, sak, row0.to(tl.int32), w, expert, swe, swk, swn,
+                                  half_cols, half_col_mask, pid_n * BLOCK_N, K, A_TMA, B_TMA, K_MAJOR, BLOCK_M // 2,
+                                  BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+            _pairs_epilogue(half_acc, out_ptr, scale_ptr, half_pair, half_mask, half_cols, half_col_mask, sor,
+                            HAS_SCALE)
+        else:
+            rows, row_mask, cols, col_mask = _tile(row0, end, pid_n, N, BLOCK_M, BLOCK_N)
+            pair = tl.load(order_ptr + rows, mask=row_mask, other=0)
+            acc = _gemm_tile(a, rows, row_mask, sar, sak, row0.to(tl.int32), w, expert, swe, swk, swn, cols, col_mask,
+                             pid_n * BLOCK_N, K, A_TMA, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION,
+                             DOT_UPCAST, ACC_IN_DOT)
+            _pairs_epilogue(acc, out_ptr, scale_ptr, pair, row_mask, cols, col_mask, sor, HAS_SCALE)
 
 
 @triton.jit
@@ -328,26 +374,42 @@ def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_exper
 
 
 @triton.jit
+def _gathered_tile(a, w, out_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sat, sak, swe, swk, swn, sor,
+                   B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+                   ACC_IN_DOT: tl.constexpr):
+    """One (M tile, N tile) item of :func:`_gathered_gemm_kernel`."""
+    rows, row_mask, cols, col_mask = _tile(row0, end, pid_n, N, BLOCK_M, BLOCK_N)
+    token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
+    acc = _gemm_tile(a, token, row_mask, sat, sak, 0, w, expert, swe, swk, swn, cols, col_mask, pid_n * BLOCK_N,
+                     K, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+    tl.store(out_ptr + rows[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
 def _gathered_gemm_kernel(
     a_ptr, w_ptr, out_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
     num_experts, top_k, N, K, n_blocks, sat, sak, swe, swk, swn, sor,
-    B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, HALF_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """``out[r, n] = sum_k a[t, k] * w[e, k, n]`` for sorted rows r of expert e, t = order[r] // top_k the token of
-    r (the gather is the A operand's load), stored in sorted order."""
+    r (the gather is the A operand's load), stored in sorted order. HALF_TILES: the module docstring."""
     a, w = _operands(a_ptr, 0, K, sat, w_ptr, num_experts, N, swe, swk, swn, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N,
                      BLOCK_K)
     for item in tl.range(tl.program_id(0), _items(tile_start_ptr, num_experts, n_blocks), tl.num_programs(0)):
         pid_m, pid_n = item // n_blocks, item % n_blocks
         expert = tl.load(tile_expert_ptr + pid_m)
-        rows, row_mask, cols, col_mask = _tile(tl.load(offsets_ptr + expert), tl.load(offsets_ptr + expert + 1),
-                                               tl.load(tile_start_ptr + expert), pid_m, pid_n, N, BLOCK_M, BLOCK_N)
-        token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
-        acc = _gemm_tile(a, token, row_mask, sat, sak, 0, w, expert, swe, swk, swn, cols, col_mask, pid_n * BLOCK_N,
-                         K, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=row_mask[:, None] & col_mask[None, :])
+        end = tl.load(offsets_ptr + expert + 1)
+        row0 = tl.load(offsets_ptr + expert) + (pid_m - tl.load(tile_start_ptr + expert)) * BLOCK_M
+        if HALF_TILES and end - row0 <= BLOCK_M // 2:
+            _gathered_tile(a, w, out_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sat, sak, swe, swk, swn,
+                           sor, B_TMA, K_MAJOR, BLOCK_M // 2, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        else:
+            _gathered_tile(a, w, out_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sat, sak, swe, swk, swn,
+                           sor, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
 
 
 @triton.jit

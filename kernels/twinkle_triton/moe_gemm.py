@@ -97,12 +97,13 @@ __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 # and 1.183 with 8 at Qwen3's layer, against 0.918 and 0.921 with two (--warps 4,8 --programs-per-sm 2,3).
 CONFIGS = {
     "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
-                "PROGRAMS_PER_SM": 1},
+                "PROGRAMS_PER_SM": 1, "HALF_TILES": True},
     "down": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
-             "PROGRAMS_PER_SM": 1},
+             "PROGRAMS_PER_SM": 1, "HALF_TILES": True},
     "grad_act": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False,
-                 "PROGRAMS_PER_SM": 1},
-    "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False},
+                 "PROGRAMS_PER_SM": 1, "HALF_TILES": True},
+    "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False,
+                   "HALF_TILES": True},
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4, "TMA": True,
                     "PROGRAMS_PER_SM": 2},
 }
@@ -126,10 +127,14 @@ def _blocks(name: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
     stage holds as many bytes (a 128 x 256 fp32 tile 64 deep needs 288 KiB of shared memory in 3 stages)."""
     cfg = CONFIGS[name]
     block_m = cfg["BLOCK_M"] if not interpreting() else min(64, next_power_of_2(m))
+    block_m = max(16, loop_block(block_m, block_m))
     block_k = cfg["BLOCK_K"] * 2 // max(2, dtype.itemsize)
-    return {"BLOCK_M": max(16, loop_block(block_m, block_m)), "BLOCK_N": max(16, loop_block(n, cfg["BLOCK_N"])),
-            "BLOCK_K": max(16, loop_block(k, block_k)), "num_warps": cfg["num_warps"],
-            "num_stages": cfg["num_stages"]}
+    blocks = {"BLOCK_M": block_m, "BLOCK_N": max(16, loop_block(n, cfg["BLOCK_N"])),
+              "BLOCK_K": max(16, loop_block(k, block_k)), "num_warps": cfg["num_warps"],
+              "num_stages": cfg["num_stages"]}
+    if "HALF_TILES" in cfg:  # the M-tiled kernels; half a tile is at least tl.dot's 16 rows
+        blocks["HALF_TILES"] = bool(cfg["HALF_TILES"]) and block_m >= 32
+    return blocks
 
 
 def _tma_takes(name: str, t: Tensor) -> bool:

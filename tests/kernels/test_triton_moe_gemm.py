@@ -140,6 +140,29 @@ def test_programs_that_loop_over_the_tiles(small_blocks, monkeypatch):
     assert all(2 * programs < items for _, programs, items in launches), launches
 
 
+@pytest.mark.parametrize("half_tiles", [True, False])
+def test_an_experts_short_last_tile_computed_half_as_high(half_tiles, monkeypatch):
+    """Experts whose last M tile holds at most half a tile of rows (5 rows; 40 and 35 rows past a whole tile on the
+    CPU's 32-row tiles, all three on the GPU's 128) beside an expert without rows: with the half-height path and
+    without, every GEMM kernel (TMA-fed where the layout allows it) gives the reference's output and gradients.
+    fp32: which rows a tile computes and stores shows in any dtype, and these gradients cancel enough that the
+    rounding of a 2-byte one (bf16 by truncation under the interpreter) can pass an element's tolerance."""
+    from twinkle_triton import moe_gemm
+
+    for name in ("gate_up", "down", "grad_act", "grad_input"):
+        monkeypatch.setitem(moe_gemm.CONFIGS, name, {**moe_gemm.CONFIGS[name], "TMA": True, "HALF_TILES": half_tiles})
+    dtype, tokens, experts, top_k = torch.float32, 40, 4, 2
+    # expert 1 in every token, expert 0 in the first 5 and expert 3 in the other 35: rows 5, 40, 0, 35
+    index = torch.tensor([[1, 0 if t < 5 else 3] for t in range(tokens)])
+    counts = torch.bincount(index.reshape(-1), minlength=experts).tolist()
+    blocks = moe_gemm._blocks("down", tokens * top_k // experts, HIDDEN, INTER, dtype)
+    assert counts == [5, 40, 0, 35] and blocks["HALF_TILES"] == half_tiles
+    assert all(0 < c % blocks["BLOCK_M"] <= blocks["BLOCK_M"] // 2 for c in counts if c), (counts, blocks)
+    x, gate_up, down, _, _ = _inputs(dtype, top_k, tokens=tokens, experts=experts)
+    weights = torch.randn(tokens, top_k).softmax(-1).to(dtype)  # as a router's top-k renormalized
+    _check(x, gate_up, down, index, weights, dtype, f"moe_swiglu_experts, half tiles {half_tiles}")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_weight_gradient_tiles_reduce_their_experts_rows_only(dtype, small_blocks, monkeypatch):
     """The weight-gradient kernel over rows in sorted order, reduced 16 rows a step: experts with no rows, fewer than

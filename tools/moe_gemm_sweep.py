@@ -10,12 +10,11 @@ softmax router's top-k over random logits (about balanced). TFLOP/s counts the G
 
 ``--block-m``, ``--block-n``, ``--block-k``, ``--warps``, ``--stages``, ``--tma`` (0 or 1: operands loaded by TMA
 where they allow it), ``--programs-per-sm`` (0: a program a tile; N: N programs an SM that loop over the tiles) and
-``--half-tiles`` (0 or 1: an expert's last tile computed half as high where its rows fit; the M-tiled kernels
-gate_up, down, grad_act and grad_input) sweep the launch configuration (``twinkle_triton.moe_gemm.CONFIGS``) of the
-kernels ``--kernels`` names (default all five: ``gate_up`` and ``down`` run in the forward, ``grad_act``,
-``grad_input`` and ``weight_grad`` in the backward; for ``weight_grad`` BLOCK_M x BLOCK_N is the weight tile and
-BLOCK_K the rows a step); the others keep their configuration. A configuration the GPU cannot run (shared memory) is
-reported and skipped.
+``--half-tiles`` (0 or 1: an expert's last tile computed half as high where its rows fit; down and grad_input only)
+sweep the launch configuration (``twinkle_triton.moe_gemm.CONFIGS``) of the kernels ``--kernels`` names (default all
+five: ``gate_up`` and ``down`` run in the forward, ``grad_act``, ``grad_input`` and ``weight_grad`` in the backward;
+for ``weight_grad`` BLOCK_M x BLOCK_N is the weight tile and BLOCK_K the rows a step); the others keep their
+configuration. A configuration the GPU cannot run (shared memory) is reported and skipped.
 
 ``--per-kernel`` tunes each kernel on its own instead: for each kernel ``--kernels`` names and each setting
 (the others at their defaults) it runs forward + backward under ``torch.profiler``, checks the output and every

@@ -8,11 +8,7 @@ Every GEMM kernel but the weight gradient's works through (M tile of one expert,
 ``i`` the N tile ``i % n_blocks`` of M tile ``i // n_blocks``, program p taking items p, p + P, ... of
 a grid of P programs: one program an item, or a few an SM that loop (persistent). The tile table
 (``tile_expert``, ``tile_start``, whose last entry counts the M tiles) and the expert's rows in the
-sorted order (``offsets``) are built on the device by ``_expert_tiles_kernel`` below. With HALF_TILES (a
-constexpr), an expert's last M tile whose rows fill at most half of it is computed BLOCK_M // 2 rows high: its
-rows past the expert's are work the full tile would compute and never store. The test is written in each
-kernel's own body, where ``HALF_TILES and ...`` folds to a constexpr False when HALF_TILES is off and the
-half-height path is not compiled (a jit helper's result would be a runtime value, both paths compiled).
+sorted order (``offsets``) are built on the device by ``_expert_tiles_kernel`` below.
 Only :mod:`.moe_gemm` launches these kernels.
 """
 
@@ -134,76 +130,56 @@ def _gemm_tile(a, a_rows, row_mask, sar, sak, a_row0, w, expert, swe, swk, swn, 
 
 
 @triton.jit
-def _gate_up_tile(
-    x_ptr, w, h_ptr, gu_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sxt, sxk, swe, swn, swk, shr, sgr,
-    STORE_PREACT: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
-):
-    """One (M tile, N tile) item of :func:`_gate_up_kernel`, ``w`` the weights' descriptor (B_TMA) or pointer."""
-    rows, row_mask, cols, col_mask = _tile(row0, end, pid_n, N, BLOCK_M, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
-    a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
-    n0 = pid_n * BLOCK_N
-    if not B_TMA:
-        g_ptrs = w + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
-        u_ptrs = g_ptrs + N * swn
-    gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = ks < K - k0
-        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        if B_TMA:
-            g = _weight_block(w, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
-            u = _weight_block(w, expert, N + n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
-        else:
-            b_mask = k_mask[:, None] & col_mask[None, :]
-            g = tl.load(g_ptrs, mask=b_mask, other=0.0)
-            u = tl.load(u_ptrs, mask=b_mask, other=0.0)
-            g_ptrs += BLOCK_K * swk
-            u_ptrs += BLOCK_K * swk
-        gate = _mma(gate, a, g, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        up = _mma(up, a, u, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        a_ptrs += BLOCK_K * sxk
-    mask = row_mask[:, None] & col_mask[None, :]
-    h = gate * tl.sigmoid(gate) * up
-    tl.store(h_ptr + rows[:, None] * shr + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
-    if STORE_PREACT:
-        gu = gu_ptr + rows[:, None] * sgr + cols[None, :]
-        tl.store(gu, gate.to(gu_ptr.dtype.element_ty), mask=mask)
-        tl.store(gu + N, up.to(gu_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, h_ptr, gu_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
     num_experts, top_k, N, K, n_blocks, sxt, sxk, swe, swn, swk, shr, sgr,
-    STORE_PREACT: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, HALF_TILES: tl.constexpr,
+    STORE_PREACT: tl.constexpr, B_TMA: tl.constexpr, K_MAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """``h[r, n] = silu(x[t] . w[e, n]) * (x[t] . w[e, N + n])`` for sorted rows r of expert e, t the
     token of r (the gather is the A operand's load); ``gu[r]`` the two projections when STORE_PREACT.
     B_TMA: both halves of ``w[e]`` by TMA (:func:`_weight_desc` over its 2N rows: a gate block past N
-    reads up rows, whose columns are not stored). HALF_TILES: the module docstring."""
+    reads up rows, whose columns are not stored)."""
+    ks = tl.arange(0, BLOCK_K)
     if B_TMA:
-        w = _weight_desc(w_ptr, num_experts, 2 * N, K, swe, swk, swn, K_MAJOR, BLOCK_N, BLOCK_K)
-    else:
-        w = w_ptr
+        w_desc = _weight_desc(w_ptr, num_experts, 2 * N, K, swe, swk, swn, K_MAJOR, BLOCK_N, BLOCK_K)
     for item in tl.range(tl.program_id(0), _items(tile_start_ptr, num_experts, n_blocks), tl.num_programs(0)):
         pid_m, pid_n = item // n_blocks, item % n_blocks
         expert = tl.load(tile_expert_ptr + pid_m)
         end = tl.load(offsets_ptr + expert + 1)
         row0 = tl.load(offsets_ptr + expert) + (pid_m - tl.load(tile_start_ptr + expert)) * BLOCK_M
-        if HALF_TILES and end - row0 <= BLOCK_M // 2:
-            _gate_up_tile(x_ptr, w, h_ptr, gu_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sxt, sxk, swe,
-                          swn, swk, shr, sgr, STORE_PREACT, B_TMA, K_MAJOR, BLOCK_M // 2, BLOCK_N, BLOCK_K,
-                          DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        else:
-            _gate_up_tile(x_ptr, w, h_ptr, gu_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sxt, sxk, swe,
-                          swn, swk, shr, sgr, STORE_PREACT, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION,
-                          DOT_UPCAST, ACC_IN_DOT)
+        rows, row_mask, cols, col_mask = _tile(row0, end, pid_n, N, BLOCK_M, BLOCK_N)
+        token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
+        a_ptrs = x_ptr + token[:, None] * sxt + ks[None, :] * sxk
+        n0 = pid_n * BLOCK_N
+        if not B_TMA:
+            g_ptrs = w_ptr + expert.to(tl.int64) * swe + cols[None, :] * swn + ks[:, None] * swk
+            u_ptrs = g_ptrs + N * swn
+        gate = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = ks < K - k0
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            if B_TMA:
+                g = _weight_block(w_desc, expert, n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+                u = _weight_block(w_desc, expert, N + n0, k0, K_MAJOR, BLOCK_N, BLOCK_K)
+            else:
+                b_mask = k_mask[:, None] & col_mask[None, :]
+                g = tl.load(g_ptrs, mask=b_mask, other=0.0)
+                u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+                g_ptrs += BLOCK_K * swk
+                u_ptrs += BLOCK_K * swk
+            gate = _mma(gate, a, g, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+            up = _mma(up, a, u, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+            a_ptrs += BLOCK_K * sxk
+        mask = row_mask[:, None] & col_mask[None, :]
+        h = gate * tl.sigmoid(gate) * up
+        tl.store(h_ptr + rows[:, None] * shr + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
+        if STORE_PREACT:
+            gu = gu_ptr + rows[:, None] * sgr + cols[None, :]
+            tl.store(gu, gate.to(gu_ptr.dtype.element_ty), mask=mask)
+            tl.store(gu + N, up.to(gu_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -227,7 +203,11 @@ def _rows_to_pairs_kernel(
     """``out[p, n] = scale[p] * sum_k a[r, k] * w[e, k, n]`` for sorted rows r of expert e, p = order[r]
     its (token, slot) pair: each pair's row is written once (no atomics), the caller sums the slots.
     A_TMA: the tile's rows of ``a`` (``num_rows`` in all) by TMA, the next expert's first rows with them
-    when the tile is the expert's last (computed, never stored). HALF_TILES: the module docstring."""
+    when the tile is the expert's last (computed, never stored). HALF_TILES: an expert's last tile whose rows fill
+    at most half of it is computed BLOCK_M // 2 rows high (the rows past the expert's are work a full tile computes
+    and never stores). The test sits in the kernel's own body, where ``HALF_TILES and ...`` folds to a constexpr
+    False when HALF_TILES is off and the half-height path is not compiled (a jit helper's result is a runtime
+    value: both paths would be)."""
     a, w = _operands(a_ptr, num_rows, K, sar, w_ptr, num_experts, N, swe, swk, swn, A_TMA, B_TMA, K_MAJOR, BLOCK_M,
                      BLOCK_N, BLOCK_K)
     if HALF_TILES and A_TMA:
@@ -374,29 +354,14 @@ def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_exper
 
 
 @triton.jit
-def _gathered_tile(a, w, out_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sat, sak, swe, swk, swn, sor,
-                   B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
-                   ACC_IN_DOT: tl.constexpr):
-    """One (M tile, N tile) item of :func:`_gathered_gemm_kernel`."""
-    rows, row_mask, cols, col_mask = _tile(row0, end, pid_n, N, BLOCK_M, BLOCK_N)
-    token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
-    acc = _gemm_tile(a, token, row_mask, sat, sak, 0, w, expert, swe, swk, swn, cols, col_mask, pid_n * BLOCK_N,
-                     K, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-    tl.store(out_ptr + rows[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & col_mask[None, :])
-
-
-@triton.jit
 def _gathered_gemm_kernel(
     a_ptr, w_ptr, out_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr,
     num_experts, top_k, N, K, n_blocks, sat, sak, swe, swk, swn, sor,
-    B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, HALF_TILES: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    B_TMA: tl.constexpr, K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
 ):
     """``out[r, n] = sum_k a[t, k] * w[e, k, n]`` for sorted rows r of expert e, t = order[r] // top_k the token of
-    r (the gather is the A operand's load), stored in sorted order. HALF_TILES: the module docstring."""
+    r (the gather is the A operand's load), stored in sorted order."""
     a, w = _operands(a_ptr, 0, K, sat, w_ptr, num_experts, N, swe, swk, swn, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N,
                      BLOCK_K)
     for item in tl.range(tl.program_id(0), _items(tile_start_ptr, num_experts, n_blocks), tl.num_programs(0)):
@@ -404,12 +369,12 @@ def _gathered_gemm_kernel(
         expert = tl.load(tile_expert_ptr + pid_m)
         end = tl.load(offsets_ptr + expert + 1)
         row0 = tl.load(offsets_ptr + expert) + (pid_m - tl.load(tile_start_ptr + expert)) * BLOCK_M
-        if HALF_TILES and end - row0 <= BLOCK_M // 2:
-            _gathered_tile(a, w, out_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sat, sak, swe, swk, swn,
-                           sor, B_TMA, K_MAJOR, BLOCK_M // 2, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        else:
-            _gathered_tile(a, w, out_ptr, order_ptr, expert, row0, end, pid_n, top_k, N, K, sat, sak, swe, swk, swn,
-                           sor, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        rows, row_mask, cols, col_mask = _tile(row0, end, pid_n, N, BLOCK_M, BLOCK_N)
+        token = tl.load(order_ptr + rows, mask=row_mask, other=0) // top_k
+        acc = _gemm_tile(a, token, row_mask, sat, sak, 0, w, expert, swe, swk, swn, cols, col_mask, pid_n * BLOCK_N,
+                         K, False, B_TMA, K_MAJOR, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
+        tl.store(out_ptr + rows[:, None] * sor + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit

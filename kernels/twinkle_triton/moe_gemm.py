@@ -95,13 +95,19 @@ __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 # item 1.20 / 6.07 at the first setting. Two programs an SM overlap one's first loads and epilogue with the other's
 # products: a tile reduces only its expert's rows, about 256 at Qwen3's layer. Three an SM ran 1.145 ms with 4 warps
 # and 1.183 with 8 at Qwen3's layer, against 0.918 and 0.921 with two (--warps 4,8 --programs-per-sm 2,3).
+# "HALF_TILES" (_rows_to_pairs_kernel's down and grad_input): an expert's last tile computed 64 rows high where its rows
+# fit (tools/moe_gemm_sweep.py --per-kernel --half-tiles 0,1, H200, every gradient checked;
+# docs/performance/moe-half-tiles-h200.json), ms at Qwen3-30B-A3B's layer / ERNIE-4.5-21B-A3B's, off -> on: grad_input
+# 0.411 -> 0.391 / 0.668 -> 0.635; down 0.244 -> 0.239 / 0.363 -> 0.371, which keeps full tiles. The same path in the
+# looping gate_up and grad_act kernels cost 1-10% (gate_up 0.447 -> 0.453 / 0.734 -> 0.810; grad_act 0.206 -> 0.212 /
+# 0.341 -> 0.361): compiled beside the full tile's, it slowed the loop; those kernels do not have it.
 CONFIGS = {
     "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
-                "PROGRAMS_PER_SM": 1, "HALF_TILES": True},
+                "PROGRAMS_PER_SM": 1},
     "down": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
-             "PROGRAMS_PER_SM": 1, "HALF_TILES": True},
+             "PROGRAMS_PER_SM": 1, "HALF_TILES": False},
     "grad_act": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False,
-                 "PROGRAMS_PER_SM": 1, "HALF_TILES": True},
+                 "PROGRAMS_PER_SM": 1},
     "grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": False,
                    "HALF_TILES": True},
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4, "TMA": True,
@@ -132,7 +138,7 @@ def _blocks(name: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
     blocks = {"BLOCK_M": block_m, "BLOCK_N": max(16, loop_block(n, cfg["BLOCK_N"])),
               "BLOCK_K": max(16, loop_block(k, block_k)), "num_warps": cfg["num_warps"],
               "num_stages": cfg["num_stages"]}
-    if "HALF_TILES" in cfg:  # the M-tiled kernels; half a tile is at least tl.dot's 16 rows
+    if "HALF_TILES" in cfg:  # _rows_to_pairs_kernel's; half a tile is at least tl.dot's 16 rows
         blocks["HALF_TILES"] = bool(cfg["HALF_TILES"]) and block_m >= 32
     return blocks
 

@@ -22,6 +22,7 @@ from .rms_norm import add_rms_norm, add_rms_norm_reference, rms_norm, rms_norm_r
 from .rotary import apply_rotary_pos_emb, apply_rotary_pos_emb_reference
 from .rotary_cache import apply_rotary_pos_emb_to_cache, apply_rotary_pos_emb_to_cache_reference
 from .rotary_cache_attention import rotary_cache_attention, rotary_cache_attention_reference
+from .scale_in_place import scale_in_place, scale_in_place_reference
 from .rotary_variants import (
     apply_rotary_pos_emb_deinterleave,
     apply_rotary_pos_emb_deinterleave_reference,
@@ -93,6 +94,8 @@ __all__ = [
     "rotary_cache_attention_reference",
     "rms_norm_fp32",
     "rms_norm_fp32_reference",
+    "scale_in_place",
+    "scale_in_place_reference",
     "silu_and_mul",
     "silu_and_mul_linear",
     "silu_and_mul_linear_reference",

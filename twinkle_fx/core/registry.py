@@ -117,6 +117,8 @@ GRAPH_REWRITES: dict[str, str] = {
     "embedding_grad": "an embedding's dense weight gradient in a backward graph (plus a tied LM head's) -> "
                       "twinkle_triton.embedding_grad_sums, gathered where the gradient is written or added in "
                       "place to the fused loss's saved head gradient (twinkle_triton.add_embedding_grad)",
+    "scaled_gradient": "a saved gradient a backward graph returns times the loss's gradient (the fused loss's "
+                       "untied LM-head gradient) -> twinkle_triton.scale_in_place, nothing touched when that is 1",
     "matmul_sums": "a sum of matrix products in a traced graph (a layer input's gradient from q, k and v) -> "
                    "twinkle_fx::matmul_sum, GEMMs that accumulate into one another",
 }
@@ -187,7 +189,7 @@ class KernelRegistry:
             ...     registry.remove_graph_rewrite("gqa_attention")
             ...     registry.graph_rewrite_names()  # doctest: +NORMALIZE_WHITESPACE
             ['causal_attention', 'fused_projections', 'decode_gemv', 'decode_cache', 'residual_norm',
-             'embedding_grad', 'matmul_sums']
+             'embedding_grad', 'scaled_gradient', 'matmul_sums']
         """
         with self._lock:
             _check_graph_rewrite(name)

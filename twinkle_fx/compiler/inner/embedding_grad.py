@@ -62,8 +62,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ...core.torch_internals import donated_backward_inputs
-from .post_grad import PostGradRewrite, erase_unused, fake_mode_of, on_kernel_device, source_uuid
+from .post_grad import PostGradRewrite, donated_scaled_input, erase_unused, fake_mode_of, on_kernel_device, source_uuid
 from .post_grad import call as call_node
 from .post_grad import value as _val
 
@@ -247,25 +246,14 @@ def _rewrite(graph: fx.Graph, found: _DenseGrad, fake_mode: Any) -> bool:
 
 
 def _owned_scaled_gradient(head: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """``(buffer, scale)`` when ``head`` (read only by the add of the embedding's gradient) is ``buffer * scale``
-    with ``buffer`` a backward input AOTAutograd donated (a saved tensor read once, here: the fused loss's
-    gradient computed in the forward) in rows of contiguous elements and ``scale`` one floating element (the
-    loss's gradient) on its device; else None."""
-    if head.target is not _aten.mul.Tensor or head.kwargs or len(head.users) != 1 or len(head.args) != 2:
+    """``(buffer, scale)`` when ``head`` (read only by the add of the embedding's gradient) is a donated backward
+    input times the loss's gradient (:func:`.post_grad.donated_scaled_input`) in rows of contiguous elements, the
+    layout ``add_embedding_grad`` takes; else None."""
+    owned = donated_scaled_input(head)
+    if owned is None:
         return None
-    donated = donated_backward_inputs()
-    if not donated:
-        return None
-    placeholders = head.graph.find_nodes(op="placeholder")
-    for buffer, scale in (head.args, head.args[::-1]):
-        if not (isinstance(buffer, fx.Node) and buffer.op == "placeholder" and len(buffer.users) == 1
-                and isinstance(scale, fx.Node) and _same_tensor_type(buffer, head)):
-            continue
-        b, s = _val(buffer), _val(scale)
-        if b.dim() == 2 and b.stride(-1) == 1 and isinstance(s, torch.Tensor) and s.numel() == 1 \
-                and s.is_floating_point() and s.device == b.device and placeholders.index(buffer) in donated:
-            return buffer, scale
-    return None
+    b = _val(owned[0])
+    return owned if b.dim() == 2 and b.stride(-1) == 1 else None
 
 
 def _shape(node) -> tuple[int, ...] | None:

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.fx as fx
 
-from ...core.torch_internals import inductor_pass_uuid, inductor_post_grad_pass
+from ...core.torch_internals import donated_backward_inputs, inductor_pass_uuid, inductor_post_grad_pass
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["PostGradRewrite", "with_rewrites", "run_rewrites", "source_uuid", "call", "fake_mode_of", "value",
-           "erase_unused", "on_kernel_device"]
+           "erase_unused", "on_kernel_device", "donated_scaled_input"]
 
 
 @dataclass(frozen=True)
@@ -121,3 +122,27 @@ def erase_unused(graph: fx.Graph, node: fx.Node, replaced: Callable[[fx.Node], b
     for input_node in inputs:
         if input_node.op == "call_function" and replaced(input_node):
             erase_unused(graph, input_node, replaced)
+
+
+def donated_scaled_input(mul: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """``(buffer, scale)`` when ``mul`` (read by one node) is ``buffer * scale`` with ``buffer`` a backward input
+    AOTAutograd donated (a saved tensor read once, here by ``mul`` alone: the fused loss's weight gradient computed
+    in the forward) of ``mul``'s dtype, shape and device, and ``scale`` one floating element (the loss's gradient) on
+    that device: a product the backward may compute where ``buffer`` lies. Else None (never under
+    ``retain_graph=True``, where nothing is donated)."""
+    if mul.target is not torch.ops.aten.mul.Tensor or mul.kwargs or len(mul.users) != 1 or len(mul.args) != 2:
+        return None
+    donated = donated_backward_inputs()
+    if not donated:
+        return None
+    placeholders = mul.graph.find_nodes(op="placeholder")
+    for buffer, scale in (mul.args, mul.args[::-1]):
+        if not (isinstance(buffer, fx.Node) and buffer.op == "placeholder" and len(buffer.users) == 1
+                and isinstance(scale, fx.Node)):
+            continue
+        b, s, m = value(buffer), value(scale), value(mul)
+        if isinstance(b, torch.Tensor) and isinstance(s, torch.Tensor) and isinstance(m, torch.Tensor) \
+                and (b.dtype, b.shape, b.device) == (m.dtype, m.shape, m.device) and s.numel() == 1 \
+                and s.is_floating_point() and s.device == b.device and placeholders.index(buffer) in donated:
+            return buffer, scale
+    return None

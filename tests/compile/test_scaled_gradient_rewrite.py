@@ -1,0 +1,137 @@
+"""The scaled_gradient rewrite of backward graphs: an untied LM head's gradient, which the fused loss computes in the
+forward and the backward scales by the loss's gradient, is scaled in place by twinkle_triton.scale_in_place and
+returned as the weight's gradient; with the gradients of eager."""
+
+import copy
+import logging
+import re
+
+import pytest
+import torch
+import transformers
+from tiny_models import TINY, eager_grads, input_ids
+
+import twinkle_fx
+from twinkle_fx.builtin import use_builtin_kernels
+from twinkle_fx.compiler.inner.inductor_options import collect_cudagraph_status
+from twinkle_fx.testing import record_graphs
+
+from device_under_test import DEVICE
+from dtype_tolerance import assert_close
+
+LOGGER = "twinkle_fx.compiler.inner.scaled_gradient"
+
+
+def _untied_llama() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model("llama", **{**TINY, "num_hidden_layers": 1}, tie_word_embeddings=False)
+    return transformers.AutoModelForCausalLM.from_config(config).to(DEVICE)
+
+
+def _fused_loss_steps(compiler: str, steps: int, *, zero_grad: bool = True, retain_graph: bool = False,
+                      options: dict | None = None):
+    """An untied tiny Llama with the built-in kernels (the fused-loss head computes the head's gradient in the
+    forward), ``steps`` compiled steps; the first backward graph (aot_eager), each parameter's gradient, and eager's
+    gradients of one step."""
+    use_builtin_kernels(devices=(DEVICE,))
+    model, ids = _untied_llama(), input_ids()
+    want = eager_grads(model, ids)
+    model.zero_grad(set_to_none=True)
+    with record_graphs() as graphs:
+        compiled = twinkle_fx.compile(model, options={"compiler": compiler, **(options or {})})
+        for _ in range(steps):
+            if zero_grad:
+                model.zero_grad(set_to_none=True)
+            loss = compiled(ids, labels=ids).loss
+            loss.backward(retain_graph=retain_graph)
+            if retain_graph:
+                loss.backward()
+    return (graphs.backward[0] if graphs.backward else None), [p.grad for p in model.parameters()], want
+
+
+def test_the_untied_heads_gradient_is_scaled_where_it_lies_and_returned():
+    code, grads, want = _fused_loss_steps("aot_eager", 2)
+    call = re.search(r"torch\.ops\.twinkle\.scale_in_place\.default\((\w+), (\w+)\)", code)
+    assert call is not None and code.count("twinkle.scale_in_place.default(") == 1
+    buffer, scale = call.groups()
+    inputs = re.search(r"def forward\(self, (.*)\):", code).group(1)
+    assert re.search(rf"\b{buffer}: \"f32\[128, 64\]\"", inputs)  # a backward input: the saved head gradient
+    assert scale.startswith("tangents")  # the loss's gradient, read on the device
+    returned = re.search(r"return \((.*)\)", code).group(1).split(", ")
+    assert returned.count(buffer) == 1  # that buffer is the head weight's gradient
+    assert not re.search(rf"aten\.mul\.Tensor\({buffer}, ", code)  # and no product of it is computed
+    for got, w in zip(grads, want):
+        assert_close(got, w, torch.float32, "gradient")
+
+
+def test_gradients_accumulated_over_steps_and_a_retained_graph_stay_eagers():
+    """Without zero_grad the second step adds to the first's gradient (the buffer the first backward returned);
+    a backward run twice (retain_graph) keeps its saved tensors, so nothing is donated and the product is computed
+    into a new tensor instead."""
+    _, grads, want = _fused_loss_steps("aot_eager", 2, zero_grad=False)
+    for got, w in zip(grads, want):
+        assert_close(got, 2 * w, torch.float32, "gradient")
+    torch._dynamo.reset()
+    code, grads, want = _fused_loss_steps("aot_eager", 1, retain_graph=True)
+    assert "scale_in_place" not in code
+    for got, w in zip(grads, want):
+        assert_close(got, 2 * w, torch.float32, "gradient")
+
+
+def test_a_scaled_loss_scales_the_heads_gradient():
+    """A loss multiplied before its backward (gradient accumulation's loss / n): the gradient the head's buffer
+    receives is not 1, and every element is scaled."""
+    use_builtin_kernels(devices=(DEVICE,))
+    model, ids = _untied_llama(), input_ids()
+    want = eager_grads(model, ids)
+    model.zero_grad(set_to_none=True)
+    compiled = twinkle_fx.compile(model, options={"compiler": "aot_eager"})
+    (compiled(ids, labels=ids).loss * 0.25).backward()
+    for got, w in zip([p.grad for p in model.parameters()], want):
+        assert_close(got, 0.25 * w, torch.float32, "gradient")
+
+
+def test_the_option_and_the_registry_each_turn_it_off():
+    code, _, _ = _fused_loss_steps("aot_eager", 1, options={"scaled_gradient": False})
+    assert "scale_in_place" not in code
+    torch._dynamo.reset()
+    with twinkle_fx.scoped_registry() as registry:
+        registry.remove_graph_rewrite("scaled_gradient")
+        code, _, _ = _fused_loss_steps("aot_eager", 1)
+    assert "scale_in_place" not in code
+
+
+@pytest.mark.slow
+def test_under_inductor_the_untied_heads_gradient_is_scaled_in_place(caplog):
+    with caplog.at_level(logging.INFO, logger=LOGGER), torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        _, grads, want = _fused_loss_steps("inductor", 2, zero_grad=False)
+    assert any("1 gradient(s) a backward graph returns scaled in place" in r.getMessage() for r in caplog.records)
+    for got, w in zip(grads, want):
+        assert_close(got, 2 * w, torch.float32, "gradient")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_under_cuda_graphs_every_steps_head_gradient_is_eagers(caplog):
+    """Under CUDA graphs the forward's replay writes the saved head gradient where the previous step's weight
+    gradient lay: each step's gradient (warm-up, recording, replays) is still eager's, with nothing skipped."""
+    use_builtin_kernels(devices=(DEVICE,))
+    model = _untied_llama()
+    reference = copy.deepcopy(model)
+    compiled = twinkle_fx.compile(model, mode="reduce-overhead")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, reference)]
+    with collect_cudagraph_status() as cudagraphs, caplog.at_level(logging.INFO, logger=LOGGER), \
+            torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        for _ in range(4):
+            ids = input_ids()
+            for m, run in ((model, compiled), (reference, reference)):
+                m.zero_grad(set_to_none=True)  # CUDA graphs: the previous step's gradients are graph buffers
+                run(ids, labels=ids).loss.backward()
+            assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad, torch.float32,
+                         "head weight's gradient")
+            for optimizer in optimizers:
+                optimizer.step()
+    assert not cudagraphs.skips and cudagraphs.graphs and all(g.used for g in cudagraphs.graphs), cudagraphs.summary()
+    assert any("1 gradient(s) a backward graph returns scaled in place" in r.getMessage() for r in caplog.records)

@@ -101,6 +101,20 @@ def test_the_option_and_the_registry_each_turn_it_off():
     assert "scale_in_place" not in code
 
 
+def test_the_compile_caches_key_hashes_the_rewrite_and_its_kernel(tmp_path, monkeypatch):
+    """Inductor's graph cache asks the post-grad pass for its uuid before compiling: this rewrite's part hashes its
+    own source and the kernel module's (a change to either is a new key)."""
+    from twinkle_fx.compiler.inner import post_grad, scaled_gradient
+
+    key = scaled_gradient._uuid()
+    assert key.startswith("twinkle_fx.scaled_gradient:") and len(key.split(":")[1]) == 64
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text("changed")
+    monkeypatch.setattr(scaled_gradient, "_kernel_module", lambda: type("M", (), {"__file__": str(kernel)}))
+    assert scaled_gradient._uuid() != key
+    assert post_grad.with_rewrites(None, (scaled_gradient.REWRITE,)).uuid() is not None
+
+
 @pytest.mark.slow
 def test_under_inductor_the_untied_heads_gradient_is_scaled_in_place(caplog):
     with caplog.at_level(logging.INFO, logger=LOGGER), torch._inductor.config.patch(fx_graph_cache=False), \

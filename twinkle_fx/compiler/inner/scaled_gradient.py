@@ -24,6 +24,7 @@ The backend runs it on every graph after ``embedding_grad`` (:mod:`.post_grad`),
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import sys
 
@@ -81,14 +82,13 @@ def _uuid() -> str:
 
 
 def _kernel_module():
-    """``twinkle_triton.scale_in_place`` (importing it defines ``twinkle::scale_in_place``), or None where the
-    kernels do not import."""
+    """The module ``twinkle_triton.scale_in_place`` (importing it defines ``twinkle::scale_in_place``; the package's
+    attribute of that name is the function), or None where the kernels do not import."""
     try:
-        from twinkle_triton import scale_in_place
+        return importlib.import_module("twinkle_triton.scale_in_place")
     except ImportError as e:  # the backend works without the kernel package, only without this rewrite
         logger.debug("scaled_gradient rewrite off: twinkle_triton does not import (%s)", e)
         return None
-    return scale_in_place
 
 
 REWRITE = PostGradRewrite(SCALED_GRADIENT, rewrite_scaled_gradients, functools.cache(_uuid))

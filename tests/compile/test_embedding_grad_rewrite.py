@@ -3,18 +3,15 @@ becomes twinkle_triton.embedding_grad_sums gathered into the kernel that writes 
 head's gradient is a buffer the backward owns (the fused loss's), added to it in place by
 twinkle_triton.add_embedding_grad; with the gradients of eager."""
 
-import copy
 import logging
 import re
 
 import pytest
 import torch
 import transformers
-from tiny_models import TINY, eager_grads, input_ids
+from tiny_models import TINY, cuda_graph_steps_match_eager, eager_grads, fused_loss_steps, input_ids
 
 import twinkle_fx
-from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.compiler.inner.inductor_options import collect_cudagraph_status
 from twinkle_fx.testing import record_graphs
 
 from device_under_test import DEVICE
@@ -176,23 +173,9 @@ def test_both_forms_of_the_dense_gradients_decomposition_are_rewritten(form):
     assert_close(traced(grad, indices, head), form(grad, indices, head), torch.bfloat16, "gradient")
 
 
-def _fused_loss_steps(compiler: str, steps: int, *, zero_grad: bool = True, retain_graph: bool = False):
-    """A tied tiny Llama with the built-in kernels (the fused-loss head computes the head's gradient in the forward),
-    ``steps`` compiled steps; the first backward graph (aot_eager) and each parameter's gradient."""
-    use_builtin_kernels(devices=(DEVICE,))
-    model, ids = _llama(True), input_ids()
-    want = eager_grads(model, ids)
-    model.zero_grad(set_to_none=True)
-    with record_graphs() as graphs:
-        compiled = twinkle_fx.compile(model, options={"compiler": compiler})
-        for _ in range(steps):
-            if zero_grad:
-                model.zero_grad(set_to_none=True)
-            loss = compiled(ids, labels=ids).loss
-            loss.backward(retain_graph=retain_graph)
-            if retain_graph:
-                loss.backward()
-    return (graphs.backward[0] if graphs.backward else None), [p.grad for p in model.parameters()], want
+def _fused_loss_steps(compiler: str, steps: int, **kwargs):
+    """A tied tiny Llama's compiled steps with the fused-loss head (:func:`tiny_models.fused_loss_steps`)."""
+    return fused_loss_steps(_llama(True), compiler, steps, **kwargs)
 
 
 def test_a_fused_loss_heads_gradient_takes_the_rows_in_place_and_is_the_weights_gradient():
@@ -237,25 +220,8 @@ def test_under_inductor_the_fused_loss_heads_gradient_takes_the_rows_in_place(ca
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_under_cuda_graphs_every_steps_tied_gradient_is_eagers(caplog):
-    """Under CUDA graphs the forward's replay writes the saved head gradient where the previous step's weight
-    gradient lay: each step's gradient (warm-up, recording, replays) is still eager's, with nothing skipped."""
-    use_builtin_kernels(devices=(DEVICE,))
-    model = _llama(True)
-    reference = copy.deepcopy(model)
-    compiled = twinkle_fx.compile(model, mode="reduce-overhead")
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, reference)]
-    with collect_cudagraph_status() as cudagraphs, \
-            caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.embedding_grad"), \
-            torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
-        for _ in range(4):
-            ids = input_ids()
-            for m, run in ((model, compiled), (reference, reference)):
-                m.zero_grad(set_to_none=True)  # CUDA graphs: the previous step's gradients are graph buffers
-                run(ids, labels=ids).loss.backward()
-            assert_close(model.model.embed_tokens.weight.grad, reference.model.embed_tokens.weight.grad,
-                         torch.float32, "tied weight's gradient")
-            for optimizer in optimizers:
-                optimizer.step()
-    assert not cudagraphs.skips and cudagraphs.graphs and all(g.used for g in cudagraphs.graphs), cudagraphs.summary()
+    """The forward's replay writes the saved head gradient where the previous step's weight gradient lay: each
+    step's tied gradient is still eager's, with nothing skipped."""
+    with caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.embedding_grad"):
+        cuda_graph_steps_match_eager(_llama(True), lambda m: m.model.embed_tokens.weight, "tied weight's gradient")
     assert any("1 added in place to a tied head's gradient" in r.getMessage() for r in caplog.records)

@@ -2,19 +2,16 @@
 forward and the backward scales by the loss's gradient, is scaled in place by twinkle_triton.scale_in_place and
 returned as the weight's gradient; with the gradients of eager."""
 
-import copy
 import logging
 import re
 
 import pytest
 import torch
 import transformers
-from tiny_models import TINY, eager_grads, input_ids
+from tiny_models import TINY, cuda_graph_steps_match_eager, eager_grads, fused_loss_steps, input_ids
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
-from twinkle_fx.compiler.inner.inductor_options import collect_cudagraph_status
-from twinkle_fx.testing import record_graphs
 
 from device_under_test import DEVICE
 from dtype_tolerance import assert_close
@@ -28,25 +25,9 @@ def _untied_llama() -> torch.nn.Module:
     return transformers.AutoModelForCausalLM.from_config(config).to(DEVICE)
 
 
-def _fused_loss_steps(compiler: str, steps: int, *, zero_grad: bool = True, retain_graph: bool = False,
-                      options: dict | None = None):
-    """An untied tiny Llama with the built-in kernels (the fused-loss head computes the head's gradient in the
-    forward), ``steps`` compiled steps; the first backward graph (aot_eager), each parameter's gradient, and eager's
-    gradients of one step."""
-    use_builtin_kernels(devices=(DEVICE,))
-    model, ids = _untied_llama(), input_ids()
-    want = eager_grads(model, ids)
-    model.zero_grad(set_to_none=True)
-    with record_graphs() as graphs:
-        compiled = twinkle_fx.compile(model, options={"compiler": compiler, **(options or {})})
-        for _ in range(steps):
-            if zero_grad:
-                model.zero_grad(set_to_none=True)
-            loss = compiled(ids, labels=ids).loss
-            loss.backward(retain_graph=retain_graph)
-            if retain_graph:
-                loss.backward()
-    return (graphs.backward[0] if graphs.backward else None), [p.grad for p in model.parameters()], want
+def _fused_loss_steps(compiler: str, steps: int, **kwargs):
+    """An untied tiny Llama's compiled steps with the fused-loss head (:func:`tiny_models.fused_loss_steps`)."""
+    return fused_loss_steps(_untied_llama(), compiler, steps, **kwargs)
 
 
 def test_the_untied_heads_gradient_is_scaled_where_it_lies_and_returned():
@@ -128,24 +109,8 @@ def test_under_inductor_the_untied_heads_gradient_is_scaled_in_place(caplog):
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_under_cuda_graphs_every_steps_head_gradient_is_eagers(caplog):
-    """Under CUDA graphs the forward's replay writes the saved head gradient where the previous step's weight
-    gradient lay: each step's gradient (warm-up, recording, replays) is still eager's, with nothing skipped."""
-    use_builtin_kernels(devices=(DEVICE,))
-    model = _untied_llama()
-    reference = copy.deepcopy(model)
-    compiled = twinkle_fx.compile(model, mode="reduce-overhead")
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, reference)]
-    with collect_cudagraph_status() as cudagraphs, caplog.at_level(logging.INFO, logger=LOGGER), \
-            torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
-        for _ in range(4):
-            ids = input_ids()
-            for m, run in ((model, compiled), (reference, reference)):
-                m.zero_grad(set_to_none=True)  # CUDA graphs: the previous step's gradients are graph buffers
-                run(ids, labels=ids).loss.backward()
-            assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad, torch.float32,
-                         "head weight's gradient")
-            for optimizer in optimizers:
-                optimizer.step()
-    assert not cudagraphs.skips and cudagraphs.graphs and all(g.used for g in cudagraphs.graphs), cudagraphs.summary()
+    """The forward's replay writes the saved head gradient where the previous step's weight gradient lay: each
+    step's head gradient is still eager's, with nothing skipped."""
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        cuda_graph_steps_match_eager(_untied_llama(), lambda m: m.lm_head.weight, "head weight's gradient")
     assert any("1 gradient(s) a backward graph returns scaled in place" in r.getMessage() for r in caplog.records)

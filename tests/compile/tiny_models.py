@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import copy
 import re
+from collections.abc import Callable
 
 import torch
 import transformers
 
+import twinkle_fx
 import twinkle_triton
 from twinkle_fx import register_external_layer, register_layer_kernel
+from twinkle_fx.builtin import use_builtin_kernels
+from twinkle_fx.compiler.inner.inductor_options import collect_cudagraph_status
 from twinkle_fx.function import register_function_kernel
-from twinkle_fx.testing import root_as_self
+from twinkle_fx.testing import record_graphs, root_as_self
 
 from device_under_test import DEVICE  # the GPU when there is one, else the CPU through the interpreter
+from dtype_tolerance import assert_close
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, vocab_size=128, max_position_embeddings=64)
@@ -77,6 +83,50 @@ def input_ids(batch: int = 2, seq: int = 8) -> torch.Tensor:
     return torch.randint(0, TINY["vocab_size"], (batch, seq), device=DEVICE)
 
 
+def fused_loss_steps(model: torch.nn.Module, compiler: str, steps: int, *, zero_grad: bool = True,
+                     retain_graph: bool = False, options: dict | None = None):
+    """``model`` with the built-in kernels (the fused-loss head computes the head's gradient in the forward),
+    ``steps`` steps of ``twinkle_fx.compile`` on one batch: the first backward graph (aot_eager; None under
+    Inductor), each parameter's gradient after them, and eager's gradients of one step."""
+    use_builtin_kernels(devices=(DEVICE,))
+    ids = input_ids()
+    want = eager_grads(model, ids)
+    model.zero_grad(set_to_none=True)
+    with record_graphs() as graphs:
+        compiled = twinkle_fx.compile(model, options={"compiler": compiler, **(options or {})})
+        for _ in range(steps):
+            if zero_grad:
+                model.zero_grad(set_to_none=True)
+            loss = compiled(ids, labels=ids).loss
+            loss.backward(retain_graph=retain_graph)
+            if retain_graph:
+                loss.backward()
+    return (graphs.backward[0] if graphs.backward else None), [p.grad for p in model.parameters()], want
+
+
+def cuda_graph_steps_match_eager(model: torch.nn.Module, weight: Callable[[torch.nn.Module], torch.Tensor],
+                                 what: str) -> None:
+    """Four SGD steps of ``twinkle_fx.compile(model, mode="reduce-overhead")`` beside eager's on a copy, each on new
+    tokens: ``weight(model)``'s gradient is eager's at every step (warm-up, recording, replays), and every compiled
+    graph ran under CUDA graphs, none skipped. The forward's replay writes the saved tensors where the previous
+    step's gradients lay: what a gradient the backward returns in a saved buffer must survive."""
+    use_builtin_kernels(devices=(DEVICE,))
+    reference = copy.deepcopy(model)
+    compiled = twinkle_fx.compile(model, mode="reduce-overhead")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, reference)]
+    with collect_cudagraph_status() as cudagraphs, torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        for _ in range(4):
+            ids = input_ids()
+            for m, run in ((model, compiled), (reference, reference)):
+                m.zero_grad(set_to_none=True)  # CUDA graphs: the previous step's gradients are graph buffers
+                run(ids, labels=ids).loss.backward()
+            assert_close(weight(model).grad, weight(reference).grad, torch.float32, what)
+            for optimizer in optimizers:
+                optimizer.step()
+    assert not cudagraphs.skips and cudagraphs.graphs and all(g.used for g in cudagraphs.graphs), cudagraphs.summary()
+
+
 # On a GPU the twinkle_triton ops are torch.library.triton_op: AOTAutograd traces them into launches
 # of their Triton kernels (triton_kernel_wrapper_functional) that Inductor compiles itself. On the CPU
 # (interpreter) they are opaque custom ops and the AOT graphs name them.
@@ -88,10 +138,10 @@ def kernels_inlined(test, aot_code: str) -> bool:
     CPU return False, and the caller pins the custom-op calls with assertExpectedInline."""
     if KERNELS_INLINED:
         test.assertIn("triton_kernel_wrapper_functional", aot_code)
-        # the embedding_grad rewrite puts its ops into backward graphs AOTAutograd already traced: calls there
+        # the post-grad rewrites put their ops into backward graphs AOTAutograd already traced: calls there
         called = [line for line in aot_code.splitlines() if "torch.ops.twinkle." in line]
         test.assertEqual([line for line in called if not re.search(
-            r"torch\.ops\.twinkle\.(embedding_grad_sums|add_embedding_grad)\.", line)], [])
+            r"torch\.ops\.twinkle\.(embedding_grad_sums|add_embedding_grad|scale_in_place)\.", line)], [])
     return KERNELS_INLINED
 
 

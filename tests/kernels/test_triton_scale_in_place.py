@@ -1,6 +1,8 @@
 """scale_in_place: a tensor multiplied by a one-element scale in place, the scale read on the device, nothing
 touched when it is 1."""
 
+import importlib
+
 import pytest
 import torch
 from kernel_test_utils import assert_close
@@ -24,6 +26,19 @@ def test_the_product_in_place(dtype, scale):
         torch.testing.assert_close(out.float(), want.float(), rtol=2**-7, atol=0)
     else:
         assert torch.equal(out, want)  # rounded once, as out * scale is
+
+
+def test_programs_that_loop_over_several_blocks(small_blocks, monkeypatch):
+    """16-element blocks and a third as many programs as blocks: every program scales several, on the CPU and the
+    GPU alike, and a scale of 1 still leaves them all."""
+    module = importlib.import_module("twinkle_triton.scale_in_place")  # the package's attribute is the function
+    monkeypatch.setattr(module, "persistent_programs", lambda blocks, device, per_sm: max(1, blocks // 3))
+    x = torch.randn(37, 29)
+    out = x.clone()
+    tt.scale_in_place(out, torch.tensor(-0.5))
+    assert torch.equal(out, x * -0.5)
+    tt.scale_in_place(out, torch.tensor(1.0))
+    assert torch.equal(out, x * -0.5)
 
 
 def test_a_scale_of_one_leaves_every_bit_and_one_of_another_dtype_or_shape_is_read_as_a_number():

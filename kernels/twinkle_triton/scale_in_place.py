@@ -94,5 +94,6 @@ def scale_in_place(out: Tensor, scale: Tensor) -> None:
 
 
 def scale_in_place_reference(out: Tensor, scale: Tensor) -> None:
-    """Plain PyTorch ``scale_in_place`` (every element)."""
-    out.copy_(out.to(torch.float64 if out.dtype == torch.float64 else torch.float32) * scale.reshape(()))
+    """Plain PyTorch ``scale_in_place`` (every element), the kernel's arithmetic: both in the compute dtype."""
+    compute = torch.float64 if out.dtype == torch.float64 else torch.float32
+    out.copy_(out.to(compute) * scale.to(compute).reshape(()))

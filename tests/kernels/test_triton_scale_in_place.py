@@ -49,6 +49,12 @@ def test_a_scale_of_one_leaves_every_bit_and_one_of_another_dtype_or_shape_is_re
     assert torch.equal(out.view(torch.int16), x.view(torch.int16))  # nan, inf, -0 and subnormals as they were
     tt.scale_in_place(out, torch.full((1, 1), 2.0, dtype=torch.float64))
     assert_close(out[1:], x[1:] * 2, torch.bfloat16, "scaled")
+    # an fp64 scale is rounded to fp32 first, as the kernel reads it: the reference gives the same bits
+    x, third = torch.randn(64), torch.tensor(1 / 3, dtype=torch.float64)
+    out, reference = x.clone(), x.clone()
+    tt.scale_in_place(out, third)
+    tt.scale_in_place_reference(reference, third)
+    assert torch.equal(out, reference) and torch.equal(reference, x * third.float())
 
 
 def test_a_non_finite_scale_reaches_every_element_and_empty_tensors_pass():

@@ -9,12 +9,13 @@ softmax router's top-k over random logits (about balanced). TFLOP/s counts the G
 (forward 6 * T * k * H * I, forward + backward 3x that).
 
 ``--block-m``, ``--block-n``, ``--block-k``, ``--warps``, ``--stages``, ``--tma`` (0 or 1: operands loaded by TMA
-where they allow it), ``--programs-per-sm`` (0: a program a tile; N: N programs an SM that loop over the tiles) and
+where they allow it), ``--programs-per-sm`` (0: a program a tile; N: N programs an SM that loop over the tiles),
 ``--half-tiles`` (0 or 1: an expert's last tile computed half as high where its rows fit; down and grad_input only)
-sweep the launch configuration (``twinkle_triton.moe_gemm.CONFIGS``) of the kernels ``--kernels`` names (default all
-five: ``gate_up`` and ``down`` run in the forward, ``grad_act``, ``grad_input`` and ``weight_grad`` in the backward;
-for ``weight_grad`` BLOCK_M x BLOCK_N is the weight tile and BLOCK_K the rows a step); the others keep their
-configuration. A configuration the GPU cannot run (shared memory) is reported and skipped.
+and ``--warp-specialize`` (0 or 1; padded_weight_grad only) sweep the launch configuration
+(``twinkle_triton.moe_gemm.CONFIGS``) of the kernels ``--kernels`` names (default all: ``gate_up`` and ``down`` run in
+the forward, ``grad_act``, ``grad_input`` and the weight gradients' kernel, ``weight_grad`` or ``padded_weight_grad``,
+in the backward; for those two BLOCK_M x BLOCK_N is the weight tile and BLOCK_K the rows a step); the others keep
+their configuration. A configuration the GPU cannot run (shared memory) is reported and skipped.
 
 ``--per-kernel`` tunes each kernel on its own instead: for each kernel ``--kernels`` names and each setting
 (the others at their defaults) it runs forward + backward under ``torch.profiler``, checks the output and every
@@ -23,13 +24,15 @@ launches are told apart by their order in a call: ``LAUNCHES``). One run then fi
 setting at each shape, and times the five together against ``grouped_mm``, forward and forward + backward.
 Without knob flags each kernel tries its own ``CANDIDATES`` (settings that compile for sm_90 without spilling).
 
-``--weight-grad triton,grouped_mm`` times each way the backward can compute the weight gradients
-(``moe_gemm.WEIGHT_GRAD``), every gradient checked against transformers' experts for each.
+``--weight-grad padded,grouped_mm,triton`` times each way the backward can compute the weight gradients
+(``moe_gemm.WEIGHT_GRAD``), every gradient checked against transformers' experts for each; with ``--per-kernel``, the
+one Triton way (``padded`` or ``triton``) whose kernel is tuned with the others.
 
     python tools/moe_gemm_sweep.py --out moe.json
     python tools/moe_gemm_sweep.py --out moe-fwd.json --kernels gate_up --block-m 64,128 --block-n 64,128 --warps 4,8
     python tools/moe_gemm_sweep.py --out moe-kernels.json --per-kernel --block-m 64,128 --block-n 64,128 --warps 4,8
-    python tools/moe_gemm_sweep.py --out moe-wgrad.json --weight-grad triton,grouped_mm
+    python tools/moe_gemm_sweep.py --out moe-wgrad.json --weight-grad padded,grouped_mm,triton
+    python tools/moe_gemm_sweep.py --out moe-padded.json --per-kernel --weight-grad padded --kernels padded_weight_grad
 """
 
 from __future__ import annotations
@@ -56,11 +59,14 @@ moe_gemm = importlib.import_module("twinkle_triton.moe_gemm")
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 14336),
           "deepseek-v3": (256, 8, 7168, 2048), "ernie-4.5-21b-a3b": (64, 6, 2560, 1536)}
 KNOBS = (("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"), ("warps", "num_warps"),
-         ("stages", "num_stages"), ("tma", "TMA"), ("programs_per_sm", "PROGRAMS_PER_SM"), ("half_tiles", "HALF_TILES"))
-# the kernels one forward + backward of moe_swiglu_experts launches, in order, with the CONFIGS entry of each
-LAUNCHES = (("_gate_up_kernel", "gate_up"), ("_rows_to_pairs_kernel", "down"), ("_gathered_gemm_kernel", "grad_act"),
-            ("_rows_to_pairs_kernel", "grad_input"), ("_weight_grad_kernel", "weight_grad"),
-            ("_weight_grad_kernel", "weight_grad"))
+         ("stages", "num_stages"), ("tma", "TMA"), ("programs_per_sm", "PROGRAMS_PER_SM"), ("half_tiles", "HALF_TILES"),
+         ("warp_specialize", "WARP_SPECIALIZE"))
+# the GEMM kernels one forward + backward of moe_swiglu_experts launches, in order, with the CONFIGS entry of each, by
+# the Triton way the backward computes the weight gradients (moe_gemm.WEIGHT_GRAD)
+_EXPERT_GEMMS = (("_gate_up_kernel", "gate_up"), ("_rows_to_pairs_kernel", "down"),
+                 ("_gathered_gemm_kernel", "grad_act"), ("_rows_to_pairs_kernel", "grad_input"))
+LAUNCHES = {"triton": _EXPERT_GEMMS + (("_weight_grad_kernel", "weight_grad"),) * 2,
+            "padded": _EXPERT_GEMMS + (("_padded_weight_grad_kernel", "padded_weight_grad"),) * 2}
 GRAD_RTOL = 2e-2  # relative error (norm of the difference over the reference's) of each gradient, bf16
 # --per-kernel without knob flags: each kernel's candidates (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages),
 # larger tiles first. Chosen from a grid compiled for sm_90 on a CPU (the stand-in driver of
@@ -77,6 +83,10 @@ CANDIDATES = {
                    (128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 128, 64, 4, 3)),
     "weight_grad": ((128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 256, 32, 8, 4), (128, 128, 64, 8, 3),
                     (128, 128, 32, 8, 4), (128, 128, 32, 8, 3)),
+    # warp-specialized: 4 warps a consumer group (two groups and a producer: 12 warps); a 128 x 256 tile 64 rows deep
+    # in 3 stages takes 208 KiB of shared memory with the stored tile's
+    "padded_weight_grad": ((256, 128, 64, 4, 3), (128, 256, 64, 4, 3), (256, 128, 32, 4, 6), (128, 256, 32, 4, 6),
+                           (128, 128, 64, 4, 5), (128, 128, 64, 4, 4), (128, 128, 32, 4, 8)),
 }
 
 
@@ -132,9 +142,10 @@ def _cases(module, tokens, top_k, dtype):
             "gradients": (gradients(ours), gradients(theirs))}
 
 
-def _launch_times(run, calls: int) -> dict[str, float]:
-    """ms of each CONFIGS entry's launches in one call of ``run`` (forward + backward), the median of ``calls``."""
-    names = {name for name, _ in LAUNCHES}
+def _launch_times(run, calls: int, launches: tuple) -> dict[str, float]:
+    """ms of each CONFIGS entry's launches in one call of ``run`` (forward + backward), the median of ``calls``;
+    ``launches`` the kernels of a call, in order (:data:`LAUNCHES`)."""
+    names = {name for name, _ in launches}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             run()
@@ -144,14 +155,14 @@ def _launch_times(run, calls: int) -> dict[str, float]:
         prof.export_chrome_trace(str(trace))
         ours = sorted((k for k in kernel_intervals(trace) if k.name in names), key=lambda k: k.start)
     launched = [k.name for k in ours]
-    expected = [name for name, _ in LAUNCHES] * calls
+    expected = [name for name, _ in launches] * calls
     if launched != expected:
-        raise RuntimeError(f"moe_swiglu_experts launched {launched[:len(LAUNCHES)]}... in {calls} calls, not "
-                           f"{[name for name, _ in LAUNCHES]} each: LAUNCHES no longer matches moe_gemm")
+        raise RuntimeError(f"moe_swiglu_experts launched {launched[:len(launches)]}... in {calls} calls, not "
+                           f"{[name for name, _ in launches]} each: LAUNCHES no longer matches moe_gemm")
     per_call: dict[str, list[float]] = {}
     for index in range(calls):
         sums: dict[str, float] = {}
-        for kernel, (_, entry) in zip(ours[index * len(LAUNCHES):], LAUNCHES):
+        for kernel, (_, entry) in zip(ours[index * len(launches):], launches):
             sums[entry] = sums.get(entry, 0.0) + (kernel.end - kernel.start) / 1e3
         for entry, ms in sums.items():
             per_call.setdefault(entry, []).append(ms)
@@ -186,7 +197,7 @@ def _candidates(kernel: str) -> list[dict]:
     return [dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"), c)) for c in CANDIDATES[kernel]]
 
 
-def per_kernel(args, kernels: list[str], settings: list[dict], defaults: dict) -> list[dict]:
+def per_kernel(args, kernels: list[str], settings: list[dict], defaults: dict, launches: tuple) -> list[dict]:
     """``--per-kernel``: each kernel's own time under each setting, the fastest per kernel, and the five fastest
     together against grouped_mm; one line per measurement, the rows for the JSON."""
     dtype, rows = torch.bfloat16, []
@@ -205,7 +216,7 @@ def per_kernel(args, kernels: list[str], settings: list[dict], defaults: dict) -
                 moe_gemm.CONFIGS[kernel].update(setting)
 
         configure()
-        base = _launch_times(cases["forward+backward"][0], args.calls)
+        base = _launch_times(cases["forward+backward"][0], args.calls, launches)
         print(f"{name}: defaults " + ", ".join(f"{k} {ms:.3f} ms" for k, ms in base.items()), flush=True)
         chosen = {}
         for kernel in kernels:
@@ -215,7 +226,7 @@ def per_kernel(args, kernels: list[str], settings: list[dict], defaults: dict) -
                 configure(kernel, setting)
                 try:
                     _gradients_agree(cases["gradients"][0](), reference)
-                    ms = _launch_times(cases["forward+backward"][0], args.calls)[kernel]
+                    ms = _launch_times(cases["forward+backward"][0], args.calls, launches)[kernel]
                 except Exception as e:  # noqa: BLE001  a setting the GPU cannot run, or one that computes wrong
                     print(f"{name:14s} {kernel:12s} {label:48s} failed: {type(e).__name__}: {str(e)[:120]}")
                     rows.append({"shape": name, "kernel": kernel, "setting": setting,
@@ -250,8 +261,9 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=output_file)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
-    parser.add_argument("--kernels", default=",".join(moe_gemm.CONFIGS),
-                        help=f"comma-separated kernels the sweep sets, of {', '.join(moe_gemm.CONFIGS)}")
+    parser.add_argument("--kernels", default="",
+                        help=f"comma-separated kernels the sweep sets, of {', '.join(moe_gemm.CONFIGS)} (default all; "
+                             "with --per-kernel, those the weight-gradient way launches)")
     for flag, _ in KNOBS:
         parser.add_argument(f"--{flag.replace('_', '-')}", default="",
                             help="comma-separated values (default: each kernel's own)")
@@ -266,9 +278,12 @@ def main() -> None:
     if set(variants) - set(moe_gemm.WEIGHT_GRADS):
         parser.error(f"--weight-grad: unknown {', '.join(sorted(set(variants) - set(moe_gemm.WEIGHT_GRADS)))}; "
                      f"known: {', '.join(moe_gemm.WEIGHT_GRADS)}")
-    if args.per_kernel and variants != ["triton"]:
-        parser.error("--per-kernel times the Triton kernels, the weight gradients' too: pass --weight-grad triton")
-    for what, given, known in (("--shapes", args.shapes, SHAPES), ("--kernels", args.kernels, moe_gemm.CONFIGS)):
+    if args.per_kernel and (len(variants) != 1 or variants[0] not in LAUNCHES):
+        parser.error("--per-kernel times the Triton kernels, the weight gradients' too: pass --weight-grad "
+                     f"{' or '.join(LAUNCHES)}")
+    launched = [entry for _, entry in LAUNCHES[variants[0]]] if args.per_kernel else list(moe_gemm.CONFIGS)
+    args.kernels = args.kernels or ",".join(dict.fromkeys(launched))
+    for what, given, known in (("--shapes", args.shapes, SHAPES), ("--kernels", args.kernels, launched)):
         unknown = sorted(set(given.split(",")) - set(known))
         if unknown:
             parser.error(f"{what}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
@@ -279,8 +294,8 @@ def main() -> None:
         settings = [{**s, key: v} for s in settings for v in values]
     defaults, default_weight_grad = copy.deepcopy(moe_gemm.CONFIGS), moe_gemm.WEIGHT_GRAD
     if args.per_kernel:
-        moe_gemm.WEIGHT_GRAD = "triton"
-        rows = per_kernel(args, kernels, settings, defaults)
+        moe_gemm.WEIGHT_GRAD = variants[0]
+        rows = per_kernel(args, kernels, settings, defaults, LAUNCHES[variants[0]])
         moe_gemm.CONFIGS.clear()
         moe_gemm.CONFIGS.update(defaults)
         with open(args.out, "w") as f:

@@ -1,10 +1,10 @@
 """The Triton kernels of :mod:`.moe_gemm` (which says what they compute, how the work is scheduled
 and why the reductions are deterministic): the gate/up grouped GEMM with the SwiGLU epilogue, the
 grouped GEMM whose rows go to (token, slot) rows, the backward's gathered GEMM and the SwiGLU
-derivative after it, the per-expert weight gradient, the sums over each token's slots and the tile tables,
+derivative after it, the per-expert weight gradient (two ways), the sums over each token's slots and the tile tables,
 with the ``triton.jit`` helpers they share.
 
-Every GEMM kernel but the weight gradient's works through (M tile of one expert, N tile) items, item
+Every GEMM kernel but the weight gradients' two works through (M tile of one expert, N tile) items, item
 ``i`` the N tile ``i % n_blocks`` of M tile ``i // n_blocks``, program p taking items p, p + P, ... of
 a grid of P programs: one program an item, or a few an SM that loop (persistent). The tile table
 (``tile_expert``, ``tile_start``, whose last entry counts the M tiles) and the expert's rows in the
@@ -295,26 +295,100 @@ def _weight_grad_kernel(
 
 
 @triton.jit
+def _padded_weight_grad_kernel(
+    a_ptr, b_ptr, out_ptr, offsets_ptr, padded_ptr, num_experts, a_rows, b_rows, M, N, m_blocks, n_blocks, sar, sbr,
+    PADDED_A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+):
+    """``out[e] = a[rows of e]^T @ b[rows of e]``, ``out`` [E, M, N] contiguous with M a multiple of BLOCK_M, one
+    operand's rows in the sorted order (expert e's from ``offsets[e]``), the other's in the padded order that
+    ``_gather_token_rows_kernel`` writes with PAD = BLOCK_K (expert e's from ``padded[e]``, a multiple of BLOCK_K, its
+    rows past the expert's count zero): ``a`` when PADDED_A, else ``b``.
+
+    Every block of BLOCK_K rows comes by TMA: the padded operand's blocks start at its expert's rows and end in its
+    zeros, so the rows the sorted operand's last block reads past its expert's (the next expert's, or zeros past
+    the tensor) add nothing. (A product of zero and an infinity is nan: an infinity in the sorted operand's rows of
+    the next expert, itself a non-finite gradient, reaches this expert's too.) With every load by TMA the item loop
+    can be warp-specialized (WARP_SPECIALIZE, Triton's Hopper pass): a producer warp loads ahead across items while
+    the consumer warp groups compute and store, so the next item's loads are in flight during this item's last
+    products and store. An expert's reduction is short (about 256 rows an expert at Qwen3-30B-A3B's layer):
+    without that overlap each item waits for its first blocks. Items (expert, M tile, N tile) as in
+    ``_weight_grad_kernel``; an expert without rows gets zeros."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[a_rows, M], strides=[sar, 1], block_shape=[BLOCK_K, BLOCK_M])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[b_rows, N], strides=[sbr, 1], block_shape=[BLOCK_K, BLOCK_N])
+    # [E * M, N]: a tile never crosses experts (M a multiple of BLOCK_M); the columns past N are clipped
+    out_desc = tl.make_tensor_descriptor(out_ptr, shape=[num_experts * M, N], strides=[N, 1],
+                                         block_shape=[BLOCK_M, BLOCK_N])
+    per_expert = m_blocks * n_blocks
+    for item in tl.range(tl.program_id(0), num_experts * per_expert, tl.num_programs(0),
+                         warp_specialize=WARP_SPECIALIZE):
+        expert = item // per_expert
+        m0 = item % per_expert // n_blocks * BLOCK_M
+        n0 = item % n_blocks * BLOCK_N
+        first = tl.load(offsets_ptr + expert).to(tl.int32)
+        steps = tl.cdiv(tl.load(offsets_ptr + expert + 1).to(tl.int32) - first, BLOCK_K)
+        padded = tl.load(padded_ptr + expert)
+        if PADDED_A:
+            a0, b0 = padded, first
+        else:
+            a0, b0 = first, padded
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for step in range(steps):
+            r = step * BLOCK_K
+            acc = _mma(acc, tl.trans(a_desc.load([a0 + r, m0])), b_desc.load([b0 + r, n0]), DOT_PRECISION,
+                       DOT_UPCAST, ACC_IN_DOT)
+        out_desc.store([expert * M + m0, n0], acc.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _gather_token_rows_kernel(
-    x_ptr, g_ptr, scale_ptr, order_ptr, x_out_ptr, g_out_ptr, rows, top_k, H, sxt, sxk, sgt, sgk, sxo, sgo,
-    BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr, g_ptr, scale_ptr, order_ptr, offsets_ptr, padded_ptr, x_out_ptr, g_out_ptr, rows, num_experts, top_k, H,
+    sxt, sxk, sgt, sgk, sxo, sgo, PAD: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     """For sorted rows r (p = order[r] its pair, t = p // top_k its token): ``x_out[r] = x[t]`` and
-    ``g_out[r] = g[t] * scale[p]``, the product in fp32 rounded once to ``g_out``'s dtype."""
+    ``g_out[r] = g[t] * scale[p]``, the product in fp32 rounded once to ``g_out``'s dtype.
+
+    PAD > 1: the output rows in the padded order instead, each expert's rows from a multiple of PAD rows (the
+    experts' padded starts, in order, their counts rounded up to PAD), the rows up to the next start zero; every
+    program computes the starts from ``offsets``, program 0 writes them to ``padded`` [E + 1] (the last entry
+    all the padded rows). ``rows`` then bounds the padded rows (the programs past their end write nothing)."""
     pid = tl.program_id(0)
-    r = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    r_mask = r < rows
+    q = (pid * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    if PAD == 1:
+        q_mask = q < rows
+        r = q
+        r_mask = q_mask
+    else:
+        experts = tl.arange(0, BLOCK_E)
+        known = experts < num_experts
+        first = tl.load(offsets_ptr + experts, mask=known, other=0)
+        count = tl.load(offsets_ptr + experts + 1, mask=known, other=0) - first
+        padded_count = (count + PAD - 1) // PAD * PAD
+        padded_end = tl.cumsum(padded_count, axis=0)
+        padded_start = padded_end - padded_count
+        if pid == 0:
+            tl.store(padded_ptr + experts, padded_start.to(tl.int32), mask=known)
+            tl.store(padded_ptr + num_experts, tl.sum(padded_count, axis=0).to(tl.int32))
+        q_mask = q < tl.sum(padded_count, axis=0)
+        # q's expert: the experts that end at or before it (those without rows included) are before it
+        expert = tl.sum(((padded_end[None, :] <= q[:, None]) & known[None, :]).to(tl.int32), axis=1)
+        mine = experts[None, :] == expert[:, None]
+        j = q - tl.sum(tl.where(mine, padded_start[None, :], 0), axis=1)
+        r = tl.sum(tl.where(mine, first[None, :], 0), axis=1) + j
+        r_mask = q_mask & (j < tl.sum(tl.where(mine, count[None, :], 0), axis=1))
     pair = tl.load(order_ptr + r, mask=r_mask, other=0)
     token = pair // top_k
-    scale = tl.load(scale_ptr + pair, mask=r_mask, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr + pair, mask=r_mask, other=0).to(tl.float32)
     cols = tl.arange(0, BLOCK_H)
     for h0 in range(0, H, BLOCK_H):
         c = h0 + cols
-        mask = r_mask[:, None] & (c < H)[None, :]
-        x = tl.load(x_ptr + token[:, None] * sxt + c[None, :] * sxk, mask=mask)
-        tl.store(x_out_ptr + r[:, None] * sxo + c[None, :], x, mask=mask)
-        g = tl.load(g_ptr + token[:, None] * sgt + c[None, :] * sgk, mask=mask).to(tl.float32)
-        tl.store(g_out_ptr + r[:, None] * sgo + c[None, :], (g * scale[:, None]).to(g_out_ptr.dtype.element_ty),
+        mask = q_mask[:, None] & (c < H)[None, :]
+        read = r_mask[:, None] & (c < H)[None, :]
+        x = tl.load(x_ptr + token[:, None] * sxt + c[None, :] * sxk, mask=read, other=0)
+        tl.store(x_out_ptr + q[:, None] * sxo + c[None, :], x, mask=mask)
+        g = tl.load(g_ptr + token[:, None] * sgt + c[None, :] * sgk, mask=read, other=0).to(tl.float32)
+        tl.store(g_out_ptr + q[:, None] * sgo + c[None, :], (g * scale[:, None]).to(g_out_ptr.dtype.element_ty),
                  mask=mask)
 
 

@@ -62,7 +62,8 @@ from ._launch import (cdiv, dot_options, interpreting, loop_block, next_power_of
                       run_with_scratch)
 from ._library import define_differentiable_op, define_op, wrap_triton
 from ._moe_gemm_kernels import (_expert_tiles_kernel, _gate_up_kernel, _gather_token_rows_kernel, _gathered_gemm_kernel,
-                                _rows_to_pairs_kernel, _slot_sums_kernel, _swiglu_grad_kernel, _weight_grad_kernel)
+                                _padded_weight_grad_kernel, _rows_to_pairs_kernel, _slot_sums_kernel,
+                                _swiglu_grad_kernel, _weight_grad_kernel)
 from ._torch_internals import grouped_mm
 
 __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
@@ -112,17 +113,23 @@ CONFIGS = {
                    "HALF_TILES": True},
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4, "TMA": True,
                     "PROGRAMS_PER_SM": 2},
+    "padded_weight_grad": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "TMA": True,
+                           "PROGRAMS_PER_SM": 1, "WARP_SPECIALIZE": True},
 }
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# How the backward computes the experts' weight gradients, both over the rows of ``x`` and of the routing-weighted
-# ``grad`` copied in sorted order (:func:`_gather_token_rows`): "grouped_mm", ``torch._grouped_mm`` (CUTLASS's grouped
-# GEMM on a GPU), where that op takes the operands (bf16, rows a multiple of 16 bytes, Hopper or the CPU:
-# :func:`_grouped_mm_takes`); elsewhere, or as "triton", ``_weight_grad_kernel``. ``tools/moe_gemm_sweep.py
-# --weight-grad triton,grouped_mm`` times both (H200, bf16, 4096 tokens, docs/performance/moe-weight-grad-h200.json),
-# the op's forward + backward with CUTLASS's and with the Triton kernel: 2.607 and 2.721 ms at Qwen3-30B-A3B's layer,
-# 4.015 and 4.255 at ERNIE-4.5-21B-A3B's, 16.596 and 17.437 at Mixtral-8x7B's.
-WEIGHT_GRAD = "grouped_mm"
-WEIGHT_GRADS = ("triton", "grouped_mm")
+# How the backward computes the experts' weight gradients, each over the rows of ``x`` and of the routing-weighted
+# ``grad`` copied by one kernel (:func:`_gather_token_rows`): "padded", ``_padded_weight_grad_kernel`` over those rows
+# copied in the padded order (each expert's from a multiple of the reduction step, zeros to the next), so that every
+# block of both operands comes by TMA and the item loop is warp-specialized, where :func:`_padded_takes` (bf16 or fp16
+# on Hopper; the weights' rows a multiple of the tile's); else "grouped_mm", ``torch._grouped_mm`` (CUTLASS's grouped
+# GEMM on a GPU) over the rows in sorted order, where that op takes the operands (bf16, rows a multiple of 16 bytes,
+# Hopper or the CPU: :func:`_grouped_mm_takes`); else, or as "triton", ``_weight_grad_kernel`` over the sorted rows.
+# ``tools/moe_gemm_sweep.py --weight-grad padded,grouped_mm,triton`` times them (H200, bf16, 4096 tokens,
+# docs/performance/moe-weight-grad-h200.json), the op's forward + backward: CUTLASS's and the looping Triton kernel's
+# 2.607 and 2.721 ms at Qwen3-30B-A3B's layer, 4.015 and 4.255 at ERNIE-4.5-21B-A3B's, 16.596 and 17.437 at
+# Mixtral-8x7B's.
+WEIGHT_GRAD = "padded"
+WEIGHT_GRADS = ("padded", "grouped_mm", "triton")
 
 
 def _blocks(name: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
@@ -337,11 +344,23 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
     grad_x = _rows_to_pairs(d_gate_up, gate_up_proj, hidden, gate_up_proj.stride(), None, top_k_index, routing,
                             "grad_input")
     # per expert: d_gate_up^T @ x[tokens] -> [2I, H];  (w * grad[tokens])^T @ h -> [H, I]
-    x_rows, scaled = _gather_token_rows(hidden_states, grad, weights, order, top_k)
-    weight_grads = _weight_grads_grouped_mm if WEIGHT_GRAD == "grouped_mm" and _grouped_mm_takes(
-        hidden_states, inter) else _weight_grads_triton
-    grad_gate_up_proj, grad_down_proj = weight_grads(d_gate_up, x_rows, scaled, h, offsets)
+    way = _weight_grads_way(hidden_states, inter)
+    if way == "padded":
+        grad_gate_up_proj, grad_down_proj = _weight_grads_padded(hidden_states, grad, weights, routing, top_k,
+                                                                 d_gate_up, h)
+    else:
+        x_rows, scaled, _ = _gather_token_rows(hidden_states, grad, weights, routing, top_k)
+        weight_grads = _weight_grads_grouped_mm if way == "grouped_mm" else _weight_grads_triton
+        grad_gate_up_proj, grad_down_proj = weight_grads(d_gate_up, x_rows, scaled, h, offsets)
     return grad_x, grad_gate_up_proj, grad_down_proj, grad_weights
+
+
+def _weight_grads_way(hidden_states: Tensor, inter: int) -> str:
+    """The way of :data:`WEIGHT_GRADS` the backward takes: :data:`WEIGHT_GRAD` where it takes the operands, else the
+    next of "padded", "grouped_mm" that does, else "triton" (which takes any)."""
+    takes = {"padded": _padded_takes, "grouped_mm": _grouped_mm_takes}
+    ways = WEIGHT_GRADS[WEIGHT_GRADS.index(WEIGHT_GRAD):]
+    return next((way for way in ways if way == "triton" or takes[way](hidden_states, inter)), "triton")
 
 
 def _grad_act(grad: Tensor, down_proj: Tensor, gate_up: Tensor, h: Tensor, weights: Tensor, routing: _Routing,
@@ -415,21 +434,78 @@ def _weight_grads_grouped_mm(d_gate_up: Tensor, x_rows: Tensor, scaled: Tensor, 
     return _grouped_weight_grads_op(d_gate_up, x_rows, scaled, h, offsets[1:].to(torch.int32))
 
 
-def _gather_token_rows(hidden_states: Tensor, grad: Tensor, weights: Tensor, order: Tensor,
-                       top_k: int) -> tuple[Tensor, Tensor]:
+def _gather_token_rows(hidden_states: Tensor, grad: Tensor, weights: Tensor, routing: _Routing, top_k: int,
+                       pad: int = 1) -> tuple[Tensor, Tensor, Tensor | None]:
     """(``hidden_states[order // top_k]``, ``(grad[order // top_k].float() * weights[order, None].float())`` rounded
-    to ``grad``'s dtype), contiguous, in one pass. As torch's two ``index_select``, casts and product they took
-    0.60 ms of the op's 3.37 ms forward + backward on an H200 at Qwen3-30B-A3B's layer (4096 tokens, bf16)."""
-    rows, hidden = order.shape[0], hidden_states.shape[1]
+    to ``grad``'s dtype), contiguous, in one pass, and None. As torch's two ``index_select``, casts and product they
+    took 0.60 ms of the op's 3.37 ms forward + backward on an H200 at Qwen3-30B-A3B's layer (4096 tokens, bf16).
+
+    ``pad`` > 1: the rows in the padded order instead (``_gather_token_rows_kernel``: each expert's from a multiple
+    of ``pad``, zeros up to the next), in buffers of the most rows that order can take (each expert adds at most
+    ``pad - 1``), and the experts' padded starts ``[E + 1]`` (int32, the last entry all the padded rows) third."""
+    order, offsets = routing.order, routing.offsets
+    pairs, hidden, num_experts = order.shape[0], hidden_states.shape[1], offsets.shape[0] - 1
+    rows = pairs if pad == 1 else pairs + num_experts * (pad - 1)
     x_rows = hidden_states.new_empty((rows, hidden))
     scaled = grad.new_empty((rows, hidden))
+    padded = torch.empty(num_experts + 1, dtype=torch.int32, device=order.device) if pad > 1 else None
     block_r = 32 if interpreting() else 8
     wrap_triton(_gather_token_rows_kernel)[(cdiv(rows, block_r),)](
-        hidden_states, grad, weights, order, x_rows, scaled, rows, top_k, hidden, *hidden_states.stride(),
-        *grad.stride(), x_rows.stride(0), scaled.stride(0), BLOCK_R=block_r, BLOCK_H=loop_block(hidden, 512),
-        num_warps=4,
+        hidden_states, grad, weights, order, offsets, padded if padded is not None else offsets, x_rows, scaled, rows,
+        num_experts, top_k, hidden, *hidden_states.stride(), *grad.stride(), x_rows.stride(0), scaled.stride(0),
+        PAD=pad, BLOCK_E=next_power_of_2(num_experts) if pad > 1 else 1, BLOCK_R=block_r,
+        BLOCK_H=loop_block(hidden, 512), num_warps=4,
     )
-    return x_rows, scaled
+    return x_rows, scaled, padded
+
+
+def _padded_blocks(m: int, n: int, rows_per_expert: int, dtype: torch.dtype) -> dict:
+    """``_padded_weight_grad_kernel``'s launch options for an ``[E, m, n]`` gradient (:func:`_blocks`)."""
+    return _blocks("padded_weight_grad", m, n, rows_per_expert, dtype)
+
+
+def _padded_takes(hidden_states: Tensor, inter: int) -> bool:
+    """Whether the "padded" weight gradients take these operands: 2-byte floats on a Hopper GPU (whose warp
+    specialization was measured) or the CPU (the interpreter's, or the sm_90 compile test's), each weight's rows (2I
+    and H) a multiple of the tile's (the gradient stored by TMA tiles over [E * M, N], which must not cross an
+    expert's rows) and every row of H and I elements a multiple of 16 bytes (TMA's rule)."""
+    device, dtype = hidden_states.device, hidden_states.dtype
+    if dtype.itemsize != 2 or device.type not in ("cuda", "cpu"):
+        return False
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] != 9:
+        return False
+    hidden = hidden_states.shape[1]
+    return (all(m % _padded_blocks(m, n, 1, dtype)["BLOCK_M"] == 0 for m, n in ((2 * inter, hidden), (hidden, inter)))
+            and inter * dtype.itemsize % 16 == 0 and hidden * dtype.itemsize % 16 == 0)
+
+
+def _weight_grads_padded(hidden_states: Tensor, grad: Tensor, weights: Tensor, routing: _Routing, top_k: int,
+                         d_gate_up: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+    """The weight gradients by ``_padded_weight_grad_kernel``: the rows of ``x`` and of the weighted ``grad`` gathered
+    in the padded order (:func:`_gather_token_rows`), against ``d_gate_up`` and ``h`` in the sorted order."""
+    (pairs, inter2), hidden = d_gate_up.shape, hidden_states.shape[1]
+    num_experts = routing.offsets.shape[0] - 1
+    step = _padded_blocks(inter2, hidden, cdiv(pairs, num_experts), d_gate_up.dtype)["BLOCK_K"]
+    x_rows, scaled, padded = _gather_token_rows(hidden_states, grad, weights, routing, top_k, pad=step)
+    # d_gate_up^T @ x_rows -> [E, 2I, H];  scaled^T @ h -> [E, H, I]
+    return (_padded_weight_grad(d_gate_up, x_rows, routing.offsets, padded, False, step),
+            _padded_weight_grad(scaled, h, routing.offsets, padded, True, step))
+
+
+def _padded_weight_grad(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, padded_a: bool, step: int) -> Tensor:
+    """``out[e] = a[rows of e]^T @ b[rows of e]``, ``a``'s rows in the padded order when ``padded_a``, else ``b``'s
+    (``_padded_weight_grad_kernel``, whose reduction step is the padding's ``step``)."""
+    num_experts, m, n = offsets.shape[0] - 1, a.shape[1], b.shape[1]
+    out = a.new_empty((num_experts, m, n))
+    cfg = {**_padded_blocks(m, n, step, a.dtype), "BLOCK_K": step}
+    m_blocks, n_blocks = cdiv(m, cfg["BLOCK_M"]), cdiv(n, cfg["BLOCK_N"])
+    specialize = bool(CONFIGS["padded_weight_grad"]["WARP_SPECIALIZE"]) and not interpreting()
+    wrap_triton(_padded_weight_grad_kernel)[_item_grid("padded_weight_grad", num_experts * m_blocks * n_blocks,
+                                                       a.device)](
+        a, b, out, offsets, padded, num_experts, a.shape[0], b.shape[0], m, n, m_blocks, n_blocks, a.stride(0),
+        b.stride(0), PADDED_A=padded_a, WARP_SPECIALIZE=specialize, **cfg, **_dot(a.dtype),
+    )
+    return out
 
 
 def _grouped_weight_grads_impl(d_gate_up: Tensor, x_rows: Tensor, scaled: Tensor, h: Tensor,

@@ -46,6 +46,11 @@ def test_matches_reference(top_k, dtype):
     _check(x, gate_up, down, index, weights, dtype, f"moe_swiglu_experts top-{top_k}")
 
 
+# the "padded" weight gradients store tiles of a weight's rows (256 on the GPU, 64 under the interpreter): 2I and H
+# multiples of them
+PADDED_HIDDEN, PADDED_INTER = 256, 128
+
+
 @pytest.mark.parametrize("weight_grad", ["grouped_mm", "triton"])
 @pytest.mark.parametrize("top_k", [1, 3])
 def test_weight_gradients_either_way(top_k, weight_grad, monkeypatch):
@@ -65,6 +70,54 @@ def test_weight_gradients_either_way(top_k, weight_grad, monkeypatch):
     assert not moe_gemm._grouped_mm_takes(x.float(), INTER) and not moe_gemm._grouped_mm_takes(x, INTER + 4)
 
 
+# the "padded" weight gradients store tiles of a weight's rows (256 on the GPU, 64 under the interpreter): 2I and H
+# multiples of them
+PADDED_HIDDEN, PADDED_INTER = 256, 128
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_padded_weight_gradients_are_the_sorted_order_kernels(top_k, monkeypatch):
+    """At sizes the padded way takes, the op's output and every gradient as with the looping kernel over rows in
+    sorted order (which the test above checks against the reference), the weight gradients within one rounding
+    (their fp32 sums run in another order), an expert with no rows among the groups; the padded way taken.
+    (Against the reference directly, at these sizes some gradient elements cancel enough that the intermediates'
+    roundings, the same in both ways, pass an element's tolerance.)"""
+    from twinkle_triton import moe_gemm
+
+    calls, taken = [], moe_gemm._weight_grads_padded
+    monkeypatch.setattr(moe_gemm, "_weight_grads_padded", lambda *args: calls.append(1) or taken(*args))
+    x, gate_up, down, index, weights = _inputs(torch.bfloat16, top_k, hidden=PADDED_HIDDEN, inter=PADDED_INTER)
+    grad = torch.randn_like(x)
+    results = {}
+    for way in ("padded", "triton"):
+        monkeypatch.setattr(moe_gemm, "WEIGHT_GRAD", way)
+        params = [t.detach().requires_grad_() for t in (x, gate_up, down, weights)]
+        out = tt.moe_swiglu_experts(params[0], params[1], params[2], index, params[3])
+        results[way] = (out, *torch.autograd.grad(out, params, grad))
+    assert len(calls) == 1
+    padded, triton = results["padded"], results["triton"]
+    for i, what in ((0, "output"), (1, "grad x"), (4, "grad routing weights")):
+        assert torch.equal(padded[i], triton[i]), what
+    for i, what in ((2, "grad gate_up_proj"), (3, "grad down_proj")):
+        torch.testing.assert_close(padded[i], triton[i], rtol=2**-7, atol=1e-6, msg=lambda m: f"{what}: {m}")
+        assert not padded[i][UNUSED].any(), f"{what} of the expert without rows"
+
+
+def test_the_padded_weight_gradients_where_they_take_the_operands():
+    """2-byte floats, both weights' rows (2I and H) multiples of the stored tile's, rows of 16-byte multiples; the
+    default way where they take them, the next way that does where not."""
+    from twinkle_triton import moe_gemm
+
+    x = torch.randn(4, PADDED_HIDDEN, dtype=torch.bfloat16)
+    assert moe_gemm._padded_takes(x, PADDED_INTER) and moe_gemm._padded_takes(x.half(), PADDED_INTER)
+    assert moe_gemm.WEIGHT_GRAD == "padded" and moe_gemm._weight_grads_way(x, PADDED_INTER) == "padded"
+    assert not moe_gemm._padded_takes(x.float(), PADDED_INTER)  # fp32: the looping kernel
+    assert moe_gemm._weight_grads_way(x.float(), PADDED_INTER) == "triton"
+    assert not moe_gemm._padded_takes(x, PADDED_INTER + 8)  # 2I not a multiple of the tile's rows: CUTLASS's
+    assert moe_gemm._weight_grads_way(x, PADDED_INTER + 8) == "grouped_mm"
+    assert not moe_gemm._padded_takes(torch.randn(4, PADDED_HIDDEN + 8, dtype=torch.bfloat16), PADDED_INTER)
+
+
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 def test_rows_gathered_for_the_weight_gradients_are_torchs_bits(weight_dtype):
     """The weight gradients' operands, gathered and scaled by one kernel: the bits of torch's index_select and fp32
@@ -77,7 +130,9 @@ def test_rows_gathered_for_the_weight_gradients_are_torchs_bits(weight_dtype):
     grad = torch.randn(HIDDEN, TOKENS, dtype=torch.bfloat16).t()
     weights = torch.rand(TOKENS * top_k, dtype=weight_dtype)
     order = torch.randperm(TOKENS * top_k)
-    x_rows, scaled = moe_gemm._gather_token_rows(x, grad, weights, order, top_k)
+    one_expert = moe_gemm._Routing(order, torch.tensor([0, order.numel()]))
+    x_rows, scaled, padded = moe_gemm._gather_token_rows(x, grad, weights, one_expert, top_k)
+    assert padded is None
     tokens = order // top_k
     assert torch.equal(x_rows, x[tokens]) and x_rows.is_contiguous()
     product = grad[tokens].float() * weights[order].float()[:, None]
@@ -85,6 +140,57 @@ def test_rows_gathered_for_the_weight_gradients_are_torchs_bits(weight_dtype):
         torch.testing.assert_close(scaled.float(), product, rtol=2**-7, atol=0)
     else:
         assert torch.equal(scaled, product.to(torch.bfloat16))
+
+
+def test_rows_gathered_in_the_padded_order():
+    """With a padding of 16 rows: each expert's rows from a multiple of 16 (experts without rows, with fewer than 16,
+    exactly 16, one past, several and a part), the sorted order's rows there, zeros up to the next expert's, nothing
+    written past the last; the padded starts and their total."""
+    from twinkle_triton import moe_gemm
+
+    top_k, counts = 2, torch.tensor([0, 15, 16, 17, 37, 0, 3])
+    index = torch.repeat_interleave(torch.arange(len(counts)), counts)[torch.randperm(int(counts.sum()))]
+    index = index.view(-1, top_k)
+    routing = moe_gemm._Routing.sort(index, len(counts))
+    x, grad = torch.randn(index.shape[0], HIDDEN, dtype=torch.bfloat16), torch.randn(index.shape[0], HIDDEN)
+    weights = torch.rand(index.numel())
+    rows, scaled, _ = moe_gemm._gather_token_rows(x, grad, weights, routing, top_k)
+    padded_rows, padded_scaled, padded = moe_gemm._gather_token_rows(x, grad, weights, routing, top_k, pad=16)
+    starts = torch.tensor([0, 0, 16, 32, 64, 112, 112, 128], dtype=torch.int32)
+    assert torch.equal(padded, starts) and padded_rows.shape[0] == index.numel() + len(counts) * 15
+    offsets = routing.offsets.tolist()
+    for e, count in enumerate(counts.tolist()):
+        mine, theirs = slice(int(starts[e]), int(starts[e]) + count), slice(offsets[e], offsets[e + 1])
+        assert torch.equal(padded_rows[mine], rows[theirs]) and torch.equal(padded_scaled[mine], scaled[theirs])
+        pad = slice(int(starts[e]) + count, int(starts[e + 1]))
+        assert not padded_rows[pad].any() and not padded_scaled[pad].any(), f"expert {e}'s padding"
+
+
+@pytest.mark.parametrize("padded_a", [False, True])
+def test_padded_weight_gradient_tiles_reduce_their_experts_rows_only(padded_a, monkeypatch):
+    """The padded-order kernel, 16 rows a step, one operand gathered in the padded order and the other in the sorted
+    order: experts with no rows (zeros), fewer than a step, exactly one, one row past it, several steps and a part.
+    The sorted operand's last block of an expert reads the next expert's rows (and past the tensor's end, TMA's
+    zeros) against the padding's zeros: each gradient its own expert's. Programs loop over several tiles each."""
+    from twinkle_triton import moe_gemm
+    from twinkle_triton._launch import run_with_scratch
+
+    monkeypatch.setattr(moe_gemm, "persistent_programs", lambda items, device, per_sm: max(1, items // 3))
+    counts = torch.tensor([0, 15, 16, 17, 37, 3])
+    index = torch.repeat_interleave(torch.arange(len(counts)), counts)[:, None]  # top-1, tokens in expert order
+    routing = moe_gemm._Routing.sort(index, len(counts))
+    x = torch.randn(index.shape[0], PADDED_HIDDEN, dtype=torch.bfloat16)
+    x_rows, _, padded = moe_gemm._gather_token_rows(x, x, torch.ones(index.shape[0]), routing, 1, pad=16)
+    other = torch.randn(index.shape[0], PADDED_HIDDEN, dtype=torch.bfloat16)  # sorted order (the identity here)
+    a, b = (x_rows, other) if padded_a else (other, x_rows)
+    out = run_with_scratch(a.device, moe_gemm._padded_weight_grad, a, b, routing.offsets, padded, padded_a, 16)
+    assert out.shape == (len(counts), PADDED_HIDDEN, PADDED_HIDDEN) and out.dtype == torch.bfloat16
+    offsets = routing.offsets.tolist()
+    for e in range(len(counts)):
+        xs, others = x[offsets[e]:offsets[e + 1]].double(), other[offsets[e]:offsets[e + 1]].double()
+        expected = (xs.T @ others if padded_a else others.T @ xs).to(torch.bfloat16)
+        torch.testing.assert_close(out[e], expected, rtol=2e-2, atol=1e-1,
+                                   msg=lambda m: f"expert {e} ({int(counts[e])} rows): {m}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -414,13 +520,16 @@ def test_the_sweep_tool_knows_the_launch_order(monkeypatch):
         return wrap(kernel)
 
     monkeypatch.setattr(moe_gemm, "wrap_triton", recording)
-    monkeypatch.setattr(moe_gemm, "WEIGHT_GRAD", "triton")  # as --per-kernel sets it
-    x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2)
-    params = [t.requires_grad_() for t in (x, gate_up, down, weights)]
-    torch.autograd.grad(tt.moe_swiglu_experts(x, gate_up, down, index, weights), params, torch.randn_like(x))
-    # the tool times these, not the tables', the derivative's, the copies', the slots' sums
-    gemms = {name for name, _ in tool.LAUNCHES}
-    assert [name for name in launched if name in gemms] == [name for name, _ in tool.LAUNCHES]
-    assert set(launched) - gemms == {"_expert_tiles_kernel", "_swiglu_grad_kernel", "_gather_token_rows_kernel",
-                                     "_slot_sums_kernel"}
-    assert {entry for _, entry in tool.LAUNCHES} == set(moe_gemm.CONFIGS)
+    for way, launches in tool.LAUNCHES.items():
+        launched.clear()
+        monkeypatch.setattr(moe_gemm, "WEIGHT_GRAD", way)  # as --per-kernel sets it
+        sizes = {"hidden": PADDED_HIDDEN, "inter": PADDED_INTER} if way == "padded" else {}
+        x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2, **sizes)
+        params = [t.requires_grad_() for t in (x, gate_up, down, weights)]
+        torch.autograd.grad(tt.moe_swiglu_experts(x, gate_up, down, index, weights), params, torch.randn_like(x))
+        # the tool times these, not the tables', the derivative's, the copies', the slots' sums
+        gemms = {name for name, _ in launches}
+        assert [name for name in launched if name in gemms] == [name for name, _ in launches], way
+        assert set(launched) - gemms == {"_expert_tiles_kernel", "_swiglu_grad_kernel", "_gather_token_rows_kernel",
+                                         "_slot_sums_kernel"}, way
+    assert {entry for launches in tool.LAUNCHES.values() for _, entry in launches} == set(moe_gemm.CONFIGS)

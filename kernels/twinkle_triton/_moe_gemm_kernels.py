@@ -294,7 +294,10 @@ def _weight_grad_kernel(
                  acc.to(out_ptr.dtype.element_ty), mask=(ms < M)[:, None] & (ns < N)[None, :])
 
 
-@triton.jit
+# Triton specializes an integer argument of 1 into a constant: with one M tile and one N tile an expert (m_blocks
+# and n_blocks 1) the warp-specialized kernel so compiled stored the second consumer group's rows wrong (Triton 3.6,
+# H200: rows 128-255 of a 256-row tile); the counts stay runtime values
+@triton.jit(do_not_specialize=["num_experts", "m_blocks", "n_blocks"])
 def _padded_weight_grad_kernel(
     a_ptr, b_ptr, out_ptr, offsets_ptr, padded_ptr, num_experts, a_rows, b_rows, M, N, m_blocks, n_blocks, sar, sbr,
     PADDED_A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,

@@ -37,9 +37,11 @@ tokens (the weight gradients from copies in sorted order):
   (:func:`_grad_act` says why the two are apart). ``_rows_to_pairs_kernel`` then multiplies
   it by ``gate_up_proj[e]`` into the ``[T, k, H]`` buffer, summed over k like the forward: the
   input's gradient. Each weight's gradient per expert, over the expert's rows of ``x`` and of the weighted
-  ``grad`` copied in sorted order by one kernel: ``torch._grouped_mm`` (:data:`WEIGHT_GRAD`), or, where that op
-  does not take the operands, ``_weight_grad_kernel``, whose programs loop over (expert, weight tile) items,
-  each summing all the expert's rows in one fp32 accumulator: no atomics, no partial sums.
+  ``grad`` copied by one kernel (:data:`WEIGHT_GRAD`): ``_padded_weight_grad_kernel`` over those rows in a padded
+  order (each expert's from a multiple of the reduction step, zeros to the next: every block by TMA, the item loop
+  warp-specialized), or ``torch._grouped_mm`` over them in sorted order, or ``_weight_grad_kernel``, whose programs
+  loop over (expert, weight tile) items; each tile sums all the expert's rows in one fp32 accumulator: no atomics,
+  no partial sums.
 
 Precision: ``tl.dot`` with fp32 accumulation (fp32 inputs in IEEE fp32, not TF32); ``h``, the saved
 projections, ``d gate_up`` and the ``[T, k, H]`` rows are rounded to the input dtype once each, as
@@ -102,6 +104,11 @@ __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
 # 0.411 -> 0.391 / 0.668 -> 0.635; down 0.244 -> 0.239 / 0.363 -> 0.371, which keeps full tiles. The same path in the
 # looping gate_up and grad_act kernels cost 1-10% (gate_up 0.447 -> 0.453 / 0.734 -> 0.810; grad_act 0.206 -> 0.212 /
 # 0.341 -> 0.361): compiled beside the full tile's, it slowed the loop; those kernels do not have it.
+# "padded_weight_grad" (tools/moe_gemm_sweep.py --per-kernel --weight-grad padded --kernels padded_weight_grad, H200,
+# docs/performance/moe-padded-weight-grad-tiles-h200.json), ms at Qwen3-30B-A3B's layer / ERNIE-4.5-21B-A3B's: 256 x 128
+# tiles of 64-row steps in 3 stages 0.635 / 1.005; 128 x 256 0.645 / 1.029; 128 x 128 in 4 stages 0.685 / 1.103. Its
+# BLOCK_K is also the padding of the rows it reads. "WARP_SPECIALIZE": the item loop split into a producer warp and two
+# consumer groups of num_warps each (Triton's Hopper pass); every setting of 5 or more stages computed nan gradients.
 CONFIGS = {
     "gate_up": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4, "TMA": True,
                 "PROGRAMS_PER_SM": 1},
@@ -125,9 +132,9 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # GEMM on a GPU) over the rows in sorted order, where that op takes the operands (bf16, rows a multiple of 16 bytes,
 # Hopper or the CPU: :func:`_grouped_mm_takes`); else, or as "triton", ``_weight_grad_kernel`` over the sorted rows.
 # ``tools/moe_gemm_sweep.py --weight-grad padded,grouped_mm,triton`` times them (H200, bf16, 4096 tokens,
-# docs/performance/moe-weight-grad-h200.json), the op's forward + backward: CUTLASS's and the looping Triton kernel's
-# 2.607 and 2.721 ms at Qwen3-30B-A3B's layer, 4.015 and 4.255 at ERNIE-4.5-21B-A3B's, 16.596 and 17.437 at
-# Mixtral-8x7B's.
+# docs/performance/moe-weight-grad-h200.json), the op's forward + backward, padded / CUTLASS's / the looping kernel's:
+# 2.388 / 2.529 / 2.623 ms at Qwen3-30B-A3B's layer, 3.676 / 3.794 / 3.922 at ERNIE-4.5-21B-A3B's, 16.048 / 16.233 /
+# 16.720 at Mixtral-8x7B's.
 WEIGHT_GRAD = "padded"
 WEIGHT_GRADS = ("padded", "grouped_mm", "triton")
 

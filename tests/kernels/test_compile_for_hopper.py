@@ -78,7 +78,7 @@ def test_the_decode_kernels_compile_as_programmatic_dependents(compiled):
 # analyses their launches
 OPAQUE_CASES = ("fused_linear_cross_entropy", "gqa_attention", "apply_rotary_pos_emb_to_cache",
                 "rotary_cache_attention", "gemv", "embedding_grad_sums", "add_embedding_grad", "moe_swiglu_experts",
-                "scale_in_place")
+                "scale_in_place", "topk")
 # What each kernel launched from an inlined op (torch.library.triton_op) writes; the partial-sum buffers are
 # outputs too, summed by a second launch
 WRITES = {

@@ -27,7 +27,7 @@ TWINKLE_BACKENDS = ("twinkle", "kernelize+twinkle", "twinkle+cudagraphs", "twink
                     "twinkle+cudagraphs+gemm-fusion", "twinkle-all-swaps", "twinkle+cudagraphs+fused-experts")
 # twinkle_fx.core.registry.GRAPH_REWRITES
 GRAPH_REWRITES = ("causal_attention", "gqa_attention", "fused_projections", "decode_gemv", "decode_cache",
-                  "residual_norm", "embedding_grad", "scaled_gradient", "matmul_sums")
+                  "residual_norm", "embedding_grad", "scaled_gradient", "matmul_sums", "topk")
 
 
 def is_model_backend(name: str) -> bool:

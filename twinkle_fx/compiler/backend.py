@@ -21,12 +21,12 @@ The eleven passes, in order (:data:`PASSES`; each ``run(state) -> list[Outcome]`
 10. ``decode_cache`` (rewrite): the rotary kernel and a static KV cache's two writes become one kernel call;
 11. ``gemm_fusion`` (rewrite): linears reading one input become one GEMM, where options ask for it.
 
-The graphs AOTAutograd traces after these passes (forward and backward, ATen ops) get three rewrites of their own
+The graphs AOTAutograd traces after these passes (forward and backward, ATen ops) get four rewrites of their own
 (:mod:`.inner.post_grad`): ``embedding_grad`` (:mod:`.inner.embedding_grad`), an embedding's weight gradient from
 the looked-up rows' sums instead of a dense table; ``scaled_gradient`` (:mod:`.inner.scaled_gradient`), a saved
-gradient the backward returns times the loss's gradient, scaled in place (no pass when that is 1); and
+gradient the backward returns times the loss's gradient, scaled in place (no pass when that is 1);
 ``matmul_sums`` (:mod:`.inner.matmul_sums`), a sum of matrix products (a layer input's gradient from q, k and v)
-as GEMMs that accumulate, with no add kernel.
+as GEMMs that accumulate, with no add kernel; and ``topk`` (:mod:`.inner.topk`), a router's top-k in one kernel.
 
 All but ``graph_breaks`` and ``compiled_root`` also run inside the bodies of activation-checkpoint
 calls (gradient checkpointing in transformers puts each decoder layer there); the calls stay, so
@@ -59,7 +59,7 @@ from .graph.dynamo import input_source, module_lookup, parse_source
 from .graph.recording import RecordedGraphs, active_recorders, readable
 from .graph.structure import checkpoint_bodies, compiled_code, detach_checkpoint_bodies, graph_break, graph_breaks_counted
 from .inner import verify as verification
-from .inner import embedding_grad, matmul_sums, scaled_gradient
+from .inner import embedding_grad, matmul_sums, scaled_gradient, topk
 from .inner.inductor_options import compile_with_inductor, inductor_config_patches
 from .inner.post_grad import PostGradRewrite, run_rewrites
 from .options import BackendOptions, parse_options
@@ -333,7 +333,7 @@ def _post_grad_rewrites(opts: BackendOptions, registry: KernelRegistry) -> tuple
     if kernels_disabled():
         return ()
     chosen = ((embedding_grad.REWRITE, opts.embedding_grad), (scaled_gradient.REWRITE, opts.scaled_gradient),
-              (matmul_sums.REWRITE, opts.matmul_sums))
+              (matmul_sums.REWRITE, opts.matmul_sums), (topk.REWRITE, opts.topk))
     return tuple(rewrite for rewrite, on in chosen if on and registry.has_graph_rewrite(rewrite.name))
 
 

@@ -30,7 +30,8 @@ class BackendOptions:
     """Options of the ``twinkle`` backend.
 
     ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache``, ``causal_mask``,
-    ``residual_norm``, ``embedding_grad``, ``scaled_gradient`` and ``matmul_sums`` choose among the graph rewrites
+    ``residual_norm``, ``embedding_grad``, ``scaled_gradient``, ``matmul_sums`` and ``topk`` choose among the graph
+    rewrites
     the registry in effect has: one removed from it (``get_registry().remove_graph_rewrite("gqa_attention")``, names in
     :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever they say.
 
@@ -79,6 +80,9 @@ class BackendOptions:
             times the loss's gradient (the fused loss's untied LM-head gradient) is scaled in place
             (``twinkle_triton.scale_in_place``: nothing touched when that gradient is 1), see
             :mod:`.inner.scaled_gradient`.
+        topk (`bool`, defaults to `True`): a top-k of the largest values along a short last dimension (a
+            mixture-of-experts router's) runs as one kernel (``twinkle_triton.topk``) instead of torch's selection
+            and sort, see :mod:`.inner.topk`.
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).
@@ -102,6 +106,7 @@ class BackendOptions:
     embedding_grad: bool = True
     matmul_sums: bool = True
     scaled_gradient: bool = True
+    topk: bool = True
     swap_policy: str = "always"
     dump_graphs: str | None = None
 
@@ -138,7 +143,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
     if mode is not None:
         mode = parse_mode(mode) | Mode.TORCH_COMPILE
     for key in ("verify", "report", "cudagraphs", "causal_mask", "residual_norm", "embedding_grad", "matmul_sums",
-                "scaled_gradient"):
+                "scaled_gradient", "topk"):
         default = getattr(BackendOptions, key)
         if not isinstance(options.get(key, default), bool):
             raise ValueError(f"twinkle backend option {key} must be True or False, got {options[key]!r}.")
@@ -160,7 +165,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
         decode_gemv=options.get("decode_gemv", "auto"), decode_cache=options.get("decode_cache", "auto"),
         causal_mask=options.get("causal_mask", True), residual_norm=options.get("residual_norm", True),
         embedding_grad=options.get("embedding_grad", True), matmul_sums=options.get("matmul_sums", True),
-        scaled_gradient=options.get("scaled_gradient", True), swap_policy=policy,
+        scaled_gradient=options.get("scaled_gradient", True), topk=options.get("topk", True), swap_policy=policy,
         dump_graphs=None if dump_graphs is None else os.fspath(dump_graphs),
     )
 

@@ -121,6 +121,8 @@ GRAPH_REWRITES: dict[str, str] = {
                        "untied LM-head gradient) -> twinkle_triton.scale_in_place, nothing touched when that is 1",
     "matmul_sums": "a sum of matrix products in a traced graph (a layer input's gradient from q, k and v) -> "
                    "twinkle_fx::matmul_sum, GEMMs that accumulate into one another",
+    "topk": "a top-k of the largest values along a short last dimension in a traced graph (a mixture-of-experts "
+            "router's) -> twinkle_triton.topk, one kernel",
 }
 
 
@@ -189,7 +191,7 @@ class KernelRegistry:
             ...     registry.remove_graph_rewrite("gqa_attention")
             ...     registry.graph_rewrite_names()  # doctest: +NORMALIZE_WHITESPACE
             ['causal_attention', 'fused_projections', 'decode_gemv', 'decode_cache', 'residual_norm',
-             'embedding_grad', 'scaled_gradient', 'matmul_sums']
+             'embedding_grad', 'scaled_gradient', 'matmul_sums', 'topk']
         """
         with self._lock:
             _check_graph_rewrite(name)

@@ -1,0 +1,101 @@
+"""A top-k over a short last dimension (a mixture-of-experts router's) in one kernel of ours.
+
+Inductor has no lowering for ``aten.topk``: it runs torch's kernels, a radix selection and a sort (about 33 and
+7 us for 4096 tokens of 128 experts on an H200, each MoE layer's router, forward)::
+
+    weights, experts = aten.topk(router_probs, 8)             # before: two torch kernels
+    weights, experts = twinkle.topk(router_probs, 8)          # after: one Triton kernel
+
+The rewrite takes an ``aten.topk`` of the largest values (sorted or not: the op's are sorted) along the last
+dimension of a float16, bfloat16 or float32 tensor on a GPU, rows of at most ``twinkle_triton.topk.MAX_ROW``
+elements and ``k`` up to ``MAX_K``; the values are the same, the indices too where a row's values differ (among
+equal values the op takes the lower index first, which torch's kernel does not promise). The backward graph AOTAutograd
+traced reads only the indices, whichever kernel chose them.
+
+The backend runs it on every graph (:mod:`.post_grad`), unless ``options={"topk": False}`` or the registry's graph
+rewrite ``topk`` is removed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import sys
+
+import torch
+import torch.fx as fx
+
+from .post_grad import PostGradRewrite, fake_mode_of, on_kernel_device, source_uuid
+from .post_grad import call as call_node
+from .post_grad import value as _val
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TOPK", "REWRITE", "rewrite_topk"]
+
+TOPK = "topk"  # its name in the registry
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def rewrite_topk(graph: fx.Graph) -> int:
+    """Replace every ``aten.topk`` the kernel takes (see the module docstring) by ``twinkle::topk`` and return how
+    many; the caller recompiles its module. Logged at INFO."""
+    module = _kernel_module()
+    if module is None:
+        return 0
+    fake_mode, rewritten = None, 0
+    for node in graph.find_nodes(op="call_function", target=torch.ops.aten.topk.default):
+        arguments = _arguments(node, module)
+        if arguments is None:
+            continue
+        if fake_mode is None:  # the graph's fake tensors, once
+            fake_mode = fake_mode_of(graph) or False
+        with graph.inserting_before(node):
+            replacement = call_node(graph, fake_mode or None, torch.ops.twinkle.topk.default, arguments)
+        node.replace_all_uses_with(replacement)
+        graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.lint()
+        logger.info("topk: %d top-k selection(s) run as twinkle_triton.topk", rewritten)
+    return rewritten
+
+
+def _arguments(node: fx.Node, module) -> tuple[fx.Node, int] | None:
+    """``(x, k)`` when ``node`` is ``aten.topk(x, k, dim, largest, sorted)`` the kernel takes: the largest values
+    along the last dimension, ``x`` on the kernels' device in a dtype they take with rows of at most ``MAX_ROW``,
+    ``k`` a number up to ``MAX_K``; else None."""
+    from twinkle_triton._library import KERNELS_RUN_ON_CPU
+
+    names = ("self", "k", "dim", "largest", "sorted")
+    given = {**dict(zip(names, node.args)), **node.kwargs}
+    x, k = given.get("self"), given.get("k")
+    dim, largest = given.get("dim", -1), given.get("largest", True)
+    t = _val(x) if isinstance(x, fx.Node) else None
+    if not isinstance(t, torch.Tensor) or not isinstance(k, int) or largest is not True or not isinstance(dim, int):
+        return None
+    if t.dim() == 0 or dim not in (-1, t.dim() - 1) or t.dtype not in _DTYPES:
+        return None
+    row = t.shape[-1]
+    if not isinstance(row, int) or row > module.MAX_ROW or not 0 <= k <= min(module.MAX_K, row):
+        return None
+    return (x, k) if on_kernel_device(x, KERNELS_RUN_ON_CPU) else None
+
+
+def _uuid() -> str:
+    """This rewrite's and its kernel's source, hashed: a change to either is a new cache key."""
+    return source_uuid("twinkle_fx.topk", sys.modules[__name__], _kernel_module())
+
+
+def _kernel_module():
+    """The module ``twinkle_triton.topk`` (importing it defines ``twinkle::topk``; the package's attribute of that
+    name is the function), or None where the kernels do not import."""
+    try:
+        return importlib.import_module("twinkle_triton.topk")
+    except ImportError as e:  # the backend works without the kernel package, only without this rewrite
+        logger.debug("topk rewrite off: twinkle_triton does not import (%s)", e)
+        return None
+
+
+REWRITE = PostGradRewrite(TOPK, rewrite_topk, functools.cache(_uuid))

@@ -1,7 +1,7 @@
 """A top-k over a short last dimension (a mixture-of-experts router's) in one kernel of ours.
 
-Inductor has no lowering for ``aten.topk``: it runs torch's kernels, a radix selection and a sort (about 33 and
-7 us for 4096 tokens of 128 experts on an H200, each MoE layer's router, forward)::
+Inductor has no lowering for ``aten.topk``: it runs torch's kernels, a radix selection and a sort (32.9 us a call for
+4096 tokens of 128 experts, each Qwen3-30B-A3B layer's router, replayed in a CUDA graph on an H200; the kernel 6.7)::
 
     weights, experts = aten.topk(router_probs, 8)             # before: two torch kernels
     weights, experts = twinkle.topk(router_probs, 8)          # after: one Triton kernel

@@ -62,7 +62,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .post_grad import PostGradRewrite, donated_scaled_input, erase_unused, fake_mode_of, on_kernel_device, source_uuid
+from .post_grad import (PostGradRewrite, donated_scaled_input, erase_unused, fake_mode_of, kernel_module,
+                        on_kernel_device, source_uuid)
 from .post_grad import call as call_node
 from .post_grad import value as _val
 
@@ -125,12 +126,7 @@ def _uuid() -> str:
 def _kernel_module():
     """``twinkle_triton.embedding_grad`` (importing it defines ``twinkle::embedding_grad_sums``), or None where
     the kernels do not import."""
-    try:
-        from twinkle_triton import embedding_grad
-    except ImportError as e:  # the backend works without the kernel package, only without this rewrite
-        logger.debug("embedding_grad rewrite off: twinkle_triton does not import (%s)", e)
-        return None
-    return embedding_grad
+    return kernel_module(EMBEDDING_GRAD, "twinkle_triton.embedding_grad")
 
 
 def _runs_kernels(node: fx.Node) -> bool:

@@ -13,6 +13,7 @@ graph's own fake tensors.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ from ...core.torch_internals import donated_backward_inputs, inductor_pass_uuid,
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PostGradRewrite", "with_rewrites", "run_rewrites", "source_uuid", "call", "fake_mode_of", "value",
-           "erase_unused", "on_kernel_device", "donated_scaled_input"]
+__all__ = ["PostGradRewrite", "with_rewrites", "run_rewrites", "source_uuid", "kernel_module", "call", "fake_mode_of",
+           "value", "erase_unused", "on_kernel_device", "donated_scaled_input"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,17 @@ def source_uuid(name: str, *modules: Any) -> str:
         if module is not None:
             digest.update(Path(module.__file__).read_bytes())
     return f"{name}:{digest.hexdigest()}"
+
+
+def kernel_module(rewrite: str, name: str) -> Any:
+    """The kernel module ``name`` a rewrite's op is defined in (imported by its module name: the package's attribute
+    of a kernel's name is its function, which has no source file for :func:`source_uuid`), or None where the kernels
+    do not import: the backend works without them, only without rewrite ``rewrite``."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        logger.debug("%s rewrite off: %s does not import (%s)", rewrite, name, e)
+        return None
 
 
 def value(node: Any) -> Any:

@@ -24,14 +24,13 @@ The backend runs it on every graph after ``embedding_grad`` (:mod:`.post_grad`),
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import sys
 
 import torch
 import torch.fx as fx
 
-from .post_grad import PostGradRewrite, donated_scaled_input, fake_mode_of, on_kernel_device, source_uuid
+from .post_grad import PostGradRewrite, donated_scaled_input, fake_mode_of, kernel_module, on_kernel_device, source_uuid
 from .post_grad import call as call_node
 from .post_grad import value as _val
 
@@ -82,13 +81,9 @@ def _uuid() -> str:
 
 
 def _kernel_module():
-    """The module ``twinkle_triton.scale_in_place`` (importing it defines ``twinkle::scale_in_place``; the package's
-    attribute of that name is the function), or None where the kernels do not import."""
-    try:
-        return importlib.import_module("twinkle_triton.scale_in_place")
-    except ImportError as e:  # the backend works without the kernel package, only without this rewrite
-        logger.debug("scaled_gradient rewrite off: twinkle_triton does not import (%s)", e)
-        return None
+    """``twinkle_triton.scale_in_place`` (importing it defines ``twinkle::scale_in_place``), or None where the
+    kernels do not import."""
+    return kernel_module(SCALED_GRADIENT, "twinkle_triton.scale_in_place")
 
 
 REWRITE = PostGradRewrite(SCALED_GRADIENT, rewrite_scaled_gradients, functools.cache(_uuid))

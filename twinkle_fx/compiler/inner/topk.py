@@ -19,14 +19,13 @@ rewrite ``topk`` is removed.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import sys
 
 import torch
 import torch.fx as fx
 
-from .post_grad import PostGradRewrite, fake_mode_of, on_kernel_device, source_uuid
+from .post_grad import PostGradRewrite, fake_mode_of, kernel_module, on_kernel_device, source_uuid
 from .post_grad import call as call_node
 from .post_grad import value as _val
 
@@ -89,13 +88,8 @@ def _uuid() -> str:
 
 
 def _kernel_module():
-    """The module ``twinkle_triton.topk`` (importing it defines ``twinkle::topk``; the package's attribute of that
-    name is the function), or None where the kernels do not import."""
-    try:
-        return importlib.import_module("twinkle_triton.topk")
-    except ImportError as e:  # the backend works without the kernel package, only without this rewrite
-        logger.debug("topk rewrite off: twinkle_triton does not import (%s)", e)
-        return None
+    """``twinkle_triton.topk`` (importing it defines ``twinkle::topk``), or None where the kernels do not import."""
+    return kernel_module(TOPK, "twinkle_triton.topk")
 
 
 REWRITE = PostGradRewrite(TOPK, rewrite_topk, functools.cache(_uuid))

@@ -501,7 +501,9 @@ def _weight_grads_padded(hidden_states: Tensor, grad: Tensor, weights: Tensor, r
 
 def _padded_weight_grad(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, padded_a: bool, step: int) -> Tensor:
     """``out[e] = a[rows of e]^T @ b[rows of e]``, ``a``'s rows in the padded order when ``padded_a``, else ``b``'s
-    (``_padded_weight_grad_kernel``, whose reduction step is the padding's ``step``)."""
+    (``_padded_weight_grad_kernel``, whose reduction step is the padding's ``step``). Both read as contiguous rows
+    (the TMA descriptors' row strides are the rows' sizes, which :func:`_padded_takes` checked)."""
+    a, b = a.contiguous(), b.contiguous()  # the backward's own buffers already are
     num_experts, m, n = offsets.shape[0] - 1, a.shape[1], b.shape[1]
     out = a.new_empty((num_experts, m, n))
     cfg = {**_padded_blocks(m, n, step, a.dtype), "BLOCK_K": step}

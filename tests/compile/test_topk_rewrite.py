@@ -27,15 +27,16 @@ def _router(x: torch.Tensor, weight: torch.Tensor, k: int = 4, **topk_arguments)
 
 
 def _compiled_router(compiler: str, options: dict | None = None, **topk_arguments):
-    """The router compiled by the twinkle backend and run forward and backward beside eager: (the forward graph,
-    (values, indices, the input's and weight's gradients) compiled and eager)."""
+    """The router compiled by the twinkle backend (the topk option on, unless ``options`` says otherwise) and run
+    forward and backward beside eager: (the forward graph, (values, indices, the input's and weight's gradients)
+    compiled and eager)."""
     torch.manual_seed(0)
     x = torch.randn(37, 24, device=DEVICE, requires_grad=True)
     weight = torch.randn(40, 24, device=DEVICE, requires_grad=True)
     results = []
     with record_graphs() as graphs:
         compiled = torch.compile(lambda x, w: _router(x, w, **topk_arguments), backend="twinkle",
-                                 options={"compiler": compiler, **(options or {})})
+                                 options={"compiler": compiler, "topk": True, **(options or {})})
         for run in (compiled, lambda x, w: _router(x, w, **topk_arguments)):
             values, indices = run(x, weight)
             grad = torch.arange(values.numel(), device=DEVICE).reshape(values.shape).float().sin()
@@ -62,9 +63,17 @@ def test_what_the_kernel_does_not_take_stays_torchs(topk_arguments):
         assert_close(g, w, torch.float32, what)
 
 
-def test_the_option_and_the_registry_turn_it_off():
+def test_off_by_default_and_the_registry_turns_it_off():
+    """Off unless asked (among equal scores torch's kernels and this one choose different experts); asked for, not
+    where the registry's rewrite is removed."""
     code, _ = _compiled_router("aot_eager", {"topk": False})
     assert "aten.topk" in code and "twinkle.topk" not in code
+    torch._dynamo.reset()
+    with record_graphs() as graphs:
+        x = torch.randn(5, 24, device=DEVICE)
+        compiled = torch.compile(_router, backend="twinkle", options={"compiler": "aot_eager"})
+        compiled(x, torch.randn(40, 24, device=DEVICE))
+    assert "aten.topk" in graphs.forward[0] and "twinkle.topk" not in graphs.forward[0]
     torch._dynamo.reset()
     with twinkle_fx.scoped_registry() as registry:
         registry.remove_graph_rewrite("topk")
@@ -100,7 +109,7 @@ def test_a_qwen3_moe_model_under_inductor_routes_with_the_kernel(caplog):
     want = torch.autograd.grad(loss, list(model.parameters()))
     with caplog.at_level(logging.INFO, logger=LOGGER), torch._inductor.config.patch(fx_graph_cache=False), \
             torch._functorch.config.patch(enable_autograd_cache=False):
-        compiled_loss = twinkle_fx.compile(model)(ids, labels=ids).loss
+        compiled_loss = twinkle_fx.compile(model, options={"topk": True})(ids, labels=ids).loss
         got = torch.autograd.grad(compiled_loss, list(model.parameters()))
     assert any("2 top-k selection(s) run as twinkle_triton.topk" in r.getMessage() for r in caplog.records)
     assert_close(compiled_loss, loss, torch.float32, "loss")

@@ -80,9 +80,11 @@ class BackendOptions:
             times the loss's gradient (the fused loss's untied LM-head gradient) is scaled in place
             (``twinkle_triton.scale_in_place``: nothing touched when that gradient is 1), see
             :mod:`.inner.scaled_gradient`.
-        topk (`bool`, defaults to `True`): a top-k of the largest values along a short last dimension (a
+        topk (`bool`, defaults to `False`): a top-k of the largest values along a short last dimension (a
             mixture-of-experts router's) runs as one kernel (``twinkle_triton.topk``) instead of torch's selection
-            and sort, see :mod:`.inner.topk`.
+            and sort, see :mod:`.inner.topk`. Off unless asked: among equal values the kernel takes the lower
+            indices, where torch's kernels take others (their choice is unspecified), so a router whose scores tie
+            (weights initialized to zero) routes to other experts than the uncompiled model.
         swap_policy (`str`, defaults to `"always"`): "always" swaps every region; "measured" keeps
             Inductor's code where a kernel was measured slower than Inductor's at that shape (a per-op
             table from one H100, :mod:`.swap_policy`; not yet shown to win end to end, so opt-in).
@@ -106,7 +108,7 @@ class BackendOptions:
     embedding_grad: bool = True
     matmul_sums: bool = True
     scaled_gradient: bool = True
-    topk: bool = True
+    topk: bool = False
     swap_policy: str = "always"
     dump_graphs: str | None = None
 
@@ -165,7 +167,7 @@ def parse_options(options: Mapping[str, Any] | None) -> BackendOptions:
         decode_gemv=options.get("decode_gemv", "auto"), decode_cache=options.get("decode_cache", "auto"),
         causal_mask=options.get("causal_mask", True), residual_norm=options.get("residual_norm", True),
         embedding_grad=options.get("embedding_grad", True), matmul_sums=options.get("matmul_sums", True),
-        scaled_gradient=options.get("scaled_gradient", True), topk=options.get("topk", True), swap_policy=policy,
+        scaled_gradient=options.get("scaled_gradient", True), topk=options.get("topk", False), swap_policy=policy,
         dump_graphs=None if dump_graphs is None else os.fspath(dump_graphs),
     )
 

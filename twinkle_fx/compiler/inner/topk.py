@@ -12,8 +12,11 @@ elements and ``k`` up to ``MAX_K``; the values are the same, the indices too whe
 equal values the op takes the lower index first, which torch's kernel does not promise). The backward graph AOTAutograd
 traced reads only the indices, whichever kernel chose them.
 
-The backend runs it on every graph (:mod:`.post_grad`), unless ``options={"topk": False}`` or the registry's graph
-rewrite ``topk`` is removed.
+The backend runs it on every graph (:mod:`.post_grad`) when ``options={"topk": True}`` asks for it (and the registry's
+graph rewrite ``topk`` is in place). It is off by default: where a row's values tie, the kernel and torch's choose
+different indices (torch's choice is unspecified, and not the same on the CPU and a GPU), and a router whose weights
+start at zero scores every expert alike, so the compiled model would route its tokens to other experts than the
+uncompiled one.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ MAX_K = 32  # the k the kernel unrolls its selection for
 # and reductions within one or two warps. Graph-replayed on an H200, us a call for 4096 rows (k, warps), elements a
 # program 4096 / 512 / 256: rows of 128 (8; 4 warps) 15.6 / 7.0 / 15.3, (2 warps) 38.3 / 7.7 / 6.7; rows of 256 (8; 1
 # warp) 83.8 / 15.2 / 12.7, (4 warps) 19.8 / 18.8 / 28.3; rows of 8 (2; 2 warps) 19.4 / 4.1 / 2.3. torch.topk: 32.9,
-# 56.9 and 15.3 us.
+# 56.9 and 15.3 us. (Timed with each value taken from the row in registers; it is read back from memory since, one
+# load a selection, to keep its bits: not timed again.)
 _ELEMENTS = 256
 
 
@@ -58,10 +59,9 @@ def _topk_kernel(x_ptr, values_ptr, indices_ptr, rows, n, sx, K: tl.constexpr, B
         index = tl.min(tl.where(numbers & (key == largest[:, None]), cols[None, :], BLOCK_N), axis=1)
         index = tl.where(nan_index < BLOCK_N, nan_index, index)
         chosen = live & (cols[None, :] == index[:, None])
-        # the chosen element itself (one a row): its bits, a nan's included
-        value = tl.sum(tl.where(chosen, x, 0.0), axis=1)
-        value = tl.where(nan_index < BLOCK_N, float("nan"), value)
-        tl.store(values_ptr + out + j, value.to(values_ptr.dtype.element_ty), mask=r_mask)
+        # the chosen element read again: its bits (a -0's sign, a nan's payload), which a sum over its row loses
+        value = tl.load(x_ptr + r.to(tl.int64) * sx + index, mask=r_mask)
+        tl.store(values_ptr + out + j, value, mask=r_mask)
         tl.store(indices_ptr + out + j, index.to(tl.int64), mask=r_mask)
         live = live & ~chosen
 

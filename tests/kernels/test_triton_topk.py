@@ -41,6 +41,15 @@ def test_ties_nans_and_infinities_in_torchs_order():
     assert torch.equal(ref_indices, indices)
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_the_values_are_the_inputs_bits(dtype):
+    """A -0 keeps its sign and a nan its payload: the values are the chosen elements as they are."""
+    x = torch.tensor([[-0.0, -1.0, -2.0, -3.0], [float("nan"), 1.0, -0.0, 2.0]], dtype=dtype)
+    values, _ = tt.topk(x, 3)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(values.view(bits), torch.stack([x[0, :3], x[1, [0, 3, 1]]]).view(bits))
+
+
 def test_strided_rows_and_empty_inputs():
     x = torch.randn(64, 40).t()  # rows of 64 with a stride of 40... the last dimension strided
     values, indices = tt.topk(x, 5)

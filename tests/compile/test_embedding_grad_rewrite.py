@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 import transformers
-from tiny_models import TINY, cuda_graph_steps_match_eager, eager_grads, fused_loss_steps, input_ids
+from tiny_models import TINY, compiled_afresh, cuda_graph_steps_match_eager, eager_grads, fused_loss_steps, input_ids
 
 import twinkle_fx
 from twinkle_fx.testing import record_graphs
@@ -104,10 +104,7 @@ def test_inductors_decomposition_of_the_gradient_is_rewritten_too(caplog):
     accumulating index-put, a cast): it is rewritten as well, in bf16, with the gradients of eager."""
     ids = torch.randint(0, 64, (3, 10), device=DEVICE)
     module = _Tied().to(DEVICE, torch.bfloat16)
-    # compiled here, not loaded from the caches of an earlier run (which would log nothing)
-    with caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.embedding_grad"), \
-            torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
+    with caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.embedding_grad"), compiled_afresh():
         _, grads = _module_grads(module, ids, "inductor")
     assert any(r.getMessage().startswith("embedding_grad: 1 embedding weight gradient(s) of a backward graph")
                for r in caplog.records)
@@ -208,9 +205,7 @@ def test_gradients_accumulated_over_steps_and_a_retained_graph_stay_eagers():
 
 @pytest.mark.slow
 def test_under_inductor_the_fused_loss_heads_gradient_takes_the_rows_in_place(caplog):
-    with caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.embedding_grad"), \
-            torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
+    with caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.embedding_grad"), compiled_afresh():
         _, grads, want = _fused_loss_steps("inductor", 2, zero_grad=False)
     assert any("1 added in place to a tied head's gradient" in r.getMessage() for r in caplog.records)
     for got, w in zip(grads, want):

@@ -9,7 +9,7 @@ import expecttest
 import pytest
 import torch
 import transformers
-from tiny_models import TINY, eager_grads, input_ids
+from tiny_models import TINY, compiled_afresh, eager_grads, input_ids
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
@@ -209,10 +209,8 @@ def test_under_inductor_the_sums_are_rewritten_with_the_gradients_of_eager(caplo
     model, ids = _llama(layers=1), input_ids()
     model.to(torch.bfloat16)
     model.zero_grad()
-    # compiled here, not loaded from the caches of an earlier run (which would log nothing)
-    with caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.matmul_sums"), \
-            torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False), twinkle_fx.scoped_registry():
+    with caplog.at_level(logging.INFO, logger="twinkle_fx.compiler.inner.matmul_sums"), compiled_afresh(), \
+            twinkle_fx.scoped_registry():
         use_builtin_kernels(devices=(DEVICE,))
         # every region swapped: the norms' backward (opaque) reads the sums, as under CUDA graphs
         twinkle_fx.compile(model, options={"swap_policy": "always"})(ids, labels=ids).loss.backward()

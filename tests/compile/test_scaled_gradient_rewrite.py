@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 import transformers
-from tiny_models import TINY, cuda_graph_steps_match_eager, eager_grads, fused_loss_steps, input_ids
+from tiny_models import (TINY, assert_the_cache_key_follows_the_sources, compiled_afresh, cuda_graph_steps_match_eager,
+                         eager_grads, fused_loss_steps, input_ids)
 
 import twinkle_fx
 from twinkle_fx.builtin import use_builtin_kernels
@@ -83,23 +84,14 @@ def test_the_option_and_the_registry_each_turn_it_off():
 
 
 def test_the_compile_caches_key_hashes_the_rewrite_and_its_kernel(tmp_path, monkeypatch):
-    """Inductor's graph cache asks the post-grad pass for its uuid before compiling: this rewrite's part hashes its
-    own source and the kernel module's (a change to either is a new key)."""
-    from twinkle_fx.compiler.inner import post_grad, scaled_gradient
+    from twinkle_fx.compiler.inner import scaled_gradient
 
-    key = scaled_gradient._uuid()
-    assert key.startswith("twinkle_fx.scaled_gradient:") and len(key.split(":")[1]) == 64
-    kernel = tmp_path / "kernel.py"
-    kernel.write_text("changed")
-    monkeypatch.setattr(scaled_gradient, "_kernel_module", lambda: type("M", (), {"__file__": str(kernel)}))
-    assert scaled_gradient._uuid() != key
-    assert post_grad.with_rewrites(None, (scaled_gradient.REWRITE,)).uuid() is not None
+    assert_the_cache_key_follows_the_sources(scaled_gradient, "scaled_gradient", tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
 def test_under_inductor_the_untied_heads_gradient_is_scaled_in_place(caplog):
-    with caplog.at_level(logging.INFO, logger=LOGGER), torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
+    with caplog.at_level(logging.INFO, logger=LOGGER), compiled_afresh():
         _, grads, want = _fused_loss_steps("inductor", 2, zero_grad=False)
     assert any("1 gradient(s) a backward graph returns scaled in place" in r.getMessage() for r in caplog.records)
     for got, w in zip(grads, want):

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 import transformers
-from tiny_models import TINY
+from tiny_models import TINY, assert_the_cache_key_follows_the_sources, compiled_afresh
 
 import twinkle_fx
 from twinkle_fx.testing import record_graphs
@@ -82,15 +82,9 @@ def test_off_by_default_and_the_registry_turns_it_off():
 
 
 def test_the_compile_caches_key_hashes_the_rewrite_and_its_kernel(tmp_path, monkeypatch):
-    from twinkle_fx.compiler.inner import post_grad, topk
+    from twinkle_fx.compiler.inner import topk
 
-    key = topk._uuid()
-    assert key.startswith("twinkle_fx.topk:") and len(key.split(":")[1]) == 64
-    kernel = tmp_path / "kernel.py"
-    kernel.write_text("changed")
-    monkeypatch.setattr(topk, "_kernel_module", lambda: type("M", (), {"__file__": str(kernel)}))
-    assert topk._uuid() != key
-    assert post_grad.with_rewrites(None, (topk.REWRITE,)).uuid() is not None
+    assert_the_cache_key_follows_the_sources(topk, "topk", tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
@@ -107,8 +101,7 @@ def test_a_qwen3_moe_model_under_inductor_routes_with_the_kernel(caplog):
     ids = torch.randint(0, config.vocab_size, (2, 16), device=DEVICE)
     loss = model(ids, labels=ids).loss
     want = torch.autograd.grad(loss, list(model.parameters()))
-    with caplog.at_level(logging.INFO, logger=LOGGER), torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
+    with caplog.at_level(logging.INFO, logger=LOGGER), compiled_afresh():
         compiled_loss = twinkle_fx.compile(model, options={"topk": True})(ids, labels=ids).loss
         got = torch.autograd.grad(compiled_loss, list(model.parameters()))
     assert any("2 top-k selection(s) run as twinkle_triton.topk" in r.getMessage() for r in caplog.records)

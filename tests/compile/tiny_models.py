@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 import transformers
@@ -83,6 +85,30 @@ def input_ids(batch: int = 2, seq: int = 8) -> torch.Tensor:
     return torch.randint(0, TINY["vocab_size"], (batch, seq), device=DEVICE)
 
 
+@contextlib.contextmanager
+def compiled_afresh() -> Iterator[None]:
+    """Inductor's FX graph cache and AOTAutograd's cache off inside the block: every graph is compiled here, its
+    post-grad rewrites run (and log), not loaded from the caches of an earlier run."""
+    with torch._inductor.config.patch(fx_graph_cache=False), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+
+
+def assert_the_cache_key_follows_the_sources(rewrite, name: str, tmp_path: Path, monkeypatch) -> None:
+    """Inductor's graph cache asks the post-grad pass for its uuid before compiling: the part of post-grad rewrite
+    module ``rewrite`` (registry name ``name``) hashes its own source and its kernel module's (a change to either is
+    a new key)."""
+    from twinkle_fx.compiler.inner import post_grad
+
+    key = rewrite._uuid()
+    assert key.startswith(f"twinkle_fx.{name}:") and len(key.split(":")[1]) == 64
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text("changed")
+    monkeypatch.setattr(rewrite, "_kernel_module", lambda: type("M", (), {"__file__": str(kernel)}))
+    assert rewrite._uuid() != key
+    assert post_grad.with_rewrites(None, (rewrite.REWRITE,)).uuid() is not None
+
+
 def fused_loss_steps(model: torch.nn.Module, compiler: str, steps: int, *, zero_grad: bool = True,
                      retain_graph: bool = False, options: dict | None = None):
     """``model`` with the built-in kernels (the fused-loss head computes the head's gradient in the forward),
@@ -114,8 +140,7 @@ def cuda_graph_steps_match_eager(model: torch.nn.Module, weight: Callable[[torch
     reference = copy.deepcopy(model)
     compiled = twinkle_fx.compile(model, mode="reduce-overhead")
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, reference)]
-    with collect_cudagraph_status() as cudagraphs, torch._inductor.config.patch(fx_graph_cache=False), \
-            torch._functorch.config.patch(enable_autograd_cache=False):
+    with collect_cudagraph_status() as cudagraphs, compiled_afresh():
         for _ in range(4):
             ids = input_ids()
             for m, run in ((model, compiled), (reference, reference)):

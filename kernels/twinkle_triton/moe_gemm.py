@@ -273,8 +273,8 @@ def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, i
 
 
 def _tiled_takes(name: str, a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int]) -> bool:
-    """Whether :func:`_tiled_rows` takes these operands for kernel ``name`` ("down" or "grad_input"):
-    :data:`TILED_ROWS`, 2-byte floats on a Hopper GPU (whose warp specialization was measured) or the CPU, every operand by TMA
+    """Whether :func:`_tiled_rows` takes these operands for kernel ``name`` ("down" or "grad_input"): :data:`TILED_ROWS`,
+    2-byte floats on a Hopper GPU (whose warp specialization was measured) or the CPU, every operand by TMA
     (:func:`_tma_takes`; rows of ``a`` and of the output a multiple of 16 bytes) and the weights one 2D tensor of
     unit column stride: ``[E * N, K]`` read K-major, or ``[E * K, N]`` with K a multiple of the reduction step."""
     if not TILED_ROWS or a.dtype.itemsize != 2 or a.device.type not in ("cuda", "cpu"):

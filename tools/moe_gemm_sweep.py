@@ -11,7 +11,7 @@ softmax router's top-k over random logits (about balanced). TFLOP/s counts the G
 ``--block-m``, ``--block-n``, ``--block-k``, ``--warps``, ``--stages``, ``--tma`` (0 or 1: operands loaded by TMA
 where they allow it), ``--programs-per-sm`` (0: a program a tile; N: N programs an SM that loop over the tiles),
 ``--half-tiles`` (0 or 1: an expert's last tile computed half as high where its rows fit; down and grad_input only)
-and ``--warp-specialize`` (0 or 1; padded_weight_grad, tiled_down and tiled_grad_input) sweep the launch configuration
+and ``--warp-specialize`` (0 or 1; padded_weight_grad only) sweep the launch configuration
 (``twinkle_triton.moe_gemm.CONFIGS``) of the kernels ``--kernels`` names (default all: ``gate_up`` and ``down`` run in
 the forward, ``grad_act``, ``grad_input`` and the weight gradients' kernel, ``weight_grad`` or ``padded_weight_grad``,
 in the backward; for those two BLOCK_M x BLOCK_N is the weight tile and BLOCK_K the rows a step); the others keep
@@ -20,7 +20,7 @@ their configuration. A configuration the GPU cannot run (shared memory) is repor
 ``--per-kernel`` tunes each kernel on its own instead: for each kernel ``--kernels`` names and each setting
 (the others at their defaults) it runs forward + backward under ``torch.profiler``, checks the output and every
 gradient against transformers' experts, and takes that kernel's own device time (the median of a few calls;
-launches are told apart by their order in a call: :func:`launches`). One run then finds every kernel's fastest
+launches are told apart by their order in a call: ``LAUNCHES``). One run then finds every kernel's fastest
 setting at each shape, and times the five together against ``grouped_mm``, forward and forward + backward.
 Without knob flags each kernel tries its own ``CANDIDATES`` (settings that compile for sm_90 without spilling).
 
@@ -33,7 +33,6 @@ one Triton way (``padded`` or ``triton``) whose kernel is tuned with the others.
     python tools/moe_gemm_sweep.py --out moe-kernels.json --per-kernel --block-m 64,128 --block-n 64,128 --warps 4,8
     python tools/moe_gemm_sweep.py --out moe-wgrad.json --weight-grad padded,grouped_mm,triton
     python tools/moe_gemm_sweep.py --out moe-padded.json --per-kernel --weight-grad padded --kernels padded_weight_grad
-    python tools/moe_gemm_sweep.py --out moe-tiled.json --per-kernel --kernels tiled_down,tiled_grad_input
 """
 
 from __future__ import annotations
@@ -63,19 +62,11 @@ KNOBS = (("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"),
          ("stages", "num_stages"), ("tma", "TMA"), ("programs_per_sm", "PROGRAMS_PER_SM"), ("half_tiles", "HALF_TILES"),
          ("warp_specialize", "WARP_SPECIALIZE"))
 # the GEMM kernels one forward + backward of moe_swiglu_experts launches, in order, with the CONFIGS entry of each, by
-# the Triton way the backward computes the weight gradients (moe_gemm.WEIGHT_GRAD) and whether down and grad_input
-# run as the tiled-rows kernel (moe_gemm.TILED_ROWS)
-WEIGHT_GRAD_LAUNCHES = {"triton": (("_weight_grad_kernel", "weight_grad"),) * 2,
-                        "padded": (("_padded_weight_grad_kernel", "padded_weight_grad"),) * 2}
-
-
-def launches(weight_grad: str, tiled: bool) -> tuple[tuple[str, str], ...]:
-    """(kernel, CONFIGS entry) of each GEMM launch of a forward + backward, in order."""
-    rows, prefix = ("_tiled_rows_kernel", "tiled_") if tiled else ("_rows_to_pairs_kernel", "")
-    return ((("_gate_up_kernel", "gate_up"), (rows, prefix + "down"), ("_gathered_gemm_kernel", "grad_act"),
-             (rows, prefix + "grad_input")) + WEIGHT_GRAD_LAUNCHES[weight_grad])
-
-
+# the Triton way the backward computes the weight gradients (moe_gemm.WEIGHT_GRAD)
+_EXPERT_GEMMS = (("_gate_up_kernel", "gate_up"), ("_rows_to_pairs_kernel", "down"),
+                 ("_gathered_gemm_kernel", "grad_act"), ("_rows_to_pairs_kernel", "grad_input"))
+LAUNCHES = {"triton": _EXPERT_GEMMS + (("_weight_grad_kernel", "weight_grad"),) * 2,
+            "padded": _EXPERT_GEMMS + (("_padded_weight_grad_kernel", "padded_weight_grad"),) * 2}
 GRAD_RTOL = 2e-2  # relative error (norm of the difference over the reference's) of each gradient, bf16
 # --per-kernel without knob flags: each kernel's candidates (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages),
 # larger tiles first. Chosen from a grid compiled for sm_90 on a CPU (the stand-in driver of
@@ -96,11 +87,6 @@ CANDIDATES = {
     # in 3 stages takes 208 KiB of shared memory with the stored tile's
     "padded_weight_grad": ((256, 128, 64, 4, 3), (128, 256, 64, 4, 3), (256, 128, 32, 4, 6), (128, 256, 32, 4, 6),
                            (128, 128, 64, 4, 5), (128, 128, 64, 4, 4), (128, 128, 32, 4, 8)),
-    # warp-specialized likewise; the stored tile's shared memory beside the stages' (a 128 x 256 one 64 KiB)
-    "tiled_down": ((128, 256, 64, 4, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
-                   (128, 256, 32, 4, 5), (128, 128, 128, 4, 3)),
-    "tiled_grad_input": ((128, 256, 64, 4, 3), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
-                         (128, 256, 32, 4, 5), (128, 128, 128, 4, 3)),
 }
 
 
@@ -158,7 +144,7 @@ def _cases(module, tokens, top_k, dtype):
 
 def _launch_times(run, calls: int, launches: tuple) -> dict[str, float]:
     """ms of each CONFIGS entry's launches in one call of ``run`` (forward + backward), the median of ``calls``;
-    ``launches`` the kernels of a call, in order (:func:`launches`)."""
+    ``launches`` the kernels of a call, in order (:data:`LAUNCHES`)."""
     names = {name for name, _ in launches}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
@@ -172,7 +158,7 @@ def _launch_times(run, calls: int, launches: tuple) -> dict[str, float]:
     expected = [name for name, _ in launches] * calls
     if launched != expected:
         raise RuntimeError(f"moe_swiglu_experts launched {launched[:len(launches)]}... in {calls} calls, not "
-                           f"{[name for name, _ in launches]} each: launches() no longer matches moe_gemm")
+                           f"{[name for name, _ in launches]} each: LAUNCHES no longer matches moe_gemm")
     per_call: dict[str, list[float]] = {}
     for index in range(calls):
         sums: dict[str, float] = {}
@@ -284,9 +270,6 @@ def main() -> None:
     parser.add_argument("--per-kernel", action="store_true",
                         help="tune each kernel on its own time under the profiler (see the module docstring)")
     parser.add_argument("--calls", type=int, default=5, help="--per-kernel: profiled calls per setting")
-    parser.add_argument("--tiled-rows", type=int, choices=(0, 1), default=int(moe_gemm.TILED_ROWS),
-                        help="1: down and grad_input as the tiled-rows kernel where it takes the operands "
-                             "(moe_gemm.TILED_ROWS)")
     parser.add_argument("--weight-grad", default=moe_gemm.WEIGHT_GRAD,
                         help=f"comma-separated, of {', '.join(moe_gemm.WEIGHT_GRADS)}: how the backward computes the "
                              "weight gradients (moe_gemm.WEIGHT_GRAD)")
@@ -295,12 +278,10 @@ def main() -> None:
     if set(variants) - set(moe_gemm.WEIGHT_GRADS):
         parser.error(f"--weight-grad: unknown {', '.join(sorted(set(variants) - set(moe_gemm.WEIGHT_GRADS)))}; "
                      f"known: {', '.join(moe_gemm.WEIGHT_GRADS)}")
-    if args.per_kernel and (len(variants) != 1 or variants[0] not in WEIGHT_GRAD_LAUNCHES):
+    if args.per_kernel and (len(variants) != 1 or variants[0] not in LAUNCHES):
         parser.error("--per-kernel times the Triton kernels, the weight gradients' too: pass --weight-grad "
-                     f"{' or '.join(WEIGHT_GRAD_LAUNCHES)}")
-    moe_gemm.TILED_ROWS = bool(args.tiled_rows)
-    launched = ([entry for _, entry in launches(variants[0], moe_gemm.TILED_ROWS)] if args.per_kernel
-                else list(moe_gemm.CONFIGS))
+                     f"{' or '.join(LAUNCHES)}")
+    launched = [entry for _, entry in LAUNCHES[variants[0]]] if args.per_kernel else list(moe_gemm.CONFIGS)
     args.kernels = args.kernels or ",".join(dict.fromkeys(launched))
     for what, given, known in (("--shapes", args.shapes, SHAPES), ("--kernels", args.kernels, launched)):
         unknown = sorted(set(given.split(",")) - set(known))
@@ -314,13 +295,12 @@ def main() -> None:
     defaults, default_weight_grad = copy.deepcopy(moe_gemm.CONFIGS), moe_gemm.WEIGHT_GRAD
     if args.per_kernel:
         moe_gemm.WEIGHT_GRAD = variants[0]
-        rows = per_kernel(args, kernels, settings, defaults, launches(variants[0], moe_gemm.TILED_ROWS))
+        rows = per_kernel(args, kernels, settings, defaults, LAUNCHES[variants[0]])
         moe_gemm.CONFIGS.clear()
         moe_gemm.CONFIGS.update(defaults)
         with open(args.out, "w") as f:
             json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16",
-                       "tokens": args.tokens, "tiled_rows": moe_gemm.TILED_ROWS, "defaults": defaults,
-                       "per_kernel": rows}, f, indent=1)
+                       "tokens": args.tokens, "defaults": defaults, "per_kernel": rows}, f, indent=1)
         return
     dtype, results = torch.bfloat16, []
     print(f"{'shape':14s} {'mode':17s} {'setting':40s} grouped_mm ms  TFLOP/s | fused ms  TFLOP/s | speedup")
@@ -377,7 +357,7 @@ def main() -> None:
                   f"{r['speedup']:.2f}x grouped_mm")
     with open(args.out, "w") as f:
         json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16", "tokens": args.tokens,
-                   "tiled_rows": moe_gemm.TILED_ROWS, "defaults": defaults, "rows": results}, f, indent=1)
+                   "defaults": defaults, "rows": results}, f, indent=1)
 
 
 if __name__ == "__main__":

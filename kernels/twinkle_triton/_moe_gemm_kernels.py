@@ -238,49 +238,6 @@ def _rows_to_pairs_kernel(
             _pairs_epilogue(acc, out_ptr, scale_ptr, pair, row_mask, cols, col_mask, sor, HAS_SCALE)
 
 
-# the counts stay runtime values: an integer argument of 1 is specialized into a constant (see
-# _padded_weight_grad_kernel), which broke the warp-specialized item loop there
-@triton.jit(do_not_specialize=["num_experts", "n_blocks"])
-def _tiled_rows_kernel(
-    a_ptr, w_ptr, out_ptr, tile_expert_ptr, tile_start_ptr, offsets_ptr, num_experts, num_rows, out_rows, N, K,
-    n_blocks, sar, swr, K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, ACC_IN_DOT: tl.constexpr,
-):
-    """``out[t * BLOCK_M + i, n] = sum_k a[row0 + i, k] * w[e, k, n]`` for M tile t of expert e, whose rows in the
-    sorted order start at ``row0``: each tile's rows stored at its own tile's rows of ``out`` [out_rows, N] (the
-    tile-padded order: expert e's rows from ``tile_start[e] * BLOCK_M``), the rows past the expert's included (products
-    of the next expert's rows or of zeros, which nothing reads). ``_slot_sums_kernel`` with GATHER reads each pair's
-    row from there.
-
-    Every load and the store by TMA, so the item loop can be warp-specialized (WARP_SPECIALIZE, Triton's Hopper pass:
-    a producer warp loads ahead across items while the consumer groups compute and store): ``a`` [num_rows, K]; the
-    weights as one 2D tensor, [E * N, K] when K_MAJOR (row stride ``swr``; a block past an expert's N rows reads the
-    next expert's, into columns the store clips) or [E * K, N] (K a multiple of BLOCK_K, which the caller checks: a
-    block past K would read the next expert's rows into the sum)."""
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[num_rows, K], strides=[sar, 1], block_shape=[BLOCK_M, BLOCK_K])
-    if K_MAJOR:
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts * N, K], strides=[swr, 1],
-                                           block_shape=[BLOCK_N, BLOCK_K])
-    else:
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[num_experts * K, N], strides=[swr, 1],
-                                           block_shape=[BLOCK_K, BLOCK_N])
-    out_desc = tl.make_tensor_descriptor(out_ptr, shape=[out_rows, N], strides=[N, 1], block_shape=[BLOCK_M, BLOCK_N])
-    for item in tl.range(tl.program_id(0), _items(tile_start_ptr, num_experts, n_blocks), tl.num_programs(0),
-                         warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = item // n_blocks, item % n_blocks
-        expert = tl.load(tile_expert_ptr + pid_m)
-        row0 = (tl.load(offsets_ptr + expert) + (pid_m - tl.load(tile_start_ptr + expert)) * BLOCK_M).to(tl.int32)
-        n0 = pid_n * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            if K_MAJOR:
-                b = tl.trans(w_desc.load([expert * N + n0, k0]))
-            else:
-                b = w_desc.load([expert * K + k0, n0])
-            acc = _mma(acc, a_desc.load([row0, k0]), b, DOT_PRECISION, DOT_UPCAST, ACC_IN_DOT)
-        out_desc.store([pid_m * BLOCK_M, n0], acc.to(out_ptr.dtype.element_ty))
-
-
 @triton.jit
 def _row_blocks(a_ptr, b_ptr, r0, end, sar, sbr, ms, ns, M, N, BLOCK_K: tl.constexpr):
     """Rows ``r0 .. r0 + BLOCK_K`` of ``a`` (columns ``ms``) and ``b`` (columns ``ns``) through pointers, zeros
@@ -439,36 +396,25 @@ def _gather_token_rows_kernel(
 
 
 @triton.jit
-def _slot_sums_kernel(rows_ptr, pos_ptr, scale_ptr, out_ptr, N, TOP_K: tl.constexpr, GATHER: tl.constexpr,
-                      HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr):
-    """``out[t] = sum_j rows[t, j]`` over a contiguous ``[T, TOP_K, N]`` buffer, or with GATHER ``sum_j scale[p] *
-    rows[pos[p]]`` (p = t * TOP_K + j, the scale when HAS_SCALE) over rows ``[R, N]`` in another order: the slots
-    added in order in fp32, rounded once to ``out``'s dtype. The slots unrolled (``TOP_K`` a constexpr): their loads
-    are in flight at once."""
+def _slot_sums_kernel(rows_ptr, out_ptr, N, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    """``out[t] = sum_j rows[t, j]`` over a contiguous ``[T, TOP_K, N]`` buffer: the slots added in order in fp32,
+    rounded once to ``out``'s dtype. The slots unrolled (``TOP_K`` a constexpr): their loads are in flight at once."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
-    acc = tl.zeros([BLOCK], tl.float32)
-    for j in tl.static_range(TOP_K):
-        if GATHER:
-            row = tl.load(pos_ptr + t * TOP_K + j).to(tl.int64)
-            value = tl.load(rows_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
-            if HAS_SCALE:
-                value *= tl.load(scale_ptr + t * TOP_K + j).to(tl.float32)
-        else:
-            value = tl.load(rows_ptr + (t * TOP_K + j) * N + cols, mask=mask, other=0.0).to(tl.float32)
-        acc += value
+    row = rows_ptr + t * TOP_K * N + cols
+    acc = tl.load(row, mask=mask, other=0.0).to(tl.float32)
+    for j in tl.static_range(1, TOP_K):
+        acc += tl.load(row + j * N, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + t * N + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _expert_tiles_kernel(offsets_ptr, order_ptr, tile_expert_ptr, tile_start_ptr, pos_ptr, num_experts,
+def _expert_tiles_kernel(offsets_ptr, tile_expert_ptr, tile_start_ptr, num_experts,
                          BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr):
     """The tile tables of M tiles of BLOCK_M sorted rows: program e <= E writes ``tile_start[e]``, the tiles of the
     experts before it (``tile_start[E]`` all of them, the GEMM kernels' loop bound), and program e < E writes
-    ``tile_expert[t] = e`` for its own tiles and ``pos[order[r]]`` for its own sorted rows r: the row's place in the
-    tile-padded order (``tile_start[e] * BLOCK_M + r - offsets[e]``, :func:`_tiled_rows_kernel`). Every program sums
-    the experts' tile counts itself."""
+    ``tile_expert[t] = e`` for its own tiles. Every program sums the experts' tile counts itself."""
     e = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
     known = experts < num_experts
@@ -482,13 +428,6 @@ def _expert_tiles_kernel(offsets_ptr, order_ptr, tile_expert_ptr, tile_start_ptr
     for t0 in range(start, end, BLOCK_T):
         t = t0 + lanes
         tl.store(tile_expert_ptr + t, e, mask=t < end)
-    if e < num_experts:
-        first = tl.load(offsets_ptr + e)
-        last = tl.load(offsets_ptr + e + 1)
-        for r0 in range(first, last, BLOCK_T):
-            r = r0 + lanes
-            pair = tl.load(order_ptr + r, mask=r < last, other=0)
-            tl.store(pos_ptr + pair, (start.to(tl.int64) * BLOCK_M + r - first).to(tl.int32), mask=r < last)
 
 
 @triton.jit

@@ -65,7 +65,7 @@ from ._launch import (cdiv, dot_options, interpreting, loop_block, next_power_of
 from ._library import define_differentiable_op, define_op, wrap_triton
 from ._moe_gemm_kernels import (_expert_tiles_kernel, _gate_up_kernel, _gather_token_rows_kernel, _gathered_gemm_kernel,
                                 _padded_weight_grad_kernel, _rows_to_pairs_kernel, _slot_sums_kernel,
-                                _swiglu_grad_kernel, _tiled_rows_kernel, _weight_grad_kernel)
+                                _swiglu_grad_kernel, _weight_grad_kernel)
 from ._torch_internals import grouped_mm
 
 __all__ = ["CONFIGS", "moe_swiglu_experts", "moe_swiglu_experts_reference"]
@@ -122,14 +122,7 @@ CONFIGS = {
                     "PROGRAMS_PER_SM": 2},
     "padded_weight_grad": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "TMA": True,
                            "PROGRAMS_PER_SM": 1, "WARP_SPECIALIZE": True},
-    "tiled_down": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "TMA": True,
-                   "PROGRAMS_PER_SM": 1, "WARP_SPECIALIZE": True},
-    "tiled_grad_input": {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "TMA": True,
-                         "PROGRAMS_PER_SM": 1, "WARP_SPECIALIZE": True},
 }
-# Whether down and grad_input run as ``_tiled_rows_kernel`` (CONFIGS "tiled_down", "tiled_grad_input") where it takes
-# the operands (:func:`_tiled_takes`), else as ``_rows_to_pairs_kernel`` ("down", "grad_input").
-TILED_ROWS = True
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # How the backward computes the experts' weight gradients, each over the rows of ``x`` and of the routing-weighted
 # ``grad`` copied by one kernel (:func:`_gather_token_rows`): "padded", ``_padded_weight_grad_kernel`` over those rows
@@ -195,7 +188,7 @@ class _Routing:
 
     def __init__(self, order: Tensor, offsets: Tensor) -> None:
         self.order, self.offsets = order, offsets
-        self._tables: dict[int, tuple[Tensor, Tensor, int, Tensor]] = {}
+        self._tables: dict[int, tuple[Tensor, Tensor, int]] = {}
 
     @classmethod
     def sort(cls, top_k_index: Tensor, num_experts: int) -> "_Routing":
@@ -212,26 +205,16 @@ class _Routing:
         ``tile_expert[t]`` the expert of tile t (unwritten past the last tile), ``tile_start[e]`` the expert's first
         tile and ``tile_start[E]`` the number of tiles, ``tiles`` a bound on it from shapes alone (each expert adds
         at most one partial tile, and each tile holds a row), which sizes ``tile_expert`` and the grids."""
-        return self._built(block_m)[:3]
-
-    def positions(self, block_m: int) -> Tensor:
-        """``pos[p]``, int32: the row of pair p in the tile-padded order of M tiles of ``block_m`` rows (expert e's
-        rows from ``tile_start[e] * block_m``), built with :meth:`tiles`' tables."""
-        return self._built(block_m)[3]
-
-    def _built(self, block_m: int) -> tuple[Tensor, Tensor, int, Tensor]:
         if block_m not in self._tables:
             num_experts, pairs = self.offsets.shape[0] - 1, self.order.shape[0]
             tiles = min(pairs, (pairs + num_experts * (block_m - 1)) // block_m)
             tile_expert = torch.empty(tiles, dtype=torch.int32, device=self.offsets.device)
             tile_start = torch.empty(num_experts + 1, dtype=torch.int32, device=self.offsets.device)
-            positions = torch.empty(pairs, dtype=torch.int32, device=self.offsets.device)
             wrap_triton(_expert_tiles_kernel)[(num_experts + 1,)](
-                self.offsets, self.order, tile_expert, tile_start, positions, num_experts, BLOCK_M=block_m,
-                BLOCK_E=next_power_of_2(num_experts), BLOCK_T=loop_block(max(tiles, cdiv(pairs, num_experts)), 256),
-                num_warps=4,
+                self.offsets, tile_expert, tile_start, num_experts, BLOCK_M=block_m,
+                BLOCK_E=next_power_of_2(num_experts), BLOCK_T=loop_block(tiles, 256), num_warps=4,
             )
-            self._tables[block_m] = tile_expert, tile_start, tiles, positions
+            self._tables[block_m] = tile_expert, tile_start, tiles
         return self._tables[block_m]
 
 
@@ -258,8 +241,6 @@ def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, i
     from ``weight`` through ``strides`` (expert, K, N), through the ``[T, k, N]`` buffer (module docstring)."""
     tokens, top_k = top_k_index.shape
     num_experts, k = weight.shape[0], a.shape[1]
-    if _tiled_takes(name, a, weight, n, strides):
-        return _tiled_rows(a, weight, n, strides, scale, top_k_index, routing, name)
     rows = a.new_empty((tokens, top_k, n))
     blocks = _blocks(name, cdiv(a.shape[0], num_experts), n, k, a.dtype)
     grid, tile_expert, tile_start, n_blocks = _tile_launch(name, routing, blocks, n, a.device)
@@ -272,55 +253,6 @@ def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, i
     return rows[:, 0] if top_k == 1 else _slot_sums(rows)
 
 
-def _tiled_takes(name: str, a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int]) -> bool:
-    """Whether :func:`_tiled_rows` takes these operands for kernel ``name`` ("down" or "grad_input"): :data:`TILED_ROWS`,
-    2-byte floats on a Hopper GPU (whose warp specialization was measured) or the CPU, every operand by TMA
-    (:func:`_tma_takes`; rows of ``a`` and of the output a multiple of 16 bytes) and the weights one 2D tensor of
-    unit column stride: ``[E * N, K]`` read K-major, or ``[E * K, N]`` with K a multiple of the reduction step."""
-    if not TILED_ROWS or a.dtype.itemsize != 2 or a.device.type not in ("cuda", "cpu"):
-        return False
-    if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] != 9:
-        return False
-    tiled, (swe, swk, swn), k = "tiled_" + name, strides, a.shape[1]
-    if not (_tma_takes(tiled, a) and a.stride(1) == 1 and _tma_takes(tiled, weight) and n * a.element_size() % 16 == 0):
-        return False
-    if swk == 1:  # K-major: expert e's rows e * N .. of N
-        return swe == n * swn
-    return swn == 1 and swe == k * swk and k % _tiled_blocks(name, a, weight, n, strides)["BLOCK_K"] == 0
-
-
-def _tiled_blocks(name: str, a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int]) -> dict:
-    """``_tiled_rows_kernel``'s launch options (:func:`_blocks` of "tiled_" + ``name``); with the weights read as
-    ``[E * K, N]`` the reduction step halved (down to 16) until it divides K, as a block past K must not read the
-    next expert's rows."""
-    k = a.shape[1]
-    blocks = _blocks("tiled_" + name, cdiv(a.shape[0], weight.shape[0]), n, k, a.dtype)
-    while strides[1] != 1 and k % blocks["BLOCK_K"] and blocks["BLOCK_K"] > 16:
-        blocks["BLOCK_K"] //= 2
-    return blocks
-
-
-def _tiled_rows(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int], scale: Tensor | None,
-                top_k_index: Tensor, routing: _Routing, name: str) -> Tensor:
-    """:func:`_rows_to_pairs` by ``_tiled_rows_kernel`` (every operand by TMA, the item loop warp-specialized on the
-    GPU), whose rows land in the tile-padded order, then the slot sums gathering each pair's row there (its routing
-    weight applied in fp32 in the sum, to the product rounded once)."""
-    tokens, top_k = top_k_index.shape
-    num_experts, k = weight.shape[0], a.shape[1]
-    tiled = "tiled_" + name
-    blocks = _tiled_blocks(name, a, weight, n, strides)
-    grid, tile_expert, tile_start, n_blocks = _tile_launch(tiled, routing, blocks, n, a.device)
-    tiles = routing.tiles(blocks["BLOCK_M"])[2]
-    rows = a.new_empty((tiles * blocks["BLOCK_M"], n))
-    specialize = bool(CONFIGS[tiled]["WARP_SPECIALIZE"]) and not interpreting()
-    wrap_triton(_tiled_rows_kernel)[grid](
-        a, weight, rows, tile_expert, tile_start, routing.offsets, num_experts, a.shape[0], rows.shape[0], n, k,
-        n_blocks, a.stride(0), strides[2] if strides[1] == 1 else strides[1], K_MAJOR=strides[1] == 1,
-        WARP_SPECIALIZE=specialize, **blocks, **_dot(a.dtype),
-    )
-    return _slot_sums(rows, (tokens, top_k), routing.positions(blocks["BLOCK_M"]), scale)
-
-
 # The sums' kernel: a program a (token, block of columns), all of a token's slots loaded at once. In the op's forward
 # + backward (two sums) on an H200, bf16, 4096 tokens, kernel time from the profiler, torch's ``sum(1)`` -> this
 # kernel: 113 -> 74 us at Qwen3-30B-A3B's layer (top-8, hidden 2048; 3.9 TB/s), 142 -> 69 at ERNIE-4.5-21B-A3B's
@@ -328,21 +260,15 @@ def _tiled_rows(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int]
 _SLOT_SUMS_BLOCK = 1024
 
 
-def _slot_sums(rows: Tensor, pairs: tuple[int, int] | None = None, positions: Tensor | None = None,
-               scale: Tensor | None = None) -> Tensor:
-    """``rows.sum(1)`` of a contiguous ``[T, k, N]`` buffer; or, with ``positions``, the sum over each token's k
-    pairs p (``pairs`` = (T, k)) of ``scale[p] * rows[positions[p]]`` (without ``scale``, of the rows): in fp32
-    rounded once to ``rows``' dtype, the slots added in order (deterministic, like torch's sum)."""
-    tokens, top_k = pairs if positions is not None else rows.shape[:2]
-    n = rows.shape[-1]
+def _slot_sums(rows: Tensor) -> Tensor:
+    """``rows.sum(1)`` of a contiguous ``[T, k, N]`` buffer, in fp32 rounded once to its dtype, the slots added in
+    order (deterministic, like torch's sum)."""
+    tokens, top_k, n = rows.shape
     out = rows.new_empty((tokens, n))
     if out.numel():
         block = loop_block(n, _SLOT_SUMS_BLOCK)
-        gather = positions is not None
-        wrap_triton(_slot_sums_kernel)[(tokens, cdiv(n, block))](
-            rows, positions if gather else rows, scale if scale is not None else rows, out, n, TOP_K=top_k,
-            GATHER=gather, HAS_SCALE=scale is not None, BLOCK=block, num_warps=4,
-        )
+        wrap_triton(_slot_sums_kernel)[(tokens, cdiv(n, block))](rows, out, n, TOP_K=top_k, BLOCK=block,
+                                                                  num_warps=4)
     return out
 
 

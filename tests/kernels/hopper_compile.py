@@ -132,21 +132,18 @@ def _cases():
         cos, sin = _rand(2, 16, rotated, grad=False), _rand(2, 16, rotated, grad=False)
         _call(fn, q, k, cos, sin)
 
-    def moe(dtype=bf16, weight_grad=None, tiled_rows=True):  # fp32 too: the tiles were tuned for 2-byte operands,
-        # 4-byte ones need twice the bytes; the Triton weight-gradient kernel, which bf16 runs where torch._grouped_mm
-        # does not; and down and grad_input by the rows-to-pairs kernel, which 2-byte operands run where the
-        # tiled-rows kernel does not
+    def moe(dtype=bf16, weight_grad=None):  # fp32 too: the tiles were tuned for 2-byte operands, 4-byte ones need
+        # twice the bytes; and the Triton weight-gradient kernel, which bf16 runs where torch._grouped_mm does not
         from twinkle_triton import moe_gemm
 
         experts, top_k, h, i, tokens = 8, 2, 1024, 768, 64
         weights, index = torch.randn(tokens, experts).softmax(-1).topk(top_k, dim=-1)
-        defaults = moe_gemm.WEIGHT_GRAD, moe_gemm.TILED_ROWS
-        moe_gemm.WEIGHT_GRAD, moe_gemm.TILED_ROWS = weight_grad or moe_gemm.WEIGHT_GRAD, tiled_rows
+        default, moe_gemm.WEIGHT_GRAD = moe_gemm.WEIGHT_GRAD, weight_grad or moe_gemm.WEIGHT_GRAD
         try:
             _call(tt.moe_swiglu_experts, _rand(tokens, h, dtype=dtype), _rand(experts, 2 * i, h, dtype=dtype),
                   _rand(experts, h, i, dtype=dtype), index, weights.to(dtype).requires_grad_())
         finally:
-            moe_gemm.WEIGHT_GRAD, moe_gemm.TILED_ROWS = defaults
+            moe_gemm.WEIGHT_GRAD = default
 
     def flce(**options):
         x, weight = _rand(64, 896), _rand(4096, 896)
@@ -224,7 +221,6 @@ def _cases():
         "moe_swiglu_experts": moe,
         "moe_swiglu_experts fp32": lambda: moe(torch.float32),
         "moe_swiglu_experts, Triton weight gradients": lambda: moe(weight_grad="triton"),
-        "moe_swiglu_experts, rows to pairs": lambda: moe(tiled_rows=False),
         "embedding_grad_sums": lambda: tt.embedding_grad_sums(
             torch.randint(0, 1000, (64,)), _rand(64, hidden, grad=False), torch.ones(64, dtype=torch.bool), 1000),
         "add_embedding_grad": lambda: tt.add_embedding_grad(

@@ -209,7 +209,6 @@ def test_operands_by_tma_and_by_pointers(layout, monkeypatch):
     numbers."""
     from twinkle_triton import moe_gemm
 
-    monkeypatch.setattr(moe_gemm, "TILED_ROWS", False)  # down and grad_input by the kernel with both ways
     for name in ("gate_up", "down", "grad_act", "grad_input"):
         monkeypatch.setitem(moe_gemm.CONFIGS, name, {**moe_gemm.CONFIGS[name], "TMA": True})
     taken, takes = [], moe_gemm._tma_takes
@@ -224,15 +223,12 @@ def test_operands_by_tma_and_by_pointers(layout, monkeypatch):
     assert len(taken) >= 6 and all(taken) == any(taken) == (not unaligned)
 
 
-@pytest.mark.parametrize("tiled", [False, True])
-def test_programs_that_loop_over_the_tiles(tiled, small_blocks, monkeypatch):
+def test_programs_that_loop_over_the_tiles(small_blocks, monkeypatch):
     """Each GEMM kernel launched as fewer programs than its (M tile, N tile) items, every program looping over
-    several, down and grad_input by either kernel: the reference's numbers."""
+    several: the reference's numbers."""
     from twinkle_triton import moe_gemm
 
-    monkeypatch.setattr(moe_gemm, "TILED_ROWS", tiled)
-    names = ("gate_up", "tiled_down" if tiled else "down", "grad_act", "tiled_grad_input" if tiled else "grad_input")
-    for name in names:
+    for name in ("gate_up", "down", "grad_act", "grad_input"):
         monkeypatch.setitem(moe_gemm.CONFIGS, name, {**moe_gemm.CONFIGS[name], "PROGRAMS_PER_SM": 1})
     launches, launch = [], moe_gemm._tile_launch
 
@@ -246,7 +242,7 @@ def test_programs_that_loop_over_the_tiles(tiled, small_blocks, monkeypatch):
     monkeypatch.setattr(moe_gemm, "persistent_programs", lambda items, device, per_sm: max(1, items // 3))
     x, gate_up, down, index, weights = _inputs(torch.bfloat16, 3)
     _check(x, gate_up, down, index, weights, torch.bfloat16, "moe_swiglu_experts, looping programs")
-    assert {name for name, *_ in launches} == set(names)
+    assert {name for name, *_ in launches} == {"gate_up", "down", "grad_act", "grad_input"}
     assert all(2 * programs < items for _, programs, items in launches), launches
 
 
@@ -327,12 +323,6 @@ def test_routing_and_tile_tables(experts, block_m):
     assert tiles >= want.numel() and tile_expert.dtype == tile_start.dtype == torch.int32
     assert torch.equal(tile_expert[:want.numel()].long(), want)
     assert torch.equal(tile_start.long(), torch.cat([per_expert.new_zeros(1), per_expert.cumsum(0)]))
-    # each pair's row in the tile-padded order: its expert's first tile's row, plus its place among the expert's rows
-    positions = routing.positions(block_m)
-    rank = torch.empty_like(routing.order)
-    rank[routing.order] = torch.arange(flat.numel())
-    expected = tile_start.long()[flat] * block_m + rank - routing.offsets[flat]
-    assert positions.dtype == torch.int32 and torch.equal(positions.long(), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -354,69 +344,6 @@ def test_slot_sums_add_each_tokens_slots_in_order_in_fp32(top_k, dtype):
             torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=0)
         else:
             assert torch.equal(got, want.to(dtype)), f"top-{top_k}, {n} columns"
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("top_k", [1, 3])
-def test_slot_sums_gather_each_pairs_row_and_scale_it_in_fp32(top_k, dtype):
-    """The same sums over rows in another order: each pair's row read where ``positions`` says, times its routing
-    weight in fp32 (weights in their own dtype), added in slot order in fp32 and rounded once."""
-    from twinkle_triton import _launch, moe_gemm
-
-    tokens, n = 7, 37
-    rows = torch.randn(tokens * top_k + 9, n).to(dtype)  # rows no pair reads among them
-    positions = torch.randperm(rows.shape[0])[:tokens * top_k].to(torch.int32)
-    scale = torch.rand(tokens * top_k).to(torch.bfloat16)
-    for weights in (scale, None):
-        want = torch.zeros(tokens, n)
-        for j in range(top_k):
-            pairs = torch.arange(tokens) * top_k + j
-            slot = rows[positions[pairs].long()].float()
-            want = want + (slot * weights[pairs, None].float() if weights is not None else slot)
-        got = moe_gemm._slot_sums(rows, (tokens, top_k), positions, weights)
-        assert got.dtype == dtype and got.shape == (tokens, n)
-        if dtype == torch.bfloat16 and _launch.interpreting():
-            torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=0)
-        else:
-            assert torch.equal(got, want.to(dtype)), f"top-{top_k}, weights {weights is not None}"
-
-
-@pytest.mark.parametrize("k_major", [True, False])
-def test_tiled_rows_store_each_tile_and_sum_each_pairs_row(k_major, small_blocks, monkeypatch):
-    """down's and grad_input's GEMM by the tiled-rows kernel (16-row tiles, programs looping): experts with no rows,
-    fewer than a tile, exactly one, one row past it and several and a part; the weights read as [E * N, K] (K-major,
-    as down's) or [E * K, N] (as grad_input's). A tile's rows past its expert's are the next expert's, one of them
-    infinite here: they land in the padding of the tile's rows, which no pair's sum reads, so every token's output is
-    its pairs' products, scaled, and finite but for the tokens that routed to the infinite row."""
-    from twinkle_triton import moe_gemm
-    from twinkle_triton._launch import run_with_scratch
-
-    monkeypatch.setattr(moe_gemm, "persistent_programs", lambda items, device, per_sm: max(1, items // 3))
-    counts, top_k, n, k = [0, 15, 16, 17, 37, 3], 2, 40, 48
-    experts, tokens = len(counts), sum(counts) // top_k
-    index = torch.repeat_interleave(torch.arange(experts), torch.tensor(counts))[torch.randperm(sum(counts))]
-    index = index.view(tokens, top_k)
-    routing = moe_gemm._Routing.sort(index, experts)
-    a = torch.randn(sum(counts), k, dtype=torch.bfloat16)
-    a[int(routing.offsets[4])] = float("inf")  # expert 4's first row: the padding of expert 3's last tile reads it
-    weight = ((torch.randn(experts, n, k) if k_major else torch.randn(experts, k, n)) / k**0.5).bfloat16()
-    strides = (weight.stride(0), 1, weight.stride(1)) if k_major else weight.stride()
-    scale = torch.rand(tokens * top_k)
-    assert moe_gemm._tiled_takes("down", a, weight, n, strides)
-    calls, tiled_rows = [], moe_gemm._tiled_rows
-    monkeypatch.setattr(moe_gemm, "_tiled_rows", lambda *args: calls.append(1) or tiled_rows(*args))
-    out = run_with_scratch(a.device, moe_gemm._rows_to_pairs, a, weight, n, strides, scale, index, routing, "down")
-    assert calls and out.shape == (tokens, n) and out.dtype == torch.bfloat16
-    per_pair = torch.empty(tokens * top_k, n, dtype=torch.float64)
-    for r, pair in enumerate(routing.order.tolist()):
-        b = weight[index.view(-1)[pair]].double()
-        product = a[r].double() @ (b.T if k_major else b)
-        per_pair[pair] = product.bfloat16().double() * scale[pair].double()
-    want = per_pair.view(tokens, top_k, n).sum(1)
-    poisoned = routing.order[int(routing.offsets[4])] // top_k
-    finite = torch.arange(tokens) != poisoned
-    assert not out[poisoned].isfinite().all() and out[finite].isfinite().all()
-    torch.testing.assert_close(out[finite].double(), want[finite], rtol=2e-2, atol=2e-2)
 
 
 def test_top_1_and_a_routing_weight_dtype_of_its_own():
@@ -593,20 +520,16 @@ def test_the_sweep_tool_knows_the_launch_order(monkeypatch):
         return wrap(kernel)
 
     monkeypatch.setattr(moe_gemm, "wrap_triton", recording)
-    entries = set()
-    for way, tiled in [(way, tiled) for way in tool.WEIGHT_GRAD_LAUNCHES for tiled in (False, True)]:
+    for way, launches in tool.LAUNCHES.items():
         launched.clear()
-        monkeypatch.setattr(moe_gemm, "WEIGHT_GRAD", way)  # as --per-kernel sets them
-        monkeypatch.setattr(moe_gemm, "TILED_ROWS", tiled)
-        launches = tool.launches(way, tiled)
-        entries |= {entry for _, entry in launches}
+        monkeypatch.setattr(moe_gemm, "WEIGHT_GRAD", way)  # as --per-kernel sets it
         sizes = {"hidden": PADDED_HIDDEN, "inter": PADDED_INTER} if way == "padded" else {}
         x, gate_up, down, index, weights = _inputs(torch.bfloat16, 2, **sizes)
         params = [t.requires_grad_() for t in (x, gate_up, down, weights)]
         torch.autograd.grad(tt.moe_swiglu_experts(x, gate_up, down, index, weights), params, torch.randn_like(x))
         # the tool times these, not the tables', the derivative's, the copies', the slots' sums
         gemms = {name for name, _ in launches}
-        assert [name for name in launched if name in gemms] == [name for name, _ in launches], (way, tiled)
+        assert [name for name in launched if name in gemms] == [name for name, _ in launches], way
         assert set(launched) - gemms == {"_expert_tiles_kernel", "_swiglu_grad_kernel", "_gather_token_rows_kernel",
-                                         "_slot_sums_kernel"}, (way, tiled)
-    assert entries == set(moe_gemm.CONFIGS)
+                                         "_slot_sums_kernel"}, way
+    assert {entry for launches in tool.LAUNCHES.values() for _, entry in launches} == set(moe_gemm.CONFIGS)

@@ -25,10 +25,11 @@ from ._checks import check_tensors
 from ._launch import cdiv, interpreting, next_power_of_2
 from ._library import define_differentiable_op, wrap_triton
 
-__all__ = ["MAX_K", "MAX_ROW", "topk", "topk_reference"]
+__all__ = ["DTYPES", "MAX_K", "MAX_ROW", "topk", "topk_reference"]
 
 MAX_ROW = 1024  # the longest row a program holds in registers (its block of rows shrinks as rows grow)
 MAX_K = 32  # the k the kernel unrolls its selection for
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # exact in the kernel's fp32 comparisons
 # The launch: each program's k selections are a chain of reductions over its rows, so small programs, many at once,
 # and reductions within one or two warps. Graph-replayed on an H200, us a call for 4096 rows (k, warps), elements a
 # program 4096 / 512 / 256: rows of 128 (8; 4 warps) 15.6 / 7.0 / 15.3, (2 warps) 38.3 / 7.7 / 6.7; rows of 256 (8; 1
@@ -131,7 +132,7 @@ def topk(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         ```
     """
     check_tensors("topk", min_dim=1, x=x)
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if x.dtype not in DTYPES:
         raise TypeError(f"topk: x is {x.dtype}; pass float16, bfloat16 or float32 (torch.topk takes {x.dtype}).")
     if x.shape[-1] > MAX_ROW:
         raise ValueError(f"topk: x is {tuple(x.shape)}; pass rows of at most {MAX_ROW} along the last dimension "

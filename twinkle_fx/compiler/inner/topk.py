@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["TOPK", "REWRITE", "rewrite_topk"]
 
 TOPK = "topk"  # its name in the registry
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def rewrite_topk(graph: fx.Graph) -> int:
@@ -77,7 +76,7 @@ def _arguments(node: fx.Node, module) -> tuple[fx.Node, int] | None:
     t = _val(x) if isinstance(x, fx.Node) else None
     if not isinstance(t, torch.Tensor) or not isinstance(k, int) or largest is not True or not isinstance(dim, int):
         return None
-    if t.dim() == 0 or dim not in (-1, t.dim() - 1) or t.dtype not in _DTYPES:
+    if t.dim() == 0 or dim not in (-1, t.dim() - 1) or t.dtype not in module.DTYPES:
         return None
     row = t.shape[-1]
     if not isinstance(row, int) or row > module.MAX_ROW or not 0 <= k <= min(module.MAX_K, row):

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 import twinkle_triton as tt
-from triton.testing import do_bench, do_bench_cudagraph
+from triton.testing import do_bench
 
 from twinkle_fx.core.outputs import output_file
 from twinkle_fx.measure.environment import describe_environment
@@ -256,17 +256,6 @@ def per_kernel(args, kernels: list[str], settings: list[dict], defaults: dict, l
     return rows
 
 
-def _streams_setting(spec: str, default: dict) -> dict:
-    """moe_gemm.STREAMS for a ``--streams`` entry: "" the default, "off", or G:W[:P]."""
-    if not spec:
-        return dict(default)
-    if spec == "off":
-        return {**default, "enabled": False}
-    parts = spec.split(":")
-    return {**default, "enabled": True, "grad_act_share": float(parts[0]), "weight_grad_share": float(parts[1]),
-            "priority": int(parts[2]) if len(parts) > 2 else default["priority"]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, type=output_file)
@@ -281,13 +270,6 @@ def main() -> None:
     parser.add_argument("--per-kernel", action="store_true",
                         help="tune each kernel on its own time under the profiler (see the module docstring)")
     parser.add_argument("--calls", type=int, default=5, help="--per-kernel: profiled calls per setting")
-    parser.add_argument("--cuda-graph", action="store_true",
-                        help="time calls replayed from a CUDA graph (triton.testing.do_bench_cudagraph), as a "
-                             "training step under CUDA graphs runs them, instead of launched one by one")
-    parser.add_argument("--streams", default="",
-                        help="comma-separated: 'off' (the backward in order) or G:W[:P], the padded backward on two "
-                             "streams with grad_act's kernel on G and the weight gradients' on W of the SMs, the "
-                             "input gradient's stream at priority P (moe_gemm.STREAMS; default its own)")
     parser.add_argument("--weight-grad", default=moe_gemm.WEIGHT_GRAD,
                         help=f"comma-separated, of {', '.join(moe_gemm.WEIGHT_GRADS)}: how the backward computes the "
                              "weight gradients (moe_gemm.WEIGHT_GRAD)")
@@ -310,8 +292,6 @@ def main() -> None:
     settings = [{}]
     for key, values in axes:
         settings = [{**s, key: v} for s in settings for v in values]
-    default_streams = dict(moe_gemm.STREAMS)
-    stream_specs = args.streams.split(",") if args.streams else [""]
     defaults, default_weight_grad = copy.deepcopy(moe_gemm.CONFIGS), moe_gemm.WEIGHT_GRAD
     if args.per_kernel:
         moe_gemm.WEIGHT_GRAD = variants[0]
@@ -322,7 +302,6 @@ def main() -> None:
             json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16",
                        "tokens": args.tokens, "defaults": defaults, "per_kernel": rows}, f, indent=1)
         return
-    bench = (lambda fn: do_bench_cudagraph(fn, rep=200)) if args.cuda_graph else do_bench
     dtype, results = torch.bfloat16, []
     print(f"{'shape':14s} {'mode':17s} {'setting':40s} grouped_mm ms  TFLOP/s | fused ms  TFLOP/s | speedup")
     for name in args.shapes.split(","):
@@ -334,14 +313,8 @@ def main() -> None:
         for mode in ("forward", "forward+backward"):
             ours, theirs = cases[mode]
             mode_flops = flops * (3 if mode == "forward+backward" else 1)
-            try:
-                t_theirs = bench(theirs)
-            except Exception as e:  # noqa: BLE001  transformers' experts may not capture (a host sync)
-                print(f"{name:14s} {mode:17s} grouped_mm failed: {type(e).__name__}: {str(e)[:120]}")
-                t_theirs = float("nan")
-            for variant, setting, spec in [(v, s, x) for v in variants for s in settings for x in stream_specs]:
-                moe_gemm.STREAMS.clear()
-                moe_gemm.STREAMS.update(_streams_setting(spec, default_streams))
+            t_theirs = do_bench(theirs)
+            for variant, setting in [(v, s) for v in variants for s in settings]:
                 moe_gemm.WEIGHT_GRAD = variant
                 moe_gemm.CONFIGS.clear()
                 moe_gemm.CONFIGS.update(copy.deepcopy(defaults))
@@ -350,22 +323,20 @@ def main() -> None:
                 label = ",".join(f"{k}={v}" for k, v in setting.items()) or "defaults"
                 if len(variants) > 1:
                     label += f" wgrad={variant}"
-                if spec:
-                    label += f" streams={spec}"
                 try:
                     if mode == "forward":
                         torch.testing.assert_close(ours(), theirs(), rtol=2e-2, atol=2e-2)
                     else:
                         reference = reference or _reference(cases)
                         _gradients_agree(cases["gradients"][0](), reference)
-                    t_ours = bench(ours)
+                    t_ours = do_bench(ours)
                 except Exception as e:  # noqa: BLE001  a configuration the GPU cannot run: report, go on
                     print(f"{name:14s} {mode:17s} {label:40s} failed: {type(e).__name__}: {str(e)[:120]}")
                     results.append({"shape": name, "mode": mode, "setting": setting, "kernels": kernels,
-                                    "weight_grad": variant, "streams": spec, "error": f"{type(e).__name__}: {e}"})
+                                    "weight_grad": variant, "error": f"{type(e).__name__}: {e}"})
                     continue
                 results.append({"shape": name, "mode": mode, "setting": setting, "kernels": kernels,
-                                "weight_grad": variant, "streams": spec, "grouped_mm_ms": t_theirs, "fused_ms": t_ours,
+                                "weight_grad": variant, "grouped_mm_ms": t_theirs, "fused_ms": t_ours,
                                 "speedup": t_theirs / t_ours, "fused_tflops": mode_flops / t_ours / 1e9})
                 print(f"{name:14s} {mode:17s} {label:40s} {t_theirs:13.3f} {mode_flops / t_theirs / 1e9:8.1f} | "
                       f"{t_ours:8.3f} {mode_flops / t_ours / 1e9:8.1f} | {t_theirs / t_ours:6.2f}x", flush=True)
@@ -374,9 +345,7 @@ def main() -> None:
     moe_gemm.CONFIGS.clear()
     moe_gemm.CONFIGS.update(defaults)
     moe_gemm.WEIGHT_GRAD = default_weight_grad
-    moe_gemm.STREAMS.clear()
-    moe_gemm.STREAMS.update(default_streams)
-    if len(settings) * len(variants) * len(stream_specs) > 1:
+    if len(settings) * len(variants) > 1:
         print(f"\nfastest setting of {', '.join(kernels)} per shape and mode:")
         best = {}
         for r in results:
@@ -384,8 +353,7 @@ def main() -> None:
             if "fused_ms" in r and (key not in best or r["fused_ms"] < best[key]["fused_ms"]):
                 best[key] = r
         for (name, mode), r in best.items():
-            print(f"{name:14s} {mode:17s} {r['setting']} wgrad={r['weight_grad']} streams={r['streams']}  "
-                  f"{r['fused_ms']:.3f} ms, "
+            print(f"{name:14s} {mode:17s} {r['setting']} wgrad={r['weight_grad']}  {r['fused_ms']:.3f} ms, "
                   f"{r['speedup']:.2f}x grouped_mm")
     with open(args.out, "w") as f:
         json.dump({"environment": describe_environment(torch.device("cuda")), "dtype": "bf16", "tokens": args.tokens,

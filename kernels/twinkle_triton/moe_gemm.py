@@ -218,24 +218,21 @@ class _Routing:
         return self._tables[block_m]
 
 
-def _tile_launch(name: str, routing: _Routing, blocks: dict, n: int, device: torch.device, share: float = 1.0
+def _tile_launch(name: str, routing: _Routing, blocks: dict, n: int, device: torch.device
                  ) -> tuple[tuple[int], Tensor, Tensor, int]:
     """(grid, tile_expert, tile_start, n_blocks) of a tile kernel's launch over ``n`` columns, its items the (M tile,
     N tile) pairs of the bound on the M tiles (:func:`_item_grid`)."""
     tile_expert, tile_start, tiles = routing.tiles(blocks["BLOCK_M"])
     n_blocks = cdiv(n, blocks["BLOCK_N"])
-    return _item_grid(name, tiles * n_blocks, device, share), tile_expert, tile_start, n_blocks
+    return _item_grid(name, tiles * n_blocks, device), tile_expert, tile_start, n_blocks
 
 
-def _item_grid(name: str, items: int, device: torch.device, share: float = 1.0) -> tuple[int]:
+def _item_grid(name: str, items: int, device: torch.device) -> tuple[int]:
     """The grid of a kernel whose programs take work items p, p + P, ...: a program an item, or, with
-    ``PROGRAMS_PER_SM`` in its :data:`CONFIGS` entry, that many an SM (of ``share`` of the SMs), each looping over
-    items (a few under the interpreter, so that the loops run there too)."""
+    ``PROGRAMS_PER_SM`` in its :data:`CONFIGS` entry, that many an SM, each looping over items (a few under the
+    interpreter, so that the loops run there too)."""
     per_sm = CONFIGS[name].get("PROGRAMS_PER_SM", 0)
-    if not per_sm:
-        return (items,)
-    programs = persistent_programs(items, device, per_sm=per_sm)
-    return (max(1, min(programs, round(programs * share))) if share < 1 else programs,)
+    return (persistent_programs(items, device, per_sm=per_sm) if per_sm else items,)
 
 
 def _rows_to_pairs(a: Tensor, weight: Tensor, n: int, strides: tuple[int, int, int], scale: Tensor | None,
@@ -348,17 +345,13 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
                 torch.zeros_like(top_k_weights))
     weights = top_k_weights.reshape(-1)
     routing = _Routing(order, offsets)  # the forward's sort
-    way = _weight_grads_way(hidden_states, inter)
-    streams = _backward_streams(grad.device) if way == "padded" else None
-    if streams is not None:
-        return _backward_on_streams(streams, grad, hidden_states, gate_up_proj, down_proj, top_k_index,
-                                    top_k_weights, gate_up, h, routing)
     d_gate_up, grad_weights = _grad_act(grad, down_proj, gate_up, h, weights, routing, top_k)
     grad_weights = grad_weights.view(tokens, top_k).to(top_k_weights.dtype)
     # d_gate_up @ gate_up_proj[e]: [2I, H] as it lies, the [K=2I, N=H] B operand
     grad_x = _rows_to_pairs(d_gate_up, gate_up_proj, hidden, gate_up_proj.stride(), None, top_k_index, routing,
                             "grad_input")
     # per expert: d_gate_up^T @ x[tokens] -> [2I, H];  (w * grad[tokens])^T @ h -> [H, I]
+    way = _weight_grads_way(hidden_states, inter)
     if way == "padded":
         grad_gate_up_proj, grad_down_proj = _weight_grads_padded(hidden_states, grad, weights, routing, top_k,
                                                                  d_gate_up, h)
@@ -366,57 +359,6 @@ def _backward(grad: Tensor, hidden_states: Tensor, gate_up_proj: Tensor, down_pr
         x_rows, scaled, _ = _gather_token_rows(hidden_states, grad, weights, routing, top_k)
         weight_grads = _weight_grads_grouped_mm if way == "grouped_mm" else _weight_grads_triton
         grad_gate_up_proj, grad_down_proj = weight_grads(d_gate_up, x_rows, scaled, h, offsets)
-    return grad_x, grad_gate_up_proj, grad_down_proj, grad_weights
-
-
-# The backward on two streams (:func:`_backward_on_streams`): "enabled"; "grad_act_share" and "weight_grad_share", the
-# share of the SMs the persistent grad_act GEMM and weight-gradient kernels loop on; "priority" of the stream of the
-# chain that leads to the input's gradient (lower is more urgent; the other's is 0).
-STREAMS = {"enabled": True, "grad_act_share": 1.0, "weight_grad_share": 1.0, "priority": -1}
-_STREAM_PAIRS: dict[tuple[int, int], tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
-
-
-def _backward_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream] | None:
-    """The two streams of :func:`_backward_on_streams` on a CUDA ``device``, the same ones every call (the caching
-    allocator keeps the blocks freed on a stream for that stream), or None where the backward runs in order."""
-    if device.type != "cuda" or interpreting() or not STREAMS["enabled"]:
-        return None
-    key = (device.index if device.index is not None else torch.cuda.current_device(), STREAMS["priority"])
-    if key not in _STREAM_PAIRS:
-        _STREAM_PAIRS[key] = (torch.cuda.Stream(key[0], priority=key[1]), torch.cuda.Stream(key[0]))
-    return _STREAM_PAIRS[key]
-
-
-def _backward_on_streams(streams: tuple[torch.cuda.Stream, torch.cuda.Stream], grad: Tensor, hidden_states: Tensor,
-                         gate_up_proj: Tensor, down_proj: Tensor, top_k_index: Tensor, top_k_weights: Tensor,
-                         gate_up: Tensor, h: Tensor, routing: _Routing) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The padded backward as two chains of kernels on two streams, forked from the caller's and joined back:
-    the input's gradient (``grad_act``, then ``grad_input``) on one, the weight gradients (the rows' gather, down's
-    gradient, then gate/up's once ``d gate_up`` is ready) on the other."""
-    tokens, top_k = top_k_index.shape
-    hidden, (pairs, inter2) = hidden_states.shape[1], gate_up.shape
-    weights, num_experts = top_k_weights.reshape(-1), routing.offsets.shape[0] - 1
-    caller, (main, side) = torch.cuda.current_stream(grad.device), streams
-    main.wait_stream(caller)
-    side.wait_stream(caller)
-    with torch.cuda.stream(main):
-        d_gate_up, grad_weights = _grad_act(grad, down_proj, gate_up, h, weights, routing, top_k,
-                                            STREAMS["grad_act_share"])
-        ready = main.record_event()
-    share = STREAMS["weight_grad_share"]
-    step = _padded_blocks(inter2, hidden, cdiv(pairs, num_experts), d_gate_up.dtype)["BLOCK_K"]
-    with torch.cuda.stream(side):
-        x_rows, scaled, padded = _gather_token_rows(hidden_states, grad, weights, routing, top_k, pad=step)
-        grad_down_proj = _padded_weight_grad(scaled, h, routing.offsets, padded, True, step, share)
-    with torch.cuda.stream(main):
-        grad_weights = grad_weights.view(tokens, top_k).to(top_k_weights.dtype)
-        grad_x = _rows_to_pairs(d_gate_up, gate_up_proj, hidden, gate_up_proj.stride(), None, top_k_index, routing,
-                                "grad_input")
-    with torch.cuda.stream(side):
-        side.wait_event(ready)
-        grad_gate_up_proj = _padded_weight_grad(d_gate_up, x_rows, routing.offsets, padded, False, step, share)
-    caller.wait_stream(main)
-    caller.wait_stream(side)
     return grad_x, grad_gate_up_proj, grad_down_proj, grad_weights
 
 
@@ -429,7 +371,7 @@ def _weight_grads_way(hidden_states: Tensor, inter: int) -> str:
 
 
 def _grad_act(grad: Tensor, down_proj: Tensor, gate_up: Tensor, h: Tensor, weights: Tensor, routing: _Routing,
-              top_k: int, share: float = 1.0) -> tuple[Tensor, Tensor]:
+              top_k: int) -> tuple[Tensor, Tensor]:
     """(d gate_up, the routing weights' gradient ``[S]``) by ``_gathered_gemm_kernel`` (``d = grad[tokens] @
     down_proj[e]`` in sorted order, rounded to the input dtype as transformers' grouped GEMM rounds it) then
     ``_swiglu_grad_kernel`` (the SwiGLU derivative and each row's whole ``d . h``).
@@ -440,7 +382,7 @@ def _grad_act(grad: Tensor, down_proj: Tensor, gate_up: Tensor, h: Tensor, weigh
     0.442 ms of kernel against 0.220 + 0.075, and 2.883 against 1.788 + 0.349."""
     (pairs, inter2), (num_experts, hidden, inter) = gate_up.shape, down_proj.shape
     cfg = _blocks("grad_act", cdiv(pairs, num_experts), inter, hidden, grad.dtype)
-    grid, tile_expert, tile_start, n_blocks = _tile_launch("grad_act", routing, cfg, inter, grad.device, share)
+    grid, tile_expert, tile_start, n_blocks = _tile_launch("grad_act", routing, cfg, inter, grad.device)
     d = gate_up.new_empty((pairs, inter))
     wrap_triton(_gathered_gemm_kernel)[grid](
         grad, down_proj, d, routing.order, tile_expert, tile_start, routing.offsets, num_experts, top_k, inter,
@@ -557,8 +499,7 @@ def _weight_grads_padded(hidden_states: Tensor, grad: Tensor, weights: Tensor, r
             _padded_weight_grad(scaled, h, routing.offsets, padded, True, step))
 
 
-def _padded_weight_grad(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, padded_a: bool, step: int,
-                        share: float = 1.0) -> Tensor:
+def _padded_weight_grad(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, padded_a: bool, step: int) -> Tensor:
     """``out[e] = a[rows of e]^T @ b[rows of e]``, ``a``'s rows in the padded order when ``padded_a``, else ``b``'s
     (``_padded_weight_grad_kernel``, whose reduction step is the padding's ``step``). Both read as contiguous rows
     (the TMA descriptors' row strides are the rows' sizes, which :func:`_padded_takes` checked)."""
@@ -569,7 +510,7 @@ def _padded_weight_grad(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, p
     m_blocks, n_blocks = cdiv(m, cfg["BLOCK_M"]), cdiv(n, cfg["BLOCK_N"])
     specialize = bool(CONFIGS["padded_weight_grad"]["WARP_SPECIALIZE"]) and not interpreting()
     wrap_triton(_padded_weight_grad_kernel)[_item_grid("padded_weight_grad", num_experts * m_blocks * n_blocks,
-                                                       a.device, share)](
+                                                       a.device)](
         a, b, out, offsets, padded, num_experts, a.shape[0], b.shape[0], m, n, m_blocks, n_blocks, a.stride(0),
         b.stride(0), PADDED_A=padded_a, WARP_SPECIALIZE=specialize, **cfg, **_dot(a.dtype),
     )

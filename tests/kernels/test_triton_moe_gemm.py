@@ -232,8 +232,8 @@ def test_programs_that_loop_over_the_tiles(small_blocks, monkeypatch):
         monkeypatch.setitem(moe_gemm.CONFIGS, name, {**moe_gemm.CONFIGS[name], "PROGRAMS_PER_SM": 1})
     launches, launch = [], moe_gemm._tile_launch
 
-    def recording(name, routing, blocks, n, device, share=1.0):
-        grid, tile_expert, tile_start, n_blocks = launch(name, routing, blocks, n, device, share)
+    def recording(name, routing, blocks, n, device):
+        grid, tile_expert, tile_start, n_blocks = launch(name, routing, blocks, n, device)
         launches.append((name, grid[0], int(tile_start[-1]) * n_blocks))
         return grid, tile_expert, tile_start, n_blocks
 

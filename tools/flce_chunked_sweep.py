@@ -33,6 +33,7 @@ SHAPES = {  # name: (hidden, vocab) of the LM head
     "qwen2": (896, 151936),
     "llama1b": (2048, 128256),
     "llama3b": (3072, 128256),
+    "qwen3_moe": (2048, 151936),
 }
 # name: ROW_KERNEL; "2pass": every gradient from the max/sum pass then the gradient pass (reversed), "1pass": the
 # gradient up to a factor a row in one pass; programs an SM, warps, columns a loop step
@@ -47,6 +48,11 @@ ROW_KERNELS = {
     "1pass-4sm-8w-8k": {"one_pass": {"block": 8192, "warps": 8, "programs_per_sm": 4}, "two_passes": _TWO_PASSES},
     "1pass-8sm-4w-2k": {"one_pass": {"block": 2048, "warps": 4, "programs_per_sm": 8}, "two_passes": _TWO_PASSES},
 }
+# the one-pass settings again with the pass over a row pipelined: "-s2" / "-s3" loads 1 / 2 blocks ahead
+for _name in [n for n in ROW_KERNELS if n.startswith("1pass")] + ["default"]:
+    for _stages in (2, 3):
+        _one = ROW_KERNELS[_name]["one_pass"]
+        ROW_KERNELS[f"{_name}-s{_stages}"] = {**ROW_KERNELS[_name], "one_pass": {**_one, "stages": _stages}}
 
 
 def _loss_and_grads(fn, x, w, y) -> list[torch.Tensor]:
@@ -107,7 +113,7 @@ def sweep_shape(shape: str, args, clock: DeviceClock) -> tuple[dict, list[dict]]
                 if one_pass:
                     flce._fused_linear_cross_entropy_one_pass_kernel[grid](
                         chunk_logits, y[:chunk], row_loss, scale, row_scale, shifts, chunk_logits.stride(0), chunk,
-                        vocab, -100, SPREAD=flce.SHIFT_SPREAD, **common)
+                        vocab, -100, SPREAD=flce.SHIFT_SPREAD, STAGES=k.get("stages", 1), **common)
                 else:
                     flce._fused_linear_cross_entropy_fwd_kernel[grid](
                         chunk_logits, y[:chunk], row_loss, scale, chunk_logits.stride(0), chunk, vocab, -100,

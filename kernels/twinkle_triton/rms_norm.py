@@ -51,13 +51,17 @@ BWD_SHARED_RESERVE = 16384
 # loop step (the backward's long-row tiling) left each program a few hundred bytes in flight, latency-bound; these
 # take FWD_SHORT_ROW_ELEMENTS (forward) and BWD_SHORT_ROW_ELEMENTS (backward) elements a program or loop step.
 # Kernel time on an H200 (bf16), one row a program / eight a step -> these: forward 81.1 -> 17.0 us at 131,072 x 128
-# (Inductor's 17.3), 11.3 -> 2.5 at 16,384 x 128, 40.9 -> 3.9 at 65,536 x 64; the backward (its weight gradient's
-# partial sums included) 113 -> 58.9 us at 131,072 x 128, the best of 36 tilings swept there (Inductor's: about 36).
+# (Inductor's 17.3), 11.3 -> 2.5 at 16,384 x 128, 40.9 -> 3.9 at 65,536 x 64. The backward, with its weight
+# gradient's partial sums (a one-off probe, since deleted: profiler device time, L2 flushed, H200, triton 3.6): 4
+# warps, 8 programs an SM, its weight gradient summed over each tile's rows as it went, no pipeline: 52.8 + 18.2 us
+# (the partial sums of 1,056 programs) at 131,072 x 128, 8.9 + 6.8 at 16,384 x 128; summed once at the end
+# (TILE_SUMS) with 8 warps, 2 programs an SM and 3 stages, the best of 36 tilings there: 31.0 + 4.3 and 8.7 + 4.4
+# (Inductor's code for the same backward: 29.8 + 6.5 and 11.6 + 1.2).
 SHORT_ROW = 512
 FWD_SHORT_ROW_ELEMENTS = 2048
 BWD_SHORT_ROW_ELEMENTS = 4096
-BWD_SHORT_ROW_ELEMENTS_PER_WARP = 1024
-BWD_SHORT_ROW_PROGRAMS_PER_SM = 8
+BWD_SHORT_ROW_ELEMENTS_PER_WARP = 512
+BWD_SHORT_ROW_PROGRAMS_PER_SM = 2
 
 
 @triton.jit
@@ -88,19 +92,21 @@ def _rms_norm_bwd_kernel(
     grad_ptr, grad_sum_ptr, x_ptr, weight_ptr, grad_x_ptr, grad_weight_partial_ptr,
     grad_row_stride, grad_sum_row_stride, x_row_stride, weight_stride, n_rows, n_cols, eps,
     HAS_GRAD_SUM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, TILE_SUMS: tl.constexpr,
 ):
     eps = fp32(eps)
     # Persistent: each program walks tiles of ROWS rows (strided by the grid) and keeps its share
-    # of the weight gradient in registers. With STAGES > 1 the loop is pipelined: the loads of the
-    # next STAGES - 1 tiles are in flight while this one is reduced and stored.
+    # of the weight gradient in registers: summed over each tile's rows as it goes, or, with TILE_SUMS,
+    # as a whole tile of sums reduced over its rows once at the end (short rows, whose tile spans the
+    # warps: a sum across them each step would wait on the others). With STAGES > 1 the loop is
+    # pipelined: the loads of the next STAGES - 1 tiles are in flight while this one is reduced and stored.
     # int64 row indices: row * stride overflows int32 past 2**31 elements.
     pid = tl.program_id(0).to(tl.int64)
     n_programs = tl.num_programs(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)[None, :]
     col_mask = cols < n_cols
     w = tl.load(weight_ptr + cols * weight_stride, mask=col_mask, other=0.0).to(COMPUTE_DTYPE)
-    grad_weight = tl.zeros([BLOCK], dtype=COMPUTE_DTYPE)
+    grad_weight = tl.zeros([ROWS if TILE_SUMS else 1, BLOCK], dtype=COMPUTE_DTYPE)
     for start in tl.range(pid * ROWS, n_rows, n_programs * ROWS, num_stages=STAGES):
         row = start + tl.arange(0, ROWS)[:, None]
         mask = (row < n_rows) & col_mask
@@ -111,13 +117,17 @@ def _rms_norm_bwd_kernel(
         h = x.to(COMPUTE_DTYPE)
         rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=1, keep_dims=True) / n_cols + eps)
         x_hat = h * rstd
-        grad_weight += tl.sum(g * x_hat.to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE), axis=0)
+        product = g * x_hat.to(x_ptr.dtype.element_ty).to(COMPUTE_DTYPE)
+        if TILE_SUMS:
+            grad_weight += product
+        else:
+            grad_weight += tl.sum(product, axis=0, keep_dims=True)
         grad_normed = g * w
         grad_x = rstd * (grad_normed - x_hat * (tl.sum(grad_normed * x_hat, axis=1, keep_dims=True) / n_cols))
         if HAS_GRAD_SUM:
             grad_x += grad_sum.to(COMPUTE_DTYPE)
         tl.store(grad_x_ptr + row * n_cols + cols, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
-    tl.store(grad_weight_partial_ptr + pid * n_cols + tl.arange(0, BLOCK), grad_weight,
+    tl.store(grad_weight_partial_ptr + pid * n_cols + tl.arange(0, BLOCK), tl.sum(grad_weight, axis=0),
              mask=tl.arange(0, BLOCK) < n_cols)
 
 
@@ -151,16 +161,19 @@ def _bwd_tiling(n_cols: int, has_grad_sum: bool, op: str, element_size: int,
     BWD_TILE_ELEMENTS and SHORT_ROW): as many stages, up to BWD_STAGES, as the tiles of the tensors the kernel
     reads (grad, x and the sum's gradient, ``element_size`` bytes an element) fit in ``device``'s shared memory."""
     block, num_warps = row_block(n_cols, op=op)
-    if block <= SHORT_ROW and BWD_SHORT_ROW_ELEMENTS:
+    short = block <= SHORT_ROW and BWD_SHORT_ROW_ELEMENTS
+    if short:
         rows_per_tile = BWD_SHORT_ROW_ELEMENTS // block
-        return block, rows_per_tile, max(num_warps, rows_per_tile * block // BWD_SHORT_ROW_ELEMENTS_PER_WARP), \
-            BWD_SHORT_ROW_PROGRAMS_PER_SM, 1
-    rows_per_tile = max(1, BWD_TILE_ELEMENTS // block, min(BWD_MIN_ROWS, BWD_MAX_TILE_ELEMENTS // block))
+        num_warps = max(num_warps, rows_per_tile * block // BWD_SHORT_ROW_ELEMENTS_PER_WARP)
+        per_sm = BWD_SHORT_ROW_PROGRAMS_PER_SM
+    else:
+        rows_per_tile = max(1, BWD_TILE_ELEMENTS // block, min(BWD_MIN_ROWS, BWD_MAX_TILE_ELEMENTS // block))
+        per_sm = BWD_PROGRAMS_PER_SM
     stages = 1
     if not interpreting():
         buffer = rows_per_tile * block * element_size * (3 if has_grad_sum else 2)
         stages = max(1, min(BWD_STAGES, 1 + (shared_memory_per_block(device) - BWD_SHARED_RESERVE) // buffer))
-    return block, rows_per_tile, num_warps, BWD_PROGRAMS_PER_SM, stages
+    return block, rows_per_tile, num_warps, per_sm, stages
 
 
 def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor, eps: float, op: str):
@@ -179,7 +192,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
         grad2, grad_sum2, x2, weight, grad_x, partial,
         grad2.stride(0), grad_sum2.stride(0), x2.stride(0), weight.stride(0), n_rows, n_cols, eps,
         HAS_GRAD_SUM=grad_sum is not None, ROWS=rows_per_tile, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
-        STAGES=stages, num_warps=num_warps,
+        STAGES=stages, TILE_SUMS=block <= SHORT_ROW and bool(BWD_SHORT_ROW_ELEMENTS), num_warps=num_warps,
     )
     return grad_x, sum_partials(partial, weight.dtype)
 

@@ -78,7 +78,7 @@ def test_backward_pipeline_fits_shared_memory(monkeypatch, smem, dtype):
     monkeypatch.setattr(rms, "interpreting", lambda: False)
     monkeypatch.setattr(rms, "shared_memory_per_block", lambda device: smem)
     size = torch.empty((), dtype=dtype).element_size()
-    for n_cols in (600, 896, 2048, 3072, 4096, 5120, 8192, 16384, 20000, 40000, 65536):
+    for n_cols in (64, 128, 256, 600, 896, 2048, 3072, 4096, 5120, 8192, 16384, 20000, 40000, 65536):
         for has_grad_sum in (False, True):
             block, rows, _, _, stages = rms._bwd_tiling(n_cols, has_grad_sum, "rms_norm", size, torch.device("cuda"))
             buffer = rows * block * size * (3 if has_grad_sum else 2)

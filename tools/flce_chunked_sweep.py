@@ -48,11 +48,6 @@ ROW_KERNELS = {
     "1pass-4sm-8w-8k": {"one_pass": {"block": 8192, "warps": 8, "programs_per_sm": 4}, "two_passes": _TWO_PASSES},
     "1pass-8sm-4w-2k": {"one_pass": {"block": 2048, "warps": 4, "programs_per_sm": 8}, "two_passes": _TWO_PASSES},
 }
-# the one-pass settings again with the pass over a row pipelined: "-s2" / "-s3" loads 1 / 2 blocks ahead
-for _name in [n for n in ROW_KERNELS if n.startswith("1pass")] + ["default"]:
-    for _stages in (2, 3):
-        _one = ROW_KERNELS[_name]["one_pass"]
-        ROW_KERNELS[f"{_name}-s{_stages}"] = {**ROW_KERNELS[_name], "one_pass": {**_one, "stages": _stages}}
 
 
 def _loss_and_grads(fn, x, w, y) -> list[torch.Tensor]:
@@ -113,7 +108,7 @@ def sweep_shape(shape: str, args, clock: DeviceClock) -> tuple[dict, list[dict]]
                 if one_pass:
                     flce._fused_linear_cross_entropy_one_pass_kernel[grid](
                         chunk_logits, y[:chunk], row_loss, scale, row_scale, shifts, chunk_logits.stride(0), chunk,
-                        vocab, -100, SPREAD=flce.SHIFT_SPREAD, STAGES=k.get("stages", 1), **common)
+                        vocab, -100, SPREAD=flce.SHIFT_SPREAD, **common)
                 else:
                     flce._fused_linear_cross_entropy_fwd_kernel[grid](
                         chunk_logits, y[:chunk], row_loss, scale, chunk_logits.stride(0), chunk, vocab, -100,

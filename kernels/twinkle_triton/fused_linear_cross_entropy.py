@@ -125,12 +125,10 @@ def _fused_linear_cross_entropy_fwd_kernel(
 @triton.jit
 def _fused_linear_cross_entropy_one_pass_kernel(
     logits_ptr, target_ptr, loss_ptr, scale_ptr, row_scale_ptr, shifts_ptr, logits_row_stride, n_rows, n_cols,
-    ignore_index, SPREAD: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr, STAGES: tl.constexpr,
+    ignore_index, SPREAD: tl.constexpr, BLOCK: tl.constexpr, COMPUTE_DTYPE: tl.constexpr,
 ):
     """One pass over each row: the loss, and in place the gradient divided by the row's ``row_scale`` (the comment
-    above ``SHIFT_SPREAD``); a row whose shift moved is made the gradient itself in a second pass. With ``STAGES``
-    > 1 the pass over a row is pipelined: the loads of the next ``STAGES - 1`` blocks are in flight while one block's
-    largest logit is found (a reduction across the warps) and its entries stored."""
+    above ``SHIFT_SPREAD``); a row whose shift moved is made the gradient itself in a second pass."""
     n_blocks = tl.cdiv(n_cols, BLOCK)
     for row32 in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         row = tl.cast(row32, tl.int64)
@@ -143,7 +141,7 @@ def _fused_linear_cross_entropy_one_pass_kernel(
         s = tl.full([], float("-inf"), COMPUTE_DTYPE)  # -inf until a block has a finite logit
         moves = 0
         d = tl.zeros([BLOCK], COMPUTE_DTYPE)  # per-lane sums of exp(x - s)
-        for block in tl.range(n_blocks, num_stages=STAGES):
+        for block in range(n_blocks):
             cols = block * BLOCK + tl.arange(0, BLOCK)
             mask = cols < n_cols
             x = tl.load(row_ptr + cols, mask=mask, other=float("-inf")).to(COMPUTE_DTYPE)
@@ -271,8 +269,7 @@ def _fused_linear_cross_entropy_impl(
             _fused_linear_cross_entropy_one_pass_kernel[grid](
                 logits, target1[start:end], row_loss[start:end], scale, row_scale, shifts, logits.stride(0),
                 end - start, vocab, ignore_index, SPREAD=SHIFT_SPREAD, BLOCK=block,
-                COMPUTE_DTYPE=compute_dtype(x.dtype), STAGES=1 if interpreting() else launch.get("stages", 1),
-                num_warps=num_warps,
+                COMPUTE_DTYPE=compute_dtype(x.dtype), num_warps=num_warps,
             )
             # `logits` now holds d(loss)/d(logits) for the chunk divided by `row_scale` row by row
             factors = row_scale[: end - start, None]

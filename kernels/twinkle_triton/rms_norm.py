@@ -155,14 +155,19 @@ def _launch_fwd(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, 
     return out, summed
 
 
+def _short_rows(block: int) -> bool:
+    """Whether the backward takes rows of ``block`` columns as short ones (SHORT_ROW): many rows a loop step, the
+    weight gradient's sums kept as a tile (TILE_SUMS)."""
+    return block <= SHORT_ROW and bool(BWD_SHORT_ROW_ELEMENTS)
+
+
 def _bwd_tiling(n_cols: int, has_grad_sum: bool, op: str, element_size: int,
                 device: torch.device) -> tuple[int, int, int, int, int]:
     """(BLOCK, ROWS, num_warps, programs per SM, pipeline stages) of the backward kernel (the sweeps are above
     BWD_TILE_ELEMENTS and SHORT_ROW): as many stages, up to BWD_STAGES, as the tiles of the tensors the kernel
     reads (grad, x and the sum's gradient, ``element_size`` bytes an element) fit in ``device``'s shared memory."""
     block, num_warps = row_block(n_cols, op=op)
-    short = block <= SHORT_ROW and BWD_SHORT_ROW_ELEMENTS
-    if short:
+    if _short_rows(block):
         rows_per_tile = BWD_SHORT_ROW_ELEMENTS // block
         num_warps = max(num_warps, rows_per_tile * block // BWD_SHORT_ROW_ELEMENTS_PER_WARP)
         per_sm = BWD_SHORT_ROW_PROGRAMS_PER_SM
@@ -192,7 +197,7 @@ def _launch_bwd(grad: Tensor, grad_sum: Tensor | None, x: Tensor, weight: Tensor
         grad2, grad_sum2, x2, weight, grad_x, partial,
         grad2.stride(0), grad_sum2.stride(0), x2.stride(0), weight.stride(0), n_rows, n_cols, eps,
         HAS_GRAD_SUM=grad_sum is not None, ROWS=rows_per_tile, BLOCK=block, COMPUTE_DTYPE=compute_dtype(x.dtype),
-        STAGES=stages, TILE_SUMS=block <= SHORT_ROW and bool(BWD_SHORT_ROW_ELEMENTS), num_warps=num_warps,
+        STAGES=stages, TILE_SUMS=_short_rows(block), num_warps=num_warps,
     )
     return grad_x, sum_partials(partial, weight.dtype)
 

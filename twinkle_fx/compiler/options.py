@@ -31,9 +31,8 @@ class BackendOptions:
 
     ``fuse_projections``, ``gqa_attention``, ``decode_gemv``, ``decode_cache``, ``causal_mask``,
     ``residual_norm``, ``embedding_grad``, ``scaled_gradient``, ``matmul_sums`` and ``topk`` choose among the graph
-    rewrites the registry in effect has: one removed from it
-    (``get_registry().remove_graph_rewrite("gqa_attention")``, names in
-    :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever they say.
+    rewrites the registry in effect has: one removed from it (``get_registry().remove_graph_rewrite("gqa_attention")``,
+    names in :data:`~twinkle_fx.core.registry.GRAPH_REWRITES`) is not made whatever they say.
 
     Args:
         compiler (`str`, defaults to `"inductor"`): the inner compiler the rewritten graph goes to:

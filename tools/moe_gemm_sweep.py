@@ -10,12 +10,13 @@ softmax router's top-k over random logits (about balanced). TFLOP/s counts the G
 
 ``--block-m``, ``--block-n``, ``--block-k``, ``--warps``, ``--stages``, ``--tma`` (0 or 1: operands loaded by TMA
 where they allow it), ``--programs-per-sm`` (0: a program a tile; N: N programs an SM that loop over the tiles),
-``--half-tiles`` (0 or 1: an expert's last tile computed half as high where its rows fit; down and grad_input only)
-and ``--warp-specialize`` (0 or 1; padded_weight_grad only) sweep the launch configuration
-(``twinkle_triton.moe_gemm.CONFIGS``) of the kernels ``--kernels`` names (default all: ``gate_up`` and ``down`` run in
-the forward, ``grad_act``, ``grad_input`` and the weight gradients' kernel, ``weight_grad`` or ``padded_weight_grad``,
-in the backward; for those two BLOCK_M x BLOCK_N is the weight tile and BLOCK_K the rows a step); the others keep
-their configuration. A configuration the GPU cannot run (shared memory) is reported and skipped.
+``--half-tiles`` (0 or 1: an expert's last tile computed half as high where its rows fit; down and grad_input only),
+``--warp-specialize`` (0 or 1) and ``--gluon`` (0 or 1: the Gluon kernel on Hopper; both padded_weight_grad only)
+sweep the launch configuration (``twinkle_triton.moe_gemm.CONFIGS``) of the kernels ``--kernels`` names (default
+all: ``gate_up`` and ``down`` run in the forward, ``grad_act``, ``grad_input`` and the weight gradients' kernel,
+``weight_grad`` or ``padded_weight_grad``, in the backward; for those two BLOCK_M x BLOCK_N is the weight tile and
+BLOCK_K the rows a step); the others keep their configuration. A configuration the GPU cannot run (shared memory)
+is reported and skipped.
 
 ``--per-kernel`` tunes each kernel on its own instead: for each kernel ``--kernels`` names and each setting
 (the others at their defaults) it runs forward + backward under ``torch.profiler``, checks the output and every
@@ -60,7 +61,7 @@ SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-8x7b": (8, 2, 4096, 143
           "deepseek-v3": (256, 8, 7168, 2048), "ernie-4.5-21b-a3b": (64, 6, 2560, 1536)}
 KNOBS = (("block_m", "BLOCK_M"), ("block_n", "BLOCK_N"), ("block_k", "BLOCK_K"), ("warps", "num_warps"),
          ("stages", "num_stages"), ("tma", "TMA"), ("programs_per_sm", "PROGRAMS_PER_SM"), ("half_tiles", "HALF_TILES"),
-         ("warp_specialize", "WARP_SPECIALIZE"))
+         ("warp_specialize", "WARP_SPECIALIZE"), ("gluon", "GLUON"))
 # the GEMM kernels one forward + backward of moe_swiglu_experts launches, in order, with the CONFIGS entry of each, by
 # the Triton way the backward computes the weight gradients (moe_gemm.WEIGHT_GRAD)
 _EXPERT_GEMMS = (("_gate_up_kernel", "gate_up"), ("_rows_to_pairs_kernel", "down"),
@@ -142,6 +143,12 @@ def _cases(module, tokens, top_k, dtype):
             "gradients": (gradients(ours), gradients(theirs))}
 
 
+def _launch_name(kernel: str) -> str:
+    """The :data:`LAUNCHES` name of a launched kernel: the padded weight gradients' Gluon kernel is its Triton
+    form's (``moe_gemm.CONFIGS["padded_weight_grad"]["GLUON"]`` picks one)."""
+    return kernel.replace("_gluon_kernel", "_kernel")
+
+
 def _launch_times(run, calls: int, launches: tuple) -> dict[str, float]:
     """ms of each CONFIGS entry's launches in one call of ``run`` (forward + backward), the median of ``calls``;
     ``launches`` the kernels of a call, in order (:data:`LAUNCHES`)."""
@@ -153,8 +160,8 @@ def _launch_times(run, calls: int, launches: tuple) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as folder:
         trace = Path(folder) / "trace.json"
         prof.export_chrome_trace(str(trace))
-        ours = sorted((k for k in kernel_intervals(trace) if k.name in names), key=lambda k: k.start)
-    launched = [k.name for k in ours]
+        ours = sorted((k for k in kernel_intervals(trace) if _launch_name(k.name) in names), key=lambda k: k.start)
+    launched = [_launch_name(k.name) for k in ours]
     expected = [name for name, _ in launches] * calls
     if launched != expected:
         raise RuntimeError(f"moe_swiglu_experts launched {launched[:len(launches)]}... in {calls} calls, not "

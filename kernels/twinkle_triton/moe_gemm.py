@@ -39,9 +39,9 @@ tokens (the weight gradients from copies in sorted order):
   input's gradient. Each weight's gradient per expert, over the expert's rows of ``x`` and of the weighted
   ``grad`` copied by one kernel (:data:`WEIGHT_GRAD`): ``_padded_weight_grad_kernel`` over those rows in a padded
   order (each expert's from a multiple of the reduction step, zeros to the next: every block by TMA, the item loop
-  warp-specialized), or ``torch._grouped_mm`` over them in sorted order, or ``_weight_grad_kernel``, whose programs
-  loop over (expert, weight tile) items; each tile sums all the expert's rows in one fp32 accumulator: no atomics,
-  no partial sums.
+  warp-specialized; on Hopper its Gluon form, :data:`GLUON_TILES`), or ``torch._grouped_mm`` over them in sorted
+  order, or ``_weight_grad_kernel``, whose programs loop over (expert, weight tile) items; each tile sums all the
+  expert's rows in one fp32 accumulator: no atomics, no partial sums.
 
 Precision: ``tl.dot`` with fp32 accumulation (fp32 inputs in IEEE fp32, not TF32); ``h``, the saved
 projections, ``d gate_up`` and the ``[T, k, H]`` rows are rounded to the input dtype once each, as
@@ -121,7 +121,7 @@ CONFIGS = {
     "weight_grad": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4, "TMA": True,
                     "PROGRAMS_PER_SM": 2},
     "padded_weight_grad": {"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "TMA": True,
-                           "PROGRAMS_PER_SM": 1, "WARP_SPECIALIZE": True},
+                           "PROGRAMS_PER_SM": 1, "WARP_SPECIALIZE": True, "GLUON": True},
 }
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # How the backward computes the experts' weight gradients, each over the rows of ``x`` and of the routing-weighted
@@ -137,6 +137,11 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # 16.720 at Mixtral-8x7B's.
 WEIGHT_GRAD = "padded"
 WEIGHT_GRADS = ("padded", "grouped_mm", "triton")
+# The "padded" way's kernel on a Hopper GPU, where its CONFIGS entry has GLUON: ``_padded_weight_grad_gluon_kernel``
+# (two product warp groups on alternate items, so that one's epilogue overlaps the other's products;
+# :mod:`._moe_gemm_gluon` says why), with these tiles, the reduction step the padding's; else
+# ``_padded_weight_grad_kernel``. ``tools/moe_gemm_sweep.py --gluon 0,1`` times both (docs/performance.md).
+GLUON_TILES = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5}
 
 
 def _blocks(name: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
@@ -501,9 +506,12 @@ def _weight_grads_padded(hidden_states: Tensor, grad: Tensor, weights: Tensor, r
 
 def _padded_weight_grad(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, padded_a: bool, step: int) -> Tensor:
     """``out[e] = a[rows of e]^T @ b[rows of e]``, ``a``'s rows in the padded order when ``padded_a``, else ``b``'s
-    (``_padded_weight_grad_kernel``, whose reduction step is the padding's ``step``). Both read as contiguous rows
-    (the TMA descriptors' row strides are the rows' sizes, which :func:`_padded_takes` checked)."""
+    (``_padded_weight_grad_kernel``, or its Gluon form where :func:`_gluon_takes`; the reduction step is the
+    padding's ``step``). Both read as contiguous rows (the TMA descriptors' row strides are the rows' sizes, which
+    :func:`_padded_takes` checked)."""
     a, b = a.contiguous(), b.contiguous()  # the backward's own buffers already are
+    if _gluon_takes(a):
+        return _padded_weight_grad_gluon(a, b, offsets, padded, padded_a, step)
     num_experts, m, n = offsets.shape[0] - 1, a.shape[1], b.shape[1]
     out = a.new_empty((num_experts, m, n))
     cfg = {**_padded_blocks(m, n, step, a.dtype), "BLOCK_K": step}
@@ -513,6 +521,49 @@ def _padded_weight_grad(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, p
                                                        a.device)](
         a, b, out, offsets, padded, num_experts, a.shape[0], b.shape[0], m, n, m_blocks, n_blocks, a.stride(0),
         b.stride(0), PADDED_A=padded_a, WARP_SPECIALIZE=specialize, **cfg, **_dot(a.dtype),
+    )
+    return out
+
+
+def _gluon_takes(a: Tensor) -> bool:
+    """Whether :func:`_padded_weight_grad` runs the Gluon kernel: GLUON in its :data:`CONFIGS` entry, a Hopper GPU
+    (compute capability 9.x: warpgroup MMA), not the interpreter, and a Triton with Gluon's Hopper API."""
+    if not CONFIGS["padded_weight_grad"].get("GLUON") or a.device.type != "cuda" or interpreting():
+        return False
+    if torch.cuda.get_device_capability(a.device)[0] != 9:
+        return False
+    try:
+        from . import _moe_gemm_gluon  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _padded_weight_grad_gluon(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, padded_a: bool,
+                              step: int) -> Tensor:
+    """:func:`_padded_weight_grad` by ``_padded_weight_grad_gluon_kernel`` (:data:`GLUON_TILES`, one program an SM),
+    through host TMA descriptors: ``a``'s blocks ``[step, BLOCK_M]``, ``b``'s ``[step, BLOCK_N]``, the gradient's
+    tiles over ``[E * M, N]``. The descriptors hold the tensors' addresses: this runs inside the op's impl, which
+    Inductor never traces (the op is opaque, below)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ._moe_gemm_gluon import _padded_weight_grad_gluon_kernel
+
+    dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[a.dtype]
+    num_experts, m, n = offsets.shape[0] - 1, a.shape[1], b.shape[1]
+    out = a.new_empty((num_experts, m, n))
+    block_m, block_n = GLUON_TILES["BLOCK_M"], GLUON_TILES["BLOCK_N"]
+
+    def descriptor(t: Tensor, block: list[int]) -> TensorDescriptor:
+        return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+    m_blocks, n_blocks = cdiv(m, block_m), cdiv(n, block_n)
+    grid = (persistent_programs(num_experts * m_blocks * n_blocks, a.device, per_sm=1),)
+    _padded_weight_grad_gluon_kernel[grid](
+        descriptor(a, [step, block_m]), descriptor(b, [step, block_n]),
+        descriptor(out.view(num_experts * m, n), [block_m, block_n]), offsets, padded, num_experts, m, m_blocks,
+        n_blocks, PADDED_A=padded_a, STAGES=GLUON_TILES["num_stages"], num_warps=GLUON_TILES["num_warps"],
     )
     return out
 

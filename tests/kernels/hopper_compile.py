@@ -145,6 +145,15 @@ def _cases():
         finally:
             moe_gemm.WEIGHT_GRAD = default
 
+    def moe_gluon():  # the padded weight gradients' Gluon kernel, which a Hopper GPU's tensors choose
+        from twinkle_triton import moe_gemm
+
+        takes, moe_gemm._gluon_takes = moe_gemm._gluon_takes, lambda a: True
+        try:
+            moe()
+        finally:
+            moe_gemm._gluon_takes = takes
+
     def flce(**options):
         x, weight = _rand(64, 896), _rand(4096, 896)
         target = torch.randint(0, 4096, (64,))
@@ -221,6 +230,7 @@ def _cases():
         "moe_swiglu_experts": moe,
         "moe_swiglu_experts fp32": lambda: moe(torch.float32),
         "moe_swiglu_experts, Triton weight gradients": lambda: moe(weight_grad="triton"),
+        "moe_swiglu_experts, Gluon weight gradients": moe_gluon,
         "embedding_grad_sums": lambda: tt.embedding_grad_sums(
             torch.randint(0, 1000, (64,)), _rand(64, hidden, grad=False), torch.ones(64, dtype=torch.bool), 1000),
         "add_embedding_grad": lambda: tt.add_embedding_grad(

@@ -18,7 +18,8 @@ HERE = Path(__file__).resolve().parent
 SHARED_MEMORY = 232448  # bytes a program may use on an H100 / H200 (227 KiB)
 # kernels whose time is their matrix products: wgmma (Hopper's tensor-core instruction) and cp.async loads
 GEMMS = ("_gate_up_kernel", "_rows_to_pairs_kernel", "_gathered_gemm_kernel", "_weight_grad_kernel",
-         "_padded_weight_grad_kernel", "_flce_tiled_fwd_kernel", "_flce_tiled_bwd_kernel")
+         "_padded_weight_grad_kernel", "_padded_weight_grad_gluon_kernel", "_flce_tiled_fwd_kernel",
+         "_flce_tiled_bwd_kernel")
 
 pytestmark = pytest.mark.slow
 

@@ -137,11 +137,16 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # 16.720 at Mixtral-8x7B's.
 WEIGHT_GRAD = "padded"
 WEIGHT_GRADS = ("padded", "grouped_mm", "triton")
-# The "padded" way's kernel on a Hopper GPU, where its CONFIGS entry has GLUON: ``_padded_weight_grad_gluon_kernel``
-# (two product warp groups on alternate items, so that one's epilogue overlaps the other's products;
-# :mod:`._moe_gemm_gluon` says why), with these tiles, the reduction step the padding's; else
-# ``_padded_weight_grad_kernel``. ``tools/moe_gemm_sweep.py --gluon 0,1`` times both (docs/performance.md).
+# The "padded" way's kernel on a Hopper GPU, where its CONFIGS entry has GLUON and the experts' reductions are short
+# (at most GLUON_ROWS_PER_EXPERT rows an expert on average): ``_padded_weight_grad_gluon_kernel`` (two product warp
+# groups on alternate items, so that one's epilogue overlaps the other's products; :mod:`._moe_gemm_gluon` says why),
+# with these tiles, the reduction step the padding's; else ``_padded_weight_grad_kernel``, whose 256-row tiles read
+# the operands from L2 3/4 as often: that wins once the items are long enough that their epilogues matter less.
+# ``tools/moe_gemm_sweep.py --per-kernel --weight-grad padded --kernels padded_weight_grad --gluon 0,1`` (H200, bf16,
+# 4096 tokens; docs/performance.md), both gradients' kernels, ms, Triton -> Gluon: 0.642 -> 0.593 at Qwen3-30B-A3B's
+# layer (256 rows an expert), 1.017 -> 0.997 at ERNIE-4.5-21B-A3B's (384), 4.512 -> 4.753 at Mixtral-8x7B's (1024).
 GLUON_TILES = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4, "num_stages": 5}
+GLUON_ROWS_PER_EXPERT = 512
 
 
 def _blocks(name: str, m: int, n: int, k: int, dtype: torch.dtype) -> dict:
@@ -506,13 +511,14 @@ def _weight_grads_padded(hidden_states: Tensor, grad: Tensor, weights: Tensor, r
 
 def _padded_weight_grad(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, padded_a: bool, step: int) -> Tensor:
     """``out[e] = a[rows of e]^T @ b[rows of e]``, ``a``'s rows in the padded order when ``padded_a``, else ``b``'s
-    (``_padded_weight_grad_kernel``, or its Gluon form where :func:`_gluon_takes`; the reduction step is the
-    padding's ``step``). Both read as contiguous rows (the TMA descriptors' row strides are the rows' sizes, which
-    :func:`_padded_takes` checked)."""
+    (``_padded_weight_grad_kernel``, or its Gluon form where :func:`_gluon_takes` and the reductions are short,
+    :data:`GLUON_ROWS_PER_EXPERT`; the reduction step is the padding's ``step``). Both read as contiguous rows (the
+    TMA descriptors' row strides are the rows' sizes, which :func:`_padded_takes` checked)."""
     a, b = a.contiguous(), b.contiguous()  # the backward's own buffers already are
-    if _gluon_takes(a):
+    pairs, num_experts = min(a.shape[0], b.shape[0]), offsets.shape[0] - 1  # the sorted operand's rows: the fewer
+    if _gluon_takes(a) and pairs <= GLUON_ROWS_PER_EXPERT * num_experts:
         return _padded_weight_grad_gluon(a, b, offsets, padded, padded_a, step)
-    num_experts, m, n = offsets.shape[0] - 1, a.shape[1], b.shape[1]
+    m, n = a.shape[1], b.shape[1]
     out = a.new_empty((num_experts, m, n))
     cfg = {**_padded_blocks(m, n, step, a.dtype), "BLOCK_K": step}
     m_blocks, n_blocks = cdiv(m, cfg["BLOCK_M"]), cdiv(n, cfg["BLOCK_N"])

@@ -212,13 +212,21 @@ def test_the_gluon_weight_gradient_kernel_sums_as_the_triton_kernel(padded_a, mo
     x_rows, _, padded = moe_gemm._gather_token_rows(x, x, torch.ones(index.shape[0]), routing, 1, pad=64)
     other = torch.randn(index.shape[0], PADDED_HIDDEN, dtype=torch.bfloat16)
     a, b = (x_rows, other) if padded_a else (other, x_rows)
-    grads = {}
-    for gluon in (True, False):
-        monkeypatch.setitem(moe_gemm.CONFIGS["padded_weight_grad"], "GLUON", gluon)
-        grads[gluon] = run_with_scratch(a.device, moe_gemm._padded_weight_grad, a, b, routing.offsets, padded,
-                                        padded_a, 64)
-    assert torch.equal(grads[True], grads[False])
-    assert not grads[True][0].any()  # the expert without rows
+    calls, gluon_kernel = [], moe_gemm._padded_weight_grad_gluon
+    monkeypatch.setattr(moe_gemm, "_padded_weight_grad_gluon", lambda *args: calls.append(1) or gluon_kernel(*args))
+
+    def weight_grad():
+        return run_with_scratch(a.device, moe_gemm._padded_weight_grad, a, b, routing.offsets, padded, padded_a, 64)
+
+    by_gluon = weight_grad()
+    assert len(calls) == 1
+    monkeypatch.setitem(moe_gemm.CONFIGS["padded_weight_grad"], "GLUON", False)
+    assert torch.equal(by_gluon, weight_grad()) and len(calls) == 1
+    assert not by_gluon[0].any()  # the expert without rows
+    # longer reductions than GLUON_ROWS_PER_EXPERT an expert keep the Triton kernel
+    monkeypatch.setitem(moe_gemm.CONFIGS["padded_weight_grad"], "GLUON", True)
+    monkeypatch.setattr(moe_gemm, "GLUON_ROWS_PER_EXPERT", 64)
+    assert torch.equal(by_gluon, weight_grad()) and len(calls) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

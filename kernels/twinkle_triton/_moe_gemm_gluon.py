@@ -1,6 +1,6 @@
-"""The experts' weight gradients over the padded rows as a warp-specialized Gluon kernel for Hopper, which
-:mod:`.moe_gemm` launches on Hopper GPUs (``_padded_weight_grad_kernel``, its Triton form, runs under the
-interpreter, which does not run Gluon, and where :data:`.moe_gemm.GLUON` is off).
+"""The experts' weight gradients over the padded rows as a warp-specialized Gluon kernel, which :mod:`.moe_gemm`
+launches on Hopper GPUs where the experts' reductions are short (``GLUON_ROWS_PER_EXPERT``); its Triton form,
+``_padded_weight_grad_kernel``, runs elsewhere, and under the interpreter, which does not run Gluon.
 
 Why Gluon: Triton 3.6's automatic warp specialization of the same loop has its consumer warps store each tile and
 wait for the store at once (``async_tma_store_wait {pendings = 0}`` right after the store in the compiled TTGIR),

@@ -533,16 +533,11 @@ def _padded_weight_grad(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, p
 
 def _gluon_takes(a: Tensor) -> bool:
     """Whether :func:`_padded_weight_grad` runs the Gluon kernel: GLUON in its :data:`CONFIGS` entry, a Hopper GPU
-    (compute capability 9.x: warpgroup MMA), not the interpreter, and a Triton with Gluon's Hopper API."""
+    (compute capability 9.x: warpgroup MMA) and not the interpreter (every Triton the package takes, 3.6 on, has
+    Gluon's Hopper API)."""
     if not CONFIGS["padded_weight_grad"].get("GLUON") or a.device.type != "cuda" or interpreting():
         return False
-    if torch.cuda.get_device_capability(a.device)[0] != 9:
-        return False
-    try:
-        from . import _moe_gemm_gluon  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return torch.cuda.get_device_capability(a.device)[0] == 9
 
 
 def _padded_weight_grad_gluon(a: Tensor, b: Tensor, offsets: Tensor, padded: Tensor, padded_a: bool,
